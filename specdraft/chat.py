@@ -1,0 +1,163 @@
+"""Render a conversation with the target's chat template and mark what the draft learns.
+
+The loss mask is 1 on exactly the assistant-content tokens and their end-of-turn token
+(DESIGN.md "The target and its features"). Spans come from the template itself — never
+from per-model string hacks — so any HF chat template works:
+
+* prefix-stable templates (most): the text added by rendering assistant message m, versus
+  the prefix up to m with a generation prompt, is message m's turn; its content is located
+  inside that turn (verbatim, or stripped for templates that ``| trim``) and the span runs
+  to the end of the first special token after it (the end-of-turn marker);
+* templates that rewrite history (Qwen3 drops/adds think blocks depending on the turn's
+  position): each message is found in order in the full rendering, an assistant message
+  after its generation-prompt header.
+
+The full text is tokenized once and tokens are marked by their character offsets, so BPE
+merges across span boundaries cannot shift the mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KNOWN_END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "</s>", "<|endoftext|>")
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    input_ids: list[int]
+    loss_mask: list[int]
+    text: str
+
+
+class RenderError(ValueError):
+    """A conversation the chat template cannot render consistently."""
+
+
+class _PrefixUnstable(RenderError):
+    pass
+
+
+def _render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    if not isinstance(text, str):
+        raise RenderError("chat template did not return text")
+    return text
+
+
+def _end_markers(tokenizer) -> list[str]:
+    """Texts that can close a turn: the special tokens, eos and common chat end markers in the vocab."""
+    vocab = tokenizer.get_vocab()
+    names = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    names.update(n for n in KNOWN_END_MARKERS if n in vocab)
+    if tokenizer.eos_token:
+        names.add(tokenizer.eos_token)
+    return sorted(n for n in names if n)
+
+
+def _find_content(text: str, content: str, start: int, end: int) -> tuple[int, int]:
+    """``[a, b)`` of ``content`` (verbatim, else stripped) in ``text[start:end]``; empty -> ``(start, start)``."""
+    for candidate in (content, content.strip()):
+        if not candidate:
+            return start, start
+        at = text.find(candidate, start, end)
+        if at >= 0:
+            return at, at + len(candidate)
+    raise RenderError(f"content {content[:60]!r} not found where the template renders it")
+
+
+def _marker_end(text: str, markers: list[str], start: int, end: int) -> int | None:
+    """End of the earliest marker occurring in ``text[start:end]``."""
+    hits = [(k, -len(m)) for m in markers if (k := text.find(m, start, end)) >= 0]
+    if not hits:
+        return None
+    k, neg_len = min(hits)
+    return k - neg_len
+
+
+def _prefix_spans(tokenizer, messages, full: str, markers: list[str]) -> list[tuple[int, int]]:
+    spans = []
+    for m, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = _render(tokenizer, messages[:m], add_generation_prompt=True)
+        upto = _render(tokenizer, messages[: m + 1], add_generation_prompt=False)
+        if not full.startswith(upto) or not upto.startswith(prompt):
+            raise _PrefixUnstable(
+                f"chat template is not prefix-stable at message {m}: rendering a prefix of the "
+                "conversation is not a prefix of rendering the whole"
+            )
+        start, end = len(prompt), len(upto)
+        content_at, content_end = _find_content(upto, message["content"], start, end)
+        marker_end = _marker_end(upto, markers, content_end, end)
+        spans.append((content_at, end if marker_end is None else marker_end))
+    return spans
+
+
+def _search_spans(tokenizer, messages, full: str, markers: list[str]) -> list[tuple[int, int]]:
+    """Locate every message in order in ``full``; assistant content after its header."""
+    located: list[tuple[int, int]] = []
+    cursor = 0
+    for m, message in enumerate(messages):
+        if message["role"] == "assistant":
+            bare = _render(tokenizer, messages[:m], add_generation_prompt=False) if m else ""
+            prompt = _render(tokenizer, messages[:m], add_generation_prompt=True) if m else ""
+            header = prompt[len(bare):] if prompt.startswith(bare) else ""
+            # generation prompts may carry extras the history does not (an empty think block):
+            # the longest prefix of the header that occurs is the turn's header
+            while header and full.find(header, cursor) < 0:
+                header = header[:-1]
+            if header:
+                cursor = full.find(header, cursor) + len(header)
+        try:
+            a, b = _find_content(full, message["content"], cursor, len(full))
+        except RenderError:
+            raise RenderError(
+                f"chat template is not prefix-stable and message {m} ({message['role']}) is not "
+                "rendered verbatim in the conversation"
+            ) from None
+        located.append((a, b))
+        cursor = b
+    spans = []
+    for m, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        a, b = located[m]
+        bound = located[m + 1][0] if m + 1 < len(messages) else len(full)
+        marker_end = _marker_end(full, markers, b, bound)
+        if marker_end is None:
+            raise RenderError(f"no end-of-turn marker after assistant message {m}")
+        spans.append((a, marker_end))
+    return spans
+
+
+def assistant_spans(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """Full rendered text and the character spans [start, end) of each assistant turn.
+
+    A span runs from the start of the assistant's content (as the template renders it) to the
+    end of its end-of-turn marker; template text before the content (headers, empty think
+    blocks) and after the marker (newlines) is excluded.
+    """
+    full = _render(tokenizer, messages, add_generation_prompt=False)
+    markers = _end_markers(tokenizer)
+    try:
+        return full, _prefix_spans(tokenizer, messages, full, markers)
+    except _PrefixUnstable:
+        return full, _search_spans(tokenizer, messages, full, markers)
+
+
+def render_with_loss_mask(tokenizer, messages: list[dict[str, str]], max_length: int | None = None) -> Rendered:
+    """Token ids of the rendered conversation and a 0/1 mask over assistant tokens."""
+    text, spans = assistant_spans(tokenizer, messages)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    mask = [0] * len(ids)
+    for i, (a, b) in enumerate(offsets):
+        if b <= a:
+            continue
+        # inside a span, or straddling its boundary (template text glued onto content by a merge)
+        if any(a < e and b > s for s, e in spans):
+            mask[i] = 1
+    if max_length is not None:
+        ids, mask = ids[:max_length], mask[:max_length]
+    return Rendered(input_ids=list(ids), loss_mask=mask, text=text)

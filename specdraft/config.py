@@ -1,0 +1,193 @@
+"""Typed configuration: frozen dataclasses, loaded from YAML/dicts in this one place.
+
+Every component declares its own ``@dataclass(frozen=True, kw_only=True, slots=True)``;
+this module turns plain data (YAML, JSON, ``key=value`` overrides) into those objects.
+Unknown keys are errors, values are coerced to the declared field types, and
+``flatten`` gives the dotted view used for MLflow params.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not match its schema."""
+
+
+def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
+    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ``ConfigError``."""
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{where or cls.__name__}: unknown key(s) {unknown}; valid keys are {sorted(fields)}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _coerce(hints[name], value, f"{where}.{name}" if where else name)
+    try:
+        return cls(**kwargs)
+    except TypeError as err:  # missing required fields
+        raise ConfigError(f"{where or cls.__name__}: {err}") from None
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(f"{where}: {value!r} matches none of {tp}: {errors}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if dataclasses.is_dataclass(value):
+            return value
+        return from_dict(tp, value, where)
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v != ""]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+        if origin is tuple:
+            if len(args) != len(value):
+                raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)}")
+            return tuple(_coerce(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        inner = args[0] if args else Any
+        return [_coerce(inner, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{where}: expected a bool, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{where}: expected an int, got {value!r}")
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{where}: expected an int, got {value!r}") from None
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``["train.lr=1e-4", "draft.arch=eagle"]`` -> nested dict (values parsed as YAML scalars)."""
+    nested: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw != "" else ""
+        node = nested
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} descends into a non-mapping")
+        node[parts[-1]] = value
+    return nested
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; ``update`` wins."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> T:
+    """Load ``cls`` from a YAML file (optional) plus ``key=value`` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping")
+        data = loaded
+    data = merge(data, parse_overrides(overrides))
+    return from_dict(cls, data)
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass tree -> plain JSON-able data."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted-key view of a config (for MLflow params and hashing)."""
+    data = to_dict(obj)
+    out: dict[str, Any] = {}
+    if isinstance(data, dict):
+        for key, value in data.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(value, dict) and value:
+                out.update(flatten(value, name))
+            else:
+                out[name] = value
+    else:
+        out[prefix] = data
+    return out
+
+
+def config_hash(obj: Any) -> str:
+    """Stable short hash of a config (or any JSON-able data)."""
+    import hashlib
+
+    blob = json.dumps(to_dict(obj), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

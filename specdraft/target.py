@@ -1,0 +1,231 @@
+"""The target and its features (DESIGN.md, "The target and its features").
+
+Everything the system needs from the served LLM (the *target*), as plain functions:
+
+* ``load_target_config`` / ``load_tokenizer``: its HF config and tokenizer (chat template kept);
+* ``load_target_heads``: its frozen token embedding ``e`` and ``lm_head``, read straight from the
+  safetensors files (single or sharded, tied or not) without instantiating the model — the
+  drafts reuse both (DESIGN.md, "Draft models");
+* ``load_target_model`` / ``target_states``: the full model and, for a batch, its last hidden
+  state (the tensor its lm_head consumes, i.e. after the final norm) and its logits — what the
+  dump stage stores per token;
+* ``target_id``: a stable identity string for a target directory, for store manifests.
+
+Only local directories are read here; fetching a hub id is the caller's job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+EMBED_NAME = "model.embed_tokens.weight"
+LM_HEAD_NAME = "lm_head.weight"
+EMBED_SUFFIX = "embed_tokens.weight"
+LM_HEAD_SUFFIX = "lm_head.weight"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TargetHeads:
+    """The target's frozen input embedding and output projection, both ``(V, d)``."""
+
+    embed: torch.Tensor  # (V, d)
+    lm_head: torch.Tensor  # (V, d)
+    tied: bool = False
+
+
+# --- config, tokenizer, model -------------------------------------------------------------
+
+
+def _target_dir(path: str | Path) -> Path:
+    """``path`` as a ``Path``, after checking it is a directory holding a ``config.json``."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"target {str(path)!r} is not a local directory")
+    if not (root / "config.json").is_file():
+        raise FileNotFoundError(f"target directory {str(root)!r} has no config.json")
+    return root
+
+
+def load_target_config(path: str | Path, trust_remote_code: bool = False) -> PretrainedConfig:
+    """The target's ``transformers`` config, read from ``path/config.json``."""
+    return AutoConfig.from_pretrained(_target_dir(path), trust_remote_code=trust_remote_code)
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    """The target's tokenizer (with its chat template, if the directory ships one)."""
+    return AutoTokenizer.from_pretrained(_target_dir(path), trust_remote_code=trust_remote_code)
+
+
+def load_target_model(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+) -> torch.nn.Module:
+    """The full target as an ``AutoModelForCausalLM``, frozen and in eval mode on ``device``."""
+    model = AutoModelForCausalLM.from_pretrained(
+        _target_dir(path), dtype=dtype, trust_remote_code=trust_remote_code
+    )
+    model = model.to(device).eval()
+    model.requires_grad_(False)
+    return model
+
+
+# --- embedding and lm_head from safetensors ------------------------------------------------
+
+
+def _tensor_locations(root: Path) -> dict[str, Path]:
+    """Map every tensor name in the target's safetensors to the file that holds it."""
+    index = root / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index} has no 'weight_map'")
+        return {name: root / shard for name, shard in weight_map.items()}
+    single = root / SINGLE_FILE
+    if single.is_file():
+        with safe_open(str(single), framework="pt") as f:
+            return {name: single for name in f.keys()}
+    found = sorted(p.name for p in root.iterdir() if p.is_file())
+    raise FileNotFoundError(
+        f"no {SINGLE_FILE} or {INDEX_FILE} in {str(root)!r} (found {found}); "
+        "only safetensors checkpoints are supported"
+    )
+
+
+def _find_key(names: list[str], exact: str, suffix: str) -> str | None:
+    """``exact`` if present, else the one name ending with ``suffix``; ``None`` if none does."""
+    if exact in names:
+        return exact
+    matches = sorted(n for n in names if n.endswith(suffix))
+    if len(matches) > 1:
+        raise ValueError(f"several tensors end with {suffix!r}: {matches}; cannot pick one")
+    return matches[0] if matches else None
+
+
+def _config_says_tied(root: Path) -> bool:
+    """Whether ``config.json`` (or its ``text_config``) sets ``tie_word_embeddings``."""
+    config = json.loads((root / "config.json").read_text())
+    if "tie_word_embeddings" in config:
+        return bool(config["tie_word_embeddings"])
+    return bool(config.get("text_config", {}).get("tie_word_embeddings", False))
+
+
+def _read_tensor(file: Path, name: str, dtype: torch.dtype) -> torch.Tensor:
+    if not file.is_file():
+        raise FileNotFoundError(f"shard {str(file)!r} (holding {name!r}) is missing")
+    with safe_open(str(file), framework="pt") as f:
+        return f.get_tensor(name).to(dtype)
+
+
+def load_target_heads(path: str | Path, dtype: torch.dtype = torch.float32) -> TargetHeads:
+    """Read only the target's embedding and lm_head from its safetensors (no model is built).
+
+    Works for a single ``model.safetensors`` or a sharded checkpoint (only the shards holding
+    the two tensors are opened). ``lm_head`` is the embedding when the config ties them or the
+    checkpoint stores no lm_head tensor.
+    """
+    root = _target_dir(path)
+    locations = _tensor_locations(root)
+    names = sorted(locations)
+    embed_key = _find_key(names, EMBED_NAME, EMBED_SUFFIX)
+    if embed_key is None:
+        candidates = [n for n in names if "embed" in n or "wte" in n] or names[:20]
+        raise KeyError(
+            f"no {EMBED_NAME!r} (or key ending with {EMBED_SUFFIX!r}) in {str(root)!r}; "
+            f"candidate keys: {candidates}"
+        )
+    head_key = _find_key(names, LM_HEAD_NAME, LM_HEAD_SUFFIX)
+    tied = _config_says_tied(root) or head_key is None
+
+    embed = _read_tensor(locations[embed_key], embed_key, dtype)  # (V, d)
+    lm_head = embed if tied else _read_tensor(locations[head_key], head_key, dtype)  # (V, d)
+    if embed.dim() != 2 or embed.shape != lm_head.shape:
+        raise ValueError(
+            f"expected embed and lm_head of the same shape (V, d); got "
+            f"{tuple(embed.shape)} ({embed_key}) and {tuple(lm_head.shape)} ({head_key})"
+        )
+    return TargetHeads(embed=embed, lm_head=lm_head, tied=tied)
+
+
+# --- hidden states and logits ---------------------------------------------------------------
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids counting only attended tokens, so left-padded rows start at 0."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+
+
+@torch.no_grad()
+def target_states(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's last hidden state (post final norm) ``(B, T, d)`` and logits ``(B, T, V)``.
+
+    Runs the decoder stack once and applies the lm_head to its ``last_hidden_state`` so the
+    returned hidden is exactly what produced the logits. Padded positions (``attention_mask``
+    0) get a zero hidden state (hence zero logits); valid positions of a left-padded row equal
+    those of the same row unpadded.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (B, T); got shape {tuple(input_ids.shape)}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)  # (B, T)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask {tuple(attention_mask.shape)} does not match "
+            f"input_ids {tuple(input_ids.shape)}"
+        )
+    decoder = model.get_decoder()
+    lm_head = model.get_output_embeddings()
+    if decoder is model or lm_head is None:
+        raise ValueError(f"{type(model).__name__} has no separate decoder and lm_head")
+
+    out = decoder(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions_from_mask(attention_mask),
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state  # (B, T, d)
+    hidden = hidden * attention_mask[..., None].to(hidden.dtype)  # (B, T, d)
+    logits = lm_head(hidden)  # (B, T, V)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap  # (B, T, V)
+    return hidden, logits
+
+
+# --- identity -------------------------------------------------------------------------------
+
+
+def target_id(path: str | Path) -> str:
+    """A stable identity ``"<dir name>@<sha256 prefix>"`` for a target directory.
+
+    The digest covers ``config.json`` and the safetensors layout (the index file's bytes, and
+    the name and size of every ``*.safetensors`` file), not the weights themselves, so it is
+    cheap for any model size and changes whenever the checkpoint does.
+    """
+    root = _target_dir(path)
+    digest = hashlib.sha256()
+    digest.update(b"config.json\0" + (root / "config.json").read_bytes())
+    index = root / INDEX_FILE
+    if index.is_file():
+        digest.update(INDEX_FILE.encode() + b"\0" + index.read_bytes())
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {str(root)!r}")
+    for file in files:
+        digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
+    return f"{root.resolve().name}@{digest.hexdigest()[:16]}"

@@ -1,0 +1,54 @@
+"""The config loader: typed, frozen, unknown keys rejected, key=value overrides."""
+
+from dataclasses import FrozenInstanceError, dataclass, field
+from typing import Literal
+
+import pytest
+
+from specdraft.config import ConfigError, config_hash, flatten, from_dict, load, parse_overrides
+from specdraft.objectives import StageConfig
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Inner:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outer:
+    name: str = "x"
+    arch: Literal["beagle", "eagle"] = "beagle"
+    inner: Inner = field(default_factory=Inner)
+    stages: list[StageConfig] = field(default_factory=list)
+    limit: int | None = None
+
+
+def test_yaml_plus_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: run\ninner:\n  lr: 0.01\nstages:\n  - kind: early\n    window: 3\n")
+    cfg = load(Outer, path, ["inner.betas=[0.8, 0.9]", "arch=eagle", "limit=7"])
+    assert cfg.name == "run" and cfg.arch == "eagle" and cfg.limit == 7
+    assert cfg.inner == Inner(lr=0.01, betas=(0.8, 0.9))
+    assert cfg.stages == [StageConfig(kind="early", window=3)]
+    with pytest.raises(FrozenInstanceError):
+        cfg.name = "y"
+
+
+def test_unknown_keys_and_bad_types_are_errors():
+    with pytest.raises(ConfigError, match="unknown key.*'lrr'"):
+        from_dict(Outer, {"inner": {"lrr": 1}})
+    with pytest.raises(ConfigError, match="not one of"):
+        from_dict(Outer, {"arch": "medusa"})
+    with pytest.raises(ConfigError, match="expected a number"):
+        from_dict(Outer, {"inner": {"lr": "fast"}})
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["nonsense"])
+
+
+def test_flatten_and_hash_are_stable():
+    cfg = Outer(inner=Inner(lr=0.5))
+    flat = flatten(cfg)
+    assert flat["inner.lr"] == 0.5 and flat["arch"] == "beagle"
+    assert config_hash(cfg) == config_hash(Outer(inner=Inner(lr=0.5)))
+    assert config_hash(cfg) != config_hash(Outer(inner=Inner(lr=0.25)))

@@ -1,0 +1,46 @@
+"""The dependency rule: flows -> pipelines -> specdraft, and specdraft stays pure torch."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = {
+    "specdraft": {"prefect", "ray", "mlflow", "pipelines", "flows"},
+    "pipelines": {"prefect", "flows"},
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_layers_import_only_downwards():
+    offenders = []
+    for package, forbidden in FORBIDDEN.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            bad = imported_modules(path) & forbidden
+            if bad:
+                offenders.append(f"{path.relative_to(ROOT)} imports {sorted(bad)}")
+    assert not offenders, "dependency rule broken:\n" + "\n".join(offenders)
+
+
+def test_zarr_only_in_the_store_reader():
+    users = [
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "specdraft").rglob("*.py")
+        if "zarr" in imported_modules(p)
+    ]
+    assert all(u == "specdraft/store.py" for u in users), users
+
+
+def test_the_rule_checker_sees_imports(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import ray.data\nfrom prefect import flow\nfrom .local import x\n")
+    assert imported_modules(probe) == {"ray", "prefect"}
