@@ -128,21 +128,26 @@ def substeps(
     offset: int = 0,
     generator: torch.Generator | None = None,
 ) -> Iterator[SubStep]:
-    """Yield the sub-steps of one training batch for ``stage`` (see module docstring)."""
-    arch = draft.config.arch
+    """Yield the sub-steps of one training batch for ``stage`` (see module docstring).
+
+    ``draft`` may be a wrapper (DDP/FSDP) exposing the draft as ``.module``: forwards go
+    through the wrapper (so gradients synchronise), attributes come from the draft.
+    """
+    core = unwrap(draft)
+    arch = core.config.arch
     if stage.kind == "early" and arch != "beagle":
         raise ValueError(
             f"stage 'early' needs a draft whose queries come from tokens only (beagle); {arch!r} feeds "
             "the previous state into each query, which the inverse block mask hides — use 'late' or 'align'"
         )
     assert 0 <= offset < stage.period, f"offset {offset} outside [0, {stage.period})"
-    dtype = next(p for p in draft.parameters()).dtype
+    dtype = next(p for p in core.parameters()).dtype
     true = add_noise(batch.hidden.to(dtype), stage.noise_std, generator)  # (B, T, d)
     ids, pos, valid = batch.input_ids, batch.positions, batch.valid
 
     def step(index: int, weight: float, states: torch.Tensor, q: torch.Tensor, vis: torch.Tensor) -> SubStep:
         h_hat = draft(ids, pos, states, q, vis)  # (B, Q, d)
-        loss, parts, logits, correct, trained = score(draft, batch, q, h_hat, stage.loss)
+        loss, parts, logits, correct, trained = score(core, batch, q, h_hat, stage.loss)
         return SubStep(index, weight, q, h_hat, logits, loss, parts, correct, trained)
 
     if stage.kind in ("plain", "early"):
@@ -166,6 +171,11 @@ def substeps(
                 written = torch.zeros_like(true)
                 written[:, q] = sub.h_hat.detach()
                 versions.append(written)
+
+
+def unwrap(model):
+    """The draft inside a DDP/FSDP-style wrapper (or the model itself)."""
+    return getattr(model, "module", model)
 
 
 def draw_offset(stage: StageConfig, generator: torch.Generator | None) -> int:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Literal
+from typing import Callable, Literal, Sequence
 
 import torch
 
 from specdraft.loggers import MetricLogger, NullLogger
-from specdraft.objectives import Batch, StageConfig, train_batch
+from specdraft.objectives import Batch, StageConfig, train_batch, unwrap
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,7 +87,7 @@ class Trainer:
     draft: torch.nn.Module
     schedule: list[StageConfig]
     optim: OptimConfig
-    batches_per_epoch: int
+    batches_per_epoch: int  # sizes the LR schedule; epochs may differ slightly
     seed: int = 0
     logger: MetricLogger = field(default_factory=NullLogger)
     device: torch.device | str = "cpu"
@@ -104,7 +104,7 @@ class Trainer:
     # -- checkpoint state ---------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "draft": self.draft.state_dict(),
+            "draft": unwrap(self.draft).state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "generator": self.generator.get_state(),
@@ -112,7 +112,7 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.draft.load_state_dict(state["draft"])
+        unwrap(self.draft).load_state_dict(state["draft"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
@@ -121,14 +121,15 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------
     def run(
         self,
-        batches: Callable[[int, int], Iterable[Batch]],
+        batches: Callable[[int, int], Sequence[Batch]],
         on_step: Callable[["Trainer", dict[str, float]], None] | None = None,
         on_epoch_end: Callable[["Trainer"], None] | None = None,
     ) -> TrainState:
         """Train from ``self.state`` to the end of the schedule.
 
-        ``batches(stage_index, epoch)`` returns that epoch's batches in a fixed order;
-        already-trained batches of a resumed epoch are skipped, not re-drawn.
+        ``batches(stage_index, epoch)`` returns that epoch's batches in a fixed order as a
+        sequence (``len`` + indexing, may load lazily); a resumed epoch starts at the next
+        untrained index, so no batch is trained twice or skipped.
         """
         accum = self.optim.grad_accum
         self.draft.train()
@@ -136,12 +137,12 @@ class Trainer:
             stage = self.schedule[self.state.stage]
             while self.state.epoch < stage.epochs:
                 t0, tok0 = time.perf_counter(), self.state.tokens
-                for index, batch in enumerate(batches(self.state.stage, self.state.epoch)):
-                    if index < self.state.batch:
-                        continue
+                epoch_batches = batches(self.state.stage, self.state.epoch)
+                for index in range(self.state.batch, len(epoch_batches)):
+                    batch = epoch_batches[index]
                     metrics = self._micro_step(batch.to(self.device), stage, scale=1.0 / accum)
                     self.state.batch = index + 1
-                    if self.state.batch % accum == 0 or self.state.batch == self.batches_per_epoch:
+                    if self.state.batch % accum == 0 or self.state.batch == len(epoch_batches):
                         metrics.update(self._optimizer_step())
                         metrics["tokens_per_s"] = (self.state.tokens - tok0) / max(1e-9, time.perf_counter() - t0)
                         self.logger.log_metrics(metrics, self.state.step)

@@ -1,0 +1,110 @@
+"""The conversation schema shared by ingest, regenerate and dump (issue 3), and its Parquet IO.
+
+One row per conversation::
+
+    id: string          stable: "<source file stem>:<source id>", or "<stem>:<sha256[:16]>"
+                        of the normalized messages when the source has no id
+    source: string      the source file stem ("sharegpt_sample", "mt_bench", ...)
+    messages: list<struct<role: string, content: string>>
+
+Roles are ``system|user|assistant``: an optional leading system message, then turns that
+strictly alternate user/assistant starting with a user turn. Two shapes are valid:
+
+* ``complete`` (regenerate's output, what dump reads): alternating and ending with an
+  assistant turn;
+* ``prompt`` (ingest's output, regenerate's input): alternating and ending with either role,
+  or a run of user turns only (a question file such as MT-Bench: the answers do not exist
+  yet, regenerate writes them).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROLES = ("system", "user", "assistant")
+MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
+SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("messages", pa.list_(MESSAGE_TYPE))])
+
+
+def check_messages(messages: list[dict[str, str]], complete: bool = False) -> tuple[str, str] | None:
+    """``None`` when ``messages`` has a valid shape, else ``(reason, detail)``.
+
+    Reasons: ``empty`` (no turns, or a message without text), ``unknown_role``,
+    ``non_alternating``. ``complete=True`` also requires a final assistant turn and allows an
+    empty assistant turn (the target may answer with its end-of-turn token right away).
+    """
+    if not messages:
+        return "empty", "no messages"
+    for i, m in enumerate(messages):
+        if m["role"] not in ROLES:
+            return "unknown_role", f"message {i} has role {m['role']!r}"
+        if not m["content"].strip() and not (complete and m["role"] == "assistant"):
+            return "empty", f"message {i} ({m['role']}) has no text"
+    turns = messages[1:] if messages[0]["role"] == "system" else messages
+    roles = [m["role"] for m in turns]
+    if not roles:
+        return "empty", "only a system message"
+    if "system" in roles:
+        return "non_alternating", f"system message at position {roles.index('system') + len(messages) - len(turns)}"
+    user_only = not complete and all(r == "user" for r in roles)
+    if not user_only:
+        for i, role in enumerate(roles):
+            if role != ("user" if i % 2 == 0 else "assistant"):
+                return "non_alternating", f"turn {i} is {role!r}, expected {'user' if i % 2 == 0 else 'assistant'!r}"
+    if complete and roles[-1] != "assistant":
+        return "non_alternating", "does not end with an assistant turn"
+    return None
+
+
+def write_conversations(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
+    """Write ``rows`` to one Parquet file atomically (temp name in the same dir, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {"id": r["id"], "source": r["source"],
+         "messages": [{"role": m["role"], "content": m["content"]} for m in r["messages"]]}
+        for r in rows
+    ]
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def conversation_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Parquet files named by ``paths``: files as given, directories -> their ``*.parquet``
+    (sorted; hidden names such as in-progress temp files are skipped)."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(f for f in p.glob("*.parquet") if not f.name.startswith("."))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"no conversation file or directory at {str(p)!r}")
+    return files
+
+
+def read_conversations(paths: str | Path | Iterable[str | Path]) -> list[dict[str, Any]]:
+    """All rows of the conversation Parquet files (or directories of them) in ``paths``."""
+    rows: list[dict[str, Any]] = []
+    for file in conversation_files(paths):
+        table = pq.read_table(file)
+        missing = [n for n in SCHEMA.names if n not in table.column_names]
+        if missing:
+            raise ValueError(f"{file}: not a conversation file, missing column(s) {missing}")
+        rows += table.select(SCHEMA.names).cast(SCHEMA).to_pylist()
+    return rows

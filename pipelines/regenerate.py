@@ -1,0 +1,533 @@
+"""Regenerate stage: the target answers every prompt conversation itself (issue 3, part A).
+
+DESIGN.md "regenerate": the draft must learn the *target's* distribution, so the dataset's
+assistant turns are dropped and each user turn is answered by the target conditioned on its
+own earlier answers (turn t sees the target's answers to turns 1..t-1).
+
+    ingest (driver)      prompt files -> normalized rows + rejects.jsonl (pipelines/ingest.py);
+                         ids already in the output dir are skipped (resume)
+    -> map_batches       one stateful replica per model copy (``concurrency`` actors,
+                         ``num_gpus`` each on a GPU cluster, CPU locally); per batch:
+                         turn by turn, left-padded batched generation, stop on eos or the
+                         template's end-of-turn token; one Parquet part per batch, written
+                         under a temp name and renamed, so a part on disk is always complete
+    -> driver            progress lines and a summary (rows, tokens, tokens/s)
+
+Backends: ``hf`` (``transformers`` generate; default) and ``vllm`` (Ray Data's LLM processor,
+``ray.data.llm``; GPU only, needs the ``vllm`` extra).
+
+Determinism: greedy (``temperature == 0``) is deterministic; sampling draws each row's tokens
+from its own generator seeded by ``(seed, conversation id, turn)``, so a row's answer does not
+depend on which batch it lands in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import ray
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.utils import logging as hf_logging
+
+from pipelines.conversations import SCHEMA, conversation_files, write_conversations
+from pipelines.ingest import IngestConfig, ingest
+from specdraft.chat import assistant_spans
+from specdraft.config import config_hash, from_dict, to_dict
+from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id
+
+RUN_FILE = "regenerate.json"  # what produced the parts in an output dir (resume guard)
+SUMMARY_FILE = "summary.json"
+REJECTS_FILE = "rejects.jsonl"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RegenerateConfig:
+    """How the target regenerates the answers."""
+
+    backend: Literal["hf", "vllm"] = "hf"
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 256  # per assistant turn
+    seed: int = 0
+    max_model_len: int | None = None  # prompt + new tokens; None: the target's max_position_embeddings
+    batch_size: int = 16  # conversations per batch (= per generate call and per output part)
+    concurrency: int = 1  # model replicas (Ray actors)
+    num_gpus: float = 1.0  # per replica, used only when the Ray cluster has GPUs
+    num_cpus: float = 1.0  # per replica; on CPU also its torch threads
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    limit: int | None = None  # only the first N ingested conversations
+    trust_remote_code: bool = False
+    ray_address: str | None = None  # used only when Ray is not initialized yet
+    vllm_engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    vllm_chunk_size: int = 4096  # conversations per vllm pass (= per output part)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+
+    def __post_init__(self) -> None:
+        assert self.temperature >= 0 and 0 < self.top_p <= 1, "need temperature >= 0 and 0 < top_p <= 1"
+        assert self.max_new_tokens >= 1 and self.batch_size >= 1 and self.concurrency >= 1, "sizes must be >= 1"
+
+
+# --- stop tokens and seeds -------------------------------------------------------------------
+
+
+def end_of_turn_token(tokenizer) -> int | None:
+    """Id of the token the chat template closes an assistant turn with, if it is one token."""
+    probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    try:
+        text, spans = assistant_spans(tokenizer, probe)
+    except Exception:  # no chat template, or one that needs other roles: eos ids only
+        return None
+    start, end = spans[0]
+    marker = text[start + len("Hello"): end] if text[start:].startswith("Hello") else ""
+    ids = tokenizer.convert_tokens_to_ids([marker]) if marker else []
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return ids[0] if ids and ids[0] is not None and ids[0] != unk else None
+
+
+def stop_token_ids(tokenizer, generation_config: GenerationConfig | None) -> list[int]:
+    """generation_config eos ids, the tokenizer's eos and the template's end-of-turn token."""
+    ids: list[int] = []
+    eos = getattr(generation_config, "eos_token_id", None)
+    for value in (eos if isinstance(eos, (list, tuple)) else [eos]) + [
+        tokenizer.eos_token_id, end_of_turn_token(tokenizer)
+    ]:
+        if value is not None and int(value) not in ids:
+            ids.append(int(value))
+    if not ids:
+        raise ValueError("the target has no eos token and its chat template no end-of-turn token")
+    return ids
+
+
+def conversation_seed(seed: int, conv_id: str, turn: int) -> int:
+    """A 63-bit seed for one turn of one conversation."""
+    digest = hashlib.sha256(f"{seed}\0{conv_id}\0{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+# --- batched generation (hf) ------------------------------------------------------------------
+
+
+class RowSampler(LogitsProcessor):
+    """Temperature / top-p sampling with one ``torch.Generator`` per row.
+
+    Returns scores that are -inf everywhere but the sampled token, so greedy decoding picks
+    it: each row's draw depends only on its own seed and its own logits.
+    """
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float):
+        self.seeds, self.temperature, self.top_p = seeds, temperature, top_p
+        self.generators: list[torch.Generator] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if not self.generators:
+            self.generators = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
+        probs = torch.softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
+        if self.top_p < 1.0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V)
+            outside = sorted_probs.cumsum(-1) - sorted_probs > self.top_p  # (B, V) mass before > top_p
+            sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)  # (B, V)
+        picks = torch.cat([
+            torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(self.generators)
+        ])  # (B,)
+        out = torch.full_like(scores, float("-inf"))  # (B, V)
+        return out.scatter(-1, picks[:, None], 0.0)
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device | str = "cpu"):
+    """``input_ids`` and ``attention_mask`` (B, T) with every prompt right-aligned."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (B, T)
+    for b, p in enumerate(prompts):
+        input_ids[b, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        attention_mask[b, width - len(p):] = 1
+    return input_ids.to(device), attention_mask.to(device)
+
+
+@torch.no_grad()
+def generate_batch(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    stop_ids: list[int],
+    pad_id: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seeds: list[int] | None = None,
+) -> list[tuple[list[int], bool]]:
+    """Per prompt: the new tokens before the first stop token, and whether a stop token ended it."""
+    device = next(model.parameters()).device
+    input_ids, attention_mask = left_pad(prompts, pad_id, device)  # (B, T)
+    generation_config = GenerationConfig(  # ours is the whole policy: no sampling defaults leak in
+        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+        temperature=1.0, top_p=1.0, top_k=50, typical_p=1.0, repetition_penalty=1.0,
+        eos_token_id=list(stop_ids), pad_token_id=pad_id,
+    )
+    processors = LogitsProcessorList()
+    if temperature > 0:
+        if seeds is None or len(seeds) != len(prompts):
+            raise ValueError("sampling needs one seed per prompt")
+        processors.append(RowSampler(seeds, temperature, top_p))
+    out = model.generate(
+        input_ids=input_ids, attention_mask=attention_mask,
+        generation_config=generation_config, logits_processor=processors,
+    )  # (B, T + n)
+    results = []
+    stops = set(stop_ids)
+    for row in out[:, input_ids.shape[1]:].tolist():
+        cut = next((i for i, t in enumerate(row) if t in stops), None)
+        results.append((row if cut is None else row[:cut], cut is not None))
+    return results
+
+
+# --- the multi-turn loop (any backend) -----------------------------------------------------
+
+
+Answer = tuple[str, int, bool]  # (text, tokens generated incl. the stop token, stopped)
+AnswerFn = Callable[[list[list[int]], list[list[dict[str, str]]], list[int]], list[Answer]]
+
+
+def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` rendered with the chat template and a generation prompt."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def regenerate_rows(
+    rows: list[dict[str, Any]],
+    tokenizer,
+    answer: AnswerFn,
+    cfg: RegenerateConfig,
+    max_model_len: int,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Answer every user turn of ``rows`` in order, each conditioned on the earlier answers.
+
+    ``answer(prompt_ids, messages, seeds)`` answers a list of prompts at once. A conversation
+    whose next prompt (plus ``max_new_tokens``) exceeds ``max_model_len`` ends before that
+    turn; one that cannot answer its first turn is dropped and counted in ``too_long_ids``.
+    """
+    history = [[m for m in r["messages"] if m["role"] == "system"] for r in rows]
+    users = [[m["content"] for m in r["messages"] if m["role"] == "user"] for r in rows]
+    open_ = [True] * len(rows)
+    stats = {"turns": 0, "truncated_turns": 0, "empty_answers": 0, "tokens": 0, "prompt_tokens": 0,
+             "cut_turns": 0, "generate_s": 0.0}
+    for turn in range(max((len(u) for u in users), default=0)):
+        active, prompts, messages = [], [], []
+        for i in range(len(rows)):
+            if not open_[i] or turn >= len(users[i]):
+                continue
+            msgs = history[i] + [{"role": "user", "content": users[i][turn]}]
+            ids = prompt_ids(tokenizer, msgs)
+            if len(ids) + cfg.max_new_tokens > max_model_len:
+                open_[i] = False
+                stats["cut_turns"] += len(users[i]) - turn
+                continue
+            active.append(i)
+            prompts.append(ids)
+            messages.append(msgs)
+        if not active:
+            continue
+        seeds = [conversation_seed(cfg.seed, rows[i]["id"], turn) for i in active]
+        started = time.perf_counter()
+        answers = answer(prompts, messages, seeds)
+        stats["generate_s"] += time.perf_counter() - started
+        for i, msgs, ids, (text, n_tokens, stopped) in zip(active, messages, prompts, answers):
+            history[i] = msgs + [{"role": "assistant", "content": text}]
+            stats["turns"] += 1
+            stats["tokens"] += n_tokens
+            stats["prompt_tokens"] += len(ids)
+            stats["truncated_turns"] += not stopped
+            stats["empty_answers"] += not text.strip()
+    out, too_long = [], []
+    for row, msgs in zip(rows, history):
+        if any(m["role"] == "assistant" for m in msgs):
+            out.append({"id": row["id"], "source": row["source"], "messages": msgs})
+        else:
+            too_long.append(row["id"])
+    stats["too_long_ids"] = too_long
+    return out, stats
+
+
+def hf_answer_fn(model, tokenizer, cfg: RegenerateConfig, stop_ids: list[int]) -> AnswerFn:
+    """An ``AnswerFn`` over ``generate_batch`` (prompts sorted by length into ``batch_size`` groups)."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+
+    def answer(prompts, messages, seeds):
+        results: list[Answer | None] = [None] * len(prompts)
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        for start in range(0, len(order), cfg.batch_size):
+            group = order[start: start + cfg.batch_size]
+            generated = generate_batch(
+                model, [prompts[i] for i in group], max_new_tokens=cfg.max_new_tokens, stop_ids=stop_ids,
+                pad_id=pad_id, temperature=cfg.temperature, top_p=cfg.top_p, seeds=[seeds[i] for i in group],
+            )
+            for i, (tokens, stopped) in zip(group, generated):
+                results[i] = (tokenizer.decode(tokens, skip_special_tokens=True), len(tokens) + stopped, stopped)
+        return results
+
+    return answer
+
+
+# --- output directory ----------------------------------------------------------------------
+
+
+def done_ids(out_dir: str | Path) -> set[str]:
+    """Ids of the conversations already in complete parts of ``out_dir``."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return set()
+    import pyarrow.parquet as pq
+
+    ids: set[str] = set()
+    for file in conversation_files(out_dir):
+        ids.update(pq.read_table(file, columns=["id"]).column("id").to_pylist())
+    return ids
+
+
+def part_name(ids: Iterable[str]) -> str:
+    """Deterministic part file name for a batch of ids (a retried batch overwrites itself)."""
+    return f"part-{hashlib.sha256(chr(10).join(ids).encode()).hexdigest()[:16]}.parquet"
+
+
+def _generation_identity(target: Path, cfg: RegenerateConfig) -> dict[str, Any]:
+    """What decides the content of the answers: a rerun must match it to resume."""
+    keys = ("backend", "temperature", "top_p", "max_new_tokens", "seed", "max_model_len")
+    settings = {k: getattr(cfg, k) for k in keys}
+    return {"target": target_id(target), "settings": settings, "hash": config_hash(settings)}
+
+
+def _claim_out_dir(out_dir: Path, identity: dict[str, Any]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_file = out_dir / RUN_FILE
+    if run_file.is_file():
+        previous = json.loads(run_file.read_text())
+        if (previous.get("target"), previous.get("hash")) != (identity["target"], identity["hash"]):
+            raise ValueError(
+                f"{out_dir} holds answers of another target/config ({previous.get('target')}, "
+                f"{previous.get('settings')}); resume needs the same ones or a new output dir"
+            )
+    else:
+        run_file.write_text(json.dumps(identity, indent=2) + "\n")
+    for stale in out_dir.glob(".part-*.tmp-*"):  # parts killed mid-write (one run per dir at a time)
+        stale.unlink(missing_ok=True)
+
+
+# --- the stage -------------------------------------------------------------------------------
+
+
+def _model_len(target: Path, cfg: RegenerateConfig) -> int:
+    if cfg.max_model_len is not None:
+        return cfg.max_model_len
+    config = load_target_config(target, cfg.trust_remote_code)
+    config = getattr(config, "text_config", None) or config
+    return int(getattr(config, "max_position_embeddings", None) or 1 << 30)
+
+
+class HFReplica:
+    """One model replica (a Ray Data actor): answers a batch of conversations, writes its part."""
+
+    def __init__(self, target: str, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool):
+        self.cfg = from_dict(RegenerateConfig, cfg)
+        self.out_dir = Path(out_dir)
+        self.max_model_len = max_model_len
+        hf_logging.disable_progress_bar()  # "Loading weights" bars from every replica
+        device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
+        if device == "cpu":
+            torch.set_num_threads(max(1, round(self.cfg.num_cpus)))
+        dtype = DTYPES.get(self.cfg.dtype) or (torch.bfloat16 if device == "cuda" else torch.float32)
+        self.model = load_target_model(target, dtype=dtype, device=device,
+                                       trust_remote_code=self.cfg.trust_remote_code)
+        self.tokenizer = load_tokenizer(target, trust_remote_code=self.cfg.trust_remote_code)
+        stop_ids = stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
+        self.answer = hf_answer_fn(self.model, self.tokenizer, self.cfg, stop_ids)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        rows = batch.to_pylist()
+        out, stats = regenerate_rows(rows, self.tokenizer, self.answer, self.cfg, self.max_model_len)
+        if out:
+            write_conversations(self.out_dir / part_name(r["id"] for r in out), out)
+        return _stats_table(len(rows), len(out), stats)
+
+
+STATS_SCHEMA = pa.schema(
+    [(k, pa.int64()) for k in ("rows_in", "rows_out", "files", "turns", "truncated_turns", "empty_answers",
+                                "tokens", "prompt_tokens", "cut_turns")]
+    + [("generate_s", pa.float64()), ("too_long_ids", pa.list_(pa.string()))]
+)
+
+
+def _stats_table(rows_in: int, rows_out: int, stats: dict[str, Any]) -> pa.Table:
+    """One row of per-batch counts (what a replica sends back to the driver)."""
+    row = {"rows_in": rows_in, "rows_out": rows_out, "files": int(rows_out > 0), **stats}
+    return pa.Table.from_pylist([row], schema=STATS_SCHEMA)
+
+
+def _run_hf(target: Path, pending: list[dict[str, Any]], out_dir: Path, cfg: RegenerateConfig,
+            max_model_len: int) -> Iterable[dict[str, Any]]:
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    table = pa.Table.from_pylist(pending, schema=SCHEMA)
+    blocks = [table.slice(i, cfg.batch_size) for i in range(0, len(pending), cfg.batch_size)]
+    ds = ray.data.from_arrow(blocks).map_batches(  # one block per batch: batches spread over replicas
+        HFReplica,
+        fn_constructor_kwargs=dict(target=str(target), cfg=to_dict(cfg), out_dir=str(out_dir),
+                                   max_model_len=max_model_len, use_gpu=use_gpu),
+        batch_size=cfg.batch_size,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=cfg.concurrency),
+        num_gpus=cfg.num_gpus if use_gpu else 0,
+        num_cpus=cfg.num_cpus,
+    )
+    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        yield from batch.to_pylist()
+
+
+def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path, cfg: RegenerateConfig,
+              max_model_len: int) -> Iterable[dict[str, Any]]:
+    """The vllm backend: one ``ray.data.llm`` pass per turn over a chunk of conversations.
+
+    Turn t of every conversation in the chunk is answered in one pass (the chat template is
+    applied by the processor), then turn t+1 with those answers in the history; the chunk is
+    written as one part when all its turns are done. Each pass starts its engine replicas, so
+    keep ``vllm_chunk_size`` large. Checked only against a stand-in processor (no GPU, no vllm
+    here): it follows the documented ``ray.data.llm`` API of Ray 2.60.
+    """
+    try:
+        import vllm  # noqa: F401
+        from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+    except ImportError as err:
+        raise RuntimeError(
+            "backend='vllm' needs the vllm package and Ray Data's LLM API on a GPU cluster "
+            f"(pip install 'specdraft[vllm]'); missing: {err.name or err}. Use backend=hf otherwise."
+        ) from None
+    if ray.cluster_resources().get("GPU", 0) <= 0:
+        raise RuntimeError("backend='vllm' needs GPUs in the Ray cluster; use backend=hf on CPU")
+    tokenizer = load_tokenizer(target, trust_remote_code=cfg.trust_remote_code)
+    try:
+        generation_config = GenerationConfig.from_pretrained(target)
+    except OSError:
+        generation_config = None
+    stop_ids = stop_token_ids(tokenizer, generation_config)
+    processor_config = vLLMEngineProcessorConfig(
+        model_source=str(target),
+        engine_kwargs={"max_model_len": max_model_len, "trust_remote_code": cfg.trust_remote_code,
+                       **cfg.vllm_engine_kwargs},
+        concurrency=cfg.concurrency,
+        batch_size=cfg.batch_size,
+    )
+    sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_new_tokens,
+                "stop_token_ids": stop_ids, "skip_special_tokens": True}
+    processor = build_processor(
+        processor_config,
+        preprocess=lambda row: dict(row=row["row"], messages=row["messages"],
+                                    sampling_params={**sampling, "seed": row["seed"]}),
+        postprocess=lambda row: dict(row=row["row"], text=row["generated_text"],
+                                     n_tokens=row["num_generated_tokens"]),
+    )
+
+    def answer(prompts, messages, seeds):
+        items = [{"row": i, "messages": m, "seed": s} for i, (m, s) in enumerate(zip(messages, seeds))]
+        results: list[Answer | None] = [None] * len(items)
+        for r in processor(ray.data.from_items(items)).take_all():
+            n = int(r["n_tokens"])
+            results[int(r["row"])] = (r["text"], n, n < cfg.max_new_tokens)
+        return results
+
+    for start in range(0, len(pending), cfg.vllm_chunk_size):
+        rows = pending[start: start + cfg.vllm_chunk_size]
+        out, stats = regenerate_rows(rows, tokenizer, answer, cfg, max_model_len)
+        if out:
+            write_conversations(out_dir / part_name(r["id"] for r in out), out)
+        yield _stats_table(len(rows), len(out), stats).to_pylist()[0]
+
+
+BACKENDS = {"hf": _run_hf, "vllm": _run_vllm}
+
+
+def regenerate(
+    target: str | Path,
+    prompts: str | Path | Iterable[str | Path],
+    out_dir: str | Path,
+    cfg: RegenerateConfig = RegenerateConfig(),
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Ingest ``prompts``, regenerate every answer with ``target`` into ``out_dir``; the summary.
+
+    ``out_dir`` gets ``part-*.parquet`` (conversation schema), ``rejects.jsonl`` (ingest),
+    ``regenerate.json`` (target + generation settings; a rerun must match them) and
+    ``summary.json``. Conversations already in ``out_dir`` are skipped, so a rerun after a crash
+    or on a grown prompt set only does what is missing.
+    """
+    started = time.perf_counter()
+    target, out_dir = Path(target), Path(out_dir)
+    identity = _generation_identity(target, cfg)
+    _claim_out_dir(out_dir, identity)
+    rows, ingest_summary = ingest(prompts, cfg.ingest, rejects_path=out_dir / REJECTS_FILE)
+    selected = rows if cfg.limit is None else rows[: cfg.limit]
+    done = done_ids(out_dir)
+    pending = [r for r in selected if r["id"] not in done]
+    max_model_len = _model_len(target, cfg)
+    totals = {"rows_in": 0, "rows_out": 0, "files": 0, "turns": 0, "truncated_turns": 0, "empty_answers": 0,
+              "tokens": 0, "prompt_tokens": 0, "cut_turns": 0, "generate_s": 0.0}
+    too_long: list[str] = []
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None)
+    log(f"regenerate: {len(pending)} to do, {len(selected) - len(pending)} already in {out_dir}, "
+        f"{ingest_summary['rejected']} rejected by ingest")
+    run_started = time.perf_counter()
+    if pending:
+        if not ray.is_initialized():
+            ray.init(address=cfg.ray_address, include_dashboard=False, ignore_reinit_error=True)
+        context = ray.data.DataContext.get_current()
+        bars, context.enable_progress_bars = context.enable_progress_bars, False
+        try:
+            for stats in BACKENDS[cfg.backend](target, pending, out_dir, cfg, max_model_len):
+                too_long += stats.pop("too_long_ids")
+                for key in totals:
+                    totals[key] += stats[key]
+                elapsed = time.perf_counter() - run_started
+                log(f"regenerate: {totals['rows_in']}/{len(pending)} conversations, {totals['files']} parts, "
+                    f"{totals['tokens']} tokens, {totals['tokens'] / max(elapsed, 1e-9):.1f} tokens/s")
+        finally:
+            context.enable_progress_bars = bars
+    run_s = time.perf_counter() - run_started
+    summary = {
+        "stage": "regenerate",
+        "backend": cfg.backend,
+        "target": identity["target"],
+        "out_dir": str(out_dir),
+        "rows_ingested": len(rows),
+        "rows_rejected": ingest_summary["rejected"],
+        "rows_over_limit": len(rows) - len(selected),
+        "rows_in": len(pending),
+        "rows_skipped": len(selected) - len(pending),
+        "rows_out": totals["rows_out"],
+        "rows_too_long": len(too_long),
+        "too_long_ids": too_long[:20],
+        "rows_total": len(done) + totals["rows_out"],
+        "files_written": totals["files"],
+        "turns": totals["turns"],
+        "truncated_turns": totals["truncated_turns"],
+        "cut_turns": totals["cut_turns"],
+        "empty_answers": totals["empty_answers"],
+        "prompt_tokens": totals["prompt_tokens"],
+        "tokens_generated": totals["tokens"],
+        "run_s": round(run_s, 3),
+        "generate_s": round(totals["generate_s"], 3),
+        "tokens_per_s": round(totals["tokens"] / run_s, 2) if totals["tokens"] else 0.0,
+        "generate_tokens_per_s": round(totals["tokens"] / totals["generate_s"], 2) if totals["tokens"] else 0.0,
+        "wall_s": round(time.perf_counter() - started, 3),
+        "ingest": ingest_summary,
+    }
+    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
