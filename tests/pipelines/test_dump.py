@@ -1,0 +1,280 @@
+"""Tests for pipelines.dump: features vs an independent forward, accounting, resume, CLI.
+
+Tiny random Llama / Qwen2 / Mistral models (hidden 64, 2 layers) sharing a small toy-style
+tokenizer, plus a tiny toy target; one local Ray session for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from pipelines.dump import FeaturesConfig, dump_features, load_conversations, plan_shards, prefill_batches
+from specdraft import store
+from specdraft.chat import render_with_loss_mask
+from specdraft.store import FeatureDataset, ReaderConfig, StoreError
+from specdraft.target import load_target_model, load_tokenizer
+from specdraft.toy.build import ToyTargetConfig, build_toy_target
+from specdraft.toy.conversations import generate_conversations
+from specdraft.toy.tokenizer import train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+}
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
+TOY = ToyTargetConfig(num_conversations=200, vocab_size=300, hidden_size=32, num_layers=2, num_heads=2,
+                      num_kv_heads=1, intermediate_size=64, max_seq_len=64, train_steps=3, batch_size=8,
+                      warmup_steps=1, num_eval_conversations=8)
+CFG = FeaturesConfig(samples_per_shard=4, max_length=96, batch_tokens=400, max_batch_size=6)
+SHARDS = 6  # 22 unique ids
+
+
+def conversations(n: int = 18, seed: int = 7) -> list[dict]:
+    rows = [{"id": f"conv-{i:03d}", "messages": m} for i, m in enumerate(generate_conversations(n, seed))]
+    long = [{"role": "user", "content": "count"}, {"role": "assistant", "content": "one two " * 60}]
+    return rows + [
+        {"id": "x-long", "messages": long},  # truncated to max_length
+        {"id": "x-noloss", "messages": [{"role": "user", "content": "hello"}]},
+        {"id": "x-unrenderable", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]},
+        {"id": "conv-001", "messages": rows[2]["messages"]},  # duplicate id: first one wins
+    ]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, logging_level="WARNING",
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory):
+    """family -> target directory (random tiny models + one tiny toy target)."""
+    root = tmp_path_factory.mktemp("targets")
+    texts = [m["content"] for c in generate_conversations(200, 0) for m in c]
+    tokenizer = train_tokenizer(texts, vocab_size=256)
+    dirs = {}
+    for family, (config_cls, model_cls) in FAMILIES.items():
+        torch.manual_seed(0)
+        config = config_cls(**TINY, vocab_size=len(tokenizer), tie_word_embeddings=False,
+                            pad_token_id=tokenizer.pad_token_id)
+        model_cls(config).save_pretrained(root / family)
+        tokenizer.save_pretrained(root / family)
+        dirs[family] = root / family
+    dirs["toy"] = build_toy_target(root / "toy", TOY, progress=False)
+    return dirs
+
+
+def dump_into(tmp_path_factory, target: Path, name: str):
+    out = tmp_path_factory.mktemp(f"store-{name}")
+    return target, out, dump_features(target, conversations(), out, CFG, progress=False)
+
+
+@pytest.fixture(scope="module")
+def toy_store(ray_session, targets, tmp_path_factory):
+    """The toy target's store: checked like the others, and the reference for resume and CLI."""
+    return dump_into(tmp_path_factory, targets["toy"], "toy")
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral", "toy"])
+def dumped(request, ray_session, targets, tmp_path_factory):
+    if request.param == "toy":
+        return request.getfixturevalue("toy_store")
+    return dump_into(tmp_path_factory, targets[request.param], request.param)
+
+
+# --- planning / batching ---------------------------------------------------------------------
+
+
+def test_plan_is_sorted_fixed_size_and_deduplicated():
+    rows = conversations()
+    plan, duplicates = plan_shards(rows[::-1], 8)
+    again, _ = plan_shards(rows, 8)
+    assert duplicates == 1 and [p["plan_digest"] for p in plan] == [p["plan_digest"] for p in again]
+    ids = [s["id"] for p in plan for s in json.loads(p["samples"])]
+    assert ids == sorted(set(r["id"] for r in rows)) and [len(json.loads(p["samples"])) for p in plan] == [8, 8, 5]
+
+
+def test_load_conversations_keeps_parquet_and_ingests_raw_files(tmp_path):
+    from pipelines.conversations import write_conversations
+
+    parquet = write_conversations(tmp_path / "regen.parquet", [{**r, "source": "regen"} for r in conversations()[:3]])
+    chat = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]
+    raw = tmp_path / "share.json"
+    raw.write_text(json.dumps([{"id": "a", "conversations": chat}, {"id": "b", "conversations": chat}]))
+    rows, ingested = load_conversations([parquet, raw])
+    assert [r["id"] for r in rows] == ["conv-000", "conv-001", "conv-002", "share:a"]
+    assert rows[-1]["messages"] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert ingested["rows_in"] == 2 and ingested["rejects_by_reason"] == {"duplicate": 1}
+    assert load_conversations([parquet])[1] is None
+
+
+def test_prefill_batches_group_by_length_within_budget():
+    lengths = [5, 40, 7, 39, 6, 100, 8]
+    batches = prefill_batches(lengths, batch_tokens=80, max_batch_size=3)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or (len(b) <= 3 and max(lengths[i] for i in b) * len(b) <= 80)
+    assert [5] in batches and {1, 3} in [set(b) for b in batches]
+
+
+# --- the dumped features ----------------------------------------------------------------------
+
+
+def test_summary_accounts_for_every_row(dumped):
+    _, out, s = dumped
+    assert s["rows_in"] == len(conversations())
+    assert s["rows_in"] == s["rows_out"] + sum(s["rejected"].values()) + s["duplicate_ids"]
+    assert s["rejected"] == {"unrenderable": 1, "too_long": 0, "no_loss_tokens": 1} and s["duplicate_ids"] == 1
+    assert s["truncated"] >= 1 and s["nonfinite_tokens"] == 0
+    assert s["shards"] == SHARDS and s["shards_written"] == SHARDS and s["tokens_per_s"] > 0
+    assert s["bytes_per_token_reference"] == 2 * store.read_manifest(out)["d"] + 6 * 10 + 5
+    report = store.validate(out)
+    assert report.ok, report.problems
+    assert report.num_tokens == s["tokens"]
+
+
+@torch.no_grad()
+def test_features_equal_an_independent_forward(dumped):
+    target, out, _ = dumped
+    tokenizer, model = load_tokenizer(target), load_target_model(target)
+    manifest = store.read_manifest(out)
+    assert manifest["target_id"].startswith(Path(target).name) and manifest["hidden_codec"] == "fp16"
+    messages = {r["id"]: r["messages"] for r in conversations()[:-1]}
+    ds = FeatureDataset(out, ReaderConfig(max_tokens=4096), split="all")
+    assert sorted(ds.sample_ids) == sorted(set(messages) - {"x-noloss", "x-unrenderable"})
+    ids_agree = ids_total = 0
+    for i, sid in enumerate(ds.sample_ids):
+        batch = ds.load([i])
+        rendered = render_with_loss_mask(tokenizer, messages[sid], max_length=CFG.max_length)
+        ids = torch.tensor([rendered.input_ids])  # (1, T)
+        assert batch.input_ids.tolist() == ids.tolist() and batch.valid.all()
+        assert batch.loss_mask[0].tolist() == [bool(m) for m in rendered.loss_mask]
+        hidden = model.model(input_ids=ids).last_hidden_state[0]  # (T, d)
+        logits = model(input_ids=ids).logits[0]  # (T, V)
+        torch.testing.assert_close(batch.hidden[0], hidden, atol=2e-3, rtol=2e-3)  # fp16 storage
+        # top-K: the stored ids carry the K largest logits (ties aside), probabilities are exact
+        kth = logits.topk(10, dim=-1).values[:, -1:]  # (T, 1)
+        stored_logits = logits.gather(-1, batch.topk_ids[0])  # (T, K)
+        assert (stored_logits >= kth - 1e-3).all()
+        ids_agree += int((batch.topk_ids[0] == logits.topk(10, dim=-1).indices).all(-1).sum())
+        ids_total += ids.shape[1]
+        probs = torch.softmax(logits, -1).gather(-1, batch.topk_ids[0])  # (T, K)
+        torch.testing.assert_close(batch.topk_logp[0].exp(), probs, atol=2e-3, rtol=2e-3)
+    assert ids_agree / ids_total > 0.98
+
+
+def test_raw_arrays_follow_the_schema(dumped):
+    import zarr
+
+    _, out, _ = dumped
+    manifest = store.read_manifest(out)
+    d = manifest["d"]
+    group = zarr.open_group(str(out / store.shard_name(0)), mode="r", zarr_format=3)
+    n = group["input_ids"].shape[0]
+    expect = {"input_ids": ("int32", (n,)), "loss_mask": ("uint8", (n,)), "hidden": ("float16", (n, d)),
+              "topk_ids": ("int32", (n, 10)), "topk_logits": ("float16", (n, 10)), "logsumexp": ("float32", (n,)),
+              "offsets": ("int64", (5,))}
+    for name, (dtype, shape) in expect.items():
+        assert (str(group[name].dtype), group[name].shape) == (dtype, shape), name
+    assert group["sample_ids"].shape == (4,) and group["hidden"].chunks[0] <= CFG.chunk_tokens
+
+
+# --- resume ---------------------------------------------------------------------------------
+
+
+def per_sample(out: Path) -> dict[str, dict[str, np.ndarray]]:
+    import zarr
+
+    samples = {}
+    for record in store.read_manifest(out)["shards"]:
+        group = zarr.open_group(str(out / record["name"]), mode="r", zarr_format=3)
+        arrays = {name: a[...] for name, a in group.arrays()}
+        off = arrays["offsets"]
+        for j, sid in enumerate(arrays["sample_ids"].tolist()):
+            assert sid not in samples, f"{sid} written twice"
+            samples[sid] = {k: v[off[j] : off[j + 1]] for k, v in arrays.items() if k not in ("offsets", "sample_ids")}
+    return samples
+
+
+def test_killed_dump_resumes_to_the_same_store(toy_store, tmp_path):
+    target, reference_dir, reference = toy_store
+    rows = conversations()
+    out = tmp_path / "resumed"
+    with pytest.raises(Exception, match="injected fault while writing shard 3"):
+        dump_features(target, rows, out, CFG, progress=False, fault_at_shard=3)
+    finals, temps = store.list_shard_dirs(out)
+    assert not (out / store.MANIFEST_FILE).exists() and 3 not in finals
+    assert any(t.name.startswith(".shard-00003.zarr.tmp-") for t in temps)
+    with pytest.raises(StoreError, match="incomplete"):
+        FeatureDataset(out)
+    inodes = {i: p.stat().st_ino for i, p in finals.items()}
+
+    summary = dump_features(target, rows, out, CFG, progress=False)
+    assert summary["shards_kept"] >= len(finals) and summary["shards_kept"] + summary["shards_written"] == SHARDS
+    assert {k: summary[k] for k in ("rows_out", "tokens", "rejected")} == {k: reference[k] for k in ("rows_out", "tokens", "rejected")}
+    after, temps = store.list_shard_dirs(out)
+    assert sorted(after) == list(range(SHARDS)) and temps == []
+    assert all(after[i].stat().st_ino == ino for i, ino in inodes.items())  # kept, not rewritten
+    assert store.validate(out).ok
+    got, want = per_sample(out), per_sample(reference_dir)
+    assert sorted(got) == sorted(want)  # no duplicates, no gaps
+    for sid in want:
+        for name in want[sid]:
+            np.testing.assert_array_equal(got[sid][name], want[sid][name], err_msg=f"{sid}/{name}")
+
+    again = dump_features(target, rows, out, CFG, progress=False)  # complete: nothing to do
+    assert again["shards_written"] == 0 and again["shards_kept"] == SHARDS and again["tokens"] == reference["tokens"]
+    with pytest.raises(StoreError, match="another dump"):
+        dump_features(target, rows, out, FeaturesConfig(samples_per_shard=4, topk=5), progress=False)
+
+
+# --- CLI and lossy codec -----------------------------------------------------------------------
+
+
+def test_cli_dump_int8_and_validate_store(toy_store, tmp_path, capsys):
+    from flows.cli import main
+    from pipelines.conversations import write_conversations
+
+    target, fp16, _ = toy_store
+    prompts = write_conversations(tmp_path / "convs.parquet", [{**r, "source": "test"} for r in conversations()[:18]])
+    int8 = tmp_path / "int8"
+    argv = ["dump", "--target", str(target), "--prompts", str(prompts), "--out", str(int8), "--quiet",
+            "samples_per_shard=4", "max_length=96", "batch_tokens=400", "max_batch_size=6", "hidden_codec=int8"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["lossy"] is True and summary["rows_out"] == 18 and summary["hidden_codec"] == "int8"
+    a = FeatureDataset(fp16, ReaderConfig(max_tokens=4096), split="all")
+    b = FeatureDataset(int8, ReaderConfig(max_tokens=4096), split="all")
+    for j, sid in enumerate(b.sample_ids):
+        x, y = a.load([a.sample_ids.index(sid)]), b.load([j])
+        bound = x.hidden.abs().amax(-1, keepdim=True) / 254 + 2e-3  # (1, T, 1): half a step + fp16
+        assert ((x.hidden - y.hidden).abs() <= bound).all()
+        assert torch.equal(x.topk_ids, y.topk_ids) and torch.equal(x.topk_logp, y.topk_logp)
+
+    assert main(["validate-store", str(int8), "--quiet"]) == 0
+    chunk = next(p for p in (int8 / store.shard_name(1) / "hidden" / "c").rglob("*") if p.is_file())
+    chunk.write_bytes(chunk.read_bytes()[:10])
+    capsys.readouterr()
+    assert main(["validate-store", str(int8), "--quiet"]) == 1
+    assert "shard-00001.zarr/hidden" in capsys.readouterr().out

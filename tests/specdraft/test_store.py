@@ -1,0 +1,296 @@
+"""Tests for specdraft.store: shard round trip, codecs, reader batches/partitioning, validation."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from specdraft import store
+from specdraft.store import FeatureDataset, ReaderConfig, StoreError
+
+D, K, V = 8, 4, 50
+
+
+def make_store(root, *, shards=3, per_shard=7, codec="fp16", seed=0, prefix="s", target="t@1", d=D):
+    """A synthetic store; returns {sample_id: truth dict} with the exact stored values."""
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    truth, records = {}, []
+    root.mkdir(parents=True, exist_ok=True)
+    for idx in range(shards):
+        lengths = rng.integers(1, 24, size=per_shard)
+        n = int(lengths.sum())
+        hidden = torch.randn(n, d, generator=gen) * 3  # (N, d)
+        logits = torch.randn(n, V, generator=gen) * 4  # (N, V)
+        top = logits.topk(K, dim=-1)
+        arrays = store.encode_hidden(hidden, codec)
+        ids = [f"{prefix}{idx}-{j}" for j in range(per_shard)]
+        arrays.update(
+            input_ids=rng.integers(0, V, size=n).astype(np.int32),
+            loss_mask=rng.integers(0, 2, size=n).astype(np.uint8),
+            topk_ids=top.indices.to(torch.int32).numpy(),
+            topk_logits=top.values.to(torch.float16).numpy(),
+            logsumexp=torch.logsumexp(logits, -1).numpy(),
+            offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            sample_ids=np.asarray(ids, dtype=str),
+        )
+        attrs = {"d": d, "k": K, "hidden_codec": codec, "target_id": target}
+        records.append(store.write_shard(root, idx, arrays, attrs, chunk_tokens=16))
+        off = arrays["offsets"]
+        for j, sid in enumerate(ids):
+            a, b = off[j], off[j + 1]
+            truth[sid] = {
+                "input_ids": arrays["input_ids"][a:b],
+                "loss_mask": arrays["loss_mask"][a:b],
+                "hidden": hidden[a:b],
+                "topk_ids": arrays["topk_ids"][a:b],
+                "topk_logp": torch.log_softmax(logits[a:b], -1).gather(-1, top.indices[a:b]),
+            }
+    header = {"target_id": target, "d": d, "k": K, "hidden_codec": codec}
+    store.write_manifest(root, store.make_manifest(header=header, shards=records))
+    return truth
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    return root, make_store(root)
+
+
+def rows_of(ds: FeatureDataset, epoch: int = 0):
+    """(sample_id, batch, row) for every sequence the dataset yields, in order."""
+    ds.set_epoch(epoch)
+    out = []
+    for seqs, batch in zip(ds.batches(), ds):
+        for row, i in enumerate(seqs):
+            out.append((ds.sample_ids[i], batch, row))
+    return out
+
+
+# --- codecs and shards ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec, tol", [("fp16", 2e-3), ("bf16", 1e-2), ("int8", 1.5e-2)])
+def test_hidden_codecs_round_trip(codec, tol):
+    h = torch.randn(64, 32) * 5  # (N, d)
+    arrays = store.encode_hidden(h, codec)
+    dtype, _ = store.array_schema(32, K, codec)["hidden"]
+    assert arrays["hidden"].dtype == np.dtype(dtype)
+    back = store.decode_hidden(arrays["hidden"], codec, arrays.get("hidden_scale"))
+    assert back.dtype == torch.float32 and back.shape == h.shape
+    rel = (back - h).abs().amax(-1) / h.abs().amax(-1)  # (N,) error relative to the row's absmax
+    assert float(rel.max()) < tol
+    if codec == "bf16":
+        assert torch.equal(back, h.to(torch.bfloat16).float())
+
+
+def test_shard_is_written_by_rename_and_records_checksums(tmp_path):
+    make_store(tmp_path, shards=1)
+    finals, temps = store.list_shard_dirs(tmp_path)
+    assert list(finals) == [0] and temps == []
+    record = store.read_shard_record(finals[0])
+    assert set(record["checksums"]) == set(store.array_schema(D, K, "fp16"))
+    assert record["num_sequences"] == 7 and record["bytes"] > 0
+
+
+# --- reader ----------------------------------------------------------------------------------
+
+
+def test_reader_yields_exact_padded_batches(synthetic):
+    root, truth = synthetic
+    ds = FeatureDataset(root, ReaderConfig(max_tokens=64), split="all")
+    assert (ds.d, ds.k) == (D, K)
+    seen = set()
+    for sid, batch, row in rows_of(ds):
+        t = truth[sid]
+        n = len(t["input_ids"])
+        assert batch.input_ids.dtype == torch.int64 and batch.topk_ids.dtype == torch.int64
+        assert batch.hidden.dtype == torch.float32 and batch.loss_mask.dtype == torch.bool
+        assert batch.valid[row].tolist() == [True] * n + [False] * (batch.valid.shape[1] - n)
+        assert batch.input_ids[row, :n].tolist() == t["input_ids"].tolist()
+        assert batch.loss_mask[row, :n].tolist() == t["loss_mask"].astype(bool).tolist()
+        torch.testing.assert_close(batch.hidden[row, :n], t["hidden"], atol=1e-2, rtol=1e-3)
+        assert batch.topk_ids[row, :n].tolist() == t["topk_ids"].tolist()
+        torch.testing.assert_close(batch.topk_logp[row, :n], t["topk_logp"], atol=1e-2, rtol=1e-3)
+        assert not batch.loss_mask[row, n:].any() and (batch.hidden[row, n:] == 0).all()
+        assert (batch.topk_logp[row, n:] == -1e4).all()
+        assert batch.input_ids.shape[0] * batch.input_ids.shape[1] <= 64 or batch.input_ids.shape[0] == 1
+        seen.add(sid)
+    assert seen == set(truth)
+
+
+def test_reader_is_deterministic_per_seed_and_epoch(synthetic):
+    root, _ = synthetic
+    cfg = ReaderConfig(max_tokens=48, seed=3)
+    a, b = FeatureDataset(root, cfg), FeatureDataset(root, cfg)
+    assert a.batches(0) == b.batches(0)
+    assert a.batches(0) != a.batches(1)
+    assert a.batches(1) != FeatureDataset(root, ReaderConfig(max_tokens=48, seed=4)).batches(1)
+    for x, y in zip(a, b):
+        assert torch.equal(x.input_ids, y.input_ids) and torch.equal(x.hidden, y.hidden)
+    fixed = FeatureDataset(root, ReaderConfig(max_tokens=48, shuffle=False))
+    assert fixed.batches(0) == fixed.batches(5)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+def test_rank_partition_is_disjoint_covering_and_equal(synthetic, world_size):
+    root, truth = synthetic
+    cfg = ReaderConfig(max_tokens=40, seed=1)
+    parts = [FeatureDataset(root, cfg, rank=r, world_size=world_size) for r in range(world_size)]
+    counts = {len(p.batches(2)) for p in parts}
+    assert len(counts) == 1 and counts.pop() > 0
+    ids = [p.sample_ids[i] for p in parts for batch in p.batches(2) for i in batch]
+    assert sorted(ids) == sorted(truth)  # disjoint and covering
+    assert len(parts[-1]) == len(parts[0])
+
+
+def test_balance_batches_edge_cases():
+    assert store.balance_batches([[0, 1, 2], [3]], 4) == [[0], [1], [2], [3]]
+    assert store.balance_batches([], 3) == []
+    assert store.balance_batches([[0], [1]], 3) == [[0], [1], [0]]  # only singletons: repeat
+
+
+def test_dataloader_workers_split_this_ranks_batches(synthetic):
+    root, truth = synthetic
+    ds = FeatureDataset(root, ReaderConfig(max_tokens=40))
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    total = sum(int(b.valid.any(-1).sum()) for b in loader)
+    assert total == len(truth)
+
+
+def test_validation_split_by_sample_id(synthetic):
+    root, truth = synthetic
+    cfg = ReaderConfig(val_fraction=0.3)
+    train, val = FeatureDataset(root, cfg, split="train"), FeatureDataset(root, cfg, split="val")
+    assert set(train.sample_ids).isdisjoint(val.sample_ids)
+    assert set(train.sample_ids) | set(val.sample_ids) == set(truth)
+    assert 0 < len(val.sample_ids) < len(truth)
+    assert all(store.is_held_out(s, 0.3) for s in val.sample_ids)
+
+
+def test_max_length_truncates(synthetic):
+    root, truth = synthetic
+    ds = FeatureDataset(root, ReaderConfig(max_length=5, max_tokens=20), split="all")
+    for sid, batch, row in rows_of(ds):
+        n = min(5, len(truth[sid]["input_ids"]))
+        assert batch.input_ids.shape[1] <= 5 and int(batch.valid[row].sum()) == n
+        assert batch.input_ids[row, :n].tolist() == truth[sid]["input_ids"][:n].tolist()
+
+
+def test_multiple_stores_and_int8(tmp_path):
+    t1 = make_store(tmp_path / "a", shards=2, prefix="a")
+    t2 = make_store(tmp_path / "b", shards=1, prefix="b", codec="int8", seed=1)
+    ds = FeatureDataset([tmp_path / "a", tmp_path / "b"], ReaderConfig(max_tokens=64), split="all")
+    rows = rows_of(ds)
+    assert {sid for sid, _, _ in rows} == set(t1) | set(t2)
+    for sid, batch, row in rows:
+        t = {**t1, **t2}[sid]
+        n = len(t["input_ids"])
+        scale = t["hidden"].abs().amax()
+        assert float((batch.hidden[row, :n] - t["hidden"]).abs().max()) <= float(scale) / 127
+    assert json.loads((tmp_path / "b" / store.MANIFEST_FILE).read_text())["lossy"] is True
+    make_store(tmp_path / "c", shards=1, target="other@2")
+    with pytest.raises(StoreError, match="disagree on target_id"):
+        FeatureDataset([tmp_path / "a", tmp_path / "c"])
+    make_store(tmp_path / "e", shards=1, d=16)
+    with pytest.raises(StoreError, match="disagree on d"):
+        FeatureDataset([tmp_path / "a", tmp_path / "e"])
+
+
+# --- validation and partial shards -------------------------------------------------------------
+
+
+def test_validate_accepts_a_good_store(synthetic):
+    report = store.validate(synthetic[0])
+    assert report.ok, report.problems
+    assert report.num_shards == 3 and report.num_sequences == 21
+    report.raise_for_problems()
+
+
+def corrupt_copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def chunk_files(shard, array):
+    return sorted(p for p in (shard / array / "c").rglob("*") if p.is_file())
+
+
+def test_validate_catches_truncated_and_missing_chunks(synthetic, tmp_path):
+    root = corrupt_copy(synthetic[0], tmp_path / "bad")
+    chunk = chunk_files(root / store.shard_name(1), "hidden")[0]
+    chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 2])  # truncated
+    chunk_files(root / store.shard_name(2), "topk_ids")[-1].unlink()  # lost chunk: zarr reads fill values
+    report = store.validate(root)
+    assert not report.ok
+    assert any(p.startswith("shard-00001.zarr/hidden") for p in report.problems), report.problems
+    assert any(p.startswith("shard-00002.zarr/topk_ids") and "sha256" in p for p in report.problems)
+    assert not any(p.startswith("shard-00000.zarr") for p in report.problems)
+    with pytest.raises(StoreError, match="shard-00001.zarr/hidden"):
+        report.raise_for_problems()
+
+
+def test_validate_catches_manifest_disagreements(synthetic, tmp_path):
+    root = corrupt_copy(synthetic[0], tmp_path / "bad")
+    manifest = json.loads((root / store.MANIFEST_FILE).read_text())
+    manifest["shards"][0]["num_tokens"] += 1
+    (root / store.MANIFEST_FILE).write_text(json.dumps(manifest))
+    shutil.rmtree(root / store.shard_name(2))
+    problems = store.validate(root).problems
+    assert any(p.startswith("shard-00000.zarr: num_tokens") for p in problems), problems
+    assert any("shard-00000.zarr/input_ids: shape" in p for p in problems)
+    assert "shard-00002.zarr: missing" in problems
+    assert any("totals.tokens" in p for p in problems)
+    with pytest.raises(StoreError, match="missing"):
+        FeatureDataset(root)
+
+
+def test_offsets_and_dtypes_are_checked(synthetic, tmp_path):
+    import zarr
+
+    root = corrupt_copy(synthetic[0], tmp_path / "bad")
+    group = zarr.open_group(str(root / store.shard_name(0)), mode="r+", zarr_format=3)
+    off = group["offsets"][...]
+    off[2], off[3] = off[3], off[2]
+    group["offsets"][...] = off
+    del group["logsumexp"]
+    group.create_array("logsumexp", data=np.zeros(off[-1], np.float16))
+    problems = store.validate(root, checksums=False).problems
+    assert "shard-00000.zarr/offsets: not strictly increasing from 0 to %d" % off[-1] in problems
+    assert any("shard-00000.zarr/logsumexp: dtype float16" in p for p in problems), problems
+
+
+def test_temporary_and_unlisted_shards_are_never_read(synthetic, tmp_path):
+    root = corrupt_copy(synthetic[0], tmp_path / "store")
+    make_store(tmp_path / "other", shards=5, prefix="x")
+    shutil.copytree(tmp_path / "other" / store.shard_name(4), root / store.shard_name(4))
+    shutil.copytree(tmp_path / "other" / store.shard_name(3), root / f".{store.shard_name(3)}.tmp-1-abc")
+    report = store.validate(root)
+    assert report.ok and len(report.warnings) == 2
+    ids = FeatureDataset(root, split="all").sample_ids
+    assert sorted(ids) == sorted(synthetic[1]) and not any(s.startswith("x") for s in ids)
+
+
+def test_store_without_manifest_is_incomplete(tmp_path):
+    make_store(tmp_path, shards=1)
+    (tmp_path / store.MANIFEST_FILE).unlink()
+    with pytest.raises(StoreError, match="incomplete"):
+        FeatureDataset(tmp_path)
+    assert not store.validate(tmp_path).ok
+
+
+def test_validate_catches_a_sample_stored_twice(tmp_path):
+    root = tmp_path / "a"
+    make_store(root, shards=2)  # then shard 1 becomes a copy of shard 0
+    records = store.read_manifest(root)["shards"]
+    shutil.rmtree(root / store.shard_name(1))
+    shutil.copytree(root / store.shard_name(0), root / store.shard_name(1))
+    manifest = store.make_manifest(header={"target_id": "t@1", "d": D, "k": K, "hidden_codec": "fp16"},
+                                   shards=[records[0], {**records[0], "index": 1, "name": store.shard_name(1)}])
+    store.write_manifest(root, manifest)
+    problems = store.validate(root).problems
+    assert any("also stored in shard-00000.zarr" in p for p in problems), problems
