@@ -1,0 +1,146 @@
+"""Evaluate stage: acceptance length of a draft against its target (issue 5; DESIGN.md "Evaluation").
+
+    questions (driver)   MT-Bench-format files -> globally numbered questions
+                         (``specdraft.decoding.eval.load_question_sets``)
+    -> map_batches       one stateful replica per model copy (Ray Data actors: ``num_gpus``
+                         each on a GPU cluster, i.e. one per GPU; ``num_cpus`` each locally);
+                         each loads target + draft once, warms up, and answers one question
+                         per call with its per-turn records (JSON)
+    -> driver            records sorted by (question, turn) -> ``build_report``, the same
+                         report as the single-process path
+
+The speculative decoding itself lives in ``specdraft.decoding``; this module only spreads
+questions over replicas. Records depend only on (settings, question), never on which replica
+ran it — sampling seeds come from (seed, question index, turn) — so the Ray path and the
+single-process path give identical reports, timings aside.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import ray
+import torch
+from tqdm.auto import tqdm
+
+from specdraft.config import from_dict, to_dict
+from specdraft.decoding.eval import (
+    EvalSettings,
+    build_report,
+    evaluate_question,
+    load_models,
+    load_question_sets,
+    run_eval,
+    settings_dict,
+    warmup,
+    write_report,
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RayEvalConfig:
+    """How questions are spread over model replicas."""
+
+    replicas: int | None = None  # None: one per GPU on a GPU cluster, else one per num_cpus CPUs
+    num_gpus: float = 1.0  # per replica, used only when the cluster has GPUs
+    num_cpus: float = 1.0  # per replica; on CPU also its torch threads
+    address: str | None = None  # used only when Ray is not initialized yet (None: local / RAY_ADDRESS)
+
+
+class EvalReplica:
+    """One target + draft copy (a Ray Data actor): evaluates one question per call."""
+
+    def __init__(self, target: str, draft: str, settings: dict[str, Any], use_gpu: bool, num_cpus: float):
+        self.settings = from_dict(EvalSettings, settings)
+        if self.settings.device == "auto":
+            self.settings = from_dict(EvalSettings, {**settings, "device": "cuda" if use_gpu else "cpu"})
+        if not use_gpu:
+            torch.set_num_threads(max(1, round(num_cpus)))
+        self.models = load_models(target, draft, self.settings)
+        if self.settings.warmup:
+            warmup(self.models, self.settings)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        out = []
+        for row in batch.to_pylist():
+            records = evaluate_question(self.models, json.loads(row["question"]), self.settings)
+            out.append({"index": row["index"], "records": json.dumps(records)})
+        return pa.Table.from_pylist(out, schema=pa.schema([("index", pa.int64()), ("records", pa.string())]))
+
+
+def _replicas(cfg: RayEvalConfig, use_gpu: bool, questions: int) -> int:
+    if cfg.replicas is not None:
+        n = cfg.replicas
+    else:
+        resources = ray.cluster_resources()
+        n = int(resources.get("GPU", 0) // cfg.num_gpus) if use_gpu else int(resources.get("CPU", 1) // cfg.num_cpus)
+    return max(1, min(n, questions))
+
+
+def evaluate_with_ray(
+    target: str | Path,
+    draft: str | Path,
+    question_files: list[str | Path],
+    settings: EvalSettings = EvalSettings(),
+    cfg: RayEvalConfig = RayEvalConfig(),
+    progress: bool = True,
+) -> dict[str, Any]:
+    """The report of ``run_eval``, computed by Ray Data actors (one question per task)."""
+    questions = load_question_sets(question_files, settings.max_questions)
+    assert questions, f"no questions in {[str(f) for f in question_files]}"
+    if not ray.is_initialized():
+        ray.init(address=cfg.address, include_dashboard=False, ignore_reinit_error=True)
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    rows = [{"index": q["index"], "question": json.dumps(q)} for q in questions]
+    ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+        EvalReplica,
+        fn_constructor_kwargs=dict(
+            target=str(target), draft=str(draft), settings=to_dict(settings), use_gpu=use_gpu, num_cpus=cfg.num_cpus
+        ),
+        batch_size=1,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=_replicas(cfg, use_gpu, len(rows))),
+        num_gpus=cfg.num_gpus if use_gpu else 0,
+        num_cpus=cfg.num_cpus,
+    )
+    context = ray.data.DataContext.get_current()
+    bars, context.enable_progress_bars = context.enable_progress_bars, False
+    records: list[dict[str, Any]] = []
+    try:
+        with tqdm(total=len(rows), desc="eval (ray)", unit="question", disable=not progress) as bar:
+            for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                for row in batch.to_pylist():
+                    records += json.loads(row["records"])
+                    bar.update(1)
+    finally:
+        context.enable_progress_bars = bars
+    extra = {"target": str(target), "draft": str(draft), "questions": [str(f) for f in question_files]}
+    return build_report(records, settings_dict(settings, **extra))
+
+
+def evaluate(
+    target: str | Path,
+    draft: str | Path,
+    question_files: list[str | Path],
+    out: str | Path | None = None,
+    settings: EvalSettings = EvalSettings(),
+    use_ray: bool = False,
+    ray_cfg: RayEvalConfig = RayEvalConfig(),
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Evaluate ``draft`` against ``target`` on question files; writes the report to ``out`` if given."""
+    started = time.perf_counter()
+    if use_ray:
+        report = evaluate_with_ray(target, draft, question_files, settings, ray_cfg, progress)
+    else:
+        report = run_eval(target, draft, question_files, settings, progress)
+    report["settings"]["ray"] = to_dict(ray_cfg) if use_ray else None
+    report["settings"]["stage_wall_s"] = time.perf_counter() - started
+    if out is not None:
+        write_report(report, out)
+    return report

@@ -1,0 +1,34 @@
+"""Speculative decoding with Beagle / EAGLE drafts: chains and EAGLE-2 dynamic trees (papers/eagle2-… §4).
+
+Modules, bottom up:
+* ``sampling``    token choice shared by vanilla and speculative decoding (warpers, RNG).
+* ``drafting``    the draft's cache of true states and its tree-attention queries.
+* ``tree``        EAGLE-2 dynamic draft trees, chains, tree mask and position ids.
+* ``verify``      one-forward target verification, acceptance, KV-cache compaction.
+* ``speculative`` ``speculative_generate`` / ``vanilla_generate`` (batch 1).
+* ``metrics``     τ, α_i, tokens/s, speedup, lossless counts.
+* ``eval``        MT-Bench-format question sets -> per-dataset / per-turn report.
+"""
+
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculative import (
+    DecodeConfig,
+    Generation,
+    eos_token_ids,
+    speculative_generate,
+    vanilla_generate,
+)
+from specdraft.decoding.tree import DraftTree, build_draft_chain, build_draft_tree, tree_attention_mask
+
+__all__ = [
+    "DecodeConfig",
+    "DraftTree",
+    "Generation",
+    "SamplingConfig",
+    "build_draft_chain",
+    "build_draft_tree",
+    "eos_token_ids",
+    "speculative_generate",
+    "tree_attention_mask",
+    "vanilla_generate",
+]

@@ -1,0 +1,172 @@
+"""Draft trees: EAGLE-2 dynamic trees, chains, and their verification mask and positions.
+
+``build_draft_tree`` is the context-aware dynamic draft tree of papers/eagle2-… §4:
+* expansion (§4.1): the root's top-k children form depth 1; at every further depth the k
+  nodes of the latest layer with the highest *value* (cumulative draft log-probability of
+  the root-to-node path, log V_i = Σ log c_j) are queried together with tree attention and
+  each contributes its top-k children (k² candidates, all kept);
+* reranking (§4.2): of all drafted nodes, the ``total_tokens`` with the highest value are
+  kept (ties: shallower first, then older). A child's value never exceeds its parent's, so
+  the kept set is a connected tree; it is flattened parents-first.
+
+``build_draft_chain`` drafts γ tokens one after another (greedy, or sampled from the warped
+draft distribution, recorded as each node's proposal for speculative sampling).
+
+Conventions: node 0 of a ``DraftTree`` is the root (the last committed token t_n, at
+position n, not yet seen by the target); a node at depth d sits at position n + d.
+``depth`` counts drafted levels (EAGLE-2's code calls depth 6 "depth=5" plus the root's
+expansion); ``total_tokens`` counts drafted nodes, so verification feeds 1 + total_tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdraft.decoding.drafting import DraftContext, DraftPool, end_round, new_pool, query_nodes
+from specdraft.decoding.sampling import SamplingConfig, sample, target_probs
+
+
+@dataclass
+class DraftTree:
+    """A flattened draft tree, parents before children; node 0 is the root."""
+
+    tokens: torch.Tensor  # (N+1,) long
+    parents: torch.Tensor  # (N+1,) long, -1 for the root
+    depths: torch.Tensor  # (N+1,) long, 0 for the root
+    ancestors: torch.Tensor  # (N+1, N+1) bool: [i, j] = j is i or an ancestor of i
+    scores: torch.Tensor  # (N+1,) float: cumulative draft log-prob of the path
+    proposals: torch.Tensor | None = None  # (N+1, V): distribution each node was sampled from; None = chosen
+
+    @property
+    def size(self) -> int:
+        return self.tokens.numel()
+
+    def children(self) -> list[list[int]]:
+        """Children of every node, in flattened order (the order verification tries them)."""
+        kids: list[list[int]] = [[] for _ in range(self.size)]
+        for i, p in enumerate(self.parents.tolist()):
+            if p >= 0:
+                kids[p].append(i)
+        return kids
+
+
+def ancestors_from_parents(parents: torch.Tensor) -> torch.Tensor:
+    """Ancestor-or-self matrix (N, N) bool of a parents-first tree given ``parents`` (N,)."""
+    n = parents.numel()
+    anc = torch.eye(n, dtype=torch.bool, device=parents.device)
+    for i, p in enumerate(parents.tolist()):
+        assert p < i, f"node {i} has parent {p}: parents must come first"
+        if p >= 0:
+            anc[i] |= anc[p]
+    return anc
+
+
+def tree_position_ids(depths: torch.Tensor, past: int) -> torch.Tensor:
+    """Target position ids (1, N): the root sits right after the ``past`` cached tokens."""
+    return (past + depths)[None]  # (1, N)
+
+
+def tree_attention_mask(
+    ancestors: torch.Tensor,
+    depths: torch.Tensor,
+    past: int,
+    dtype: torch.dtype,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Additive float mask (1, 1, N, past + N): every node sees the cached prefix and its ancestors.
+
+    With ``sliding_window`` w a key is also hidden when the query is w or more positions past it
+    (the transformers convention ``q - k < w``).
+    """
+    n = ancestors.shape[0]
+    device = ancestors.device
+    visible = torch.cat([torch.ones(n, past, dtype=torch.bool, device=device), ancestors], dim=1)  # (N, past+N)
+    if sliding_window is not None:
+        q_pos = past + depths  # (N,)
+        k_pos = torch.cat([torch.arange(past, device=device), past + depths])  # (past+N,)
+        visible &= (q_pos[:, None] - k_pos[None, :]) < sliding_window
+    mask = torch.zeros(n, past + n, dtype=dtype, device=device)
+    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]  # (1, 1, N, past+N)
+
+
+def _flatten(pool: DraftPool, keep: list[int], proposals: torch.Tensor | None = None) -> DraftTree:
+    """The pool's nodes ``keep`` (root first, parents before children) as a DraftTree."""
+    device = pool.tokens.device
+    index = torch.tensor(keep, device=device)  # (N+1,)
+    where = torch.full((pool.size,), -1, dtype=torch.long, device=device)
+    where[index] = torch.arange(len(keep), device=device)
+    old_parents = pool.parents[index]  # (N+1,)
+    parents = torch.where(old_parents >= 0, where[old_parents.clamp(min=0)], -1)  # (N+1,)
+    lost = (old_parents >= 0) & (parents < 0)  # (N+1,)
+    assert not bool(lost.any()), "a kept node lost its parent: the tree is not connected"
+    return DraftTree(
+        tokens=pool.tokens[index],
+        parents=parents,
+        depths=pool.depths[index],
+        ancestors=pool.ancestors[index][:, index],
+        scores=pool.scores[index],
+        proposals=proposals,
+    )
+
+
+@torch.no_grad()
+def build_draft_tree(ctx: DraftContext, *, depth: int = 6, topk: int = 10, total_tokens: int = 60) -> DraftTree:
+    """EAGLE-2 dynamic draft tree from the draft context's root (see the module docstring)."""
+    assert depth >= 1 and topk >= 1 and total_tokens >= 1, (
+        f"depth, topk and total_tokens must be >= 1 (got {depth}, {topk}, {total_tokens})"
+    )
+    k = min(topk, ctx.draft.config.vocab_size)
+    pool = new_pool(ctx, 1 + k + (depth - 1) * k * k)
+    try:
+        frontier = torch.zeros(1, dtype=torch.long, device=pool.tokens.device)  # (F,): the root
+        for level in range(depth):
+            logp = query_nodes(ctx, pool, frontier)  # (F, V)
+            top = logp.topk(k, dim=-1)  # (F, k)
+            cand = pool.scores[frontier][:, None] + top.values.clamp(max=0).double()  # (F, k): never grows
+            layer = pool.add(top.indices.flatten(), frontier.repeat_interleave(k), cand.flatten())  # (F*k,)
+            if level + 1 < depth:
+                best = cand.flatten().topk(min(k, layer.numel())).indices
+                frontier = layer[best].sort().values  # (k,): the latest layer's best values
+    finally:
+        end_round(ctx)
+    scores, depths = pool.scores[: pool.size].tolist(), pool.depths[: pool.size].tolist()
+    order = sorted(range(1, pool.size), key=lambda x: (-scores[x], depths[x], x))
+    kept = order[:total_tokens]
+    rank = {x: r for r, x in enumerate(kept)}
+    kept.sort(key=lambda x: (depths[x], rank[x]))  # parents first; siblings by value
+    return _flatten(pool, [0, *kept])
+
+
+@torch.no_grad()
+def build_draft_chain(
+    ctx: DraftContext,
+    *,
+    gamma: int = 5,
+    sampling: SamplingConfig = SamplingConfig(),
+    generator: torch.Generator | None = None,
+) -> DraftTree:
+    """A chain of ``gamma`` draft tokens: argmax when greedy, else sampled from the warped draft
+    distribution (kept as each node's proposal so verification can run speculative sampling)."""
+    assert gamma >= 1, f"gamma must be >= 1, got {gamma}"
+    pool = new_pool(ctx, gamma + 1)
+    proposals = []
+    try:
+        node = torch.zeros(1, dtype=torch.long, device=pool.tokens.device)  # (1,): the root
+        for _ in range(gamma):
+            logp = query_nodes(ctx, pool, node)[0]  # (V,)
+            if sampling.greedy:
+                token = logp.argmax()[None]  # (1,)
+            else:
+                q = target_probs(logp, sampling)  # (V,)
+                token = torch.tensor([sample(q, generator)], device=logp.device)
+                proposals.append(q)
+            node = pool.add(token, node, pool.scores[node] + logp[token].clamp(max=0).double())
+    finally:
+        end_round(ctx)
+    stacked = None
+    if proposals:
+        stacked = torch.stack([torch.zeros_like(proposals[0]), *proposals])  # (N+1, V); row 0 unused
+    return _flatten(pool, list(range(gamma + 1)), stacked)

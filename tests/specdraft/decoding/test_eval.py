@@ -1,0 +1,108 @@
+"""Question-set evaluation: MT-Bench-format files, multi-turn prompts, per-dataset / per-turn report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specdraft.decoding import DecodeConfig
+from specdraft.decoding.eval import (
+    EvalSettings,
+    build_report,
+    dataset_name,
+    load_question_sets,
+    read_questions,
+    run_eval,
+)
+from specdraft.decoding.metrics import first_mismatch, summarize
+from specdraft.models import build_draft, draft_config_from_target, save_draft
+from specdraft.target import load_target_config, load_target_heads
+
+QUESTIONS = [
+    {"question_id": 81, "category": "math", "turns": ["What is 3 plus 4?", "And times 2?"]},
+    {"question_id": 82, "category": "chat", "turns": ["Hello there."]},
+]
+
+
+@pytest.fixture(scope="module")
+def question_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("questions")
+    (root / "mt_bench").mkdir()
+    a = root / "mt_bench" / "question.jsonl"
+    a.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    b = root / "toyset.json"
+    b.write_text(json.dumps([{"question_id": "t1", "category": "x", "turns": ["Count to five."]}]))
+    return [a, b]
+
+
+@pytest.fixture(scope="module")
+def draft_dir(toy_target_dir, tmp_path_factory):
+    heads = load_target_heads(toy_target_dir)
+    torch.manual_seed(0)
+    cfg = draft_config_from_target(load_target_config(toy_target_dir), "beagle")
+    draft = build_draft(cfg, heads.embed, heads.lm_head)
+    return save_draft(draft, tmp_path_factory.mktemp("draft") / "beagle")
+
+
+def test_question_files(question_files, tmp_path):
+    assert [dataset_name(f) for f in question_files] == ["mt_bench", "toyset"]
+    qs = load_question_sets(question_files)
+    assert [q["index"] for q in qs] == [0, 1, 2]
+    assert [q["dataset"] for q in qs] == ["mt_bench", "mt_bench", "toyset"]
+    assert len(load_question_sets(question_files, max_questions=1)) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question_id": 1, "turns": []}) + "\n")
+    with pytest.raises(ValueError, match="turns"):
+        read_questions(bad)
+
+
+def record(**kw):
+    base = dict(dataset="d", index=0, question_id=1, category="c", turn=1, rounds=0, round_tokens=0, new_tokens=0,
+                wall_s=1.0, baseline_new_tokens=0, baseline_wall_s=1.0, depth_tried=[], depth_accepted=[],
+                lossless=True, first_mismatch=None)
+    return {**base, **kw}
+
+
+def test_summary_definitions():
+    rows = [
+        record(rounds=4, round_tokens=10, new_tokens=11, depth_tried=[4, 3, 1], depth_accepted=[3, 1, 0],
+               wall_s=2.0, baseline_new_tokens=11, baseline_wall_s=4.0),
+        record(turn=2, rounds=1, round_tokens=2, new_tokens=3, depth_tried=[1, 1], depth_accepted=[1, 0],
+               wall_s=1.0, baseline_new_tokens=3, baseline_wall_s=2.0, lossless=False, first_mismatch=2),
+    ]
+    s = summarize(rows)
+    assert s["tau"] == 12 / 5 and s["alpha"] == [4 / 5, 1 / 4, 0.0]
+    assert s["tokens_per_s"] == 14 / 3 and s["baseline_tokens_per_s"] == 14 / 6 and s["speedup"] == 2.0
+    assert s["lossless_checked"] == 2 and s["lossless_mismatches"] == 1
+    assert s["first_mismatches"] == [{"question_id": 1, "turn": 2, "position": 2}]
+    report = build_report(rows, {})
+    assert set(report["datasets"]["d"]["turns"]) == {"1", "2"}
+    assert first_mismatch([1, 2, 3], [1, 2]) == 2 and first_mismatch([1], [1]) is None
+
+
+@pytest.mark.parametrize(
+    "decode",
+    [
+        DecodeConfig(mode="tree", depth=3, topk=4, total_tokens=12, max_new_tokens=24),
+        DecodeConfig(mode="chain", gamma=3, max_new_tokens=24),
+    ],
+    ids=["tree", "chain"],
+)
+def test_run_eval_report(toy_target_dir, draft_dir, question_files, decode):
+    report = run_eval(toy_target_dir, draft_dir, question_files, EvalSettings(decode=decode), progress=False)
+    assert report["settings"]["decode"]["mode"] == decode.mode
+    assert set(report["datasets"]) == {"mt_bench", "toyset"}
+    mt = report["datasets"]["mt_bench"]
+    for key in ("tau", "alpha", "rounds", "new_tokens", "tokens_per_s", "baseline_tokens_per_s", "speedup",
+                "lossless_checked", "lossless_mismatches"):
+        assert key in mt, key
+    assert mt["lossless_checked"] == 3 and mt["lossless_mismatches"] == 0
+    assert report["overall"]["lossless_mismatches"] == 0
+    assert set(mt["turns"]) == {"1", "2"} and mt["turns"]["2"]["num_turns"] == 1
+    assert mt["tau"] >= 1.0 and len(mt["alpha"]) == decode.max_depth
+    recs = report["records"]
+    assert [(r["question_id"], r["turn"]) for r in recs] == [(81, 1), (81, 2), (82, 1), ("t1", 1)]
+    assert recs[1]["prompt_tokens"] > recs[0]["prompt_tokens"] + recs[0]["new_tokens"] - 2  # history included
+    json.dumps(report)  # JSON-able
