@@ -1,0 +1,109 @@
+"""MLflow tracking: a ``specdraft.loggers.MetricLogger`` backed by an MLflow run.
+
+Uses ``MlflowClient`` with explicit run ids (no global active run), so a driver can
+create a run — possibly a child of a flow's parent run — and hand its id to the Ray
+Train rank-0 worker, which attaches and logs into it. Params are flattened config
+values; keys that look like secrets are never logged.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api[_-]?key|credential|access[_-]?key)", re.IGNORECASE)
+DEFAULT_EXPERIMENT = "specdraft"
+
+
+def default_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else a SQLite file under the working directory."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrackingConfig:
+    enabled: bool = True
+    uri: str | None = None  # None: MLFLOW_TRACKING_URI or sqlite:///./mlflow.db
+    experiment: str = DEFAULT_EXPERIMENT
+    artifact_location: str | None = None  # where a newly created experiment stores artifacts
+
+    def resolved_uri(self) -> str:
+        return self.uri or default_tracking_uri()
+
+
+def safe_params(params: dict[str, Any]) -> dict[str, str]:
+    """Stringified params without secret-looking keys (MLflow caps values at 6000 chars)."""
+    return {k: str(v)[:6000] for k, v in params.items() if not SECRET_KEY.search(k)}
+
+
+class MlflowLogger:
+    """Logs params/metrics/artifacts into one MLflow run (created here or attached by id)."""
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        experiment: str = DEFAULT_EXPERIMENT,
+        run_id: str | None = None,
+        run_name: str | None = None,
+        parent_run_id: str | None = None,
+        tags: dict[str, str] | None = None,
+        artifact_location: str | None = None,
+    ):
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        if run_id is None:
+            exp = self.client.get_experiment_by_name(experiment)
+            exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment, artifact_location)
+            all_tags = dict(tags or {})
+            if parent_run_id:
+                all_tags["mlflow.parentRunId"] = parent_run_id
+            run = self.client.create_run(exp_id, run_name=run_name, tags=all_tags)
+            run_id = run.info.run_id
+        self.run_id = run_id
+        self._closed = False
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        items = [Param(k, v) for k, v in safe_params(params).items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, int(step)) for k, v in metrics.items() if isinstance(v, (int, float))]
+        for i in range(0, len(items), 500):
+            self.client.log_batch(self.run_id, metrics=items[i : i + 500])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+    def log_artifact(self, local_file: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(local_file), artifact_path)
+
+    def close(self, status: str = "FINISHED") -> None:
+        if not self._closed:
+            self.client.set_terminated(self.run_id, status)
+            self._closed = True
+
+
+def open_run(cfg: TrackingConfig, **kwargs: Any):
+    """An ``MlflowLogger`` for ``cfg``, or a ``NullLogger`` when tracking is disabled."""
+    from specdraft.loggers import NullLogger
+
+    if not cfg.enabled:
+        return NullLogger()
+    mlflow.set_tracking_uri(cfg.resolved_uri())
+    return MlflowLogger(
+        cfg.resolved_uri(), experiment=cfg.experiment, artifact_location=cfg.artifact_location, **kwargs
+    )

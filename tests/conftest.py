@@ -1,0 +1,39 @@
+"""Session-wide fixtures: one tiny toy target and one local Ray for the whole run."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+# Isolate Prefect's local state (ephemeral API database) and keep it quiet, before prefect is imported.
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="specdraft-prefect-"))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def tiny_toy_target(tmp_path_factory) -> Path:
+    """A toy target small enough to build in seconds (same recipe as the default, scaled down)."""
+    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+
+    cfg = ToyTargetConfig(
+        num_conversations=800, vocab_size=320, hidden_size=64, num_layers=2, num_heads=2,
+        num_kv_heads=1, intermediate_size=128, max_seq_len=128, train_steps=120, batch_size=16,
+        lr=1e-2, warmup_steps=5, num_eval_conversations=32,
+    )
+    return build_toy_target(tmp_path_factory.mktemp("toy") / "target", cfg, progress=False)
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    yield ray
+    ray.shutdown()
