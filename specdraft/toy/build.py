@@ -1,0 +1,359 @@
+"""Build the toy target: a small Llama chat model trained on synthetic conversations.
+
+DESIGN.md, "Embedded default": the laptop demo needs a real Hugging Face model directory
+to stand in for a served LLM. ``build_toy_target`` generates conversations
+(``conversations.py``), trains a byte-level BPE tokenizer with a chat template
+(``tokenizer.py``), trains a ``LlamaForCausalLM`` (GQA, untied ``lm_head``) on the
+assistant tokens of the rendered chats for a fixed number of AdamW steps, and writes a
+complete directory: ``config.json``, ``model.safetensors``, ``generation_config.json``,
+tokenizer files and ``toy_target.json`` (build config, losses, wall time).
+
+The directory is assembled under a temporary sibling name and renamed into place, so a
+directory at ``out_dir`` is always complete; a complete build with the same config is
+returned as is. Same config (and thread count) -> bitwise-identical weights.
+
+CLI: ``python -m specdraft.toy.build OUT_DIR [train_steps=200 ...]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from tqdm.auto import tqdm
+from transformers.utils import logging as hf_logging
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from specdraft.config import config_hash, load, to_dict
+from specdraft.toy.conversations import generate_conversations
+from specdraft.toy.tokenizer import END, train_tokenizer
+
+BUILD_FORMAT = 1  # bump when the build changes in a way the config does not show
+RECORD_FILE = "toy_target.json"
+REQUIRED_FILES = (
+    "config.json", "model.safetensors", "generation_config.json",
+    "tokenizer.json", "tokenizer_config.json", RECORD_FILE,
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToyTargetConfig:
+    """Everything that determines a toy target build."""
+
+    seed: int = 0
+    # data + tokenizer
+    num_conversations: int = 12000
+    vocab_size: int = 768
+    # model (Llama, GQA, untied lm_head)
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    max_position_embeddings: int = 1024
+    rope_theta: float = 10000.0
+    # training
+    max_seq_len: int = 192  # training sequences are truncated to this many tokens
+    train_steps: int = 400
+    batch_size: int = 32
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decay to lr * min_lr_ratio
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    assistant_only_loss: bool = True  # loss on assistant tokens (+ their <|end|>) only
+    max_train_seconds: float | None = None  # stop early on wall time (breaks determinism)
+    num_threads: int = 2  # torch CPU threads during the build (results depend on it)
+    num_eval_conversations: int = 256  # held-out loss, seed + 1
+
+
+def build_toy_target(
+    out_dir: str | Path, cfg: ToyTargetConfig = ToyTargetConfig(), progress: bool = True
+) -> Path:
+    """Build (or reuse) the toy target at ``out_dir``; returns the directory path."""
+    out_dir = Path(out_dir).absolute()
+    if is_complete_build(out_dir, cfg):
+        return out_dir
+    if out_dir.exists() and not _replaceable(out_dir):
+        raise FileExistsError(f"{out_dir} exists and is not a toy target build; refusing to replace it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temp_dirs(out_dir)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        _build_into(tmp, cfg, progress)
+        if is_complete_build(out_dir, cfg):  # a concurrent builder finished first
+            return out_dir
+        _move_into_place(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def is_complete_build(out_dir: str | Path, cfg: ToyTargetConfig | None = None) -> bool:
+    """True when ``out_dir`` holds a finished build (of ``cfg``, when given)."""
+    out_dir = Path(out_dir)
+    if not all((out_dir / name).is_file() for name in REQUIRED_FILES):
+        return False
+    try:
+        record = read_build_record(out_dir)
+    except (OSError, ValueError):
+        return False
+    if record.get("build_format") != BUILD_FORMAT:
+        return False
+    return cfg is None or record.get("config") == to_dict(cfg)
+
+
+def read_build_record(out_dir: str | Path) -> dict[str, Any]:
+    """The ``toy_target.json`` of a build: config, config_hash, losses, wall time."""
+    return json.loads((Path(out_dir) / RECORD_FILE).read_text())
+
+
+# ---------------------------------------------------------------- the build
+
+
+def _build_into(tmp: Path, cfg: ToyTargetConfig, progress: bool) -> None:
+    started = time.perf_counter()
+    conversations = generate_conversations(cfg.num_conversations, cfg.seed)
+    tokenizer = train_tokenizer((m["content"] for c in conversations for m in c), cfg.vocab_size)
+    train_rows = encode_conversations(tokenizer, conversations, cfg)
+    eval_rows = encode_conversations(
+        tokenizer, generate_conversations(cfg.num_eval_conversations, cfg.seed + 1), cfg
+    )
+
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.num_threads)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            model = make_model(cfg, tokenizer)
+            stats = train_model(model, train_rows, eval_rows, cfg, progress)
+    finally:
+        torch.set_num_threads(old_threads)
+
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.convert_tokens_to_ids(END),
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+        max_new_tokens=128,
+    )
+    bars_were_disabled = hf_logging.is_progress_bar_enabled() is False
+    if not progress:
+        hf_logging.disable_progress_bar()  # save_pretrained's "Writing model shards" bar
+    try:
+        model.save_pretrained(tmp)
+    finally:
+        if not progress and not bars_were_disabled:
+            hf_logging.enable_progress_bar()
+    tokenizer.save_pretrained(tmp)
+    record = {
+        "build_format": BUILD_FORMAT,
+        "config": to_dict(cfg),
+        "config_hash": config_hash(cfg),
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        **stats,
+        "wall_time_s": round(time.perf_counter() - started, 3),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")  # written last
+
+
+def make_model(cfg: ToyTargetConfig, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    """A freshly initialised small Llama (float32, eager-free sdpa attention)."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.convert_tokens_to_ids(END),
+        pad_token_id=tokenizer.pad_token_id,
+        attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(config)
+
+
+def encode_conversations(
+    tokenizer: PreTrainedTokenizerFast, conversations: list[list[dict[str, str]]], cfg: ToyTargetConfig
+) -> list[tuple[list[int], list[int]]]:
+    """Chat-template token ids and labels (-100 where no loss) per conversation, truncated."""
+    enc = tokenizer.apply_chat_template(conversations, return_assistant_tokens_mask=True)
+    rows = []
+    for ids, mask in zip(enc["input_ids"], enc["assistant_masks"]):
+        ids, mask = ids[: cfg.max_seq_len], mask[: cfg.max_seq_len]
+        labels = [t if (m or not cfg.assistant_only_loss) else -100 for t, m in zip(ids, mask)]
+        rows.append((ids, labels))
+    return rows
+
+
+def _batches(rows: list[tuple[list[int], list[int]]], cfg: ToyTargetConfig, rng: random.Random):
+    """Endless length-bucketed batches: shuffle, sort within chunks of 32 batches, shuffle batches."""
+    while True:
+        order = list(range(len(rows)))
+        rng.shuffle(order)
+        chunk = 32 * cfg.batch_size
+        batches = []
+        for start in range(0, len(order), chunk):
+            part = sorted(order[start : start + chunk], key=lambda i: len(rows[i][0]))
+            batches += [part[i : i + cfg.batch_size] for i in range(0, len(part), cfg.batch_size)]
+        rng.shuffle(batches)
+        yield from batches
+
+
+def _collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids`` and ``labels`` [B, T]. Pads sit after every real token, so a
+    causal model needs no attention mask: real positions never see them and their labels are -100."""
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, T]
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)  # [B, T]
+    for b, (ids, lab) in enumerate(rows):
+        input_ids[b, : len(ids)] = torch.tensor(ids)
+        labels[b, : len(lab)] = torch.tensor(lab)
+    return input_ids, labels
+
+
+def _lr_at(step: int, cfg: ToyTargetConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.train_steps - cfg.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
+
+
+def train_model(
+    model: LlamaForCausalLM,
+    train_rows: list[tuple[list[int], list[int]]],
+    eval_rows: list[tuple[list[int], list[int]]],
+    cfg: ToyTargetConfig,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """AdamW on causal-LM loss for ``cfg.train_steps`` steps; returns loss statistics."""
+    pad_id = model.config.pad_token_id
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(0.9, 0.95), foreach=False,
+    )
+    batches = _batches(train_rows, cfg, random.Random(cfg.seed))
+    losses: list[float] = []
+    tokens = 0
+    started = time.perf_counter()
+    model.train()
+    bar = tqdm(range(cfg.train_steps), desc="toy target", disable=not progress, file=sys.stderr)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, cfg)
+        input_ids, labels = _collate([train_rows[i] for i in next(batches)], pad_id)
+        loss = model(input_ids=input_ids, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+        tokens += int((labels != -100).sum())
+        if step % 10 == 0 or step == cfg.train_steps - 1:
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if cfg.max_train_seconds is not None and time.perf_counter() - started > cfg.max_train_seconds:
+            break
+    bar.close()
+    train_time = time.perf_counter() - started
+    tail = losses[-max(1, len(losses) // 10):]
+    return {
+        "steps": len(losses),
+        "final_loss": round(sum(tail) / len(tail), 5),  # mean over the last 10% of steps
+        "eval_loss": round(evaluate_loss(model, eval_rows, cfg), 5),
+        "loss_curve": [[i, round(v, 4)] for i, v in enumerate(losses) if i % 10 == 0],
+        "trained_tokens": tokens,
+        "train_time_s": round(train_time, 3),
+    }
+
+
+@torch.no_grad()
+def evaluate_loss(
+    model: LlamaForCausalLM, rows: list[tuple[list[int], list[int]]], cfg: ToyTargetConfig
+) -> float:
+    """Token-weighted mean loss over ``rows``."""
+    model.eval()
+    total, count = 0.0, 0
+    for start in range(0, len(rows), cfg.batch_size):
+        input_ids, labels = _collate(rows[start : start + cfg.batch_size], model.config.pad_token_id)
+        n = int((labels[:, 1:] != -100).sum())
+        if n:
+            total += model(input_ids=input_ids, labels=labels).loss.item() * n
+            count += n
+    model.train()
+    return total / max(1, count)
+
+
+# ---------------------------------------------------------------- directory handling
+
+
+def _replaceable(out_dir: Path) -> bool:
+    """An existing ``out_dir`` may be replaced when empty or when it is a previous toy build."""
+    return out_dir.is_dir() and (not any(out_dir.iterdir()) or (out_dir / RECORD_FILE).is_file())
+
+
+def _move_into_place(tmp: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        out_dir.rename(old)
+        try:
+            tmp.rename(out_dir)
+        finally:
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out_dir)
+
+
+def _remove_stale_temp_dirs(out_dir: Path) -> None:
+    """Delete temp dirs of builds of ``out_dir`` whose process is gone (killed builds)."""
+    for path in out_dir.parent.glob(f".{out_dir.name}.tmp-*"):
+        try:
+            pid = int(path.name.rsplit(".tmp-", 1)[1].split("-")[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        return
+    cfg = load(ToyTargetConfig, None, args[1:])
+    path = build_toy_target(args[0], cfg)
+    print(json.dumps({k: v for k, v in read_build_record(path).items() if k != "loss_curve"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

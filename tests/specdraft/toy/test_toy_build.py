@@ -1,0 +1,144 @@
+"""Toy target build: a loadable HF directory, deterministic, reused, never half-written."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import specdraft.toy.build as build_mod
+from specdraft.config import from_dict
+from specdraft.toy.build import (
+    REQUIRED_FILES,
+    ToyTargetConfig,
+    build_toy_target,
+    is_complete_build,
+    read_build_record,
+)
+
+# Small enough to train in seconds, long enough that the model learns to end its turns.
+TINY = ToyTargetConfig(
+    num_conversations=800, vocab_size=320, hidden_size=64, num_layers=2, num_heads=2,
+    num_kv_heads=1, intermediate_size=128, max_seq_len=128, train_steps=120, batch_size=16,
+    lr=1e-2, warmup_steps=5, num_eval_conversations=32, num_threads=1,
+)
+SHORT = dataclasses.replace(TINY, num_conversations=200, train_steps=3, num_eval_conversations=8)
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    return build_toy_target(tmp_path_factory.mktemp("tiny") / "target", TINY, progress=False)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_directory_is_a_complete_hf_model(tiny_target):
+    assert all((tiny_target / name).is_file() for name in REQUIRED_FILES)
+    assert is_complete_build(tiny_target, TINY)
+    record = read_build_record(tiny_target)
+    assert from_dict(ToyTargetConfig, record["config"]) == TINY
+    assert record["steps"] == TINY.train_steps
+    assert record["final_loss"] < 3.0 and record["eval_loss"] < 3.5  # it learned something
+    assert record["wall_time_s"] > 0
+    config = json.loads((tiny_target / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["tie_word_embeddings"] is False
+    assert config["num_key_value_heads"] < config["num_attention_heads"]
+    gen = json.loads((tiny_target / "generation_config.json").read_text())
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    assert gen["eos_token_id"] == tok.convert_tokens_to_ids("<|end|>") == tok.eos_token_id
+    assert gen["pad_token_id"] == tok.pad_token_id and gen["do_sample"] is False
+
+
+def test_loads_and_generation_stops_at_end_of_turn(tiny_target):
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    model = AutoModelForCausalLM.from_pretrained(tiny_target).eval()
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    end = tok.convert_tokens_to_ids("<|end|>")
+    stopped = 0
+    prompts = ["Thank you!", "What sound does a cow make?", "Hello!", "Spell the word cat."]
+    for text in prompts:
+        enc = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                      return_tensors="pt")
+        assert tok.decode(enc["input_ids"][0]).endswith("<|end|>\n<|assistant|>\n")
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=40)  # greedy from generation_config
+        new = out[0, enc["input_ids"].shape[1]:].tolist()
+        if end in new:
+            assert new.index(end) == len(new) - 1  # nothing generated after <|end|>
+            stopped += 1
+            assert tok.decode(new, skip_special_tokens=True).strip()
+    assert stopped >= len(prompts) // 2
+
+
+def test_same_seed_gives_identical_bytes(tmp_path):
+    a = build_toy_target(tmp_path / "a", SHORT, progress=False)
+    b = build_toy_target(tmp_path / "b", SHORT, progress=False)
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "generation_config.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    c = build_toy_target(tmp_path / "c", dataclasses.replace(SHORT, seed=1), progress=False)
+    ta, tc = load_file(a / "model.safetensors"), load_file(c / "model.safetensors")
+    assert ta.keys() == tc.keys() and "lm_head.weight" in ta
+    assert not torch.equal(ta["lm_head.weight"], tc["lm_head.weight"])
+
+
+def test_complete_build_is_reused_and_other_config_rebuilt(tiny_target, monkeypatch, tmp_path):
+    def fail(*args, **kwargs):
+        raise AssertionError("rebuilt a complete build")
+
+    stamp = (tiny_target / "model.safetensors").stat().st_mtime_ns
+    with monkeypatch.context() as m:
+        m.setattr(build_mod, "_build_into", fail)
+        assert build_toy_target(tiny_target, TINY, progress=False) == tiny_target
+    assert (tiny_target / "model.safetensors").stat().st_mtime_ns == stamp
+
+    out = build_toy_target(tmp_path / "t", SHORT, progress=False)
+    other = dataclasses.replace(SHORT, seed=5)
+    assert not is_complete_build(out, other)
+    assert build_toy_target(out, other, progress=False) == out
+    assert read_build_record(out)["config"]["seed"] == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]  # no temp or old dirs left
+
+
+def test_interrupted_build_leaves_nothing_that_looks_complete(monkeypatch, tmp_path):
+    out = tmp_path / "target"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(build_mod, "train_model", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            build_toy_target(out, SHORT, progress=False)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+    # A killed build (no cleanup ran) leaves its temp dir; even a full one is not the target.
+    done = build_toy_target(tmp_path / "done", SHORT, progress=False)
+    stale = tmp_path / f".target.tmp-{_dead_pid()}-deadbeef"
+    done.rename(stale)
+    assert not is_complete_build(out, SHORT)
+    built = build_toy_target(out, SHORT, progress=False)
+    assert is_complete_build(built, SHORT) and not stale.exists()
+
+
+def test_partial_or_foreign_directory_is_not_complete(tmp_path):
+    out = tmp_path / "target"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"")
+    assert not is_complete_build(out) and not is_complete_build(out, SHORT)
+    with pytest.raises(FileExistsError):
+        build_toy_target(out, SHORT, progress=False)
+
+
+def test_time_budget_stops_training(tmp_path):
+    cfg = dataclasses.replace(SHORT, train_steps=1000, max_train_seconds=0.0)
+    record = read_build_record(build_toy_target(tmp_path / "t", cfg, progress=False))
+    assert record["steps"] == 1
