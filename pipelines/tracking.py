@@ -60,6 +60,7 @@ class MlflowLogger:
     ):
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
+        self._owns_run = run_id is None  # a run attached by id is ended by whoever created it
         if run_id is None:
             exp = self.client.get_experiment_by_name(experiment)
             exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment, artifact_location)
@@ -92,9 +93,9 @@ class MlflowLogger:
         self.client.log_artifact(self.run_id, str(local_file), artifact_path)
 
     def close(self, status: str = "FINISHED") -> None:
-        if not self._closed:
+        if not self._closed and self._owns_run:
             self.client.set_terminated(self.run_id, status)
-            self._closed = True
+        self._closed = True
 
 
 def open_run(cfg: TrackingConfig, **kwargs: Any):

@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from mlflow.tracking import MlflowClient
+
+from pipelines.tracking import MlflowLogger
 from pipelines.train import ScalingSection, TrainConfig, run_training, validate_draft
 from specdraft.models import build_draft, draft_config_from_target, load_draft
 from specdraft.objectives import LossWeights, StageConfig
@@ -63,8 +66,13 @@ def read_metrics(out: Path) -> list[dict]:
 
 def test_training_learns_and_writes_a_loadable_draft(local_ray, tiny_toy_target, toy_store, tmp_path):
     cfg = small_config(epochs=[3, 1], reader=ReaderConfig(max_tokens=768, val_fraction=0.2, seed=0))
-    summary = run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "run")
+    run = MlflowLogger(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="train-test", run_name="train")
+    summary = run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "run",
+                           tracking={"uri": run.uri, "run_id": run.run_id})
+    run.close()
     draft = load_draft(summary["draft"])
+    logged = MlflowClient(run.uri).get_run(run.run_id).data
+    assert logged.params["train.recipe"] == "beagle" and "sim_tau" in logged.metrics and "loss" in logged.metrics
     records = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "metrics"]
     early = [r["loss"] for r in records if r.get("stage") == 0.0]  # the late stage sums 4 weighted steps
     assert np.mean(early[-3:]) < np.mean(early[:3])

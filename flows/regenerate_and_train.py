@@ -1,0 +1,195 @@
+"""The ``regenerate-and-train`` Prefect flow: prepare -> regenerate -> dump -> train -> evaluate -> register.
+
+Tasks are thin: each loads the config, calls one ``pipelines.stages`` function and returns
+a small record (paths, keys, metrics); tensors never cross a task boundary. Stage outputs
+are keyed by their inputs, so a rerun skips finished stages and resumes partial ones.
+MLflow gets one parent run per flow run and one child run per stage.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+
+from pipelines import stages
+from pipelines.stages import RunConfig
+from pipelines.tracking import MlflowLogger
+from specdraft.config import config_hash, flatten, from_dict, load, to_dict
+
+TASK = dict(cache_policy=NO_CACHE, retry_delay_seconds=[10, 60, 180])
+
+
+def _numbers(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            out[name] = float(value)
+        elif isinstance(value, dict):
+            out.update(_numbers(value, f"{name}."))
+    return out
+
+
+def _child(tr: dict | None, stage: str, params: dict[str, Any]) -> MlflowLogger | None:
+    if not tr:
+        return None
+    run = MlflowLogger(tr["uri"], experiment=tr["experiment"], run_name=stage, parent_run_id=tr["parent"],
+                       tags={"specdraft.stage": stage, **tr["tags"]})
+    run.log_params(params)
+    return run
+
+
+def _close(run: MlflowLogger | None, record: dict[str, Any]) -> None:
+    if run is None:
+        return
+    run.set_tags({"skipped": str(record.get("skipped", False))})
+    run.log_metrics(_numbers({k: v for k, v in record.items() if k != "metrics"}), step=0)
+    run.close()
+
+
+def _stage_task(name: str):
+    """Decorate a stage: a Prefect task with retries, a child MLflow run, a one-line summary."""
+
+    def wrap(fn):
+        def body(cfg_data: dict, tr: dict | None, *args, **kwargs):
+            cfg = from_dict(RunConfig, cfg_data)
+            run = _child(tr, name, flatten(getattr(cfg, fn.__name__.removesuffix("_stage"), {}) or {}, name))
+            try:
+                record = fn(cfg, run, *args, **kwargs)
+            except BaseException:
+                if run is not None:
+                    run.close("FAILED")
+                raise
+            _close(run, record)
+            get_run_logger().info("%s: %s", name, "skipped (done)" if record.get("skipped") else
+                                  f"done in {record.get('wall_s', 0):.1f}s")
+            return record
+
+        body.__name__ = fn.__name__
+        return body
+
+    return wrap
+
+
+@_stage_task("prepare")
+def prepare_stage(cfg: RunConfig, run):
+    return stages.prepare(cfg)
+
+
+@_stage_task("regenerate")
+def regenerate_stage(cfg: RunConfig, run, prepared: dict, prompt: dict):
+    return stages.regenerate_file(cfg, prepared, prompt)
+
+
+@_stage_task("features")
+def features_stage(cfg: RunConfig, run, prepared: dict, regenerated: dict):
+    return stages.dump_file(cfg, prepared, regenerated)
+
+
+@_stage_task("train")
+def train_stage(cfg: RunConfig, run, prepared: dict, stores: list[dict], fail_at_step: int | None = None):
+    tracking = {"uri": run.uri, "run_id": run.run_id} if run is not None else None
+    record = stages.train(cfg, prepared, stores, tracking=tracking, fail_at_step=fail_at_step)
+    if run is not None and Path(record["metrics_file"]).is_file():
+        from pipelines.plots import plot_training
+
+        with tempfile.TemporaryDirectory() as tmp:
+            run.log_artifact(plot_training(record["metrics_file"], Path(tmp) / "training_curves.png"), "plots")
+        if record.get("skipped"):  # a finished run logged nothing this time: replay its metrics
+            for line in Path(record["metrics_file"]).read_text().splitlines():
+                item = json.loads(line)
+                if item.get("kind") == "metrics":
+                    run.log_metrics({k: v for k, v in item.items() if k not in ("kind", "step", "time")}, item["step"])
+    return record
+
+
+@_stage_task("eval")
+def eval_stage(cfg: RunConfig, run, prepared: dict, trained: dict):
+    record = stages.evaluate_draft(cfg, prepared, trained["draft"], trained["key"])
+    if run is not None:
+        from pipelines.plots import plot_alpha
+
+        report = json.loads(Path(record["report"]).read_text())
+        run.log_artifact(record["report"], "eval")
+        with tempfile.TemporaryDirectory() as tmp:
+            run.log_artifact(plot_alpha(report, Path(tmp) / "alpha_per_depth.png"), "plots")
+        for name, d in report["datasets"].items():
+            run.log_metrics({f"tau.{name}": d["tau"] or 0.0, f"speedup.{name}": d["speedup"] or 0.0,
+                             f"lossless_mismatches.{name}": d["lossless_mismatches"] or 0}, step=0)
+            for i, a in enumerate(d["alpha"]):
+                if a is not None:
+                    run.log_metrics({f"alpha.{name}": a}, step=i + 1)
+    return record
+
+
+@_stage_task("register")
+def register_stage(cfg: RunConfig, run, prepared: dict, trained: dict, evaluated: dict):
+    from pipelines.registry import register_draft
+
+    if run is None:
+        return {"registered": False, "reason": "tracking disabled", "wall_s": 0.0}
+    if evaluated["mean_tau"] is None:
+        raise RuntimeError("evaluation produced no tau: nothing to compare, refusing to register")
+
+    def evaluate_champion(uri: str) -> float | None:
+        import mlflow
+
+        with tempfile.TemporaryDirectory() as tmp:
+            local = mlflow.artifacts.download_artifacts(uri, dst_path=tmp, tracking_uri=run.uri)
+            return stages.evaluate_draft(cfg, prepared, local, f"champion:{uri}")["mean_tau"]
+
+    decision = register_draft(run.client, run_id=run.run_id, draft_dir=trained["draft"],
+                              model_name=cfg.register.model_name, alias=cfg.register.alias,
+                              eval_key=evaluated["eval_key"], mean_tau=evaluated["mean_tau"],
+                              taus=evaluated["tau"], train_key=trained["key"], evaluate_champion=evaluate_champion)
+    return {**decision, "wall_s": 0.0}
+
+
+def _task(fn, retries: int):
+    return task(fn, name=fn.__name__.removesuffix("_stage"), retries=retries, **TASK)
+
+
+@flow(name="regenerate-and-train", log_prints=True)
+def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
+    """Run every stage for ``config`` (+ ``key=value`` overrides); returns the stage records."""
+    cfg = load(RunConfig, config, list(overrides or []))
+    data = to_dict(cfg)
+    retries = cfg.retries
+    parent = None
+    if cfg.tracking.enabled:
+        parent = MlflowLogger(cfg.tracking.resolved_uri(), experiment=cfg.tracking.experiment,
+                              run_name=f"{cfg.name}-{flow_run.get_name() or 'local'}",
+                              artifact_location=cfg.tracking.artifact_location,
+                              tags={"prefect.flow_run_id": str(flow_run.get_id() or ""), "config_hash": config_hash(cfg),
+                                    "specdraft.run": cfg.name})
+        parent.log_params(flatten(cfg))
+    tr = ({"uri": parent.uri, "experiment": cfg.tracking.experiment, "parent": parent.run_id,
+           "tags": {"config_hash": config_hash(cfg)}} if parent else None)
+    try:
+        prepared = _task(prepare_stage, retries)(data, tr)
+        if parent:
+            parent.set_tags({"target_id": prepared["target_id"]})
+        regenerated = [_task(regenerate_stage, retries)(data, tr, prepared, p) for p in prepared["prompts"]]
+        stores = [_task(features_stage, retries)(data, tr, prepared, r) for r in regenerated]
+        trained = _task(train_stage, retries)(data, tr, prepared, stores, cfg.fault.train_fail_at_step)
+        evaluated = _task(eval_stage, retries)(data, tr, prepared, trained)
+        registered = (_task(register_stage, retries)(data, tr, prepared, trained, evaluated)
+                      if cfg.register.enabled else {"registered": False})
+    except BaseException:
+        if parent:
+            parent.close("FAILED")
+        raise
+    result = {"prepare": prepared, "regenerate": regenerated, "features": stores, "train": trained,
+              "eval": evaluated, "register": registered, "mlflow_parent_run": parent.run_id if parent else None}
+    if parent:
+        parent.log_metrics({f"tau.{k}": v for k, v in evaluated["tau"].items()}, step=0)
+        parent.close()
+    return result

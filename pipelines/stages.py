@@ -1,0 +1,240 @@
+"""The stages of ``regenerate-and-train`` as plain functions over a run config (DESIGN.md "Orchestration").
+
+Each stage writes under ``<workdir>/<stage>/<key>/`` where ``key`` hashes the stage's
+inputs (its config section, upstream output keys, and the code version where it
+matters), and returns a small record (paths, keys, metrics). A finished stage is
+recognised by its ``DONE`` file (written last) and skipped; an unfinished one is resumed
+by the stage itself (regeneration skips written conversations, the dump keeps complete
+shards, training restarts from its latest checkpoint). Prompts are handled per file, so
+a nightly run on a grown prompt directory only regenerates and dumps the new files, and
+a changed training config reuses the existing feature stores.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.dump import FeaturesConfig, dump_features
+from pipelines.regenerate import RegenerateConfig, regenerate
+from pipelines.conversations import read_conversations
+from pipelines.tracking import TrackingConfig
+from pipelines.train import TrainConfig, run_training
+from specdraft import __version__ as CODE_VERSION
+from specdraft.config import config_hash, to_dict
+from specdraft.decoding.eval import EvalSettings
+from specdraft.target import target_id
+from specdraft.toy.build import ToyTargetConfig, build_toy_target
+
+DONE = "DONE"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TargetSection:
+    path: str = ""  # HF model directory; empty = build the toy target from ``toy``
+    toy: ToyTargetConfig = field(default_factory=ToyTargetConfig)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataSection:
+    prompts: list[str] = field(default_factory=list)  # files, directories or glob patterns
+    regenerate: bool = True  # False: train on the prompts' own answers (no self-distillation)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EvalSection:
+    questions: list[str] = field(default_factory=list)  # MT-Bench-format files
+    settings: EvalSettings = field(default_factory=EvalSettings)
+    use_ray: bool = False
+    replicas: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RegisterSection:
+    enabled: bool = True
+    model_name: str = "specdraft-draft"
+    alias: str = "champion"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RaySection:
+    address: str | None = None  # None: a local Ray; "auto" / "ray://host:10001": a cluster
+    num_cpus: int | None = None  # local Ray only
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FaultSection:
+    """Failure drills: make a stage fail on purpose to check that a rerun recovers."""
+
+    train_fail_at_step: int | None = None  # raise once at this optimizer step
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunConfig:
+    name: str = "specdraft"
+    workdir: str = "runs"
+    target: TargetSection = field(default_factory=TargetSection)
+    data: DataSection = field(default_factory=DataSection)
+    regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalSection = field(default_factory=EvalSection)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    register: RegisterSection = field(default_factory=RegisterSection)
+    ray: RaySection = field(default_factory=RaySection)
+    retries: int = 2  # per task, with backoff (10 s, 60 s, 180 s)
+    fault: FaultSection = field(default_factory=FaultSection)
+
+
+def stage_key(*parts: Any) -> str:
+    return config_hash([to_dict(p) for p in parts])
+
+
+def file_digest(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def expand_prompts(patterns: list[str]) -> list[Path]:
+    """Files named by paths, directories (recursively) and glob patterns, sorted and de-duplicated."""
+    files: set[Path] = set()
+    for pattern in patterns:
+        path = Path(pattern)
+        if path.is_dir():
+            files.update(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        elif any(ch in pattern for ch in "*?["):
+            files.update(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+        elif path.is_file():
+            files.add(path)
+        else:
+            raise FileNotFoundError(f"prompt input {pattern!r} is not a file, directory or matching glob")
+    if not files:
+        raise FileNotFoundError(f"no prompt files found in {patterns}")
+    return sorted(p.resolve() for p in files)
+
+
+def _finished(directory: Path) -> dict[str, Any] | None:
+    done = directory / DONE
+    return json.loads(done.read_text()) if done.is_file() else None
+
+
+def _finish(directory: Path, record: dict[str, Any]) -> dict[str, Any]:
+    tmp = directory / f".{DONE}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=2, default=str))
+    os.replace(tmp, directory / DONE)
+    return record
+
+
+def ensure_ray(cfg: RunConfig) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
+                 include_dashboard=False, ignore_reinit_error=True)
+
+
+def prepare(cfg: RunConfig) -> dict[str, Any]:
+    """Resolve the target (building the toy one if asked) and the prompt files."""
+    started = time.perf_counter()
+    if cfg.target.path:
+        target = Path(cfg.target.path).resolve()
+        if not (target / "config.json").is_file():
+            raise FileNotFoundError(f"target {target} is not a Hugging Face model directory (no config.json)")
+    else:
+        target = build_toy_target(Path(cfg.workdir) / "targets" / f"toy-{config_hash(cfg.target.toy)}",
+                                  cfg.target.toy, progress=False).resolve()
+    prompts = [{"path": str(p), "digest": file_digest(p)} for p in expand_prompts(cfg.data.prompts)]
+    return {"target": str(target), "target_id": target_id(target), "prompts": prompts,
+            "wall_s": time.perf_counter() - started}
+
+
+def regenerate_file(cfg: RunConfig, prepared: dict[str, Any], prompt: dict[str, str]) -> dict[str, Any]:
+    """Regenerate the answers of one prompt file (or pass its own answers through)."""
+    key = stage_key(prepared["target_id"], prompt["digest"], cfg.regenerate, cfg.data.regenerate)
+    out = Path(cfg.workdir) / "regenerate" / key
+    if (record := _finished(out)) is not None:
+        return {**record, "skipped": True}
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    if cfg.data.regenerate:
+        ensure_ray(cfg)
+        summary = regenerate(prepared["target"], [prompt["path"]], out, cfg.regenerate, progress=False)
+        conversations = str(out)
+    else:
+        from pipelines.conversations import write_conversations
+        from pipelines.ingest import ingest
+
+        rows, summary = ingest([prompt["path"]], cfg.regenerate.ingest, rejects_path=out / "rejects.jsonl")
+        write_conversations(out / "part-00000.parquet", rows)
+        conversations = str(out)
+    record = {"key": key, "prompt": prompt["path"], "conversations": conversations, "summary": summary,
+              "wall_s": time.perf_counter() - started}
+    return {**_finish(out, record), "skipped": False}
+
+
+def dump_file(cfg: RunConfig, prepared: dict[str, Any], regenerated: dict[str, Any]) -> dict[str, Any]:
+    """Dump one regenerated prompt file to its own feature store."""
+    key = stage_key(prepared["target_id"], regenerated["key"], cfg.features)
+    out = Path(cfg.workdir) / "features" / key
+    if (record := _finished(out)) is not None:
+        return {**record, "skipped": True}
+    ensure_ray(cfg)
+    started = time.perf_counter()
+    rows = read_conversations([regenerated["conversations"]])
+    summary = dump_features(prepared["target"], rows, out, cfg.features, progress=False)
+    record = {"key": key, "store": str(out), "summary": summary, "wall_s": time.perf_counter() - started}
+    return {**_finish(out, record), "skipped": False}
+
+
+def train(cfg: RunConfig, prepared: dict[str, Any], stores: list[dict[str, Any]],
+          tracking: dict[str, str] | None = None, fail_at_step: int | None = None) -> dict[str, Any]:
+    """Train the draft on all stores (resumes a partial run of the same inputs)."""
+    keys = sorted(s["key"] for s in stores)
+    key = stage_key(prepared["target_id"], keys, cfg.train, CODE_VERSION)
+    out = Path(cfg.workdir) / "train" / key
+    if (record := _finished(out)) is not None:
+        return {**record, "skipped": True}
+    ensure_ray(cfg)
+    started = time.perf_counter()
+    summary = run_training(cfg.train, [s["store"] for s in stores], prepared["target"], out,
+                           tracking=tracking, ray_address=cfg.ray.address, fail_at_step=fail_at_step)
+    record = {"key": key, "draft": summary["draft"], "metrics": summary["metrics"],
+              "metrics_file": str(out / "metrics.jsonl"), "wall_s": time.perf_counter() - started}
+    return {**_finish(out, record), "skipped": False}
+
+
+def eval_key(cfg: RunConfig) -> str:
+    """Identity of the eval sets + settings: tau is only compared between equal keys."""
+    files = [{"name": Path(q).name, "digest": file_digest(q)} for q in cfg.eval.questions]
+    return stage_key(files, cfg.eval.settings)
+
+
+def evaluate_draft(cfg: RunConfig, prepared: dict[str, Any], draft_dir: str, draft_key: str) -> dict[str, Any]:
+    """Speculative decoding of the target with ``draft_dir`` on the eval sets."""
+    from pipelines.evaluate import RayEvalConfig, evaluate
+
+    key = stage_key(draft_key, eval_key(cfg))
+    out = Path(cfg.workdir) / "eval" / key
+    if (record := _finished(out)) is not None:
+        return {**record, "skipped": True}
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.eval.use_ray:
+        ensure_ray(cfg)
+    started = time.perf_counter()
+    report = evaluate(prepared["target"], draft_dir, cfg.eval.questions, out / "report.json", cfg.eval.settings,
+                      use_ray=cfg.eval.use_ray, ray_cfg=RayEvalConfig(replicas=cfg.eval.replicas), progress=False)
+    taus = {name: d["tau"] for name, d in report["datasets"].items() if d["tau"] is not None}
+    record = {"key": key, "eval_key": eval_key(cfg), "report": str(out / "report.json"), "tau": taus,
+              "mean_tau": sum(taus.values()) / len(taus) if taus else None,
+              "lossless_mismatches": sum(d.get("lossless_mismatches") or 0 for d in report["datasets"].values()),
+              "wall_s": time.perf_counter() - started}
+    return {**_finish(out, record), "skipped": False}

@@ -1,0 +1,124 @@
+"""The README's deployment path, for real: a Prefect server and a process worker on 127.0.0.1,
+``prefect deploy`` of ``prefect.yaml``, ``prefect deployment run regenerate-and-train/nightly``,
+then wait for COMPLETED and check MLflow for the parent/child runs and the registered model.
+
+Server and worker run in their own process groups and are killed (SIGTERM, then SIGKILL)
+at the end: a worker whose server has gone may ignore SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from mlflow.tracking import MlflowClient
+
+from specdraft.toy.conversations import generate_prompts
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+PREFECT = [sys.executable, "-m", "prefect"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=15)
+
+
+def run(cmd: list[str], env: dict, timeout: int = 180) -> str:
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"{' '.join(cmd)} failed:\n{out.stdout}\n{out.stderr}"
+    return out.stdout
+
+
+def test_nightly_deployment_runs_to_completion(tiny_toy_target, tmp_path):
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PWD": str(ROOT),
+           "MLFLOW_TRACKING_URI": mlflow_uri, "PYTHONUNBUFFERED": "1"}
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"d{i}", "messages": c}) + "\n"
+                               for i, c in enumerate(generate_prompts(32, seed=31))))
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(
+        json.dumps({"question_id": i, "category": "toy", "turns": [m["content"] for m in c if m["role"] == "user"]})
+        + "\n" for i, c in enumerate(generate_prompts(2, seed=32))))
+    overrides = [
+        f"workdir={tmp_path / 'work'}", f"target.path={tiny_toy_target}", f"data.prompts=[{prompts}]",
+        "regenerate.max_new_tokens=16", "train.epochs=[1,1]", "train.reader.max_tokens=1024",
+        f"eval.questions=[{questions}]", "eval.settings.decode.max_new_tokens=12", "eval.settings.decode.depth=3",
+        "eval.settings.decode.topk=3", "eval.settings.decode.total_tokens=6", "tracking.experiment=deploy-test",
+        "register.model_name=deploy-test-draft", "ray.num_cpus=2",
+    ]
+    server = start(PREFECT + ["server", "start", "--host", "127.0.0.1", "--port", str(port)], env,
+                   tmp_path / "server.log")
+    worker = None
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline, (tmp_path / "server.log").read_text()[-3000:]
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            time.sleep(1)
+        run(PREFECT + ["work-pool", "create", "specdraft-process", "--type", "process"], env)
+        run(PREFECT + ["--no-prompt", "deploy", "--all"], env)
+        worker = start(PREFECT + ["worker", "start", "--pool", "specdraft-process"], env, tmp_path / "worker.log")
+        out = run(PREFECT + ["deployment", "run", "regenerate-and-train/nightly",
+                             "--params", json.dumps({"overrides": overrides})], env)
+        flow_run_id = next(line.split()[-1] for line in out.splitlines() if "UUID" in line)
+
+        deadline = time.time() + 900
+        while True:
+            state = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()["state"]["type"]
+            if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                break
+            assert time.time() < deadline, f"flow run still {state}:\n" + (tmp_path / "worker.log").read_text()[-4000:]
+            time.sleep(3)
+        assert state == "COMPLETED", (tmp_path / "worker.log").read_text()[-6000:]
+
+        client = MlflowClient(mlflow_uri)
+        exp = client.get_experiment_by_name("deploy-test")
+        runs = client.search_runs([exp.experiment_id])
+        parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+        assert len(parents) == 1 and parents[0].data.tags["prefect.flow_run_id"] == flow_run_id
+        children = {r.data.tags["specdraft.stage"] for r in runs if "mlflow.parentRunId" in r.data.tags}
+        assert {"prepare", "regenerate", "features", "train", "eval", "register"} <= children
+        assert str(client.get_model_version_by_alias("deploy-test-draft", "champion").version) == "1"
+    finally:
+        if worker is not None:
+            stop(worker)
+        stop(server)

@@ -1,0 +1,99 @@
+"""The regenerate-and-train flow in-process (ephemeral Prefect API, local Ray, SQLite MLflow).
+
+One sequence, because each run costs a minute: an injected train failure leaves valid
+stores and no registered model; the rerun resumes training and registers a champion;
+an identical rerun skips every stage; a changed training config reuses the stores.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.regenerate_and_train import regenerate_and_train
+from specdraft.store import validate
+from specdraft.toy.conversations import generate_prompts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flow")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": c}) + "\n"
+                               for i, c in enumerate(generate_prompts(48, seed=21))))
+    questions = root / "questions.jsonl"
+    questions.write_text("".join(
+        json.dumps({"question_id": i, "category": "toy", "turns": [m["content"] for m in c if m["role"] == "user"]}) + "\n"
+        for i, c in enumerate(generate_prompts(3, seed=22))))
+    return root, prompts, questions
+
+
+def overrides(root: Path, target: Path, prompts: Path, questions: Path, *extra: str) -> list[str]:
+    return [
+        f"workdir={root / 'work'}", f"target.path={target}", f"data.prompts=[{prompts}]",
+        "regenerate.max_new_tokens=24", "regenerate.batch_size=24", "features.samples_per_shard=32",
+        "train.epochs=[1,1]", "train.checkpoint_every=2", "train.reader.max_tokens=768", "train.log_every=1000",
+        f"eval.questions=[{questions}]", "eval.settings.decode.max_new_tokens=16", "eval.settings.decode.depth=3",
+        "eval.settings.decode.topk=3", "eval.settings.decode.total_tokens=8",
+        f"tracking.uri=sqlite:///{root / 'mlflow.db'}", "tracking.experiment=flow-test",
+        "register.model_name=flow-test-draft", "ray.num_cpus=2", *extra,
+    ]
+
+
+def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target, run_files):
+    root, prompts, questions = run_files
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "toy.yaml")
+    args = overrides(root, tiny_toy_target, prompts, questions)
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+
+    # 1. the train stage fails once (no retries): stores are complete and valid, nothing registered
+    with pytest.raises(Exception, match="injected failure"):
+        regenerate_and_train(config, args + ["retries=0", "fault.train_fail_at_step=3"])
+    stores = [p for p in (root / "work" / "features").iterdir() if (p / "DONE").is_file()]
+    assert len(stores) == 1 and validate(stores[0]).ok
+    assert not client.search_model_versions("name='flow-test-draft'")
+    train_dirs = list((root / "work" / "train").iterdir())
+    assert len(train_dirs) == 1 and not (train_dirs[0] / "DONE").exists()
+
+    # 2. rerun: upstream stages are skipped, training resumes from its checkpoint, a champion is registered
+    second = regenerate_and_train(config, args)
+    assert all(r["skipped"] for r in second["regenerate"] + second["features"])
+    assert not second["train"]["skipped"]
+    steps = [json.loads(line)["step"] for line in Path(second["train"]["metrics_file"]).read_text().splitlines()
+             if '"kind": "metrics"' in line]
+    # checkpoint at step 2, failure after step 3: the resumed run re-does step 3, never step 1
+    assert steps.count(1) == 1 and steps.count(3) == 2, steps
+    assert second["register"]["version"] == 1 and second["register"]["promoted"]
+    assert str(client.get_model_version_by_alias("flow-test-draft", "champion").version) == "1"
+    assert second["eval"]["lossless_mismatches"] == 0 and second["eval"]["mean_tau"] >= 1.0
+
+    parent = client.get_run(second["mlflow_parent_run"])
+    exp = parent.info.experiment_id
+    children = client.search_runs([exp], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert {c.data.tags["specdraft.stage"] for c in children} == {"prepare", "regenerate", "features", "train",
+                                                                     "eval", "register"}
+    train_run = next(c for c in children if c.data.tags["specdraft.stage"] == "train")
+    assert "sim_tau" in train_run.data.metrics and "loss" in train_run.data.metrics
+    eval_run = next(c for c in children if c.data.tags["specdraft.stage"] == "eval")
+    artifacts = {a.path for a in client.list_artifacts(eval_run.info.run_id, "plots")}
+    assert "plots/alpha_per_depth.png" in artifacts
+    assert any(k.startswith("tau.") for k in parent.data.metrics)
+
+    # 3. identical rerun: every stage skipped, nothing registered twice
+    third = regenerate_and_train(config, args)
+    assert third["train"]["skipped"] and third["eval"]["skipped"]
+    assert len(client.search_model_versions("name='flow-test-draft'")) == 1
+
+    # 4. a changed training config reuses the feature store and goes through the champion gate
+    fourth = regenerate_and_train(config, args[:] + ["train.epochs=[2,1]"])
+    assert all(r["skipped"] for r in fourth["features"]) and not fourth["train"]["skipped"]
+    decision = fourth["register"]
+    assert decision["version"] == 2
+    assert decision["promoted"] == (decision["mean_tau"] > decision["champion_mean_tau"])
+    tags = client.get_model_version("flow-test-draft", "2").tags
+    assert tags["gate.promoted"] == str(decision["promoted"])
