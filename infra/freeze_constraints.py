@@ -18,7 +18,7 @@ root = Path(__file__).resolve().parents[1]
 project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
 wanted = list(project["dependencies"]) + list(project["optional-dependencies"]["dev"])
 # pins we verified by hand even where a looser range would resolve differently
-extra_pins = ["fastapi"]  # prefect 3.8.8 breaks with fastapi >= 0.155
+extra_pins = ["fastapi"]  # prefect 3.8.8: fastapi >= 0.151 rejects its `limit: int = Body(None)` (422 on deploy)
 
 seen: dict[str, str] = {}
 queue = [(Requirement(r), set()) for r in wanted] + [(Requirement(p), set()) for p in extra_pins]

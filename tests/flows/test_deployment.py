@@ -73,10 +73,11 @@ def test_nightly_deployment_runs_to_completion(tiny_toy_target, tmp_path):
     questions.write_text("".join(
         json.dumps({"question_id": i, "category": "toy", "turns": [m["content"] for m in c if m["role"] == "user"]})
         + "\n" for i, c in enumerate(generate_prompts(2, seed=32))))
+    # lists as a,b: Prefect's CLI prints parameters through rich, which reads "[/path]" as markup
     overrides = [
-        f"workdir={tmp_path / 'work'}", f"target.path={tiny_toy_target}", f"data.prompts=[{prompts}]",
-        "regenerate.max_new_tokens=16", "train.epochs=[1,1]", "train.reader.max_tokens=1024",
-        f"eval.questions=[{questions}]", "eval.settings.decode.max_new_tokens=12", "eval.settings.decode.depth=3",
+        f"workdir={tmp_path / 'work'}", f"target.path={tiny_toy_target}", f"data.prompts={prompts}",
+        "regenerate.max_new_tokens=16", "train.epochs=1,1", "train.reader.max_tokens=1024",
+        f"eval.questions={questions}", "eval.settings.decode.max_new_tokens=12", "eval.settings.decode.depth=3",
         "eval.settings.decode.topk=3", "eval.settings.decode.total_tokens=6", "tracking.experiment=deploy-test",
         "register.model_name=deploy-test-draft", "ray.num_cpus=2",
     ]
