@@ -474,8 +474,9 @@ def balance_batches(batches: list[list[int]], world_size: int) -> list[list[int]
 class FeatureDataset(torch.utils.data.IterableDataset):
     """Batches of stored features for one (rank, world_size) partition and one split.
 
-    Iterate it directly or through ``DataLoader(ds, batch_size=None, num_workers=n)`` (workers
-    take every n-th batch of this rank). Call ``set_epoch`` before each epoch; the plan depends
+    Iterate it directly or through ``DataLoader(ds, batch_size=None, num_workers=n,
+    multiprocessing_context="spawn")`` (workers take every n-th batch of this rank; use spawn:
+    zarr's IO thread does not survive a fork). Call ``set_epoch`` before each epoch; the plan depends
     only on (seed, epoch, split, world_size), so every rank computes the same global plan and
     takes batches ``rank::world_size`` — equal counts on every rank.
     """

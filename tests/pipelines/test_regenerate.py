@@ -72,8 +72,12 @@ def loaded(target_dir):
 
 def dataset_rows(n: int = 10) -> list[dict]:
     """Multi-turn conversations with dataset answers (which regenerate must drop), some with a system."""
+    pool = generate_conversations(max(200, n), 7)
+    turns = lambda c: sum(m["role"] == "user" for m in c)  # noqa: E731
+    longest = max(range(len(pool)), key=lambda i: (turns(pool[i]) >= 3, -i))  # first with >= 3 user turns
+    chosen = pool[: n - 1] + [pool[longest]] if longest >= n - 1 else pool[:n]
     rows = []
-    for i, conv in enumerate(generate_conversations(n, 7)):
+    for i, conv in enumerate(chosen):
         if i % 3 == 1 and conv[0]["role"] != "system":
             conv = [{"role": "system", "content": "You are a concise assistant."}, *conv]
         rows.append({"id": f"toy:{i}", "source": "toy", "messages": conv})

@@ -157,7 +157,8 @@ def test_balance_batches_edge_cases():
 def test_dataloader_workers_split_this_ranks_batches(synthetic):
     root, truth = synthetic
     ds = FeatureDataset(root, ReaderConfig(max_tokens=40))
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    # spawn, not fork: zarr's async IO thread (and Ray, in a full test run) do not survive a fork
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
     total = sum(int(b.valid.any(-1).sum()) for b in loader)
     assert total == len(truth)
 
