@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import transformers
 from tqdm.auto import tqdm
-from transformers.utils import logging as hf_logging
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
 
 from specdraft.config import config_hash, load, to_dict
 from specdraft.toy.conversations import generate_conversations
@@ -49,23 +49,31 @@ REQUIRED_FILES = (
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ToyTargetConfig:
-    """Everything that determines a toy target build."""
+    """Everything that determines a toy target build.
+
+    The defaults train in about 75 s on one CPU core (2-core laptop) and reach a loss of about
+    0.12 on assistant tokens; about two thirds of greedy answers to held-out prompts are
+    exactly right (facts and formats are learned, multi-digit arithmetic and sorting mostly
+    are not). A narrower, shallower model wins at this budget: it gets more optimizer steps,
+    and copying from the prompt (counting ranges, repeating words) only appears after
+    ~1000 steps; hidden 128 x 4 layers reaches ~35% exact in the same time.
+    """
 
     seed: int = 0
     # data + tokenizer
     num_conversations: int = 12000
     vocab_size: int = 768
     # model (Llama, GQA, untied lm_head)
-    hidden_size: int = 128
-    num_layers: int = 4
+    hidden_size: int = 64
+    num_layers: int = 3
     num_heads: int = 4
     num_kv_heads: int = 2
-    intermediate_size: int = 384
+    intermediate_size: int = 192
     max_position_embeddings: int = 1024
     rope_theta: float = 10000.0
     # training
     max_seq_len: int = 192  # training sequences are truncated to this many tokens
-    train_steps: int = 400
+    train_steps: int = 1400
     batch_size: int = 32
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decay to lr * min_lr_ratio
@@ -74,7 +82,9 @@ class ToyTargetConfig:
     grad_clip: float = 1.0
     assistant_only_loss: bool = True  # loss on assistant tokens (+ their <|end|>) only
     max_train_seconds: float | None = None  # stop early on wall time (breaks determinism)
-    num_threads: int = 2  # torch CPU threads during the build (results depend on it)
+    # torch CPU threads during the build. Weights depend on it bitwise; 1 is also the fastest
+    # choice on a busy 2-core machine (2 threads spin on each other: 5-20x slower per step).
+    num_threads: int = 1
     num_eval_conversations: int = 256  # held-out loss, seed + 1
 
 
@@ -172,7 +182,7 @@ def _build_into(tmp: Path, cfg: ToyTargetConfig, progress: bool) -> None:
 
 
 def make_model(cfg: ToyTargetConfig, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    """A freshly initialised small Llama (float32, eager-free sdpa attention)."""
+    """A freshly initialised small Llama (float32, sdpa attention)."""
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
@@ -263,7 +273,7 @@ def train_model(
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, cfg)
         input_ids, labels = _collate([train_rows[i] for i in next(batches)], pad_id)
-        loss = model(input_ids=input_ids, labels=labels).loss
+        loss = causal_lm_loss(model, input_ids, labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -287,6 +297,16 @@ def train_model(
     }
 
 
+def causal_lm_loss(model: LlamaForCausalLM, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over labelled positions; equals ``model(labels=...).loss``
+    but runs ``lm_head`` only where a label exists (about 40% of positions, ~10% faster)."""
+    hidden = model.model(input_ids=input_ids).last_hidden_state  # [B, T, d]
+    targets = labels[:, 1:]  # [B, T-1]
+    keep = targets != -100  # [B, T-1]
+    logits = model.lm_head(hidden[:, :-1][keep])  # [N, V]
+    return torch.nn.functional.cross_entropy(logits, targets[keep])
+
+
 @torch.no_grad()
 def evaluate_loss(
     model: LlamaForCausalLM, rows: list[tuple[list[int], list[int]]], cfg: ToyTargetConfig
@@ -298,7 +318,7 @@ def evaluate_loss(
         input_ids, labels = _collate(rows[start : start + cfg.batch_size], model.config.pad_token_id)
         n = int((labels[:, 1:] != -100).sum())
         if n:
-            total += model(input_ids=input_ids, labels=labels).loss.item() * n
+            total += causal_lm_loss(model, input_ids, labels).item() * n
             count += n
     model.train()
     return total / max(1, count)

@@ -112,16 +112,16 @@ def _a(noun: str) -> str:
 
 def _arithmetic(rng: random.Random) -> Turn:
     op = rng.choice("++-*")
-    if op == "+":
-        a, b = rng.randint(0, 99), rng.randint(0, 99)
-        c = a + b
-    elif op == "-":
-        a, b = rng.randint(0, 99), rng.randint(0, 99)
-        a, b = max(a, b), min(a, b)
-        c = a - b
-    else:
-        a, b = rng.randint(2, 12), rng.randint(2, 12)
+    small = rng.random() < 0.7  # mostly small operands: learnable; two-digit ones mostly not
+    if op == "*":
+        a, b = (rng.randint(2, 9), rng.randint(2, 9)) if small else (rng.randint(2, 19), rng.randint(2, 12))
         c = a * b
+    else:
+        hi = 20 if small else 99
+        a, b = rng.randint(0, hi), rng.randint(0, hi)
+        if op == "-":
+            a, b = max(a, b), min(a, b)
+        c = a + b if op == "+" else a - b
     question = rng.choice((
         f"What is {a} {op} {b}?",
         f"Calculate {a} {op} {b}.",
@@ -139,18 +139,18 @@ def _number_in_words(rng: random.Random) -> Turn:
 def _counting(rng: random.Random) -> Turn:
     style = rng.randrange(3)
     if style == 0:
-        a = rng.randint(0, 40)
-        b = a + rng.randint(2, 10)
+        a = rng.randint(0, 30)
+        b = a + rng.randint(2, 7)
         items = list(range(a, b + 1))
         question = rng.choice((f"List the numbers from {a} to {b}.", f"Count from {a} to {b}."))
     elif style == 1:
-        b = rng.randint(0, 40)
-        a = b + rng.randint(2, 10)
+        b = rng.randint(0, 30)
+        a = b + rng.randint(2, 7)
         items = list(range(a, b - 1, -1))
         question = f"Count down from {a} to {b}."
     else:
-        a = 2 * rng.randint(0, 20)
-        b = a + 2 * rng.randint(2, 7)
+        a = 2 * rng.randint(0, 15)
+        b = a + 2 * rng.randint(2, 5)
         items = list(range(a, b + 1, 2))
         question = f"List the even numbers from {a} to {b}."
     return question, _join(items) + ".", {"kind": "numbers", "items": items}
@@ -177,10 +177,10 @@ def _word_game(rng: random.Random) -> Turn:
 
 def _sorting(rng: random.Random) -> Turn:
     if rng.random() < 0.6:
-        items = rng.sample(range(0, 100), rng.randint(3, 6))
+        items = rng.sample(range(0, 50), rng.randint(3, 4))
         return (f"Sort these numbers: {_join(items)}.", _join(sorted(items)) + ".",
                 {"kind": "numbers", "items": sorted(items)})
-    words = rng.sample(WORDS, rng.randint(3, 5))
+    words = rng.sample(WORDS, 3)
     return (f"Sort these words alphabetically: {_join(words)}.", _join(sorted(words)) + ".",
             {"kind": "words", "items": sorted(words)})
 
@@ -228,11 +228,11 @@ def _greeting(rng: random.Random) -> Turn:
 
 
 FIRST_TURNS: tuple[tuple[Callable[[random.Random], Turn], float], ...] = (
-    (_arithmetic, 3.0),
+    (_arithmetic, 2.5),
     (_number_in_words, 1.0),
     (_counting, 2.0),
     (_word_game, 2.0),
-    (_sorting, 1.5),
+    (_sorting, 1.0),
     (_country_fact, 1.5),
     (_animal_fact, 1.0),
     (_color_fact, 0.7),

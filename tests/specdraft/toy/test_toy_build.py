@@ -23,8 +23,8 @@ from specdraft.toy.build import (
 # Small enough to train in seconds, long enough that the model learns to end its turns.
 TINY = ToyTargetConfig(
     num_conversations=800, vocab_size=320, hidden_size=64, num_layers=2, num_heads=2,
-    num_kv_heads=1, intermediate_size=128, max_seq_len=128, train_steps=120, batch_size=16,
-    lr=1e-2, warmup_steps=5, num_eval_conversations=32, num_threads=1,
+    num_kv_heads=1, intermediate_size=128, max_seq_len=128, train_steps=300, batch_size=16,
+    lr=5e-3, warmup_steps=5, num_eval_conversations=32, num_threads=1,
 )
 SHORT = dataclasses.replace(TINY, num_conversations=200, train_steps=3, num_eval_conversations=8)
 
@@ -46,7 +46,7 @@ def test_directory_is_a_complete_hf_model(tiny_target):
     record = read_build_record(tiny_target)
     assert from_dict(ToyTargetConfig, record["config"]) == TINY
     assert record["steps"] == TINY.train_steps
-    assert record["final_loss"] < 3.0 and record["eval_loss"] < 3.5  # it learned something
+    assert record["final_loss"] < 1.5 and record["eval_loss"] < 2.0  # it learned something
     assert record["wall_time_s"] > 0
     config = json.loads((tiny_target / "config.json").read_text())
     assert config["model_type"] == "llama" and config["tie_word_embeddings"] is False
@@ -63,7 +63,9 @@ def test_loads_and_generation_stops_at_end_of_turn(tiny_target):
     assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
     end = tok.convert_tokens_to_ids("<|end|>")
     stopped = 0
-    prompts = ["Thank you!", "What sound does a cow make?", "Hello!", "Spell the word cat."]
+    prompts = ["Thank you!", "What sound does a cow make?", "Hello!", "Spell the word cat.",
+               "What is 2 + 3?", "List the numbers from 3 to 7."]
+    replies = []
     for text in prompts:
         enc = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                       return_tensors="pt")
@@ -74,8 +76,9 @@ def test_loads_and_generation_stops_at_end_of_turn(tiny_target):
         if end in new:
             assert new.index(end) == len(new) - 1  # nothing generated after <|end|>
             stopped += 1
-            assert tok.decode(new, skip_special_tokens=True).strip()
-    assert stopped >= len(prompts) // 2
+        replies.append(tok.decode(new, skip_special_tokens=True))
+    assert stopped >= len(prompts) - 1, replies
+    assert replies[0].startswith("You are welcome!"), replies
 
 
 def test_same_seed_gives_identical_bytes(tmp_path):
@@ -142,3 +145,33 @@ def test_time_budget_stops_training(tmp_path):
     cfg = dataclasses.replace(SHORT, train_steps=1000, max_train_seconds=0.0)
     record = read_build_record(build_toy_target(tmp_path / "t", cfg, progress=False))
     assert record["steps"] == 1
+
+
+def test_causal_lm_loss_matches_hf_loss():
+    from specdraft.toy.build import causal_lm_loss, make_model
+    from specdraft.toy.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["What is 2 + 3?", "2 + 3 = 5."] * 20, vocab_size=300)
+    torch.manual_seed(0)
+    model = make_model(SHORT, tok)
+    input_ids = torch.randint(0, len(tok), (3, 11))  # [B, T]
+    labels = input_ids.clone()
+    labels[:, :4] = -100
+    labels[2, 7:] = -100
+    with torch.no_grad():
+        ours = causal_lm_loss(model, input_ids, labels)
+        theirs = model(input_ids=input_ids, labels=labels).loss
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_config_loads_from_yaml_and_rejects_unknown_keys(tmp_path):
+    from specdraft.config import ConfigError, load
+
+    path = tmp_path / "toy.yaml"
+    path.write_text("seed: 3\ntrain_steps: 50\nmax_train_seconds: 30\n")
+    cfg = load(ToyTargetConfig, path, ["lr=0.001"])
+    assert (cfg.seed, cfg.train_steps, cfg.max_train_seconds, cfg.lr) == (3, 50, 30.0, 0.001)
+    assert cfg.hidden_size == ToyTargetConfig().hidden_size
+    path.write_text("hidden: 64\n")
+    with pytest.raises(ConfigError):
+        load(ToyTargetConfig, path)
