@@ -222,7 +222,8 @@ def evaluate_draft(cfg: RunConfig, prepared: dict[str, Any], draft_dir: str, dra
     """Speculative decoding of the target with ``draft_dir`` on the eval sets."""
     from pipelines.evaluate import RayEvalConfig, evaluate
 
-    key = stage_key(draft_key, eval_key(cfg))
+    evals = eval_key(cfg)
+    key = stage_key(draft_key, evals)
     out = Path(cfg.workdir) / "eval" / key
     if (record := _finished(out)) is not None:
         return {**record, "skipped": True}
@@ -233,7 +234,7 @@ def evaluate_draft(cfg: RunConfig, prepared: dict[str, Any], draft_dir: str, dra
     report = evaluate(prepared["target"], draft_dir, cfg.eval.questions, out / "report.json", cfg.eval.settings,
                       use_ray=cfg.eval.use_ray, ray_cfg=RayEvalConfig(replicas=cfg.eval.replicas), progress=False)
     taus = {name: d["tau"] for name, d in report["datasets"].items() if d["tau"] is not None}
-    record = {"key": key, "eval_key": eval_key(cfg), "report": str(out / "report.json"), "tau": taus,
+    record = {"key": key, "eval_key": evals, "report": str(out / "report.json"), "tau": taus,
               "mean_tau": sum(taus.values()) / len(taus) if taus else None,
               "lossless_mismatches": sum(d.get("lossless_mismatches") or 0 for d in report["datasets"].values()),
               "wall_s": time.perf_counter() - started}

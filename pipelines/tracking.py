@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
@@ -104,7 +103,6 @@ def open_run(cfg: TrackingConfig, **kwargs: Any):
 
     if not cfg.enabled:
         return NullLogger()
-    mlflow.set_tracking_uri(cfg.resolved_uri())
     return MlflowLogger(
         cfg.resolved_uri(), experiment=cfg.experiment, artifact_location=cfg.artifact_location, **kwargs
     )

@@ -128,7 +128,7 @@ def run_quickstart(out: Path, cfg: QuickstartConfig = QuickstartConfig(), progre
     draft = build_draft(draft_cfg, heads.embed, heads.lm_head)
     before = evaluate(draft, eval_batches, cfg.depth)
 
-    n_batches = len(batches_of(train, cfg.batch_size, 0))
+    n_batches = -(-len(train) // cfg.batch_size)  # batches_of groups fixed-size runs
     trainer = Trainer(
         draft, list(cfg.stages), cfg.optim, n_batches, seed=cfg.seed, logger=JsonlLogger(out / "metrics.jsonl")
     )
