@@ -34,7 +34,7 @@ from specdraft.training import OptimConfig, Trainer
 
 
 def train_and_score(store: Path, val_store: Path, target: Path, recipe: str, epochs: int, seed: int) -> dict:
-    arch, stages = RECIPES[recipe]
+    arch, stages = RECIPES[recipe].arch, RECIPES[recipe].stages
     per_stage = max(1, epochs // len(stages))
     stages = [replace(s, epochs=per_stage) for s in stages]
     reader = ReaderConfig(max_tokens=1024, val_fraction=0.15, seed=seed)

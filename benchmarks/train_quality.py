@@ -234,7 +234,7 @@ def train_config(args: dict[str, Any], recipe: str):
     from specdraft.store import ReaderConfig
     from specdraft.training import OptimConfig
 
-    stages = RECIPES[recipe][1]
+    stages = RECIPES[recipe].stages
     if args["noise_std"] is not None:
         stages = [replace(s, noise_std=args["noise_std"]) for s in stages]
     return TrainConfig(
@@ -447,7 +447,7 @@ def ray_run(args: argparse.Namespace, shared: dict[str, Any], store: Path, targe
     summary = run_training(cfg, [store], target, out)
     fit_s = time.perf_counter() - t0
     ray.shutdown()
-    draft = load_draft(summary["draft"])
+    draft = load_draft(summary["draft"], target=target)
     val = FeatureDataset([store], cfg.reader, split="val")
     counts = validate_draft(draft, val, cfg.sim_depth, 10**6, "cpu")
     result = {
@@ -461,7 +461,7 @@ def ray_run(args: argparse.Namespace, shared: dict[str, Any], store: Path, targe
         "note": "run_training also writes a checkpoint (draft + optimizer state) at every epoch end",
     }
     if single is not None:
-        reference = load_draft(single["draft"])
+        reference = load_draft(single["draft"], target=target)
         diff = max(float((a - b).abs().max()) for a, b in zip(draft.state_dict().values(),
                                                                reference.state_dict().values()))
         result.update({
@@ -578,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(recipes) - set(RECIPES))
     assert not unknown, f"unknown recipes {unknown}; known: {sorted(RECIPES)}"
     for r in recipes:
-        assert args.epochs >= len(RECIPES[r][1]), f"--epochs {args.epochs} is fewer than {r}'s stages"
+        assert args.epochs >= len(RECIPES[r].stages), f"--epochs {args.epochs} is fewer than {r}'s stages"
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 

@@ -1,48 +1,85 @@
 """The ``specdraft`` command line: one sub-command per user-facing job.
 
 It sits at the top of the dependency chain (flows -> pipelines -> specdraft) so it can
-reach every layer; each command imports what it needs lazily so ``--help`` is instant.
-Config-bearing commands take ``--config FILE`` plus trailing ``key=value`` overrides.
+reach every layer; each command imports what it needs lazily so ``specdraft --help`` is
+instant (a command's own ``--help`` imports its config classes to list their fields).
+Config-bearing commands are bound to their config dataclass (``flows/options.py``): they
+take ``--config FILE`` plus trailing ``key=value`` overrides, and their ``--help`` lists
+every field with its default. The few other options are paths and switches, and a handful
+of familiar flags (``train --recipe``, ``eval --mode``) are sugar for one override each.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
+from typing import Any
+
+from flows.options import CommandParser, ConfigSpec, add_config_options, load_config
+
+RUN = ConfigSpec(root="pipelines.stages:RunConfig")
+TOY_TARGET = ConfigSpec(root="specdraft.toy.build:ToyTargetConfig")
+QUICKSTART = ConfigSpec(root="specdraft.quickstart:QuickstartConfig")
+DUMP = ConfigSpec(root="pipelines.dump:FeaturesConfig")
+REGENERATE = ConfigSpec(root="pipelines.regenerate:RegenerateConfig")
+EVAL = ConfigSpec(root="specdraft.decoding.eval:EvalSettings", sections=(("ray", "pipelines.evaluate:RayEvalConfig"),))
+# train logs to MLflow only when asked (--mlflow or tracking.enabled=true)
+EXPORT = ConfigSpec(root="specdraft.export:ExportConfig", sections=(("tracking", "pipelines.tracking:TrackingConfig"),))
+TRAIN = ConfigSpec(root="pipelines.train:TrainConfig", sections=(("tracking", "pipelines.tracking:TrackingConfig"),),
+                   defaults=("tracking.enabled=false",))
+
+
+def _no_sugar(args: argparse.Namespace) -> list[str]:
+    return []
+
+
+def _train_sugar(args: argparse.Namespace) -> list[str]:
+    out = [f"recipe={args.recipe}"] if args.recipe is not None else []
+    out += [f"arch={args.arch}"] if args.arch is not None else []
+    if args.mlflow is not None:  # --mlflow [URI]
+        out += ["tracking.enabled=true"] + ([f"tracking.uri={args.mlflow}"] if args.mlflow else [])
+    return out
+
+
+def _eval_sugar(args: argparse.Namespace) -> list[str]:
+    return [f"decode.mode={args.mode}"] if args.mode is not None else []
+
+
+def command_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The config (and its sections) a parsed command line asks for: --config, sugar flags, then key=value.
+
+    Raises ``specdraft.config.ConfigError`` for a bad key or value; runs nothing.
+    """
+    return load_config(args.config_spec, args.config, [*args.sugar(args), *args.overrides])
 
 
 def _toy_target(args: argparse.Namespace) -> int:
-    from specdraft.config import load
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+    from specdraft.toy.build import build_toy_target
 
-    cfg = load(ToyTargetConfig, args.config, args.overrides)
+    cfg, _ = command_config(args)
     out = build_toy_target(args.out, cfg, progress=not args.quiet)
     print(f"toy target ready: {out}")
     return 0
 
 
 def _quickstart(args: argparse.Namespace) -> int:
-    from specdraft.config import load
-    from specdraft.quickstart import QuickstartConfig, run_quickstart
+    from specdraft.quickstart import run_quickstart
 
-    cfg = load(QuickstartConfig, args.config, args.overrides)
+    cfg, _ = command_config(args)
     report = run_quickstart(Path(args.out), cfg, progress=not args.quiet)
     print(json.dumps(report, indent=2))
     return 0
 
 
 def _dump(args: argparse.Namespace) -> int:
-    from pipelines.dump import FeaturesConfig, dump_features, load_conversations
-    from specdraft.config import load
+    from pipelines.dump import dump_features, load_conversations
     from specdraft.store import StoreError
 
-    # `--prompts a.parquet k=v` : nargs="+" swallows trailing overrides; give them back
-    prompts = [p for p in args.prompts if "=" not in p or Path(p).exists()]
-    overrides = [p for p in args.prompts if p not in prompts] + list(args.overrides)
-    cfg = load(FeaturesConfig, args.config, overrides)
-    rows, ingested = load_conversations(prompts)
+    cfg, _ = command_config(args)
+    rows, ingested = load_conversations(args.prompts)
     if ingested is not None:
         print(f"ingest: {ingested['rows_in']} rows in, {ingested['rows_out']} out, rejected {ingested['rejects_by_reason']}", file=sys.stderr)
     try:
@@ -68,14 +105,10 @@ def _validate_store(args: argparse.Namespace) -> int:
 
 
 def _regenerate(args: argparse.Namespace) -> int:
-    from pipelines.regenerate import RegenerateConfig, regenerate
-    from specdraft.config import load
+    from pipelines.regenerate import regenerate
 
-    # `--prompts a.jsonl k=v` : nargs="+" swallows trailing overrides; give them back
-    prompts = [p for p in args.prompts if "=" not in p or Path(p).exists()]
-    overrides = [p for p in args.prompts if p not in prompts] + list(args.overrides)
-    cfg = load(RegenerateConfig, args.config, overrides)
-    s = regenerate(args.target, prompts, args.out, cfg, progress=not args.quiet)
+    cfg, _ = command_config(args)
+    s = regenerate(args.target, args.prompts, args.out, cfg, progress=not args.quiet)
     print(
         f"regenerate: rows in {s['rows_in']}, out {s['rows_out']}, skipped {s['rows_skipped']} (already done), "
         f"rejected {s['rows_rejected']}, too long {s['rows_too_long']}; {s['tokens_generated']} tokens in "
@@ -85,23 +118,15 @@ def _regenerate(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from pipelines.evaluate import RayEvalConfig, evaluate
-    from specdraft.decoding import DecodeConfig
-    from specdraft.decoding.eval import EvalSettings
+    from pipelines.evaluate import evaluate
 
-    decode = DecodeConfig(
-        mode=args.mode, gamma=args.gamma, depth=args.depth, topk=args.topk, total_tokens=args.total_tokens,
-        concate=not args.no_concate, temperature=args.temperature, top_p=args.top_p, top_k=args.sample_top_k,
-        max_new_tokens=args.max_new_tokens,
-    )
-    settings = EvalSettings(decode=decode, max_questions=args.max_questions, seed=args.seed, dtype=args.dtype,
-                            device=args.device)
-    ray_cfg = RayEvalConfig(replicas=args.replicas)
+    settings, sections = command_config(args)
     report = evaluate(args.target, args.draft, args.questions, args.out, settings, use_ray=args.ray,
-                      ray_cfg=ray_cfg, progress=not args.quiet)
+                      ray_cfg=sections["ray"], progress=not args.quiet)
     fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
     for name, d in report["datasets"].items():
-        print(f"{name}: tau {fmt(d['tau'])}, alpha {[None if a is None else round(a, 3) for a in d['alpha']]}, "
+        print(f"{name}: tau {fmt(d['tau'])} vs pld {fmt(d['tau_pld'])} (tau/pld {fmt(d['tau_over_pld'])}), "
+              f"alpha {[None if a is None else round(a, 3) for a in d['alpha']]}, "
               f"{fmt(d['tokens_per_s'])} tokens/s vs {fmt(d['baseline_tokens_per_s'])} vanilla "
               f"(speedup {fmt(d['speedup'])}), lossless {d['lossless_checked'] - d['lossless_mismatches']}"
               f"/{d['lossless_checked']}")
@@ -110,30 +135,22 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from pipelines.train import TrainConfig, run_training
-    from pipelines.tracking import TrackingConfig, open_run
-    from specdraft.config import flatten, load
+    from pipelines.tracking import open_run
+    from pipelines.train import run_training
 
-    sugar = [f"recipe={args.recipe}"] if args.recipe else []
-    sugar += [f"arch={args.arch}"] if args.arch else []
-    cfg = load(TrainConfig, args.config, sugar + list(args.overrides))
-    tracking, run = None, None
-    if args.mlflow is not None:
-        run = open_run(TrackingConfig(uri=args.mlflow or None, experiment=args.experiment), run_name="train",
-                       tags={"specdraft.stage": "train", "specdraft.recipe": cfg.recipe})
-        tracking = {"uri": run.uri, "run_id": run.run_id}
+    cfg, sections = command_config(args)
+    run = open_run(sections["tracking"], run_name="train",
+                   tags={"specdraft.stage": "train", "specdraft.recipe": cfg.recipe})
     try:
-        summary = run_training(cfg, args.store, args.target, args.out, tracking=tracking, ray_address=args.ray_address)
+        summary = run_training(cfg, args.store, args.target, args.out, tracking=run.ref(), ray_address=args.ray_address)
     except BaseException:
-        if run is not None:
-            run.close("FAILED")
+        run.close("FAILED")
         raise
-    if run is not None:
-        run.log_artifacts(summary["draft"], "draft")
-        run.close()
-        print(f"mlflow run: {run.run_id} ({run.uri})")
+    run.log_artifacts(summary["draft"], "draft")
+    run.close()
     metrics = {k: round(v, 4) for k, v in summary["metrics"].items() if isinstance(v, float)}
-    print(json.dumps({"draft": summary["draft"], "final": metrics}, indent=2))
+    print(json.dumps({"draft": summary["draft"], "final": metrics, "mlflow_run": run.run_id,
+                      "mlflow_uri": run.uri}, indent=2))
     return 0
 
 
@@ -155,7 +172,56 @@ def _toy_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_sugar(args: argparse.Namespace) -> list[str]:
+    out = [f"dtype={args.dtype}"] if args.dtype is not None else []
+    out += [f"speculative_tokens={args.speculative_tokens}"] if args.speculative_tokens is not None else []
+    out += [f"tracking.uri={args.tracking_uri}"] if args.tracking_uri is not None else []
+    return out
+
+
+def _export(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from specdraft.export import ExportError, export_draft, serve_commands
+    from specdraft.models import read_draft_config
+
+    cfg, sections = command_config(args)
+    target = args.target
+    with tempfile.TemporaryDirectory(prefix="specdraft-export-") as tmp:
+        draft = args.draft
+        if args.model_uri:
+            from mlflow.tracking import MlflowClient
+
+            from pipelines.registry import download_draft
+
+            client = MlflowClient(tracking_uri=sections["tracking"].resolved_uri())
+            try:
+                local, version = download_draft(client, args.model_uri, tmp)
+            except ValueError as err:
+                print(f"specdraft export: {err}", file=sys.stderr)
+                return 1
+            draft, target = str(local), target or version.tags.get("specdraft.target")
+            print(f"{args.model_uri}: {version.name} v{version.version} (run {version.run_id})")
+        if not target or not Path(target).is_dir():
+            print(f"specdraft export: the target directory {target!r} is not here: pass --target DIR (the model the "
+                  "draft was trained on)", file=sys.stderr)
+            return 1
+        try:
+            out = export_draft(draft, args.format, args.out, target=target, dtype=cfg.dtype,
+                               speculative_tokens=cfg.speculative_tokens, verifier=cfg.verifier)
+        except (ExportError, FileNotFoundError) as err:
+            print(f"specdraft export: cannot export: {err}", file=sys.stderr)
+            return 1
+        arch = read_draft_config(draft).arch
+    print(f"exported {arch} draft as {args.format}: {out}")
+    for engine, command in serve_commands({args.format: str(Path(out).resolve())}, arch, target,
+                                          cfg.speculative_tokens).items():
+        print(f"serve with {engine}:\n  {command}")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
+    command_config(args)  # a bad key exits with code 2 here, before Prefect starts
     from flows.regenerate_and_train import regenerate_and_train
 
     result = regenerate_and_train(config=args.config, overrides=list(args.overrides))
@@ -171,6 +237,15 @@ def _run(args: argparse.Namespace) -> int:
     if reg.get("version") is not None:
         print(f"\nregistered {reg['model_name']} v{reg['version']}: "
               f"{'promoted to ' + reg['alias'] if reg['promoted'] else 'not promoted'} ({reg['reason']})")
+        exports = reg.get("exports") or {}
+        print("exported: " + (", ".join(f"{fmt} {path}" for fmt, path in sorted(exports.items())) if exports
+                              else f"nothing ({reg.get('export_note') or 'no format'})"))
+        if reg.get("serve"):
+            print(f"serve the {reg['alias']} (v{reg['serving_champion']}):")
+            for engine, command in sorted(reg["serve"].items()):
+                print(f"  {engine}: {command}")
+        elif reg.get("serving_champion") is not None:
+            print(f"the {reg['alias']} (v{reg['serving_champion']}) has no exported serving format")
     if result.get("mlflow_parent_run"):
         print(f"mlflow parent run: {result['mlflow_parent_run']}")
     return 0
@@ -180,20 +255,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specdraft",
         description="Train and keep fresh speculative-decoding draft models (Beagle, HASS/EAGLE).",
+        epilog="`specdraft COMMAND --help` lists a command's options and config fields with their defaults.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
 
     p = sub.add_parser("run", help="run the regenerate-and-train flow locally (ephemeral Prefect API unless PREFECT_API_URL)")
-    p.add_argument("--config", default="configs/toy.yaml", help="run config YAML (default configs/toy.yaml)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.recipe=hass eval.settings.decode.mode=chain")
-    p.set_defaults(func=_run)
+    add_config_options(p, RUN, default="configs/toy.yaml", example="train.recipe=hass eval.settings.decode.mode=chain")
+    p.set_defaults(func=_run, sugar=_no_sugar)
 
     p = sub.add_parser("toy-target", help="build the toy target model directory (small Llama + tokenizer)")
     p.add_argument("--out", required=True, help="output model directory")
-    p.add_argument("--config", help="YAML with ToyTargetConfig fields")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train_steps=200")
-    p.set_defaults(func=_toy_target)
+    add_config_options(p, TOY_TARGET, example="train_steps=200")
+    p.set_defaults(func=_toy_target, sugar=_no_sugar)
 
     p = sub.add_parser("toy-data", help="write toy prompt conversations (messages JSONL) and MT-Bench-format questions")
     p.add_argument("--out", required=True, help="output directory")
@@ -207,20 +281,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="toy target + in-memory features + a short two-stage Beagle training, with simulated acceptance",
     )
     p.add_argument("--out", default="runs/quickstart", help="working directory (default: runs/quickstart)")
-    p.add_argument("--config", help="YAML with QuickstartConfig fields")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. draft.arch=eagle")
-    p.set_defaults(func=_quickstart)
+    add_config_options(p, QUICKSTART, example="arch=eagle toy.train_steps=200")
+    p.set_defaults(func=_quickstart, sugar=_no_sugar)
 
     p = sub.add_parser("dump", help="dump the target's features (hidden, top-K) for conversations into a Zarr store")
     p.add_argument("--target", required=True, help="target model directory")
     p.add_argument("--prompts", required=True, nargs="+", metavar="FILE", help="conversation files (Parquet, JSON, JSONL)")
     p.add_argument("--out", required=True, help="store directory (resumed when it holds a partial dump)")
-    p.add_argument("--config", help="YAML with FeaturesConfig fields")
     p.add_argument("--overwrite", action="store_true", help="replace a store written by another dump")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. hidden_codec=bf16")
-    p.set_defaults(func=_dump)
+    add_config_options(p, DUMP, example="hidden_codec=bf16 samples_per_shard=256")
+    p.set_defaults(func=_dump, sugar=_no_sugar)
 
     p = sub.add_parser("validate-store", help="check a feature store against its manifest (counts, shapes, sha256)")
     p.add_argument("store", help="store directory")
@@ -233,59 +305,84 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", required=True, nargs="+", metavar="FILE",
                    help="prompt files, directories or globs (ShareGPT, OpenAI messages, MT-Bench, HumanEval, Parquet)")
     p.add_argument("--out", required=True, help="output directory of Parquet parts (resumed when it holds some)")
-    p.add_argument("--config", help="YAML with RegenerateConfig fields")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. temperature=0.7")
-    p.set_defaults(func=_regenerate)
+    add_config_options(p, REGENERATE, example="temperature=0.7 ingest.max_turns=4")
+    p.set_defaults(func=_regenerate, sugar=_no_sugar)
 
     p = sub.add_parser("eval", help="speculative decoding of the target with a draft: tau, alpha, speedup, lossless check")
     p.add_argument("--target", required=True, help="target model directory")
     p.add_argument("--draft", required=True, help="draft directory (config.json + model.safetensors)")
     p.add_argument("--questions", required=True, nargs="+", metavar="FILE", help="MT-Bench-format question files")
     p.add_argument("--out", required=True, help="report JSON path")
-    p.add_argument("--mode", choices=("chain", "tree"), default="tree", help="chain of gamma tokens or EAGLE-2 tree")
-    p.add_argument("--gamma", type=int, default=5, help="chain: draft tokens per round (default 5)")
-    p.add_argument("--depth", type=int, default=6, help="tree: drafted levels (default 6)")
-    p.add_argument("--topk", type=int, default=10, help="tree: expansions per level and children per node (default 10)")
-    p.add_argument("--total-tokens", type=int, default=60, help="tree: drafted nodes verified per round (default 60)")
-    p.add_argument("--no-concate", action="store_true", help="Beagle: do not append drafted states while drafting")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (with the lossless check)")
-    p.add_argument("--top-p", type=float, default=1.0, help="sampling warper (default 1 = off)")
-    p.add_argument("--sample-top-k", type=int, default=0, help="sampling top-k warper (default 0 = off)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="per turn (default 256)")
-    p.add_argument("--max-questions", type=int, default=None, help="first N questions of each file")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (per question and turn)")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (single-process path)")
-    p.add_argument("--ray", action="store_true", help="spread questions over Ray Data replicas (one per GPU)")
-    p.add_argument("--replicas", type=int, default=None, help="with --ray: number of model replicas")
+    p.add_argument("--mode", metavar="MODE", help="same as decode.mode=MODE (chain of gamma tokens, or EAGLE-2 tree)")
+    p.add_argument("--ray", action="store_true", help="spread questions over Ray Data replicas (settings: ray.*)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_eval)
+    add_config_options(p, EVAL, example="decode.gamma=4 max_questions=10 ray.replicas=2")
+    p.set_defaults(func=_eval, sugar=_eval_sugar)
+
+    p = sub.add_parser("export", help="export a draft for a serving engine (vLLM speculators, SGLang, EAGLE reference)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--draft", help="draft directory (config.json + model.safetensors)")
+    src.add_argument("--model-uri", help="a registered draft: models:/NAME@ALIAS (e.g. @champion) or models:/NAME/VERSION")
+    p.add_argument("--format", required=True, choices=("speculators", "sglang", "eagle"),
+                   help="speculators: EAGLE-3 for vLLM; sglang: EAGLE-3 or EAGLE-1/2 for SGLang; eagle: EAGLE-1/2 in "
+                        "the EAGLE reference layout")
+    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--target", help="the target model directory (default with --model-uri: the one it was trained on)")
+    p.add_argument("--dtype", metavar="DTYPE", help="same as dtype=DTYPE (default: the target's)")
+    p.add_argument("--speculative-tokens", metavar="K", help="same as speculative_tokens=K")
+    p.add_argument("--tracking-uri", metavar="URI", help="same as tracking.uri=URI (the registry of --model-uri)")
+    add_config_options(p, EXPORT, example="dtype=bfloat16 speculative_tokens=5 verifier=meta-llama/Llama-3.1-8B")
+    p.set_defaults(func=_export, sugar=_export_sugar)
 
     p = sub.add_parser("train", help="train a draft on Ray Train from feature store(s) (Beagle two-stage, HASS, ...)")
     p.add_argument("--store", required=True, nargs="+", metavar="DIR", help="feature store directories")
     p.add_argument("--target", required=True, help="target model directory (embedding and lm_head are read from it)")
     p.add_argument("--out", required=True, help="output directory (draft/, checkpoints, metrics.jsonl); rerun resumes")
-    p.add_argument("--recipe", help="beagle | beagle-early | beagle-topk | eagle | hass (default beagle)")
-    p.add_argument("--arch", choices=("beagle", "eagle"), help="override the recipe's draft")
-    p.add_argument("--config", help="YAML with TrainConfig fields")
+    p.add_argument("--recipe", metavar="NAME", help="same as recipe=NAME (an unknown name lists the known ones)")
+    p.add_argument("--arch", metavar="NAME", help="same as arch=NAME: override the recipe's draft")
     p.add_argument("--mlflow", nargs="?", const="", default=None, metavar="URI",
-                   help="log to MLflow (default URI: MLFLOW_TRACKING_URI or sqlite:///./mlflow.db)")
-    p.add_argument("--experiment", default="specdraft", help="MLflow experiment (default specdraft)")
+                   help="same as tracking.enabled=true [tracking.uri=URI] "
+                        "(default URI: MLFLOW_TRACKING_URI or sqlite:///./mlflow.db)")
     p.add_argument("--ray-address", default=None, help="Ray cluster address (default: local Ray)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. epochs=[2,2] scaling.num_workers=2")
-    p.set_defaults(func=_train)
+    add_config_options(p, TRAIN, example="epochs=[2,2] optim.lr=3e-4 scaling.num_workers=2")
+    p.set_defaults(func=_train, sugar=_train_sugar)
     return parser
+
+
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # key=value, as opposed to a path or a URI
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse a command line; options with a variable number of values give trailing key=value back.
+
+    ``--prompts a.jsonl k=v`` (nargs="+") and ``--mlflow k=v`` (an optional URI) would swallow
+    the overrides that follow them; a value of the form key=value that is not an existing path
+    is an override.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    given_back: list[str] = []
+    if args.command in ("dump", "regenerate"):
+        given_back = [p for p in args.prompts if OVERRIDE.match(p) and not Path(p).exists()]
+        args.prompts = [p for p in args.prompts if p not in given_back]
+        if not args.prompts:
+            parser.error(f"{args.command}: --prompts needs at least one file")
+    if args.command == "train" and args.mlflow and OVERRIDE.match(args.mlflow) and not Path(args.mlflow).exists():
+        given_back, args.mlflow = [args.mlflow], ""
+    if given_back:
+        args.overrides = given_back + list(args.overrides)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     from specdraft.config import ConfigError
 
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         return int(args.func(args) or 0)
     except ConfigError as err:
-        print(f"specdraft: config error: {err}", file=sys.stderr)
+        print(f"specdraft {args.command}: config error: {err}", file=sys.stderr)
         return 2
 
 

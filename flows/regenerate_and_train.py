@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from prefect.runtime import flow_run
 
 from pipelines import stages
 from pipelines.stages import RunConfig
-from pipelines.tracking import MlflowLogger
+from pipelines.tracking import MlflowLogger, NullRun, TrackingConfig, open_run
 from specdraft.config import config_hash, flatten, from_dict, load, to_dict
 
 TASK = dict(cache_policy=NO_CACHE, retry_delay_seconds=[10, 60, 180])
@@ -38,18 +39,15 @@ def _numbers(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def _child(tr: dict | None, stage: str, params: dict[str, Any]) -> MlflowLogger | None:
-    if not tr:
-        return None
-    run = MlflowLogger(tr["uri"], experiment=tr["experiment"], run_name=stage, parent_run_id=tr["parent"],
-                       tags={"specdraft.stage": stage, **tr["tags"]})
+def _child(tr: dict, stage: str, params: dict[str, Any]) -> MlflowLogger | NullRun:
+    """The stage's child run under the flow's parent run (``tr``: the parent's tracking reference)."""
+    run = open_run(from_dict(TrackingConfig, tr["tracking"]), run_name=stage, parent_run_id=tr["parent"],
+                   tags={"specdraft.stage": stage, **tr["tags"]})
     run.log_params(params)
     return run
 
 
-def _close(run: MlflowLogger | None, record: dict[str, Any]) -> None:
-    if run is None:
-        return
+def _close(run: MlflowLogger | NullRun, record: dict[str, Any]) -> None:
     run.set_tags({"skipped": str(record.get("skipped", False))})
     run.log_metrics(_numbers({k: v for k, v in record.items() if k != "metrics"}), step=0)
     run.close()
@@ -59,14 +57,13 @@ def _stage_task(name: str):
     """Decorate a stage: a Prefect task with retries, a child MLflow run, a one-line summary."""
 
     def wrap(fn):
-        def body(cfg_data: dict, tr: dict | None, *args, **kwargs):
+        def body(cfg_data: dict, tr: dict, *args, **kwargs):
             cfg = from_dict(RunConfig, cfg_data)
             run = _child(tr, name, flatten(getattr(cfg, fn.__name__.removesuffix("_stage"), {}) or {}, name))
             try:
                 record = fn(cfg, run, *args, **kwargs)
             except BaseException:
-                if run is not None:
-                    run.close("FAILED")
+                run.close("FAILED")
                 raise
             _close(run, record)
             get_run_logger().info("%s: %s", name, "skipped (done)" if record.get("skipped") else
@@ -96,9 +93,8 @@ def features_stage(cfg: RunConfig, run, prepared: dict, regenerated: dict):
 
 @_stage_task("train")
 def train_stage(cfg: RunConfig, run, prepared: dict, stores: list[dict], fail_at_step: int | None = None):
-    tracking = {"uri": run.uri, "run_id": run.run_id} if run is not None else None
-    record = stages.train(cfg, prepared, stores, tracking=tracking, fail_at_step=fail_at_step)
-    if run is not None and Path(record["metrics_file"]).is_file():
+    record = stages.train(cfg, prepared, stores, tracking=run.ref(), fail_at_step=fail_at_step)
+    if Path(record["metrics_file"]).is_file():
         from pipelines.plots import plot_training
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -113,28 +109,31 @@ def train_stage(cfg: RunConfig, run, prepared: dict, stores: list[dict], fail_at
 
 @_stage_task("eval")
 def eval_stage(cfg: RunConfig, run, prepared: dict, trained: dict):
-    record = stages.evaluate_draft(cfg, prepared, trained["draft"], trained["key"])
-    if run is not None:
-        from pipelines.plots import plot_alpha
+    from pipelines.plots import plot_alpha
 
-        report = json.loads(Path(record["report"]).read_text())
-        run.log_artifact(record["report"], "eval")
-        with tempfile.TemporaryDirectory() as tmp:
-            run.log_artifact(plot_alpha(report, Path(tmp) / "alpha_per_depth.png"), "plots")
-        for name, d in report["datasets"].items():
-            run.log_metrics({f"tau.{name}": d["tau"] or 0.0, f"speedup.{name}": d["speedup"] or 0.0,
-                             f"lossless_mismatches.{name}": d["lossless_mismatches"] or 0}, step=0)
-            for i, a in enumerate(d["alpha"]):
-                if a is not None:
-                    run.log_metrics({f"alpha.{name}": a}, step=i + 1)
+    record = stages.evaluate_draft(cfg, prepared, trained["draft"], trained["key"])
+    report = json.loads(Path(record["report"]).read_text())
+    run.log_artifact(record["report"], "eval")
+    with tempfile.TemporaryDirectory() as tmp:
+        run.log_artifact(plot_alpha(report, Path(tmp) / "alpha_per_depth.png"), "plots")
+    for name, d in report["datasets"].items():
+        run.log_metrics({f"tau.{name}": d["tau"] or 0.0, f"speedup.{name}": d["speedup"] or 0.0,
+                         f"lossless_mismatches.{name}": d["lossless_mismatches"] or 0}, step=0)
+        if d.get("tau_pld") is not None:  # the prompt-lookup floor beside the draft's tau
+            run.log_metrics({f"tau_pld.{name}": d["tau_pld"], f"tau_over_pld.{name}": d["tau_over_pld"] or 0.0},
+                            step=0)
+        for i, a in enumerate(d["alpha"]):
+            if a is not None:
+                run.log_metrics({f"alpha.{name}": a}, step=i + 1)
     return record
 
 
 @_stage_task("register")
 def register_stage(cfg: RunConfig, run, prepared: dict, trained: dict, evaluated: dict):
-    from pipelines.registry import register_draft
+    from pipelines.registry import champion_exports, log_exports, register_draft
+    from specdraft.export import serve_commands
 
-    if run is None:
+    if not run.enabled:  # the registry lives in MLflow: nothing to register into
         return {"registered": False, "reason": "tracking disabled", "wall_s": 0.0}
     if evaluated["mean_tau"] is None:
         raise RuntimeError("evaluation produced no tau: nothing to compare, refusing to register")
@@ -146,11 +145,34 @@ def register_stage(cfg: RunConfig, run, prepared: dict, trained: dict, evaluated
             local = mlflow.artifacts.download_artifacts(uri, dst_path=tmp, tracking_uri=run.uri)
             return stages.evaluate_draft(cfg, prepared, local, f"champion:{uri}")["mean_tau"]
 
+    exported = stages.export_formats(cfg, prepared, trained["draft"], trained["key"])
+    tags = {"specdraft.arch": exported["arch"], "specdraft.target": prepared["target"],
+            "specdraft.target_id": prepared["target_id"]}
     decision = register_draft(run.client, run_id=run.run_id, draft_dir=trained["draft"],
                               model_name=cfg.register.model_name, alias=cfg.register.alias,
                               eval_key=evaluated["eval_key"], mean_tau=evaluated["mean_tau"],
-                              taus=evaluated["tau"], train_key=trained["key"], evaluate_champion=evaluate_champion)
-    return {**decision, "wall_s": 0.0}
+                              taus=evaluated["tau"], train_key=trained["key"], evaluate_champion=evaluate_champion,
+                              mean_tau_pld=evaluated.get("mean_tau_pld"), tags=tags)
+    log_exports(run.client, decision["run_id"], exported["exports"])
+    champion = champion_exports(run.client, cfg.register.model_name, cfg.register.alias,
+                                Path(cfg.workdir) / "export" / "champion",
+                                local={decision["version"]: exported["exports"]})
+    serve = serve_commands(champion.get("exports", {}), champion.get("arch", ""),
+                           champion.get("target") or prepared["target"], cfg.register.serving.speculative_tokens)
+    return {**decision, "exports": exported["exports"], "export_note": exported["note"],
+            "serving_champion": champion.get("version"), "serve": serve, "wall_s": 0.0}
+
+
+def open_parent_run(cfg: RunConfig) -> tuple[MlflowLogger | NullRun, dict[str, Any]]:
+    """The flow's parent run (a ``NullRun`` with tracking disabled) and the reference each task
+    opens its child run from (the URI pinned to the parent's, resolved once here)."""
+    parent = open_run(cfg.tracking, run_name=f"{cfg.name}-{flow_run.get_name() or 'local'}",
+                      tags={"prefect.flow_run_id": str(flow_run.get_id() or ""), "config_hash": config_hash(cfg),
+                            "specdraft.run": cfg.name})
+    parent.log_params(flatten(cfg))
+    tr = {"tracking": to_dict(replace(cfg.tracking, uri=parent.uri)), "parent": parent.run_id,
+          "tags": {"config_hash": config_hash(cfg)}}
+    return parent, tr
 
 
 def _task(fn, retries: int):
@@ -163,20 +185,10 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
     cfg = load(RunConfig, config, list(overrides or []))
     data = to_dict(cfg)
     retries = cfg.retries
-    parent = None
-    if cfg.tracking.enabled:
-        parent = MlflowLogger(cfg.tracking.resolved_uri(), experiment=cfg.tracking.experiment,
-                              run_name=f"{cfg.name}-{flow_run.get_name() or 'local'}",
-                              artifact_location=cfg.tracking.artifact_location,
-                              tags={"prefect.flow_run_id": str(flow_run.get_id() or ""), "config_hash": config_hash(cfg),
-                                    "specdraft.run": cfg.name})
-        parent.log_params(flatten(cfg))
-    tr = ({"uri": parent.uri, "experiment": cfg.tracking.experiment, "parent": parent.run_id,
-           "tags": {"config_hash": config_hash(cfg)}} if parent else None)
+    parent, tr = open_parent_run(cfg)
     try:
         prepared = _task(prepare_stage, retries)(data, tr)
-        if parent:
-            parent.set_tags({"target_id": prepared["target_id"]})
+        parent.set_tags({"target_id": prepared["target_id"]})
         regenerated = [_task(regenerate_stage, retries)(data, tr, prepared, p) for p in prepared["prompts"]]
         stores = [_task(features_stage, retries)(data, tr, prepared, r) for r in regenerated]
         trained = _task(train_stage, retries)(data, tr, prepared, stores, cfg.fault.train_fail_at_step)
@@ -184,12 +196,10 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
         registered = (_task(register_stage, retries)(data, tr, prepared, trained, evaluated)
                       if cfg.register.enabled else {"registered": False})
     except BaseException:
-        if parent:
-            parent.close("FAILED")
+        parent.close("FAILED")
         raise
-    result = {"prepare": prepared, "regenerate": regenerated, "features": stores, "train": trained,
-              "eval": evaluated, "register": registered, "mlflow_parent_run": parent.run_id if parent else None}
-    if parent:
-        parent.log_metrics({f"tau.{k}": v for k, v in evaluated["tau"].items()}, step=0)
-        parent.close()
-    return result
+    parent.log_metrics({f"{metric}.{k}": v for metric in ("tau", "tau_pld", "tau_over_pld")
+                        for k, v in evaluated.get(metric, {}).items()}, step=0)
+    parent.close()
+    return {"prepare": prepared, "regenerate": regenerated, "features": stores, "train": trained,
+            "eval": evaluated, "register": registered, "mlflow_parent_run": parent.run_id}

@@ -7,7 +7,8 @@ DESIGN.md "The target and its features". One Ray Data pipeline, one row per *sha
     -> tokenize_shard        render_with_loss_mask per conversation (tasks); over-long,
                              unrenderable and loss-free rows are counted, never silently dropped
     -> PrefillActor          the target prefill in padded, length-grouped batches (no grad,
-                             inference dtype from ``FeaturesConfig``; ``num_gpus`` per actor on GPU)
+                             inference dtype from ``FeaturesConfig``; ``gpus_per_actor`` GPUs per
+                             actor on a GPU cluster, the target spread over them; SDPA kernels)
                              -> hidden, top-K ids/logits and float32 logsumexp per token
     -> ZarrShardDatasink     one ``write_shard`` per row: one writer per shard, temp dir + rename;
                              ``on_write_complete`` writes ``manifest.json`` (driver)
@@ -37,6 +38,7 @@ from ray.data import ActorPoolStrategy, Datasink
 from specdraft import store
 from specdraft.chat import render_with_loss_mask
 from specdraft.config import config_hash, to_dict
+from specdraft.placement import ATTN_IMPLEMENTATIONS, describe_placement, spread_gpus
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id, target_states
 
 
@@ -54,7 +56,10 @@ class FeaturesConfig:
     max_batch_size: int = 64
     logits_chunk: int = 2048  # tokens per float32 top-K / logsumexp chunk
     num_actors: int = 1
-    gpus_per_actor: float = 1.0  # used only when the Ray cluster has GPUs
+    # GPUs per actor (GPU clusters only): the Ray request AND the target's spread — a fraction shares
+    # one GPU, a whole N > 1 splits the target's layers over the actor's N GPUs (device_map)
+    gpus_per_actor: float = 1.0
+    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"  # flash: CUDA + flash-attn only
     cpus_per_actor: float = 1.0
     torch_threads: int | None = None  # CPU threads per actor (default: cpus_per_actor)
     chunk_tokens: int = 1024  # Zarr chunk length along the token axis
@@ -65,9 +70,12 @@ class FeaturesConfig:
     def __post_init__(self) -> None:
         assert self.max_length >= 1 and self.topk >= 1 and self.samples_per_shard >= 1, "sizes must be >= 1"
         assert self.batch_tokens >= 1 and self.max_batch_size >= 1 and self.num_actors >= 1, "sizes must be >= 1"
+        assert self.attn_implementation in ATTN_IMPLEMENTATIONS, f"unknown attn_implementation {self.attn_implementation!r}"
+        spread_gpus(self.gpus_per_actor)  # a fraction or a whole number
 
 
-RUNTIME_FIELDS = ("num_actors", "gpus_per_actor", "cpus_per_actor", "torch_threads")  # not in features_hash
+# not in features_hash (placement and kernel: the same features up to rounding)
+RUNTIME_FIELDS = ("num_actors", "gpus_per_actor", "cpus_per_actor", "torch_threads", "attn_implementation")
 
 
 def features_hash(cfg: FeaturesConfig) -> str:
@@ -203,23 +211,20 @@ def pad_sequences(seqs: list[np.ndarray], pad_id: int) -> tuple[torch.Tensor, to
     return ids, att
 
 
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return getattr(torch, name)
-
-
 class PrefillActor:
     """A target replica: shard rows of tokens in, shard rows of features out."""
 
     def __init__(self, target: str, cfg: FeaturesConfig, use_gpu: bool) -> None:
         self.cfg = cfg
-        self.device = "cuda" if use_gpu else "cpu"
         transformers.utils.logging.disable_progress_bar()  # one weight-loading bar per actor is noise
         if not use_gpu:
             torch.set_num_threads(cfg.torch_threads or max(1, int(cfg.cpus_per_actor)))
-        self.model = load_target_model(target, resolve_dtype(cfg.dtype, self.device), self.device,
-                                       trust_remote_code=cfg.trust_remote_code)
+        # on GPU the actor holds gpus_per_actor GPUs (Ray's request) and spreads the target over them
+        self.model = load_target_model(target, cfg.dtype, "cuda" if use_gpu else "cpu",
+                                       trust_remote_code=cfg.trust_remote_code,
+                                       gpus=spread_gpus(cfg.gpus_per_actor) if use_gpu else 1,
+                                       attn_implementation=cfg.attn_implementation)
+        self.placement = describe_placement(self.model)  # recorded in every shard it writes
         self.pad_id = self.model.config.pad_token_id or 0
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -230,6 +235,7 @@ class PrefillActor:
         features, features_s = self.features(seqs)
         meta = json.loads(str(batch["meta"][0]))
         meta["nonfinite_tokens"] = int(features.pop("nonfinite_tokens"))
+        meta["placement"] = self.placement
         meta["timings"].update(features_s=features_s, actor_s=time.perf_counter() - started,
                                actor_cpu_s=time.process_time() - cpu)
         out = {k: np.asarray([v]) for k, v in features.items()}  # (1, ...)
@@ -246,8 +252,8 @@ class PrefillActor:
         for group in prefill_batches([len(s) for s in seqs], cfg.batch_tokens, cfg.max_batch_size):
             ids, att = pad_sequences([seqs[i] for i in group], self.pad_id)
             t0 = time.perf_counter()
-            hidden, logits = target_states(self.model, ids.to(self.device), att.to(self.device))  # (B, T, d), (B, T, V)
-            valid = att.to(self.device).bool()  # (B, T)
+            hidden, logits = target_states(self.model, ids, att)  # (B, T, d), (B, T, V) on the lm_head's device
+            valid = att.to(hidden.device).bool()  # (B, T)
             h, lg = hidden[valid], logits[valid]  # (M, d), (M, V): rows concatenated in order
             lse, top_v, top_i = [], [], []
             for lo in range(0, lg.shape[0], cfg.logits_chunk):
@@ -256,8 +262,8 @@ class PrefillActor:
                 top = part.topk(cfg.topk, dim=-1)
                 top_v.append(top.values)  # (m, K)
                 top_i.append(top.indices)  # (m, K)
-            if self.device.startswith("cuda"):
-                torch.cuda.synchronize()
+            if hidden.device.type == "cuda":
+                torch.cuda.synchronize(hidden.device)  # the last GPU of a spread target finishes last
             prefill_s += time.perf_counter() - t0
             parts = (h.cpu(), torch.cat(top_i).cpu(), torch.cat(top_v).cpu(), torch.cat(lse).cpu())
             sizes = [len(seqs[i]) for i in group]
@@ -320,7 +326,8 @@ class ZarrShardDatasink(Datasink):
             "d": self.header["d"], "k": self.header["k"], "hidden_codec": self.header["hidden_codec"],
             "plan_digest": meta["plan_digest"], "rejected": meta["rejected"],
             "rejected_examples": meta["rejected_examples"], "truncated": meta["truncated"],
-            "nonfinite_tokens": meta["nonfinite_tokens"], "written_at": round(time.time(), 3),
+            "nonfinite_tokens": meta["nonfinite_tokens"], "placement": meta.get("placement"),
+            "written_at": round(time.time(), 3),
             "timings": {k: round(v, 4) for k, v in meta["timings"].items()},
         }
         t0, c0 = time.perf_counter(), time.process_time()

@@ -2,10 +2,12 @@
 
     questions (driver)   MT-Bench-format files -> globally numbered questions
                          (``specdraft.decoding.eval.load_question_sets``)
-    -> map_batches       one stateful replica per model copy (Ray Data actors: ``num_gpus``
-                         each on a GPU cluster, i.e. one per GPU; ``num_cpus`` each locally);
-                         each loads target + draft once, warms up, and answers one question
-                         per call with its per-turn records (JSON)
+    -> map_batches       one stateful replica per model copy (Ray Data actors: ``settings.gpus``
+                         GPUs each on a GPU cluster — the target spread over them, the draft on
+                         the last —; ``num_cpus`` each locally); each loads target + draft once,
+                         warms up, and answers one question per call with its per-turn records (JSON:
+                         vanilla, the draft, and the prompt-lookup floor unless
+                         ``settings.pld.enabled`` is off)
     -> driver            records sorted by (question, turn) -> ``build_report``, the same
                          report as the single-process path
 
@@ -29,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specdraft.config import from_dict, to_dict
+from specdraft.placement import describe_placement
 from specdraft.decoding.eval import (
     EvalSettings,
     build_report,
@@ -46,9 +49,8 @@ from specdraft.decoding.eval import (
 class RayEvalConfig:
     """How questions are spread over model replicas."""
 
-    replicas: int | None = None  # None: one per GPU on a GPU cluster, else one per num_cpus CPUs
-    num_gpus: float = 1.0  # per replica, used only when the cluster has GPUs
-    num_cpus: float = 1.0  # per replica; on CPU also its torch threads
+    replicas: int | None = None  # None: one per settings.gpus GPUs on a GPU cluster, else one per num_cpus CPUs
+    num_cpus: float = 1.0  # per replica; on CPU also its torch threads (GPUs per replica: EvalSettings.gpus)
     address: str | None = None  # used only when Ray is not initialized yet (None: local / RAY_ADDRESS)
 
 
@@ -57,11 +59,13 @@ class EvalReplica:
 
     def __init__(self, target: str, draft: str, settings: dict[str, Any], use_gpu: bool, num_cpus: float):
         self.settings = from_dict(EvalSettings, settings)
-        if self.settings.device == "auto":
-            self.settings = from_dict(EvalSettings, {**settings, "device": "cuda" if use_gpu else "cpu"})
+        if self.settings.device == "auto":  # a CPU cluster: one device, whatever gpus says
+            placed = {"device": "cuda", "gpus": self.settings.gpus} if use_gpu else {"device": "cpu", "gpus": 1}
+            self.settings = from_dict(EvalSettings, {**settings, **placed})
         if not use_gpu:
             torch.set_num_threads(max(1, round(num_cpus)))
-        self.models = load_models(target, draft, self.settings)
+        self.models = load_models(target, draft, self.settings)  # over the replica's settings.gpus GPUs
+        self.placement = json.dumps(describe_placement(self.models.target))
         if self.settings.warmup:
             warmup(self.models, self.settings)
 
@@ -69,16 +73,19 @@ class EvalReplica:
         out = []
         for row in batch.to_pylist():
             records = evaluate_question(self.models, json.loads(row["question"]), self.settings)
-            out.append({"index": row["index"], "records": json.dumps(records)})
-        return pa.Table.from_pylist(out, schema=pa.schema([("index", pa.int64()), ("records", pa.string())]))
+            out.append({"index": row["index"], "records": json.dumps(records), "placement": self.placement})
+        return pa.Table.from_pylist(out, schema=REPLICA_SCHEMA)
 
 
-def _replicas(cfg: RayEvalConfig, use_gpu: bool, questions: int) -> int:
+REPLICA_SCHEMA = pa.schema([("index", pa.int64()), ("records", pa.string()), ("placement", pa.string())])
+
+
+def _replicas(cfg: RayEvalConfig, settings: EvalSettings, use_gpu: bool, questions: int) -> int:
     if cfg.replicas is not None:
         n = cfg.replicas
     else:
         resources = ray.cluster_resources()
-        n = int(resources.get("GPU", 0) // cfg.num_gpus) if use_gpu else int(resources.get("CPU", 1) // cfg.num_cpus)
+        n = int(resources.get("GPU", 0) // settings.gpus) if use_gpu else int(resources.get("CPU", 1) // cfg.num_cpus)
     return max(1, min(n, questions))
 
 
@@ -104,22 +111,25 @@ def evaluate_with_ray(
         ),
         batch_size=1,
         batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=_replicas(cfg, use_gpu, len(rows))),
-        num_gpus=cfg.num_gpus if use_gpu else 0,
+        compute=ray.data.ActorPoolStrategy(size=_replicas(cfg, settings, use_gpu, len(rows))),
+        num_gpus=settings.gpus if use_gpu else 0,  # the GPUs each replica spreads its target over
         num_cpus=cfg.num_cpus,
     )
     context = ray.data.DataContext.get_current()
     bars, context.enable_progress_bars = context.enable_progress_bars, False
     records: list[dict[str, Any]] = []
+    placements: set[str] = set()
     try:
         with tqdm(total=len(rows), desc="eval (ray)", unit="question", disable=not progress) as bar:
             for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
                 for row in batch.to_pylist():
                     records += json.loads(row["records"])
+                    placements.add(row["placement"])
                     bar.update(1)
     finally:
         context.enable_progress_bars = bars
-    extra = {"target": str(target), "draft": str(draft), "questions": [str(f) for f in question_files]}
+    extra = {"target": str(target), "draft": str(draft), "questions": [str(f) for f in question_files],
+             "placement": [json.loads(p) for p in sorted(placements)]}  # one entry per distinct replica placement
     return build_report(records, settings_dict(settings, **extra))
 
 

@@ -7,7 +7,8 @@ own earlier answers (turn t sees the target's answers to turns 1..t-1).
     ingest (driver)      prompt files -> normalized rows + rejects.jsonl (pipelines/ingest.py);
                          ids already in the output dir are skipped (resume)
     -> map_batches       one stateful replica per model copy (``concurrency`` actors,
-                         ``num_gpus`` each on a GPU cluster, CPU locally); per batch:
+                         ``num_gpus`` each on a GPU cluster — the target spread over them —,
+                         CPU locally); per batch:
                          turn by turn, left-padded batched generation, stop on eos or the
                          template's end-of-turn token; one Parquet part per batch, written
                          under a temp name and renamed, so a part on disk is always complete
@@ -42,12 +43,12 @@ from pipelines.conversations import SCHEMA, conversation_files, write_conversati
 from pipelines.ingest import IngestConfig, ingest
 from specdraft.chat import assistant_spans
 from specdraft.config import config_hash, from_dict, to_dict
+from specdraft.placement import ATTN_IMPLEMENTATIONS, input_device, spread_gpus
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id
 
 RUN_FILE = "regenerate.json"  # what produced the parts in an output dir (resume guard)
 SUMMARY_FILE = "summary.json"
 REJECTS_FILE = "rejects.jsonl"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,9 +63,13 @@ class RegenerateConfig:
     max_model_len: int | None = None  # prompt + new tokens; None: the target's max_position_embeddings
     batch_size: int = 16  # conversations per batch (= per generate call and per output part)
     concurrency: int = 1  # model replicas (Ray actors)
-    num_gpus: float = 1.0  # per replica, used only when the Ray cluster has GPUs
+    # GPUs per hf replica (GPU clusters only): the Ray request AND the target's spread — a fraction
+    # shares one GPU, a whole N > 1 splits the layers over the replica's N GPUs (device_map).
+    # vllm: set vllm_engine_kwargs.tensor_parallel_size instead
+    num_gpus: float = 1.0
     num_cpus: float = 1.0  # per replica; on CPU also its torch threads
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"  # hf; flash: CUDA + flash-attn
     limit: int | None = None  # only the first N ingested conversations
     trust_remote_code: bool = False
     ray_address: str | None = None  # used only when Ray is not initialized yet
@@ -75,6 +80,8 @@ class RegenerateConfig:
     def __post_init__(self) -> None:
         assert self.temperature >= 0 and 0 < self.top_p <= 1, "need temperature >= 0 and 0 < top_p <= 1"
         assert self.max_new_tokens >= 1 and self.batch_size >= 1 and self.concurrency >= 1, "sizes must be >= 1"
+        assert self.attn_implementation in ATTN_IMPLEMENTATIONS, f"unknown attn_implementation {self.attn_implementation!r}"
+        spread_gpus(self.num_gpus)  # a fraction or a whole number
 
 
 # --- stop tokens and seeds -------------------------------------------------------------------
@@ -168,8 +175,7 @@ def generate_batch(
     seeds: list[int] | None = None,
 ) -> list[tuple[list[int], bool]]:
     """Per prompt: the new tokens before the first stop token, and whether a stop token ended it."""
-    device = next(model.parameters()).device
-    input_ids, attention_mask = left_pad(prompts, pad_id, device)  # (B, T)
+    input_ids, attention_mask = left_pad(prompts, pad_id, input_device(model))  # (B, T): the embedding's device
     generation_config = GenerationConfig(  # ours is the whole policy: no sampling defaults leak in
         max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
         temperature=1.0, top_p=1.0, top_k=50, typical_p=1.0, repetition_penalty=1.0,
@@ -346,9 +352,11 @@ class HFReplica:
         device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
         if device == "cpu":
             torch.set_num_threads(max(1, round(self.cfg.num_cpus)))
-        dtype = DTYPES.get(self.cfg.dtype) or (torch.bfloat16 if device == "cuda" else torch.float32)
-        self.model = load_target_model(target, dtype=dtype, device=device,
-                                       trust_remote_code=self.cfg.trust_remote_code)
+        # on GPU the replica holds num_gpus GPUs (Ray's request) and spreads the target over them
+        self.model = load_target_model(target, dtype=self.cfg.dtype, device=device,
+                                       trust_remote_code=self.cfg.trust_remote_code,
+                                       gpus=spread_gpus(self.cfg.num_gpus) if device == "cuda" else 1,
+                                       attn_implementation=self.cfg.attn_implementation)
         self.tokenizer = load_tokenizer(target, trust_remote_code=self.cfg.trust_remote_code)
         stop_ids = stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.answer = hf_answer_fn(self.model, self.tokenizer, self.cfg, stop_ids)

@@ -2,25 +2,45 @@
 
 The draft directory (``config.json`` + ``model.safetensors``, loadable on its own) is
 logged as the run's ``draft`` artifact and registered as a new version of the configured
-model. The alias (default ``champion``) moves to it only when its mean tau beats the
-current champion's on the same eval sets and settings (``eval_key``); the decision and
-both tau values are recorded as tags on the version and the run. A champion measured on
-other eval sets is re-evaluated on the current ones first (``evaluate_champion``), so
-the comparison is always like for like.
+model. The alias (default ``champion``) moves to it only when
+* its mean tau beats the training-free floor: the mean tau of prompt-lookup decoding
+  (``tau_pld``) measured in the same evaluation (same eval sets and settings) — a draft
+  that does not beat copying from the context is never promoted, even with no champion yet
+  (no floor measured, i.e. ``eval.settings.pld.enabled=false``: this check is skipped and
+  the decision says so); and
+* its mean tau beats the current champion's on the same eval sets and settings
+  (``eval_key``).
+The decision, both tau values and the floor are recorded as tags on the version and the
+run. A champion measured on other eval sets is re-evaluated on the current ones first
+(``evaluate_champion``), so the comparison is always like for like.
+
+Serving: the draft's exports (``specdraft.export``: the speculators / SGLang / EAGLE formats
+that fit its architecture) are logged beside it as ``export/<format>`` artifacts of the
+version's run, and the version is tagged with its architecture and target, so the champion's
+exports can be fetched and served (``champion_exports``) and ``specdraft export --model-uri
+models:/NAME@champion`` can rebuild them from the registered draft.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
+import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+
+EXPORT_DIR = "export"  # artifact folder of the version's run: export/<format>/{config.json,model.safetensors}
 
 
 def _tau_tag(eval_key: str) -> str:
     return f"mean_tau.{eval_key}"
+
+
+def _floor_tag(eval_key: str) -> str:
+    return f"mean_tau_pld.{eval_key}"
 
 
 def current_champion(client: MlflowClient, name: str, alias: str):
@@ -42,11 +62,15 @@ def register_draft(
     taus: dict[str, float],
     train_key: str = "",
     evaluate_champion: Callable[[str], float | None] | None = None,
+    mean_tau_pld: float | None = None,
+    tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Register ``draft_dir`` (logged into ``run_id``) and apply the champion gate.
+    """Register ``draft_dir`` (logged into ``run_id``) and apply the champion gate; ``mean_tau_pld``
+    is the prompt-lookup floor of the same evaluation (None: not measured, no floor check); ``tags``
+    go on the version.
 
     Idempotent per ``train_key``: a draft already registered (a rerun of finished work) is
-    not registered twice.
+    not registered twice. The decision names the version's run (``run_id``).
     """
     if train_key:
         try:
@@ -57,48 +81,119 @@ def register_draft(
         if existing:
             v = existing[0]
             champion = current_champion(client, model_name, alias)
-            return {"model_name": model_name, "version": int(v.version), "mean_tau": mean_tau, "alias": alias,
+            return {"model_name": model_name, "version": int(v.version), "run_id": v.run_id, "mean_tau": mean_tau,
+                    "alias": alias,
                     "promoted": champion is not None and champion.version == v.version,
                     "champion_version": int(champion.version) if champion else None, "champion_mean_tau": None,
-                    "reason": "already registered (same trained draft)"}
+                    "mean_tau_pld": mean_tau_pld, "reason": "already registered (same trained draft)"}
     client.log_artifacts(run_id, str(draft_dir), "draft")
     try:
         client.create_registered_model(model_name, description="specdraft speculative-decoding drafts")
     except MlflowException:
         pass  # exists
-    version = client.create_model_version(
-        model_name, source=f"runs:/{run_id}/draft", run_id=run_id,
-        tags={_tau_tag(eval_key): f"{mean_tau:.6f}", "eval_key": eval_key, "taus": json.dumps(taus),
-              "train_key": train_key},
-    )
+    version_tags = {_tau_tag(eval_key): f"{mean_tau:.6f}", "eval_key": eval_key, "taus": json.dumps(taus),
+                    "train_key": train_key, **(tags or {})}
+    if mean_tau_pld is not None:
+        version_tags[_floor_tag(eval_key)] = f"{mean_tau_pld:.6f}"
+    version = client.create_model_version(model_name, source=f"runs:/{run_id}/draft", run_id=run_id,
+                                          tags=version_tags)
+    above_floor = None if mean_tau_pld is None else mean_tau > mean_tau_pld
     champion = current_champion(client, model_name, alias)
     champion_tau = None
     if champion is not None:
         tagged = champion.tags.get(_tau_tag(eval_key))
         if tagged is not None:
             champion_tau = float(tagged)
-        elif evaluate_champion is not None:
+        elif evaluate_champion is not None and above_floor is not False:  # below the floor: no need
             champion_tau = evaluate_champion(f"models:/{model_name}/{champion.version}")
             if champion_tau is not None:
                 client.set_model_version_tag(model_name, champion.version, _tau_tag(eval_key), f"{champion_tau:.6f}")
-    promote = champion is None or (champion_tau is not None and mean_tau > champion_tau)
+    beats_champion = champion is None or (champion_tau is not None and mean_tau > champion_tau)
+    promote = above_floor is not False and beats_champion
     if promote:
         client.set_registered_model_alias(model_name, alias, version.version)
     decision = {
         "model_name": model_name,
         "version": int(version.version),
+        "run_id": run_id,
         "mean_tau": mean_tau,
         "champion_version": int(champion.version) if champion is not None else None,
         "champion_mean_tau": champion_tau,
+        "mean_tau_pld": mean_tau_pld,
+        "tau_over_pld": mean_tau / mean_tau_pld if mean_tau_pld else None,
+        "above_floor": above_floor,
         "promoted": promote,
         "alias": alias,
-        "reason": (
-            "no champion yet" if champion is None
-            else "champion tau unknown on these eval sets" if champion_tau is None
-            else f"tau {mean_tau:.4f} {'>' if promote else '<='} champion {champion_tau:.4f}"
-        ),
+        "reason": _reason(mean_tau, mean_tau_pld, above_floor, champion is not None, champion_tau, beats_champion),
     }
     for key, value in decision.items():
+        if key == "run_id":
+            continue
         client.set_model_version_tag(model_name, version.version, f"gate.{key}", str(value))
         client.set_tag(run_id, f"gate.{key}", str(value))
     return decision
+
+
+def _reason(mean_tau: float, mean_tau_pld: float | None, above_floor: bool | None, has_champion: bool,
+            champion_tau: float | None, beats_champion: bool) -> str:
+    if above_floor is False:
+        return (f"tau {mean_tau:.4f} <= prompt-lookup floor tau_pld {mean_tau_pld:.4f}: "
+                "the draft does not beat training-free prompt lookup, not promoted")
+    floor = ("no prompt-lookup floor measured" if above_floor is None
+             else f"tau {mean_tau:.4f} > prompt-lookup floor {mean_tau_pld:.4f}")
+    if not has_champion:
+        return f"{floor}; no champion yet"
+    if champion_tau is None:
+        return f"{floor}; champion tau unknown on these eval sets"
+    return f"{floor}; tau {mean_tau:.4f} {'>' if beats_champion else '<='} champion {champion_tau:.4f}"
+
+
+def log_exports(client: MlflowClient, run_id: str, exports: dict[str, str]) -> list[str]:
+    """Log each exported directory (format -> path) as ``export/<format>`` of ``run_id`` unless it is there
+    already (a retried or rerun stage); returns the formats logged now."""
+    present = {Path(a.path).name for a in client.list_artifacts(run_id, EXPORT_DIR)}
+    logged = []
+    for fmt, path in sorted(exports.items()):
+        if fmt not in present:
+            client.log_artifacts(run_id, str(path), f"{EXPORT_DIR}/{fmt}")
+            logged.append(fmt)
+    return logged
+
+
+def resolve_version(client: MlflowClient, model_uri: str):
+    """The model version ``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` names."""
+    match = re.fullmatch(r"models:/([^/@]+)(?:@([^/]+)|/(\d+))", model_uri)
+    if not match:
+        raise ValueError(f"{model_uri!r} is not a model URI of the form models:/NAME@ALIAS or models:/NAME/VERSION")
+    name, alias, number = match.groups()
+    try:
+        return client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, number)
+    except MlflowException as err:
+        raise ValueError(f"{model_uri}: no such registered model version ({err.message})") from None
+
+
+def download_draft(client: MlflowClient, model_uri: str, dst: str | Path) -> tuple[Path, Any]:
+    """Download the draft directory a registered version points at into ``dst``; returns it and the version."""
+    version = resolve_version(client, model_uri)
+    local = mlflow.artifacts.download_artifacts(version.source, dst_path=str(dst), tracking_uri=client.tracking_uri)
+    return Path(local), version
+
+
+def champion_exports(client: MlflowClient, name: str, alias: str, dst: str | Path,
+                     local: dict[int, dict[str, str]] | None = None) -> dict[str, Any]:
+    """The exported formats of the version holding ``alias``: the directories in ``local`` (version -> format ->
+    path, e.g. what this run just exported) or downloaded under ``dst/v<version>/`` (kept between runs). ``{}``
+    when there is no champion; a version registered before exports existed has none."""
+    champion = current_champion(client, name, alias)
+    if champion is None:
+        return {}
+    root = Path(dst) / f"v{champion.version}"
+    exports = dict((local or {}).get(int(champion.version)) or {})
+    for artifact in [] if exports else client.list_artifacts(champion.run_id, EXPORT_DIR):
+        fmt = Path(artifact.path).name
+        if not (root / fmt / "config.json").is_file():
+            mlflow.artifacts.download_artifacts(run_id=champion.run_id, artifact_path=artifact.path,
+                                                dst_path=str(root), tracking_uri=client.tracking_uri)
+        exports[fmt] = str(root / fmt)
+    return {"version": int(champion.version), "exports": exports, "arch": champion.tags.get("specdraft.arch", ""),
+            "target": champion.tags.get("specdraft.target", "")}

@@ -29,6 +29,8 @@ from pipelines.train import TrainConfig, run_training
 from specdraft import __version__ as CODE_VERSION
 from specdraft.config import config_hash, to_dict
 from specdraft.decoding.eval import EvalSettings
+from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for
+from specdraft.models import read_draft_config
 from specdraft.target import target_id
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 
@@ -60,6 +62,8 @@ class RegisterSection:
     enabled: bool = True
     model_name: str = "specdraft-draft"
     alias: str = "champion"
+    export: bool = True  # export the draft in the serving formats that fit it (specdraft.export), logged beside it
+    serving: ExportConfig = field(default_factory=ExportConfig)  # dtype, K, verifier of the exports
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -219,7 +223,8 @@ def eval_key(cfg: RunConfig) -> str:
 
 
 def evaluate_draft(cfg: RunConfig, prepared: dict[str, Any], draft_dir: str, draft_key: str) -> dict[str, Any]:
-    """Speculative decoding of the target with ``draft_dir`` on the eval sets."""
+    """Speculative decoding of the target with ``draft_dir`` on the eval sets, with the prompt-lookup
+    floor (``tau_pld``, ``mean_tau_pld``: over the same datasets as ``tau``; empty / None when off)."""
     from pipelines.evaluate import RayEvalConfig, evaluate
 
     evals = eval_key(cfg)
@@ -234,8 +239,38 @@ def evaluate_draft(cfg: RunConfig, prepared: dict[str, Any], draft_dir: str, dra
     report = evaluate(prepared["target"], draft_dir, cfg.eval.questions, out / "report.json", cfg.eval.settings,
                       use_ray=cfg.eval.use_ray, ray_cfg=RayEvalConfig(replicas=cfg.eval.replicas), progress=False)
     taus = {name: d["tau"] for name, d in report["datasets"].items() if d["tau"] is not None}
+    floors = {name: report["datasets"][name].get("tau_pld") for name in taus}  # the prompt-lookup floor
+    floors = floors if taus and all(v is not None for v in floors.values()) else {}
     record = {"key": key, "eval_key": evals, "report": str(out / "report.json"), "tau": taus,
               "mean_tau": sum(taus.values()) / len(taus) if taus else None,
+              "tau_pld": floors, "tau_over_pld": {name: taus[name] / v for name, v in floors.items()},
+              "mean_tau_pld": sum(floors.values()) / len(floors) if floors else None,
               "lossless_mismatches": sum(d.get("lossless_mismatches") or 0 for d in report["datasets"].values()),
               "wall_s": time.perf_counter() - started}
+    return {**_finish(out, record), "skipped": False}
+
+
+def export_formats(cfg: RunConfig, prepared: dict[str, Any], draft_dir: str, draft_key: str) -> dict[str, Any]:
+    """Export the draft in every serving format that fits its architecture (``specdraft.export``) under
+    ``<workdir>/export/<key>/<format>``. A draft no engine serves exactly (Beagle, a 0.1 EAGLE draft) gets no
+    export and the reason (``note``); it stays registered and evaluable."""
+    config = read_draft_config(draft_dir)
+    if not cfg.register.export:
+        return {"arch": config.arch, "exports": {}, "note": "export disabled (register.export=false)", "wall_s": 0.0}
+    serving = cfg.register.serving
+    key = stage_key(draft_key, prepared["target_id"], serving, CODE_VERSION)
+    out = Path(cfg.workdir) / "export" / key
+    if (record := _finished(out)) is not None:
+        return {**record, "skipped": True}
+    started = time.perf_counter()
+    exports, note = {}, ""
+    try:
+        for fmt in formats_for(config.arch) or FORMATS[:1]:  # no format: the refusal says why
+            exports[fmt] = str(export_draft(draft_dir, fmt, out / fmt, target=prepared["target"],
+                                            dtype=serving.dtype, speculative_tokens=serving.speculative_tokens,
+                                            verifier=serving.verifier))
+    except ExportError as err:
+        exports, note = {}, str(err)
+    record = {"key": key, "arch": config.arch, "exports": exports, "note": note, "wall_s": time.perf_counter() - started}
+    out.mkdir(parents=True, exist_ok=True)
     return {**_finish(out, record), "skipped": False}

@@ -1,9 +1,11 @@
-"""MLflow tracking: a ``specdraft.loggers.MetricLogger`` backed by an MLflow run.
+"""MLflow tracking: a ``specdraft.loggers.MetricLogger`` backed by an MLflow run, and its null twin.
 
 Uses ``MlflowClient`` with explicit run ids (no global active run), so a driver can
 create a run — possibly a child of a flow's parent run — and hand its id to the Ray
 Train rank-0 worker, which attaches and logs into it. Params are flattened config
-values; keys that look like secrets are never logged.
+values; keys that look like secrets are never logged. With tracking disabled, ``open_run``
+returns a ``NullRun``: the same methods, doing nothing, so callers never branch on
+whether tracking is on (STYLE.md, "Null-object instead of flags").
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def safe_params(params: dict[str, Any]) -> dict[str, str]:
 
 class MlflowLogger:
     """Logs params/metrics/artifacts into one MLflow run (created here or attached by id)."""
+
+    enabled = True  # a real run: it can hold a registered model
 
     def __init__(
         self,
@@ -91,18 +95,50 @@ class MlflowLogger:
     def log_artifact(self, local_file: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(local_file), artifact_path)
 
+    def ref(self) -> dict[str, str]:
+        """What another process needs to attach to this run (``MlflowLogger(uri, run_id=...)``)."""
+        return {"uri": self.uri, "run_id": self.run_id}
+
     def close(self, status: str = "FINISHED") -> None:
         if not self._closed and self._owns_run:
             self.client.set_terminated(self.run_id, status)
         self._closed = True
 
 
-def open_run(cfg: TrackingConfig, **kwargs: Any):
-    """An ``MlflowLogger`` for ``cfg``, or a ``NullLogger`` when tracking is disabled."""
-    from specdraft.loggers import NullLogger
+class NullRun:
+    """Tracking disabled: ``MlflowLogger``'s methods, each doing nothing; no run id, no URI."""
 
+    enabled = False
+    run_id = None
+    uri = None
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        return None
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        return None
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        return None
+
+    def log_artifacts(self, local_dir: str | Path, artifact_path: str | None = None) -> None:
+        return None
+
+    def log_artifact(self, local_file: str | Path, artifact_path: str | None = None) -> None:
+        return None
+
+    def ref(self) -> None:
+        """Nothing to attach to: workers log to their local files only."""
+        return None
+
+    def close(self, status: str = "FINISHED") -> None:
+        return None
+
+
+def open_run(cfg: TrackingConfig, **kwargs: Any) -> MlflowLogger | NullRun:
+    """A new run for ``cfg`` (``kwargs``: run_name, parent_run_id, tags), or a ``NullRun`` when tracking is disabled."""
     if not cfg.enabled:
-        return NullLogger()
+        return NullRun()
     return MlflowLogger(
         cfg.resolved_uri(), experiment=cfg.experiment, artifact_location=cfg.artifact_location, **kwargs
     )

@@ -2,19 +2,24 @@
 
 A ``TorchTrainer`` runs ``train_loop_per_worker`` on each worker: build the draft from the
 target's embedding/lm_head, read this rank's partition of the store, and run the stage
-schedule with ``specdraft.training.Trainer`` (DDP via ``ray.train.torch.prepare_model``:
-gloo on CPU, nccl on GPU; FSDP optional). Every ``checkpoint_every`` optimizer steps and
-at every epoch end a checkpoint (draft dir + optimizer/scheduler/RNG/loop position) is
-reported; a rerun with the same output directory, or a worker failure, resumes from the
-latest one mid-stage. Validation runs the simulated chain acceptance on held-out
-sequences (alpha_i, sim_tau) after each epoch. Rank 0 logs to the configured logger.
+schedule with ``specdraft.training.Trainer`` (gloo on CPU, nccl on GPU), the draft replicated
+(``train.scaling.strategy: ddp``, ``ray.train.torch.prepare_model``) or sharded with FSDP2
+(``fsdp``, ``torch.distributed.fsdp.fully_shard``; see ``distribute`` and ``shard_draft``). Every
+``checkpoint_every`` optimizer steps and at every epoch end a checkpoint (the full draft dir +
+full optimizer state, scheduler, every rank's RNG, loop position), gathered with all ranks taking
+part and written by rank 0, is reported; a rerun with the same output directory, or a worker
+failure, resumes from the latest one mid-stage, whatever the strategy. Validation runs the
+simulated chain acceptance on held-out sequences (alpha_i, sim_tau) after each epoch. Rank 0
+logs to the configured logger.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -24,29 +29,57 @@ import torch
 from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
 from specdraft.config import flatten, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
-from specdraft.models import build_draft, draft_config_from_target, load_draft, save_draft
-from specdraft.objectives import LossWeights, StageConfig, unwrap
-from specdraft.store import FeatureDataset, ReaderConfig
+from specdraft.models import build_draft, draft_config_from_target, save_draft, set_frozen_dtype
+from specdraft.models.heads import FROZEN
+from specdraft.objectives import LossWeights, StageConfig, no_grad_sync_needed, unwrap
+from specdraft.store import FeatureDataset, ReaderConfig, StoreError, predicted_token_counts, read_manifest
 from specdraft.target import load_target_config, load_target_heads, target_id
-from specdraft.training import OptimConfig, Trainer
+from specdraft.training import OptimConfig, Trainer, resolve_precision, warmup_of
+from specdraft.vocab import DEFAULT_DRAFT_VOCAB, coverage, select_vocab
 
 STATE_FILE = "trainer_state.pt"
 DRAFT_DIR = "draft"
 
 _PAPER_LOSS = LossWeights(ce=1.0, vloss=10.0)  # Beagle App. A.3: vloss coefficient 10
-RECIPES: dict[str, tuple[str, list[StageConfig]]] = {
-    "beagle": ("beagle", [
+_HASS_LOSS = LossWeights(ce=1.0, topk=1.0, vloss=10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """A draft architecture, whether it reads the EAGLE-3 features (auxiliary target layers, a draft
+    vocabulary), and its stage schedule."""
+
+    arch: Literal["beagle", "eagle", "eagle3"]
+    eagle3_features: bool
+    stages: list[StageConfig]
+
+
+RECIPES: dict[str, Recipe] = {
+    "beagle": Recipe("beagle", False, [
         StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_PAPER_LOSS),
         StageConfig(kind="late", epochs=10, steps=4, noise_std=0.2, loss=_PAPER_LOSS),
     ]),
-    "beagle-early": ("beagle", [StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_PAPER_LOSS)]),
-    "beagle-topk": ("beagle", [
-        StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=LossWeights(ce=1.0, topk=1.0, vloss=10.0)),
-        StageConfig(kind="late", epochs=10, steps=4, noise_std=0.2, loss=LossWeights(ce=1.0, topk=1.0, vloss=10.0)),
+    "beagle-early": Recipe("beagle", False, [
+        StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_PAPER_LOSS),
     ]),
-    "eagle": ("eagle", [StageConfig(kind="plain", epochs=20, noise_std=0.2, loss=_PAPER_LOSS)]),
-    "hass": ("eagle", [
-        StageConfig(kind="align", epochs=20, steps=3, noise_std=0.2, loss=LossWeights(ce=1.0, topk=1.0, vloss=10.0)),
+    "beagle-topk": Recipe("beagle", False, [
+        StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_HASS_LOSS),
+        StageConfig(kind="late", epochs=10, steps=4, noise_std=0.2, loss=_HASS_LOSS),
+    ]),
+    "eagle": Recipe("eagle", False, [StageConfig(kind="plain", epochs=20, noise_std=0.2, loss=_PAPER_LOSS)]),
+    "hass": Recipe("eagle", False, [StageConfig(kind="align", epochs=20, steps=3, noise_std=0.2, loss=_HASS_LOSS)]),
+    # EAGLE-3 (SpecForge §2.4): training-time test over 7 steps, weights 0.8^(j-1), ce over the draft vocabulary
+    "eagle3": Recipe("eagle3", True, [
+        StageConfig(kind="ttt", epochs=20, steps=7, step_decay=0.8, noise_std=0.0, loss=LossWeights(ce=1.0)),
+    ]),
+    # HASS on the EAGLE-3 draft: harmonized context alignment (detached, per step) + top-K distillation
+    "eagle3-hass": Recipe("eagle3", True, [
+        StageConfig(kind="align", epochs=20, steps=3, noise_std=0.0, loss=LossWeights(ce=1.0, topk=1.0)),
+    ]),
+    # Beagle's two-stage training with cross-attention keys/values from the fused EAGLE-3 features
+    "beagle3": Recipe("beagle", True, [
+        StageConfig(kind="early", epochs=10, window=5, noise_std=0.0, loss=LossWeights(ce=1.0)),
+        StageConfig(kind="late", epochs=10, steps=4, noise_std=0.0, loss=LossWeights(ce=1.0)),
     ]),
 }
 
@@ -63,12 +96,16 @@ class ScalingSection:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     recipe: str = "beagle"
-    arch: Literal["beagle", "eagle"] | None = None  # None: the recipe's draft
+    arch: Literal["beagle", "eagle", "eagle3"] | None = None  # None: the recipe's draft
     stages: list[StageConfig] | None = None  # None: the recipe's stages
     epochs: list[int] | None = None  # per-stage epoch override (same length as the stages)
     optim: OptimConfig = field(default_factory=OptimConfig)
     reader: ReaderConfig = field(default_factory=lambda: ReaderConfig(val_fraction=0.05))
     intermediate_size: int | None = None  # draft MLP width (None: the target's)
+    min_steps: int = 300  # small stores: batches shrink (down to one sequence) until the run has this many steps
+    draft_vocab_size: int = DEFAULT_DRAFT_VOCAB  # EAGLE-3 features: the most frequent predicted tokens
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPU (fp32 master weights)
+    loss_chunk: int = 1024  # rows per output-head chunk
     seed: int = 0
     checkpoint_every: int = 500  # optimizer steps between checkpoints (epoch ends always checkpoint)
     keep_checkpoints: int = 2
@@ -82,13 +119,19 @@ class TrainConfig:
         assert self.recipe in RECIPES or self.stages, f"unknown recipe {self.recipe!r}; known: {sorted(RECIPES)}"
 
     def resolved(self) -> tuple[str, list[StageConfig]]:
-        arch, stages = RECIPES.get(self.recipe, ("beagle", []))
-        arch = self.arch or arch
-        stages = list(self.stages) if self.stages else list(stages)
+        recipe = RECIPES.get(self.recipe, Recipe("beagle", False, []))
+        arch = self.arch or recipe.arch
+        stages = list(self.stages) if self.stages else list(recipe.stages)
         if self.epochs is not None:
             assert len(self.epochs) == len(stages), f"epochs {self.epochs} must give one count per stage ({len(stages)})"
             stages = [replace(s, epochs=e) for s, e in zip(stages, self.epochs)]
         return arch, stages
+
+    @property
+    def eagle3_features(self) -> bool:
+        """Whether the draft reads auxiliary target layers and predicts over a draft vocabulary."""
+        recipe = RECIPES.get(self.recipe)
+        return self.arch == "eagle3" or (recipe is not None and recipe.eagle3_features)
 
 
 class EpochBatches:
@@ -104,6 +147,27 @@ class EpochBatches:
         return self.dataset.load(self.plan[i])
 
 
+def fit_batches(dataset: FeatureDataset, cfg: TrainConfig, stages: list[StageConfig]) -> ReaderConfig:
+    """The reader config whose batches give at least ``cfg.min_steps`` optimizer steps per rank.
+
+    Halves ``max_tokens`` (the padded tokens per batch) from its configured value until the run has
+    ``min_steps`` steps or every batch holds a single sequence; a large store keeps its batches. The
+    plan depends only on the stores and the config, so every rank computes the same one.
+    """
+    epochs = sum(s.epochs for s in stages)
+    reader, previous, batches = dataset.cfg, dataset.cfg, -1
+    while True:
+        dataset.cfg = reader
+        more = len(dataset.batches(0))
+        if more == batches:  # one sequence per batch already: smaller budgets change nothing
+            dataset.cfg = previous
+            return previous
+        batches, previous = more, reader
+        if epochs * math.ceil(batches / cfg.optim.grad_accum) >= cfg.min_steps or reader.max_tokens == 1:
+            return reader
+        reader = replace(reader, max_tokens=max(1, reader.max_tokens // 2))
+
+
 def validate_draft(draft, dataset: FeatureDataset | None, depth: int, max_batches: int, device) -> AcceptanceCounts:
     """Simulated acceptance over (up to ``max_batches`` of) this rank's held-out batches."""
     counts = AcceptanceCounts.zeros(depth)
@@ -111,8 +175,9 @@ def validate_draft(draft, dataset: FeatureDataset | None, depth: int, max_batche
         return counts
     core = unwrap(draft)
     core.eval()
-    for seqs in dataset.batches(0)[:max_batches]:
-        counts.add(simulated_acceptance(core, dataset.load(seqs).to(device), depth))
+    with gathered(core):  # drafting runs outside the forward: FSDP2 shards must be gathered by hand
+        for seqs in dataset.batches(0)[:max_batches]:
+            counts.add(simulated_acceptance(core, dataset.load(seqs).to(device), depth))
     core.train()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         both = torch.stack([counts.accepted, counts.reached]).to(device)
@@ -121,16 +186,36 @@ def validate_draft(draft, dataset: FeatureDataset | None, depth: int, max_batche
     return counts
 
 
-def _save_checkpoint(trainer: Trainer, directory: Path) -> None:
-    save_draft(unwrap(trainer.draft), directory / DRAFT_DIR)
+def _save_checkpoint(trainer: Trainer, directory: Path | None) -> None:
+    """Write a checkpoint into ``directory`` (rank 0; the other ranks pass None).
+
+    Collective: every rank calls it, so sharded weights and optimizer state are gathered in full
+    (``Trainer.state_dict``), and every rank's generator is kept — ranks draw their own noise and
+    window offsets, and a resumed rank continues its own stream.
+    """
     state = trainer.state_dict()
-    state.pop("draft")  # weights travel as safetensors in DRAFT_DIR
+    generators = [trainer.generator.get_state()]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        generators = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(generators, trainer.generator.get_state())
+    if directory is None:
+        return
+    save_draft(unwrap(trainer.draft), directory / DRAFT_DIR, weights=state.pop("draft"))  # safetensors
+    state["generators"] = generators
     torch.save(state, directory / STATE_FILE)
 
 
-def _load_checkpoint(trainer: Trainer, directory: Path) -> None:
+def _load_checkpoint(trainer: Trainer, directory: Path, rank: int = 0, world: int = 1) -> None:
+    """Every rank loads the full checkpoint (FSDP2 keeps its own shards of it) and its own generator."""
+    from safetensors.torch import load_file
+
     state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
-    state["draft"] = load_draft(directory / DRAFT_DIR).state_dict()
+    state["draft"] = load_file(str(directory / DRAFT_DIR / "model.safetensors"))  # the draft's own weights
+    generators = state.pop("generators", None) or [state["generator"]]
+    if len(generators) != world and rank == 0:
+        print(f"[specdraft] WARNING: checkpoint written by {len(generators)} workers, resumed by {world}: "
+              "the data partition and random streams differ from an uninterrupted run", flush=True)
+    state["generator"] = generators[rank % len(generators)]
     trainer.load_state_dict(state)
 
 
@@ -148,28 +233,45 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     target = config["target"]
     heads = load_target_heads(target)
+    vocab = torch.tensor(config["vocab"]) if config.get("vocab") is not None else None
     dcfg = draft_config_from_target(load_target_config(target), arch, intermediate_size=cfg.intermediate_size,
-                                    target_id=config.get("target_id", ""))
-    draft = build_draft(dcfg, heads.embed, heads.lm_head)
-    model = ray.train.torch.prepare_model(draft, parallel_strategy=cfg.scaling.strategy) if world > 1 else draft.to(device)
+                                    target_id=config.get("target_id", ""), aux_layers=config.get("aux_layers"),
+                                    draft_vocab_size=None if vocab is None else vocab.numel())
+    draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab)
+    if resolve_precision(cfg.precision, torch.device(device)) == "bf16":
+        set_frozen_dtype(draft, torch.bfloat16)  # frozen heads in the compute dtype; trainable weights stay fp32
+    model, grad_sync = distribute(draft, cfg.scaling.strategy, world, device)
 
-    train_ds = FeatureDataset(config["stores"], cfg.reader, split="train", rank=rank, world_size=world)
-    val_ds = (FeatureDataset(config["stores"], cfg.reader, split="val", rank=rank, world_size=world)
+    reader = replace(cfg.reader, aux=True) if dcfg.aux_layers else cfg.reader
+    train_ds = FeatureDataset(config["stores"], reader, split="train", rank=rank, world_size=world)
+    reader = fit_batches(train_ds, cfg, stages)  # small stores get smaller batches, hence enough steps
+    train_ds.cfg = reader
+    val_ds = (FeatureDataset(config["stores"], reader, split="val", rank=rank, world_size=world)
               if cfg.reader.val_fraction > 0 else None)
     per_epoch = len(train_ds.batches(0))
     assert per_epoch > 0, f"rank {rank} got no training batches from {config['stores']}"
 
     logger = _rank0_logger(config) if rank == 0 else NullLogger()
-    trainer = Trainer(model, stages, cfg.optim, per_epoch, seed=cfg.seed + 1000 * rank, logger=logger, device=device)
+    trainer = Trainer(model, stages, cfg.optim, per_epoch, seed=cfg.seed + 1000 * rank, logger=logger, device=device,
+                      precision=cfg.precision, grad_sync=grad_sync, loss_chunk=cfg.loss_chunk)
+    if rank == 0:
+        print(f"[specdraft] {trainer.total_steps} optimizer steps ({per_epoch} batches of <= {reader.max_tokens} "
+              f"tokens per epoch and rank), warmup {warmup_of(cfg.optim, trainer.total_steps)}, peak lr "
+              f"{cfg.optim.lr:g}", flush=True)
+        for line in trainer.warnings:
+            print(f"[specdraft] WARNING: this configuration cannot learn well: {line}", flush=True)
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
-            _load_checkpoint(trainer, Path(d))
+            _load_checkpoint(trainer, Path(d), rank, world)
         if rank == 0:
             print(f"[specdraft] resumed at {trainer.state.as_dict()}", flush=True)
     elif rank == 0:
         trainer.logger.log_params({**flatten(cfg, "train"), "train.arch_resolved": arch,
-                                   "train.world_size": world, "train.batches_per_epoch": per_epoch})
+                                   "train.world_size": world, "train.batches_per_epoch": per_epoch,
+                                   "train.total_steps": trainer.total_steps, "train.max_tokens_used": reader.max_tokens,
+                                   "train.warmup_used": warmup_of(cfg.optim, trainer.total_steps),
+                                   "train.warnings": " | ".join(trainer.warnings) or "none"})
 
     epoch_offsets = [sum(s.epochs for s in stages[:i]) for i in range(len(stages))]
     started = time.perf_counter()
@@ -180,8 +282,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             ray.train.report(metrics)
             return
         with tempfile.TemporaryDirectory() as tmp:
-            if rank == 0:
-                _save_checkpoint(trainer, Path(tmp))
+            _save_checkpoint(trainer, Path(tmp) if rank == 0 else None)  # every rank: the state is gathered
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
 
     def on_step(tr: Trainer, metrics: dict[str, float]) -> None:
@@ -214,10 +315,107 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                 raise RuntimeError(f"injected failure at step {fail_at}")
 
     trainer.run(batches, on_step=on_step, on_epoch_end=on_epoch_end)
+    weights = trainer.draft_state_dict()  # every rank: gathered in full, held by rank 0
     if rank == 0:
-        save_draft(unwrap(trainer.draft), Path(config["out"]) / DRAFT_DIR)
+        save_draft(unwrap(trainer.draft), Path(config["out"]) / DRAFT_DIR, weights=weights)
         trainer.logger.close()
     ray.train.report({"done": 1.0, **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
+
+
+def distribute(draft, strategy: str, world: int, device):
+    """The draft wrapped for ``world`` workers, and its gradient-sync switch (``Trainer.grad_sync``).
+
+    Choosing (``train.scaling.strategy``): ``ddp`` replicates the draft — every rank holds its fp32
+    weights, gradients and AdamW state (16 bytes per trainable parameter) and gradients are
+    all-reduced; ``fsdp`` shards those over the N ranks (``shard_draft``: each holds 1/N) at the
+    cost of gathering the weights for every sub-step. A draft is one layer: 0.22-0.43 B parameters
+    at Llama-3-8B's shape (3.3-6.3 GiB of weights + gradients + AdamW state; the top is EAGLE-3
+    with a 32k draft vocabulary), 0.86-1.4 B at Llama-3-70B's (13-21 GiB). DDP is the default;
+    FSDP pays off when that state crowds out activations (large targets, long sequences, ``ttt``).
+
+    DDP: the frozen target tensors are buffers every rank loads from the target itself, so they are
+    neither broadcast at construction nor before each forward (``broadcast_buffers=False``: a
+    128k x 4096 embedding is 1 GB), and gradients are synchronised only on the last backward of an
+    accumulation group (``no_sync`` elsewhere).
+    """
+    import ray.train.torch
+
+    assert strategy in ("ddp", "fsdp"), f"unknown train.scaling.strategy {strategy!r}: ddp or fsdp"
+    if world == 1:
+        return draft.to(device), no_grad_sync_needed
+    if strategy == "fsdp":
+        return shard_draft(draft.to(device), world, device)
+    from torch.nn.parallel import DistributedDataParallel
+
+    frozen = [f"heads.{name}" for name, _ in draft.heads.named_buffers() if name in FROZEN]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(draft, frozen)
+    model = ray.train.torch.prepare_model(draft, parallel_strategy="ddp",
+                                          parallel_strategy_kwargs={"broadcast_buffers": False})
+    return model, lambda enabled: nullcontext() if enabled else model.no_sync()
+
+
+def shard_draft(draft, world: int, device):
+    """The draft sharded with FSDP2 (``fully_shard``, in place) over ``world`` ranks, and its
+    gradient-sync switch. (Ray's ``prepare_model(parallel_strategy="fsdp")`` wraps with FSDP1.)
+
+    * Frozen tensors: the target's embedding, shared lm_head and teacher rows are non-persistent
+      buffers of ``draft.heads``. FSDP shards, gathers and reduces parameters only, so every rank
+      keeps the full copy it loaded from the target and they are never communicated.
+    * The body is one unit, the root: a draft is one layer, so more units would only add
+      all-gathers. The root keeps its weights gathered from its forward to its backward
+      (``reshard_after_forward=False``), so a chained stage's several forwards before one backward
+      (``ttt``) gather once. When ``ttt``'s backward reaches a forward whose inputs carry gradient
+      (the fed-back states), FSDP reshards the root there and gathers it again for the earlier
+      forward's backward: correct, one extra all-gather per step.
+    * The head of a draft with its own vocabulary (EAGLE-3: trainable ``heads.norm`` +
+      ``heads.lm_head``) is used by the losses *outside* the draft's forward (``objectives.score`` ->
+      ``losses.head_loss``), where FSDP's hooks do not reach, so it is a second unit: a forward hook
+      on the draft gathers it at the end of every forward (the losses run right after), and FSDP's
+      end-of-backward callback, which visits every unit, reduce-scatters its gradients and
+      reshards it once the whole backward is done. Inside the root unit it would be resharded with
+      the root in the middle of ``ttt``'s backward, while earlier steps' head backwards still read
+      it (freed storage: a crash).
+    * Gradient sync: ``set_requires_gradient_sync(enabled)`` on every unit. Off, FSDP accumulates
+      unsharded gradients locally; the last backward of an accumulation group reduce-scatters the
+      sum (averaged over ranks, as DDP does).
+    * Outside a forward (validation) the weights are gathered by ``gathered``; checkpoints gather
+      the full state with every rank taking part (``Trainer.state_dict``).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(torch.device(device).type, (world,))
+    heads = draft.heads
+    if any(True for _ in heads.parameters()):
+        fully_shard(heads, mesh=mesh)
+        draft.register_forward_hook(lambda module, args, output: heads.unshard())
+    fully_shard(draft, mesh=mesh, reshard_after_forward=False)
+
+    @contextmanager
+    def grad_sync(enabled: bool):
+        draft.set_requires_gradient_sync(enabled)  # recursive: both units
+        try:
+            yield
+        finally:
+            draft.set_requires_gradient_sync(True)
+
+    return draft, grad_sync
+
+
+@contextmanager
+def gathered(model):
+    """``model`` with every FSDP2 unit's weights gathered, for code that runs outside its forward
+    (validation drafting); collective: every rank enters it. A plain or DDP model is left as it is."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+    try:
+        yield model
+    finally:
+        for unit in units:
+            unit.reshard()
 
 
 def _rank0_logger(config: dict[str, Any]):
@@ -228,6 +426,38 @@ def _rank0_logger(config: dict[str, Any]):
 
         loggers.append(MlflowLogger(tracking["uri"], run_id=tracking["run_id"]))
     return MultiLogger(*loggers)
+
+
+def feature_plan(cfg: TrainConfig, stores: list[str], target: str | Path, out: Path) -> tuple[list[int], list[int] | None]:
+    """(aux layer ids, draft vocabulary ids) for a recipe reading the EAGLE-3 features, else ([], None).
+
+    The aux layers are the stores' (they must all hold the same ones); the draft vocabulary is built
+    once on the driver from the stores' predicted tokens and written to ``out/draft_vocab.json``
+    (reused on resume, so a resumed run keeps its vocabulary).
+    """
+    if not cfg.eagle3_features:
+        return [], None
+    manifests = [read_manifest(s) for s in stores]
+    layers = [m.get("aux_layers") or [] for m in manifests]
+    if not layers[0]:
+        raise StoreError(
+            f"recipe {cfg.recipe!r} reads the EAGLE-3 features, but store {stores[0]} has no aux_hidden "
+            "(dumped without aux_layers): dump it again with aux_layers=eagle3"
+        )
+    if any(lay != layers[0] for lay in layers):
+        raise StoreError(f"stores hold different aux layers: {dict(zip(stores, layers))}")
+    path = out / "draft_vocab.json"
+    if path.is_file():
+        return list(layers[0]), json.loads(path.read_text())["target_ids"]
+    vocab_size = int(load_target_config(target).get_text_config().vocab_size)
+    counts = predicted_token_counts(stores, vocab_size)
+    ids = select_vocab(counts, cfg.draft_vocab_size)
+    record = {"size": ids.numel(), "coverage": coverage(counts, ids), "counted_tokens": int(counts.sum()),
+              "target_ids": ids.tolist()}
+    path.write_text(json.dumps(record))
+    print(f"[specdraft] draft vocabulary: {ids.numel()} of {vocab_size} target tokens, covering "
+          f"{record['coverage']:.2%} of {record['counted_tokens']} predicted tokens", flush=True)
+    return list(layers[0]), record["target_ids"]
 
 
 def run_training(
@@ -256,9 +486,13 @@ def run_training(
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
     sc = cfg.scaling
     resources = {"CPU": sc.cpus_per_worker, **({"GPU": sc.gpus_per_worker} if sc.use_gpu else {})}
+    stores = [str(Path(s).resolve()) for s in stores]
+    aux_layers, vocab = feature_plan(cfg, stores, target, out)
     config = {
         "train": to_dict(cfg),
-        "stores": [str(Path(s).resolve()) for s in stores],
+        "stores": stores,
+        "aux_layers": aux_layers,
+        "vocab": vocab,
         "target": str(Path(target).resolve()),
         "target_id": target_id(target),
         "out": str(out),

@@ -9,7 +9,8 @@ position of the window to count as accepted. Greedy, so
     alpha_i  = P(top-1 match at depth i | depths 1..i-1 matched)
     sim_tau  = alpha_1 + alpha_1*alpha_2 + ...  (no bonus token)
 
-A window stops counting where the data leaves the trained (assistant) span.
+A window stops counting where the data leaves the trained (assistant) span. With a draft
+vocabulary, a position whose target top-1 the draft cannot emit counts as a miss.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdraft.objectives import Batch, StageConfig, substeps
+from specdraft.objectives import Batch, LossWeights, StageConfig, prepare_targets, substeps, unwrap
 
 
 @dataclass
@@ -58,14 +59,14 @@ def sim_tau(alpha: list[float]) -> float:
 def simulated_acceptance(draft, batch: Batch, depth: int, offsets: list[int] | None = None) -> AcceptanceCounts:
     """Acceptance counts of greedy chain drafting of ``depth`` tokens over one batch."""
     counts = AcceptanceCounts.zeros(depth)
-    stage = StageConfig(kind="late", steps=depth, noise_std=0.0)
-    trained_all = batch.loss_mask & batch.valid  # (B, T)
+    stage = StageConfig(kind="late", steps=depth, noise_std=0.0, loss=LossWeights(ce=1.0))
+    targets = prepare_targets(unwrap(draft), batch, stage.loss)
     for offset in range(depth) if offsets is None else offsets:
-        alive = trained_all.clone()  # (B, T) indexed by window start: chain still accepted
-        for sub in substeps(draft, batch, stage, offset=offset):
+        alive = targets.scored.clone()  # (B, T) indexed by window start: chain still accepted
+        for sub in substeps(draft, batch, stage, offset=offset, targets=targets):
             q = sub.query_index  # (Q,) positions at window depth i
             start = q - (sub.step - 1)  # (Q,) their window starts
-            reach = alive[:, start] & sub.trained  # (B, Q)
+            reach = alive[:, start] & sub.scored  # (B, Q)
             ok = reach & sub.correct  # (B, Q)
             counts.reached[sub.step - 1] += reach.sum().item()
             counts.accepted[sub.step - 1] += ok.sum().item()

@@ -38,11 +38,23 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
         )
     kwargs = {}
     for name, value in data.items():
+        default = _default_of(fields[name])
+        if isinstance(value, dict) and dataclasses.is_dataclass(default):  # override on top of the field's default
+            value = merge(to_dict(default), value)
         kwargs[name] = _coerce(hints[name], value, f"{where}.{name}" if where else name)
     try:
         return cls(**kwargs)
     except TypeError as err:  # missing required fields
         raise ConfigError(f"{where or cls.__name__}: {err}") from None
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    """A field's default value (``default_factory`` called), or None when it has none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
 
 
 def _coerce(tp: Any, value: Any, where: str) -> Any:

@@ -1,28 +1,42 @@
-"""Per-position training losses (DESIGN.md "Training objectives").
+"""Per-position training losses (DESIGN.md "Training objectives"), fused with the output head.
 
-* ``ce``   soft cross-entropy -sum_x P(x) log Q(x) over the full vocabulary (EAGLE/HASS).
+* ``ce``   soft cross-entropy -sum_x P(x) log Q(x) over the output vocabulary (EAGLE/HASS; over a
+           draft vocabulary, P is the target distribution renormalised on it, as EAGLE-3 does).
 * ``topk`` HASS harmonized objective distillation (hass-… §3.1, Eq. 1):
            -sum_{x in topK(P)} P(x) log Q(x).
 * ``vloss`` SmoothL1(h_hat, H), the EAGLE feature regression (Beagle App. A.3 weights it 10).
 
-All functions return one value per position; ``weighted_mean`` reduces them over the
-trained positions (loss_mask), so a step with no trained position contributes 0.
+At real scale the logits are the memory problem: 32k tokens x a 128k vocabulary is 16.8 GB per
+fp32 tensor. ``head_loss`` never materialises them: it walks the rows in chunks, computes each
+chunk's logits, log-sum-exp, the loss values and — since the loss is linear in the per-row
+coefficients, which are known up front — the gradients with respect to h and the head weight,
+then drops the chunk (SpecForge §4.2.2 reuses the logits buffer for the same reason). The
+backward pass only scales the stored gradients. Values and gradients equal the materialised
+formulas (``soft_ce``/``topk_ce``, kept as the reference).
+
+The target side is prepared once per batch (``HeadTargets``). With the target's own frozen head
+(Beagle, EAGLE) the loss needs only d-wide vectors per row: sum_x P(x) z_x = (W^T P)·h, so
+``m_ce = W^T P`` and ``m_topk = sum_k P_k W_{x_k}`` replace the (rows x vocab) target
+distribution. With a trainable draft head (EAGLE-3) the teacher logits are recomputed per chunk
+from the stored hidden state (their normaliser and top-K are prepared once).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
 
 
 def soft_ce(draft_logp: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
-    """(N, V) draft log-probs, (N, V) target logits -> (N,) cross-entropy."""
+    """Reference: (N, V) draft log-probs, (N, V) target logits -> (N,) cross-entropy."""
     target_p = torch.softmax(target_logits.float(), dim=-1)  # (N, V)
     return -(target_p * draft_logp).sum(-1)
 
 
 def topk_ce(draft_logp: torch.Tensor, topk_ids: torch.Tensor, topk_logp: torch.Tensor) -> torch.Tensor:
-    """Top-K distillation: (N, V) draft log-probs, (N, K) target ids and log-probs -> (N,)."""
+    """Reference top-K distillation: (N, V) draft log-probs, (N, K) target ids and log-probs -> (N,)."""
     picked = draft_logp.gather(-1, topk_ids)  # (N, K)
     return -(topk_logp.float().exp() * picked).sum(-1)
 
@@ -45,3 +59,126 @@ def add_noise(states: torch.Tensor, std: float, generator: torch.Generator | Non
     device = generator.device if generator is not None else states.device
     noise = torch.randn(states.shape, generator=generator, device=device, dtype=torch.float32)
     return states + (std * noise).to(device=states.device, dtype=states.dtype)
+
+
+@dataclass
+class HeadTargets:
+    """The target side of ``head_loss`` for N rows, prepared once per batch (no gradient).
+
+    ``top1`` is always set (output-vocabulary ids). Shared frozen head: ``m_ce`` (N, d) and, for the
+    top-K loss, ``m_topk`` (N, d) + ``topk_mass`` (N,). Own head: ``teacher_h`` (N, d_t),
+    ``teacher_w`` (Vd, d_t) and ``teacher_lse`` (N,), plus ``topk_ids``/``topk_logp`` (N, K).
+    """
+
+    top1: torch.Tensor
+    m_ce: torch.Tensor | None = None
+    m_topk: torch.Tensor | None = None
+    topk_mass: torch.Tensor | None = None
+    teacher_h: torch.Tensor | None = None
+    teacher_w: torch.Tensor | None = None
+    teacher_lse: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    topk_logp: torch.Tensor | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.teacher_w is None
+
+    def rows(self, index: torch.Tensor) -> "HeadTargets":
+        """The targets of rows ``index`` (M,)."""
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            picked[f.name] = value if value is None or f.name == "teacher_w" else value[index]
+        return HeadTargets(**picked)
+
+
+class _HeadLoss(torch.autograd.Function):
+    """sum_n ce_coef[n] * ce_n + topk_coef[n] * topk_n, in row chunks, gradients computed forward."""
+
+    @staticmethod
+    def forward(ctx, h, weight, ce_coef, topk_coef, targets: HeadTargets, chunk: int):
+        n_rows = h.shape[0]
+        want_w = weight.requires_grad
+        assert not (want_w and targets.shared), "a trainable head needs the teacher's rows (HeadTargets.teacher_w)"
+        use_topk = bool((topk_coef != 0).any()) and (targets.m_topk is not None or targets.topk_ids is not None)
+        grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device)  # (N, d)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None  # (V, d)
+        ce = torch.zeros(n_rows, dtype=torch.float32, device=h.device)  # (N,)
+        tk = torch.zeros(n_rows, dtype=torch.float32, device=h.device)  # (N,)
+        correct = torch.zeros(n_rows, dtype=torch.bool, device=h.device)  # (N,)
+        for lo in range(0, n_rows, chunk):
+            hi = min(n_rows, lo + chunk)
+            t = targets.rows(torch.arange(lo, hi, device=h.device))
+            hc = h[lo:hi].to(weight.dtype)  # (n, d)
+            a, b = ce_coef[lo:hi].float()[:, None], topk_coef[lo:hi].float()[:, None]  # (n, 1)
+            z = (hc @ weight.T).float()  # (n, V)
+            zmax, top = z.max(dim=-1)  # (n,)
+            p = torch.exp(z - zmax[:, None])  # (n, V), normalised in place below: one exp pass
+            total = p.sum(-1)  # (n,)
+            lse = zmax + total.log()  # (n,)
+            p.div_(total[:, None])  # the draft's distribution
+            correct[lo:hi] = top == t.top1
+            if targets.shared:
+                hf = hc.float()
+                ce[lo:hi] = lse - (t.m_ce * hf).sum(-1)
+                lin = a * t.m_ce  # (n, d): d/dh of -(a * m_ce . h)
+                mass = 0.0
+                if use_topk:
+                    tk[lo:hi] = t.topk_mass * lse - (t.m_topk * hf).sum(-1)
+                    lin = lin + b * t.m_topk
+                    mass = b * t.topk_mass[:, None]
+                g = p.mul_(a + mass)  # (n, V) d loss / d z, beyond the linear terms (p is not needed after)
+                grad_h[lo:hi] = (g.to(weight.dtype) @ weight).float() - lin
+            else:
+                zt = (t.teacher_h.to(t.teacher_w.dtype) @ t.teacher_w.T).float()  # (n, V) teacher logits
+                target_p = torch.exp(zt - t.teacher_lse[:, None])  # (n, V)
+                ce[lo:hi] = lse - (target_p * z).sum(-1)
+                g = a * (p - target_p)  # (n, V)
+                if use_topk:
+                    pk = t.topk_logp.float().exp()  # (n, K)
+                    tk[lo:hi] = pk.sum(-1) * lse - (pk * z.gather(-1, t.topk_ids)).sum(-1)
+                    g = g + b * (pk.sum(-1, keepdim=True) * p - torch.zeros_like(p).scatter_add_(-1, t.topk_ids, pk))
+                grad_h[lo:hi] = (g.to(weight.dtype) @ weight).float()
+            if want_w:
+                grad_w += g.T @ hc.float()  # (V, d)
+        loss = (ce_coef.float() * ce).sum() + ((topk_coef.float() * tk).sum() if use_topk else 0.0)
+        ctx.save_for_backward(grad_h, grad_w if want_w else torch.empty(0))
+        ctx.want_w = want_w
+        ctx.h_dtype = h.dtype
+        ctx.mark_non_differentiable(ce, tk, correct)
+        return loss, ce, tk, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_):
+        grad_h, grad_w = ctx.saved_tensors
+        gh = (grad_loss * grad_h).to(ctx.h_dtype)
+        gw = (grad_loss * grad_w) if ctx.want_w else None
+        return gh, gw, None, None, None, None
+
+
+def head_loss(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    targets: HeadTargets,
+    ce_coef: torch.Tensor,
+    topk_coef: torch.Tensor,
+    chunk: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused output head + losses for N rows.
+
+    h (N, d) the head's input (after its norm), ``weight`` (V, d) the output projection (frozen or
+    trainable), per-row coefficients (N,) of the ce and top-K losses. Returns the scalar
+    sum(ce_coef * ce + topk_coef * topk) (differentiable in h and weight) and, detached, the
+    per-row ce (N,), topk (N,) and whether the head's argmax equals the teacher's top-1 (N,).
+    """
+    assert h.dim() == 2 and weight.dim() == 2 and h.shape[1] == weight.shape[1], (
+        f"head input {tuple(h.shape)} and weight {tuple(weight.shape)} do not match"
+    )
+    assert ce_coef.shape == topk_coef.shape == (h.shape[0],), "one ce and one top-K coefficient per row"
+    assert chunk >= 1, "chunk must be >= 1"
+    if h.shape[0] == 0:  # still a graph through h and a trainable weight: every rank reduces the same gradients
+        zero = h.new_zeros((), dtype=torch.float32) + 0.0 * h.sum() + (0.0 * weight.sum() if weight.requires_grad else 0.0)
+        empty = torch.zeros(0, device=h.device)
+        return zero, empty, empty, torch.zeros(0, dtype=torch.bool, device=h.device)
+    return _HeadLoss.apply(h, weight, ce_coef, topk_coef, targets, chunk)

@@ -1,33 +1,42 @@
-"""Training stages as sequences of sub-steps (Beagle §4.2; HASS §3.2 and App. A.1).
+"""Training stages as sequences of sub-steps (Beagle §4.2; HASS §3.2 and App. A.1; SpecForge §2.4).
 
-``substeps(draft, batch, stage)`` yields one ``SubStep`` per forward the stage needs:
+``substeps(draft, batch, stage)`` yields one ``SubStep`` per forward the stage needs; what each
+query sees is described in ``masks.py``:
 
 * ``plain``  one step, query p sees true states u < p (EAGLE training; HASS step 1).
-* ``early``  one step, inverse block attention with windows of k from offset eps
-             (Beagle Eq. 4); every query trained. Beagle only: EAGLE's query input
-             is the previous state, which the early mask hides.
-* ``late``   s steps in windows of s (Beagle Eq. 6 with l = i, beta_i = s - i + 1); step
-             i trains only the queries at window position i and writes their
-             predictions, detached and in place, into one draft-state buffer.
-* ``align``  n steps (HASS harmonized context alignment); step j trains all queries
-             p >= j-1 on states from version max(0, u - p + j), weight decay^(j-1).
+* ``early``  one step, inverse block attention with windows of k from offset eps (Beagle Eq. 4);
+             every query trained. Beagle only: EAGLE's query input is the previous state,
+             which the early mask hides.
+* ``late``   s steps in windows of s (Beagle Eq. 6 with l = i, beta_i = s - i + 1); step i trains
+             only the queries at window position i, which see the true states before their window
+             and the draft's own (detached) states written at window positions 1..i-1. Each step
+             computes only its queries, so a batch costs about one early step whatever s is.
+* ``align``  n steps (HASS harmonized context alignment); step j trains all queries p >= j-1 on
+             the true states u <= p-j and the draft's own detached states of steps 1..j-1 at
+             u = p-j+1 .. p-1, weight decay^(j-1). Each step is back-propagated on its own.
+* ``ttt``    k steps (EAGLE-3 training-time test, default 7, weights 0.8^(j-1)): the same
+             visibility as ``align``, but the fed-back states keep their graph and the whole
+             unrolled chain is back-propagated once (memory grows linearly in k).
 
-The caller back-propagates each sub-step before advancing the generator (the late
-buffer is written in place, so memory stays constant in s). Any draft x stage x loss
-weights combination is one ``StageConfig``.
+The caller back-propagates each sub-step before advancing the generator, except for ``ttt``
+(``train_batch`` does both). Any draft x stage x loss weights combination is one ``StageConfig``.
+The target side of the losses (``HeadTargets``) is prepared once per batch, not per sub-step,
+and only the trained rows reach the output head (``losses.head_loss``).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Iterator, Literal
+from typing import Callable, ContextManager, Iterator, Literal
 
 import torch
 
 from specdraft import masks
-from specdraft.losses import add_noise, feature_l1, soft_ce, topk_ce, weighted_mean
+from specdraft.losses import HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
 
-StageKind = Literal["plain", "early", "late", "align"]
+StageKind = Literal["plain", "early", "late", "align", "ttt"]
+CHAINED = ("late", "align", "ttt")  # stages whose later steps read earlier steps' outputs
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,7 +44,7 @@ class LossWeights:
     ce: float = 1.0
     topk: float = 0.0
     vloss: float = 0.0
-    topk_k: int = 10  # K when the batch carries no stored top-K
+    topk_k: int = 10  # K when the batch carries no stored top-K (or the draft has its own vocabulary)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,19 +52,23 @@ class StageConfig:
     kind: StageKind = "plain"
     epochs: int = 1
     window: int = 5  # early: k
-    steps: int = 4  # late: s (windows of s); align: n
-    step_decay: float = 1.0  # align: weight of step j is step_decay ** (j - 1)
+    steps: int = 4  # late: s (windows of s); align: n; ttt: k
+    step_decay: float = 1.0  # align/ttt: weight of step j is step_decay ** (j - 1)
     noise_std: float = 0.2  # Gaussian noise on the true input states (0 disables)
     loss: LossWeights = field(default_factory=LossWeights)
 
     def __post_init__(self) -> None:
-        assert self.kind in ("plain", "early", "late", "align"), f"unknown stage kind {self.kind!r}"
+        assert self.kind in ("plain", "early", "late", "align", "ttt"), f"unknown stage kind {self.kind!r}"
         assert self.window >= 1 and self.steps >= 1, "window and steps must be >= 1"
 
     @property
     def period(self) -> int:
         """Window length whose random offset eps is drawn per batch (1 = no offset)."""
         return {"early": self.window, "late": self.steps}.get(self.kind, 1)
+
+    @property
+    def num_substeps(self) -> int:
+        return self.steps if self.kind in CHAINED else 1
 
 
 @dataclass
@@ -68,6 +81,7 @@ class Batch:
     valid: torch.Tensor  # (B, T) bool: non-padding
     topk_ids: torch.Tensor | None = None  # (B, T, K) int64
     topk_logp: torch.Tensor | None = None  # (B, T, K) float: target log-probs of topk_ids
+    aux_hidden: torch.Tensor | None = None  # (B, T, L*d) auxiliary target layers (EAGLE-3 features)
 
     @property
     def positions(self) -> torch.Tensor:
@@ -85,39 +99,160 @@ class SubStep:
     weight: float  # beta for this sub-step
     query_index: torch.Tensor  # (Q,)
     h_hat: torch.Tensor  # (B, Q, d)
-    logits: torch.Tensor  # (B, Q, V)
     loss: torch.Tensor  # scalar: weighted sum of the enabled parts (before ``weight``)
     parts: dict[str, torch.Tensor]  # ce / topk / vloss, detached
-    correct: torch.Tensor  # (B, Q) draft top-1 == target top-1
-    trained: torch.Tensor  # (B, Q) positions that carry a loss
+    correct: torch.Tensor  # (B, Q) draft top-1 == target top-1 (on scored positions)
+    scored: torch.Tensor  # (B, Q) positions whose prediction counts (loss mask, not padding, p > 0)
+    trained: torch.Tensor  # (B, Q) scored positions that carry a loss
 
 
-def score(draft, batch: Batch, query_index: torch.Tensor, h_hat: torch.Tensor, weights: LossWeights):
-    """Losses of predicted states ``h_hat`` (B, Q, d) at ``query_index`` against the target."""
-    h_true = batch.hidden[:, query_index]  # (B, Q, d)
-    trained = (batch.loss_mask & batch.valid)[:, query_index]  # (B, Q)
-    logits = draft.logits(h_hat)  # (B, Q, V)
-    logp = torch.log_softmax(logits.float(), dim=-1)  # (B, Q, V)
-    with torch.no_grad():
-        target_logits = draft.logits(h_true.to(h_hat.dtype)).float()  # (B, Q, V)
+@dataclass
+class Targets:
+    """The target side of one batch, prepared once: head targets for every scored position."""
+
+    scored: torch.Tensor  # (B, T) bool: loss_mask & valid & p > 0
+    trainable: torch.Tensor  # (B, T) bool: scored and learnable (target top-1 inside the draft vocabulary)
+    row: torch.Tensor  # (B, T) long: row of each scored position in ``head`` (-1 elsewhere)
+    head: HeadTargets
+
+
+def features_of(core, batch: Batch) -> torch.Tensor:
+    """The target features the draft reads: the auxiliary layers (EAGLE-3 features) or the last hidden state."""
+    if core.config.aux_layers:
+        if batch.aux_hidden is None:
+            raise ValueError(
+                f"the {core.config.arch} draft reads auxiliary target layers {core.config.aux_layers}, but the batch "
+                "has no aux_hidden: dump the store with aux_layers (e.g. aux_layers=eagle3)"
+            )
+        return batch.aux_hidden
+    return batch.hidden
+
+
+@torch.no_grad()
+def prepare_targets(core, batch: Batch, weights: LossWeights, chunk: int = 1024) -> Targets:
+    """Teacher side of the losses for every scored position of ``batch``, in row chunks.
+
+    Shared frozen head: P = softmax(W h_true) over the vocabulary (h_true = the stored last hidden
+    state), ``m_ce = W^T P``; the top-K loss uses the stored top-K (exact: taken from the dump's
+    fp32 logits) or, without one, the top-K of P. Own draft vocabulary (EAGLE-3): P renormalised on
+    the draft vocabulary, computed from the stored hidden state through the target's lm_head rows;
+    top-K taken from it; positions whose target top-1 (stored) is outside the draft vocabulary are
+    scored (as misses) but not trained, as SpecForge does.
+    """
+    heads = core.heads
+    bsz, t = batch.input_ids.shape
+    pos = torch.arange(t, device=batch.input_ids.device)
+    scored = batch.loss_mask & batch.valid & (pos > 0)[None]  # (B, T)
+    rows = scored.nonzero(as_tuple=True)
+    row = torch.full((bsz, t), -1, dtype=torch.long, device=scored.device)
+    row[rows] = torch.arange(rows[0].numel(), device=scored.device)
+    w_t = heads.teacher_weight  # (Vd, d_t)
+    h_true = batch.hidden[rows].to(w_t.dtype)  # (N, d_t)
+    n = h_true.shape[0]
+    k = batch.topk_ids.shape[-1] if batch.topk_ids is not None else weights.topk_k
+    top1 = torch.zeros(n, dtype=torch.long, device=h_true.device)
+    lse = torch.zeros(n, dtype=torch.float32, device=h_true.device)
+    want_topk = bool(weights.topk)
+    own = core.config.own_vocab
+    m_ce = None if own else torch.zeros(n, w_t.shape[1], dtype=torch.float32, device=h_true.device)
+    m_topk = torch.zeros_like(m_ce) if (want_topk and not own) else None
+    mass = torch.zeros(n, dtype=torch.float32, device=h_true.device) if (want_topk and not own) else None
+    stored = batch.topk_ids is not None
+    topk_ids = torch.zeros(n, k, dtype=torch.long, device=h_true.device) if (want_topk and (own or not stored)) else None
+    topk_logp = torch.zeros(n, k, dtype=torch.float32, device=h_true.device) if topk_ids is not None else None
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        zt = (h_true[lo:hi] @ w_t.T).float()  # (n, Vd)
+        lse[lo:hi] = torch.logsumexp(zt, dim=-1)
+        top1[lo:hi] = zt.argmax(-1)
+        if topk_ids is not None:
+            top = zt.topk(min(k, zt.shape[-1]), dim=-1)
+            topk_ids[lo:hi, : top.indices.shape[1]] = top.indices
+            topk_logp[lo:hi, : top.values.shape[1]] = top.values - lse[lo:hi, None]
+        if own:
+            continue
+        p = torch.exp(zt - lse[lo:hi, None])  # (n, V)
+        m_ce[lo:hi] = (p.to(w_t.dtype) @ w_t).float()
+        if want_topk:
+            if stored:
+                ids = batch.topk_ids[rows[0][lo:hi], rows[1][lo:hi]]  # (n, K)
+                pk = batch.topk_logp[rows[0][lo:hi], rows[1][lo:hi]].float().exp()  # (n, K)
+            else:
+                ids, pk = topk_ids[lo:hi], topk_logp[lo:hi].exp()
+            m_topk[lo:hi] = torch.einsum("nk,nkd->nd", pk, w_t[ids].float())
+            mass[lo:hi] = pk.sum(-1)
+    trainable = scored.clone()
+    if own:
+        head = HeadTargets(top1=top1, teacher_h=h_true, teacher_w=w_t, teacher_lse=lse,
+                           topk_ids=topk_ids, topk_logp=topk_logp)
+        if stored:  # the target's own top-1 over its whole vocabulary must be one the draft can emit
+            emittable = heads.t2d[batch.topk_ids[rows][:, 0]]  # (N,)
+            trainable[rows] = emittable
+            top1[~emittable] = -1  # never matched: the draft cannot propose the target's token
+    else:
+        head = HeadTargets(top1=top1, m_ce=m_ce, m_topk=m_topk, topk_mass=mass)
+    return Targets(scored=scored, trainable=trainable, row=row, head=head)
+
+
+def score(core, batch: Batch, targets: Targets, query_index: torch.Tensor, h_hat: torch.Tensor,
+          weights: LossWeights, chunk: int = 1024, live: torch.Tensor | None = None):
+    """Losses of predicted states ``h_hat`` (B, Q, d) at ``query_index`` against the target.
+
+    ``live`` (Q,): queries that have an input at all (see ``DraftConfig.needs_root_state``)."""
+    live = torch.ones_like(query_index, dtype=torch.bool) if live is None else live
+    scored = targets.scored[:, query_index] & live[None]  # (B, Q)
+    trained = targets.trainable[:, query_index] & live[None]  # (B, Q)
+    where = scored.nonzero(as_tuple=True)
+    rows = targets.row[:, query_index][where]  # (M,)
+    learn = trained[where].float()  # (M,) 1 on trained rows
+    count = learn.sum().clamp(min=1.0)
+    h = h_hat[where]  # (M, d)
+    head = core.heads
+    loss, ce, tk, correct_rows = head_loss(
+        head.head_input(h), head.weight, targets.head.rows(rows),
+        weights.ce * learn / count, weights.topk * learn / count, chunk,
+    )
     parts: dict[str, torch.Tensor] = {}
-    total = logits.new_zeros((), dtype=torch.float32)
     if weights.ce:
-        parts["ce"] = weighted_mean(soft_ce(logp, target_logits), trained)
-        total = total + weights.ce * parts["ce"]
+        parts["ce"] = (ce * learn).sum() / count
     if weights.topk:
-        if batch.topk_ids is not None:
-            ids, lp = batch.topk_ids[:, query_index], batch.topk_logp[:, query_index]  # (B, Q, K)
-        else:
-            top = torch.log_softmax(target_logits, -1).topk(weights.topk_k, dim=-1)
-            ids, lp = top.indices, top.values  # (B, Q, K)
-        parts["topk"] = weighted_mean(topk_ce(logp, ids, lp), trained)
-        total = total + weights.topk * parts["topk"]
+        parts["topk"] = (tk * learn).sum() / count
     if weights.vloss:
-        parts["vloss"] = weighted_mean(feature_l1(h_hat, h_true), trained)
-        total = total + weights.vloss * parts["vloss"]
-    correct = logits.detach().argmax(-1) == target_logits.argmax(-1)  # (B, Q)
-    return total, {k: v.detach() for k, v in parts.items()}, logits, correct, trained
+        h_true = batch.hidden[:, query_index][where]  # (M, d)
+        parts["vloss"] = weighted_mean(feature_l1(h, h_true), learn)
+        loss = loss + weights.vloss * parts["vloss"]
+    correct = torch.zeros_like(scored)
+    correct[where] = correct_rows
+    return loss, {k: v.detach() for k, v in parts.items()}, correct, scored, trained
+
+
+def stage_steps(stage: StageConfig, length: int, offset: int, device) -> Iterator[masks.Step]:
+    """The sub-steps of ``stage`` over sequences of ``length`` with window offset ``offset``."""
+    if stage.kind == "plain":
+        yield masks.plain(length, device)
+    elif stage.kind == "early":
+        yield masks.early(length, stage.window, offset, device)
+    elif stage.kind == "late":
+        for i in range(1, stage.steps + 1):
+            yield masks.late_step(length, stage.steps, offset, i, device)
+    else:  # align, ttt
+        for j in range(1, stage.steps + 1):
+            yield masks.align_step(length, j, stage.step_decay, device)
+
+
+def check_stage(core, stage: StageConfig) -> None:
+    """Refuse combinations a draft cannot train, with the reason."""
+    arch = core.config.arch
+    if stage.kind == "early" and arch != "beagle":
+        raise ValueError(
+            f"stage 'early' needs a draft whose queries come from tokens only (beagle); {arch!r} feeds "
+            "the previous state into each query, which the inverse block mask hides — use 'late', 'align' or 'ttt'"
+        )
+    if stage.loss.vloss and (core.config.aux_layers or core.config.own_vocab):
+        raise ValueError(
+            "vloss regresses the draft's state onto the target's last hidden state; a draft reading auxiliary "
+            "layers or with its own vocabulary predicts in its own feature space — set loss.vloss=0"
+        )
 
 
 def substeps(
@@ -127,6 +262,8 @@ def substeps(
     *,
     offset: int = 0,
     generator: torch.Generator | None = None,
+    targets: Targets | None = None,
+    chunk: int = 1024,
 ) -> Iterator[SubStep]:
     """Yield the sub-steps of one training batch for ``stage`` (see module docstring).
 
@@ -134,43 +271,29 @@ def substeps(
     through the wrapper (so gradients synchronise), attributes come from the draft.
     """
     core = unwrap(draft)
-    arch = core.config.arch
-    if stage.kind == "early" and arch != "beagle":
-        raise ValueError(
-            f"stage 'early' needs a draft whose queries come from tokens only (beagle); {arch!r} feeds "
-            "the previous state into each query, which the inverse block mask hides — use 'late' or 'align'"
-        )
+    check_stage(core, stage)
     assert 0 <= offset < stage.period, f"offset {offset} outside [0, {stage.period})"
     dtype = next(p for p in core.parameters()).dtype
-    true = add_noise(batch.hidden.to(dtype), stage.noise_std, generator)  # (B, T, d)
-    ids, pos, valid = batch.input_ids, batch.positions, batch.valid
-
-    def step(index: int, weight: float, states: torch.Tensor, q: torch.Tensor, vis: torch.Tensor) -> SubStep:
-        h_hat = draft(ids, pos, states, q, vis)  # (B, Q, d)
-        loss, parts, logits, correct, trained = score(core, batch, q, h_hat, stage.loss)
-        return SubStep(index, weight, q, h_hat, logits, loss, parts, correct, trained)
-
-    if stage.kind in ("plain", "early"):
-        q, vis = masks.plain(valid) if stage.kind == "plain" else masks.early(valid, stage.window, offset)
-        yield step(1, 1.0, true[None], q, vis)
-    elif stage.kind == "late":
-        k = stage.steps
-        states = torch.stack([true, torch.zeros_like(true)])  # (2, B, T, d): true, draft buffer
-        for i in range(1, k + 1):
-            q, vis = masks.late_step(valid, k, offset, i)
-            sub = step(i, float(k - i + 1), states, q, vis)
-            yield sub
-            states[1][:, q] = sub.h_hat.detach()  # D_p <- h_hat_p, in place
-    else:  # align
-        versions = [true]
-        for j in range(1, stage.steps + 1):
-            q, vis = masks.align_step(valid, j)
-            sub = step(j, stage.step_decay ** (j - 1), torch.stack(versions), q, vis)
-            yield sub
-            if j < stage.steps:
-                written = torch.zeros_like(true)
-                written[:, q] = sub.h_hat.detach()
-                versions.append(written)
+    features = add_noise(features_of(core, batch).to(dtype), stage.noise_std, generator)  # (B, T, F)
+    if targets is None:
+        targets = prepare_targets(core, batch, stage.loss, chunk)
+    ids, pos = batch.input_ids, batch.positions
+    bsz, t = ids.shape
+    outs: list[torch.Tensor] = []  # outs[v-1] (B, T, d): the draft's states written at sub-step v
+    for st in stage_steps(stage, t, offset, ids.device):
+        q = st.query_index
+        if st.extras:
+            at = q[:, None] - st.extras + torch.arange(st.extras, device=q.device)  # (Q, E) positions
+            extras = torch.stack([outs[v][:, at[:, v]] for v in range(st.extras)], dim=2)  # (B, Q, E, d)
+        else:
+            extras = features.new_zeros(bsz, q.numel(), 0, core.config.hidden_size)
+        h_hat = draft(ids, pos, features, q, st.cutoff, extras)  # (B, Q, d)
+        live = st.cutoff >= 1 if core.config.needs_root_state else None
+        loss, parts, correct, scored, trained = score(core, batch, targets, q, h_hat, stage.loss, chunk, live)
+        yield SubStep(st.index, st.weight, q, h_hat, loss, parts, correct, scored, trained)
+        if stage.kind in CHAINED:
+            fed = h_hat if stage.kind == "ttt" else h_hat.detach()
+            outs.append(fed.new_zeros(bsz, t, fed.shape[-1]).index_copy(1, q, fed))
 
 
 def unwrap(model):
@@ -183,19 +306,56 @@ def draw_offset(stage: StageConfig, generator: torch.Generator | None) -> int:
     return int(torch.randint(stage.period, (1,), generator=generator).item())
 
 
-def train_batch(draft, batch: Batch, stage: StageConfig, *, generator=None, scale: float = 1.0) -> dict[str, float]:
-    """Forward + per-sub-step backward for one batch; returns scalar metrics. No optimizer step."""
-    offset = draw_offset(stage, generator)
+GradSync = Callable[[bool], ContextManager]
+
+
+def no_grad_sync_needed(enabled: bool) -> ContextManager:  # noqa: ARG001 - the single-process default
+    return nullcontext()
+
+
+def train_batch(
+    draft,
+    batch: Batch,
+    stage: StageConfig,
+    *,
+    generator=None,
+    scale: float = 1.0,
+    grad_sync: GradSync = no_grad_sync_needed,
+    sync_last: bool = True,
+    chunk: int = 1024,
+    offset: int | None = None,
+) -> dict[str, float]:
+    """Forward + backward for one batch; returns scalar metrics. No optimizer step.
+
+    Detached stages back-propagate each sub-step on its own (constant memory in the number of
+    steps); ``ttt`` sums the weighted step losses and back-propagates once. ``grad_sync(enabled)``
+    is entered around every forward+backward: a distributed wrapper synchronises gradients only
+    where ``enabled`` (the last backward of the batch, and only if ``sync_last``).
+    """
+    offset = draw_offset(stage, generator) if offset is None else offset
+    core = unwrap(draft)
+    targets = prepare_targets(core, batch, stage.loss, chunk)
     metrics: dict[str, float] = {}
-    total = 0.0
-    for sub in substeps(draft, batch, stage, offset=offset, generator=generator):
-        (scale * sub.weight * sub.loss).backward()
+    total, pending = 0.0, None
+    steps = substeps(draft, batch, stage, offset=offset, generator=generator, targets=targets, chunk=chunk)
+    n = stage.num_substeps
+    for i in range(n):
+        last = i == n - 1
+        with grad_sync(last and sync_last):
+            sub = next(steps)
+            weighted = scale * sub.weight * sub.loss
+            if stage.kind == "ttt":
+                pending = weighted if pending is None else pending + weighted
+                if last:
+                    pending.backward()
+            else:
+                weighted.backward()
         total += sub.weight * float(sub.loss.detach())
         metrics[f"loss_step{sub.step}"] = float(sub.loss.detach())
         for name, value in sub.parts.items():
             metrics[f"{name}_step{sub.step}"] = float(value)
-        n = sub.trained.sum().clamp(min=1)
-        metrics[f"acc_step{sub.step}"] = float((sub.correct & sub.trained).sum() / n)
+        count = sub.scored.sum().clamp(min=1)
+        metrics[f"acc_step{sub.step}"] = float((sub.correct & sub.scored).sum() / count)
     metrics["loss"] = total
     return metrics
 
@@ -204,7 +364,7 @@ def pad_batch(samples: list[dict[str, torch.Tensor]]) -> Batch:
     """Right-pad per-sample tensors into a ``Batch``.
 
     Each sample has ``input_ids`` (T,), ``hidden`` (T, d), ``loss_mask`` (T,) and
-    optionally ``topk_ids`` / ``topk_logp`` (T, K).
+    optionally ``topk_ids`` / ``topk_logp`` (T, K) and ``aux_hidden`` (T, L*d).
     """
     assert samples, "cannot pad an empty list of samples"
     n, t = len(samples), max(s["input_ids"].shape[0] for s in samples)
@@ -217,6 +377,8 @@ def pad_batch(samples: list[dict[str, torch.Tensor]]) -> Batch:
     k = samples[0]["topk_ids"].shape[-1] if has_topk else 0
     topk_ids = torch.zeros(n, t, k, dtype=torch.int64) if has_topk else None
     topk_logp = torch.full((n, t, k), -1e4, dtype=torch.float32) if has_topk else None
+    has_aux = "aux_hidden" in samples[0]
+    aux = torch.zeros(n, t, samples[0]["aux_hidden"].shape[-1], dtype=torch.float32) if has_aux else None
     for row, s in enumerate(samples):
         m = s["input_ids"].shape[0]
         ids[row, :m] = s["input_ids"]
@@ -226,4 +388,6 @@ def pad_batch(samples: list[dict[str, torch.Tensor]]) -> Batch:
         if has_topk:
             topk_ids[row, :m] = s["topk_ids"]
             topk_logp[row, :m] = s["topk_logp"].float()
-    return Batch(ids, hidden, loss_mask, valid, topk_ids, topk_logp)
+        if has_aux:
+            aux[row, :m] = s["aux_hidden"].float()
+    return Batch(ids, hidden, loss_mask, valid, topk_ids, topk_logp, aux)

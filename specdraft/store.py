@@ -592,3 +592,17 @@ class FeatureDataset(torch.utils.data.IterableDataset):
             group = zarr.open_group(store=str(self._shards[key][0]), mode="r", zarr_format=3)
             self._open[key] = {name: array for name, array in group.arrays()}
         return self._open[key]
+
+
+def predicted_token_counts(paths: str | Path | list[str | Path], vocab_size: int) -> np.ndarray:
+    """How often each target token follows a loss-masked position in the stores (the draft-vocabulary
+    statistics, ``specdraft.vocab``); reads only ``input_ids``, ``loss_mask`` and ``offsets``."""
+    from specdraft.vocab import count_predicted_tokens
+
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for path, manifest in open_stores(paths):
+        for record in manifest["shards"]:
+            group = zarr.open_group(store=str(path / record["name"]), mode="r", zarr_format=3)
+            counts += count_predicted_tokens(group["input_ids"][...], group["loss_mask"][...], group["offsets"][...],
+                                             vocab_size)
+    return counts

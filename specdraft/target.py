@@ -25,6 +25,17 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
+from specdraft.placement import (
+    check_spread,
+    device_map_for,
+    free_gpu_memory,
+    input_device,
+    output_device,
+    resolve_attn_implementation,
+    resolve_device,
+    resolve_dtype,
+)
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 EMBED_NAME = "model.embed_tokens.weight"
@@ -67,15 +78,38 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
 
 def load_target_model(
     path: str | Path,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
+    *,
+    gpus: int = 1,
+    attn_implementation: str = "sdpa",
 ) -> torch.nn.Module:
-    """The full target as an ``AutoModelForCausalLM``, frozen and in eval mode on ``device``."""
+    """The full target as an ``AutoModelForCausalLM``, frozen and in eval mode.
+
+    ``device``: ``"auto"`` | ``"cpu"`` | ``"cuda"`` | ``"cuda:N"``; the weights are loaded straight
+    onto it (a ``device_map``, no CPU copy first). ``gpus`` > 1 spreads whole decoder layers over
+    GPUs 0..gpus-1 (transformers' balanced ``device_map``; a target that does not fit is an error,
+    never a CPU offload): inputs then go to ``placement.input_device(model)``, hidden states and
+    logits come out on ``placement.output_device(model)``. ``dtype``: a dtype or its name
+    (``"auto"``: bf16 on CUDA, fp32 on CPU). ``attn_implementation``: ``"sdpa"`` |
+    ``"flash_attention_2"`` (CUDA with flash-attn, else sdpa) | ``"eager"``; the kernel in use is
+    ``model.config._attn_implementation``. All placement rules: ``specdraft/placement.py``.
+    """
+    root = _target_dir(path)
+    device = resolve_device(device)
+    device_map, max_memory = device_map_for(device, gpus, free_gpu_memory(gpus) if gpus > 1 else None)
     model = AutoModelForCausalLM.from_pretrained(
-        _target_dir(path), dtype=dtype, trust_remote_code=trust_remote_code
+        root,
+        dtype=resolve_dtype(dtype, device),
+        device_map=device_map,
+        max_memory=max_memory,
+        attn_implementation=resolve_attn_implementation(attn_implementation, device),
+        trust_remote_code=trust_remote_code,
     )
-    model = model.to(device).eval()
+    if gpus > 1:
+        check_spread(getattr(model, "hf_device_map", {}), gpus)
+    model.eval()
     model.requires_grad_(False)
     return model
 
@@ -176,7 +210,8 @@ def target_states(
     Runs the decoder stack once and applies the lm_head to its ``last_hidden_state`` so the
     returned hidden is exactly what produced the logits. Padded positions (``attention_mask``
     0) get a zero hidden state (hence zero logits); valid positions of a left-padded row equal
-    those of the same row unpadded.
+    those of the same row unpadded. Inputs may live anywhere; both outputs are on the model's
+    ``output_device`` (a target spread over GPUs: the last one).
     """
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (B, T); got shape {tuple(input_ids.shape)}")
@@ -192,14 +227,16 @@ def target_states(
     if decoder is model or lm_head is None:
         raise ValueError(f"{type(model).__name__} has no separate decoder and lm_head")
 
+    device = input_device(model)  # a target spread over GPUs starts at its embedding's GPU
     out = decoder(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions_from_mask(attention_mask),
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        position_ids=positions_from_mask(attention_mask).to(device),
         use_cache=False,
     )
-    hidden = out.last_hidden_state  # (B, T, d)
-    hidden = hidden * attention_mask[..., None].to(hidden.dtype)  # (B, T, d)
+    hidden = out.last_hidden_state.to(output_device(model))  # (B, T, d): on the lm_head's device
+    valid = attention_mask.to(hidden.device, torch.bool)[..., None]  # (B, T, 1)
+    hidden = torch.where(valid, hidden, torch.zeros((), dtype=hidden.dtype, device=hidden.device))  # (B, T, d)
     logits = lm_head(hidden)  # (B, T, V)
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:

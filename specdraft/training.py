@@ -1,37 +1,84 @@
 """The training loop over a stage schedule (Beagle §4.2 two-stage schedule; HASS §3).
 
 Single-device and framework-free: distributed wrappers (DDP/FSDP under Ray Train) are
-applied by ``pipelines/`` around the same loop. Optimisation defaults follow the papers
-(Beagle App. A.3; EAGLE): AdamW betas (0.9, 0.95), lr 3e-5 with 2000 warmup steps,
-max grad norm 0.5. The loop position (stage, epoch, batch, step) is a small
+applied by ``pipelines/`` around the same loop, which only asks them for a gradient-sync
+switch (``grad_sync``: sync on the last backward of an accumulation group). Precision: fp32
+master weights; on CUDA the forward and losses run under bf16 autocast by default, with the
+frozen target heads kept in bf16 (``models.set_frozen_dtype``). Optimisation: AdamW betas
+(0.9, 0.95) and max grad norm 0.5 as in the papers (Beagle App. A.3; EAGLE); the warmup is
+relative to the run's length (the papers' 2000 steps are its cap) and the lr decays by cosine,
+so a small store still learns (``learning_warnings`` says when a configuration cannot). The
+loop position (stage, epoch, batch, step) is a small
 ``TrainState`` so a run can checkpoint and resume mid-stage without redoing or skipping
 data.
+
+Distributed drafts go through the same code: the checkpoint state is the *full* (unsharded)
+weights and optimizer state keyed by parameter name (``torch.distributed.checkpoint.state_dict``,
+the same for a plain, DDP or FSDP2 draft, so a checkpoint written under one strategy resumes
+under another), gathered with every rank taking part; gradient clipping uses the global norm
+over all shards.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Literal, Sequence
 
 import torch
 
 from specdraft.loggers import MetricLogger, NullLogger
-from specdraft.objectives import Batch, StageConfig, train_batch, unwrap
+from specdraft.objectives import Batch, GradSync, StageConfig, no_grad_sync_needed, train_batch
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OptimConfig:
-    lr: float = 3e-5
+    """Defaults that learn on the data given: the warmup is a fraction of the run's optimizer steps
+    (capped at the papers' 2000), then cosine decay. Long runs on large stores often prefer a lower
+    peak lr (EAGLE/HASS 3e-5, SpecForge 1e-4 over hundreds of thousands of steps)."""
+
+    lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.0
-    warmup_steps: int = 2000
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
-    min_lr_ratio: float = 0.0
+    warmup_steps: int | None = None  # None: warmup_ratio of the run's optimizer steps, at most WARMUP_CAP
+    warmup_ratio: float = 0.05
+    schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    min_lr_ratio: float = 0.1
     max_grad_norm: float = 0.5
     grad_accum: int = 1
+
+    def __post_init__(self) -> None:
+        assert self.lr > 0 and 0.0 <= self.warmup_ratio < 1.0, "lr must be > 0 and warmup_ratio in [0, 1)"
+        assert self.grad_accum >= 1, "grad_accum must be >= 1"
+
+
+WARMUP_CAP = 2000  # Beagle App. A.3 / EAGLE: 2000 warmup steps
+MIN_USEFUL_STEPS = 100
+
+
+def warmup_of(cfg: OptimConfig, total_steps: int) -> int:
+    """The run's warmup steps: as configured, else ``warmup_ratio`` of ``total_steps`` capped at WARMUP_CAP."""
+    if cfg.warmup_steps is not None:
+        return cfg.warmup_steps
+    return min(WARMUP_CAP, math.ceil(cfg.warmup_ratio * total_steps))
+
+
+def learning_warnings(cfg: OptimConfig, total_steps: int) -> list[str]:
+    """Reasons a configuration cannot learn (empty when none): said before training starts."""
+    out = []
+    warmup = warmup_of(cfg, total_steps)
+    if warmup >= total_steps:
+        out.append(f"warmup ({warmup} steps) is not shorter than the whole run ({total_steps} optimizer steps): "
+                   "the learning rate never reaches its peak — lower optim.warmup_steps (or leave it unset)")
+    if total_steps < MIN_USEFUL_STEPS:
+        out.append(f"only {total_steps} optimizer steps: a draft needs hundreds — add epochs or data, or lower "
+                   "reader.max_tokens / optim.grad_accum")
+    if cfg.lr < 1e-5:
+        out.append(f"lr {cfg.lr:g} is tiny: nothing will be learned in {total_steps} steps")
+    return out
 
 
 @dataclass
@@ -48,6 +95,14 @@ class TrainState:
         return asdict(self)
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto`` -> bf16 mixed precision on CUDA (fp32 master weights), fp32 elsewhere."""
+    assert precision in ("auto", "fp32", "bf16"), f"precision must be auto, fp32 or bf16, got {precision!r}"
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return precision
+
+
 def trainable(draft) -> list[torch.nn.Parameter]:
     return [p for p in draft.parameters() if p.requires_grad]
 
@@ -62,14 +117,35 @@ def make_optimizer(draft, cfg: OptimConfig) -> torch.optim.Optimizer:
 
 def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:
     """Linear warmup, then constant / cosine / linear decay to ``min_lr_ratio``."""
-    if cfg.warmup_steps and step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
+    warmup = warmup_of(cfg, total_steps)
+    if warmup and step < warmup:
+        return (step + 1) / warmup
     if cfg.schedule == "constant":
         return 1.0
-    span = max(1, total_steps - cfg.warmup_steps)
-    frac = min(1.0, (step - cfg.warmup_steps) / span)
+    span = max(1, total_steps - warmup)
+    frac = min(1.0, (step - warmup) / span)
     decay = 0.5 * (1 + math.cos(math.pi * frac)) if cfg.schedule == "cosine" else 1.0 - frac
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
+
+
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale the gradients to a global L2 norm of at most ``max_norm``; returns the norm before clipping.
+
+    With FSDP2 the gradients are DTensor shards: ``clip_grad_norm_`` computes the norm of each
+    rank's shards and all-reduces it to the global norm before the coefficient is taken (it returns
+    a replicated DTensor), so every rank scales its shards by the same factor — the factor an
+    unsharded run would use. Replicated (DDP) or single-device gradients are plain tensors.
+    """
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    full = getattr(norm, "full_tensor", None)  # a DTensor: replicated already, so no communication
+    return full() if full is not None else norm
+
+
+def _full_state():
+    """Gathered (unsharded) tensors on the CPU, kept on rank 0 only."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -91,6 +167,9 @@ class Trainer:
     seed: int = 0
     logger: MetricLogger = field(default_factory=NullLogger)
     device: torch.device | str = "cpu"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 elsewhere
+    grad_sync: GradSync = no_grad_sync_needed  # distributed wrapper: sync gradients only where enabled
+    loss_chunk: int = 1024  # rows per output-head chunk (memory: chunk x vocab x 12 bytes)
 
     def __post_init__(self) -> None:
         assert self.schedule, "the stage schedule is empty"
@@ -98,22 +177,41 @@ class Trainer:
         self.optimizer = make_optimizer(self.draft, self.optim)
         self.total_steps = total_steps(self.schedule, self.batches_per_epoch, self.optim.grad_accum)
         self.scheduler = make_scheduler(self.optimizer, self.optim, self.total_steps)
+        self.warnings = learning_warnings(self.optim, self.total_steps)
         self.generator = torch.Generator().manual_seed(self.seed)
         self.state = TrainState()
 
     # -- checkpoint state ---------------------------------------------------------------
+    def draft_state_dict(self) -> dict[str, torch.Tensor]:
+        """The draft's full weights on the CPU (what ``save_draft`` writes), keyed as in the bare draft.
+
+        Collective for a distributed draft: every rank must call it (FSDP2 shards are all-gathered);
+        rank 0 gets the tensors, the other ranks an empty dict.
+        """
+        from torch.distributed.checkpoint import state_dict as dcp  # imported when needed: it is slow to import
+
+        return dcp.get_model_state_dict(self.draft, options=_full_state())
+
     def state_dict(self) -> dict:
+        """Everything a resume needs: full weights, full optimizer state (keyed by parameter name),
+        scheduler, this rank's generator and the loop position. Collective, like ``draft_state_dict``."""
+        from torch.distributed.checkpoint import state_dict as dcp
+
         return {
-            "draft": unwrap(self.draft).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "draft": self.draft_state_dict(),
+            "optimizer": dcp.get_optimizer_state_dict(self.draft, self.optimizer, options=_full_state()),
             "scheduler": self.scheduler.state_dict(),
             "generator": self.generator.get_state(),
             "loop": self.state.as_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        unwrap(self.draft).load_state_dict(state["draft"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Load a full state (every rank passes the whole of it; FSDP2 keeps its own shards)."""
+        from torch.distributed.checkpoint import state_dict as dcp
+
+        options = dcp.StateDictOptions(full_state_dict=True, strict=True)
+        dcp.set_model_state_dict(self.draft, state["draft"], options=options)
+        dcp.set_optimizer_state_dict(self.draft, self.optimizer, state["optimizer"], options=options)
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         self.state = TrainState(**state["loop"])
@@ -140,9 +238,10 @@ class Trainer:
                 epoch_batches = batches(self.state.stage, self.state.epoch)
                 for index in range(self.state.batch, len(epoch_batches)):
                     batch = epoch_batches[index]
-                    metrics = self._micro_step(batch.to(self.device), stage, scale=1.0 / accum)
+                    closes = (index + 1) % accum == 0 or index + 1 == len(epoch_batches)  # last of its group
+                    metrics = self._micro_step(batch.to(self.device), stage, scale=1.0 / accum, sync=closes)
                     self.state.batch = index + 1
-                    if self.state.batch % accum == 0 or self.state.batch == len(epoch_batches):
+                    if closes:
                         metrics.update(self._optimizer_step())
                         metrics["tokens_per_s"] = (self.state.tokens - tok0) / max(1e-9, time.perf_counter() - t0)
                         self.logger.log_metrics(metrics, self.state.step)
@@ -156,15 +255,23 @@ class Trainer:
             self.state.epoch = 0
         return self.state
 
-    def _micro_step(self, batch: Batch, stage: StageConfig, scale: float) -> dict[str, float]:
-        metrics = train_batch(self.draft, batch, stage, generator=self.generator, scale=scale)
+    def _autocast(self):
+        device = torch.device(self.device)
+        if resolve_precision(self.precision, device) == "bf16":
+            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _micro_step(self, batch: Batch, stage: StageConfig, scale: float, sync: bool = True) -> dict[str, float]:
+        with self._autocast():
+            metrics = train_batch(self.draft, batch, stage, generator=self.generator, scale=scale,
+                                  grad_sync=self.grad_sync, sync_last=sync, chunk=self.loss_chunk)
         self.state.tokens += int((batch.loss_mask & batch.valid).sum())
         metrics["stage"] = float(self.state.stage)
         return metrics
 
     def _optimizer_step(self) -> dict[str, float]:
-        params = trainable(self.draft)
-        norm = torch.nn.utils.clip_grad_norm_(params, self.optim.max_grad_norm)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]  # sharded ones under FSDP2
+        norm = clip_gradients(params, self.optim.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -5,16 +5,22 @@ Modules, bottom up:
 * ``drafting``    the draft's cache of true states and its tree-attention queries.
 * ``tree``        EAGLE-2 dynamic draft trees, chains, tree mask and position ids.
 * ``verify``      one-forward target verification, acceptance, KV-cache compaction.
-* ``speculative`` ``speculative_generate`` / ``vanilla_generate`` (batch 1).
+* ``speculative`` the one generation loop ``speculative_decode`` over a ``Drafter`` seam,
+                  ``speculative_generate`` (draft model) / ``vanilla_generate`` (batch 1).
+* ``prompt_lookup`` training-free prompt-lookup drafting (n-gram copy), the evaluation floor.
 * ``metrics``     τ, α_i, tokens/s, speedup, lossless counts.
 * ``eval``        MT-Bench-format question sets -> per-dataset / per-turn report.
 """
 
+from specdraft.decoding.prompt_lookup import PromptLookupConfig, prompt_lookup_generate
 from specdraft.decoding.sampling import SamplingConfig
 from specdraft.decoding.speculative import (
     DecodeConfig,
+    Drafter,
     Generation,
+    ModelDrafter,
     eos_token_ids,
+    speculative_decode,
     speculative_generate,
     vanilla_generate,
 )
@@ -23,11 +29,16 @@ from specdraft.decoding.tree import DraftTree, build_draft_chain, build_draft_tr
 __all__ = [
     "DecodeConfig",
     "DraftTree",
+    "Drafter",
     "Generation",
+    "ModelDrafter",
+    "PromptLookupConfig",
     "SamplingConfig",
     "build_draft_chain",
     "build_draft_tree",
     "eos_token_ids",
+    "prompt_lookup_generate",
+    "speculative_decode",
     "speculative_generate",
     "tree_attention_mask",
     "vanilla_generate",

@@ -2,10 +2,12 @@
 
 Beagle drafting (papers/beagle-… §4.1): the cache holds keys/values of the target's true
 states; a query token at position p sees states u < p; with "concate" each drafted state is
-appended and seen by its descendants only. EAGLE drafting (papers/eagle2-… §4.1, tree
-attention): slot c is fc(e(t_c), h_{c-1}); the root slot uses the true state before it,
-drafted slots use their parent's predicted state, and a query sees the true slots plus the
-slots of its ancestors and itself.
+appended and seen by its descendants only. EAGLE / EAGLE-3 drafting (papers/eagle2-… §4.1,
+tree attention): slot c pairs t_c with the state of c-1 (slots start at position 1); the
+root slot uses the true state before it, drafted slots use their parent's predicted state,
+and a query sees the true slots plus the slots of its ancestors and itself. An EAGLE-3 draft
+reads the target's auxiliary-layer features (projected by its fc) and predicts over its draft
+vocabulary, mapped back to target ids through ``d2t`` (``target_logprobs``).
 
 Every round starts from true states only (``DraftContext`` is cropped back after drafting)
 and ``advance_draft`` appends the states the target just verified.
@@ -75,33 +77,42 @@ def _dtype(module: torch.nn.Module) -> torch.dtype:
     return next(module.parameters()).dtype
 
 
+def _device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
 def start_draft(
-    draft: torch.nn.Module, prompt_ids: torch.Tensor, states: torch.Tensor, first_token: int, concate: bool = True
+    draft: torch.nn.Module, prompt_ids: torch.Tensor, features: torch.Tensor, first_token: int, concate: bool = True
 ) -> DraftContext:
-    """Draft context after the target's prefill of ``prompt_ids`` (1, P) with true states (1, P, d)."""
+    """Draft context after the target's prefill of ``prompt_ids`` (1, P) with its features (1, P, F)
+    (the last hidden states, or the auxiliary layers an EAGLE-3 draft reads)."""
     assert prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1, f"batch 1 only, got {tuple(prompt_ids.shape)}"
     n = prompt_ids.shape[1]
-    assert n >= 1 and states.shape[:2] == (1, n), f"states {tuple(states.shape)} do not match {n} prompt tokens"
-    device = prompt_ids.device
-    states = states.to(_dtype(draft))
+    assert n >= 1 and features.shape[:2] == (1, n), f"features {tuple(features.shape)} do not match {n} prompt tokens"
+    device = _device(draft)  # the target's ids and features may live on other GPUs (a spread target)
+    prompt_ids = prompt_ids.to(device)
+    states = draft.project(features.to(device, _dtype(draft)))  # (1, P, d)
     cache = KVCache()
     if draft.config.arch == "beagle":
         cache.append(draft.encode_states(states, torch.arange(n, device=device)[None]))
         return DraftContext(draft, cache, n, int(first_token), None, concate)
     ids = torch.cat([prompt_ids, prompt_ids.new_tensor([[first_token]])], dim=1)  # (1, P+1)
-    prev = torch.cat([states.new_zeros(1, 1, states.shape[-1]), states], dim=1)  # (1, P+1, d): slot c <- h_{c-1}
-    x, kv = draft.encode_inputs(ids, prev, torch.arange(n + 1, device=device)[None])
+    if draft.config.legacy:  # slots 0..P, slot c <- h_{c-1}, a zero state at slot 0
+        prev = torch.cat([states.new_zeros(1, 1, states.shape[-1]), states], dim=1)  # (1, P+1, d)
+        x, kv = draft.encode_inputs(ids, prev, torch.arange(n + 1, device=device)[None])
+    else:  # slots 1..P, slot c <- h_{c-1}
+        x, kv = draft.encode_inputs(ids[:, 1:], states, torch.arange(1, n + 1, device=device)[None])
     cache.append(kv)
     return DraftContext(draft, cache, n, int(first_token), x[:, -1:], True)
 
 
-def advance_draft(ctx: DraftContext, tokens: list[int], states: torch.Tensor) -> None:
-    """Commit ``tokens`` = accepted drafts + the next root, whose true states (1, len, d) the target
-    just computed at positions n .. n+len-1 (the old root and the accepted drafts)."""
+def advance_draft(ctx: DraftContext, tokens: list[int], features: torch.Tensor) -> None:
+    """Commit ``tokens`` = accepted drafts + the next root, whose target features (1, len, F) the
+    target just computed at positions n .. n+len-1 (the old root and the accepted drafts)."""
     m = len(tokens)
-    assert m >= 1 and states.shape[:2] == (1, m), f"{m} tokens but states {tuple(states.shape)}"
-    device = states.device
-    states = states.to(_dtype(ctx.draft))
+    assert m >= 1 and features.shape[:2] == (1, m), f"{m} tokens but features {tuple(features.shape)}"
+    device = _device(ctx.draft)
+    states = ctx.draft.project(features.to(device, _dtype(ctx.draft)))  # (1, m, d)
     n = ctx.root_pos
     if ctx.arch == "beagle":
         ctx.cache.append(ctx.draft.encode_states(states, torch.arange(n, n + m, device=device)[None]))
@@ -115,8 +126,9 @@ def advance_draft(ctx: DraftContext, tokens: list[int], states: torch.Tensor) ->
 
 
 def true_length(ctx: DraftContext) -> int:
-    """Cache entries that hold true states (Beagle: n states; EAGLE: n+1 slots incl. the root)."""
-    return ctx.root_pos if ctx.arch == "beagle" else ctx.root_pos + 1
+    """Cache entries that hold true states (Beagle: n states; EAGLE: slots 1..n, the root's included;
+    a 0.1 EAGLE draft also has its zero-state slot 0)."""
+    return ctx.root_pos + 1 if ctx.arch != "beagle" and ctx.draft.config.legacy else ctx.root_pos
 
 
 def new_pool(ctx: DraftContext, capacity: int) -> DraftPool:
@@ -155,7 +167,7 @@ def query_nodes(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor) -> torc
     ids = pool.tokens[nodes][None]  # (1, Q)
     n_true = true_length(ctx)
     root_only = nodes.numel() == 1 and int(nodes[0]) == 0
-    if ctx.arch == "eagle":
+    if ctx.arch != "beagle":
         if root_only:
             x_in = ctx.root_x  # (1, 1, d)
         else:
@@ -167,7 +179,7 @@ def query_nodes(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor) -> torc
     owners = torch.tensor(pool.owners, dtype=torch.long, device=device)  # (E,)
     drafted = pool.ancestors[nodes][:, owners]  # (Q, E): own entry (EAGLE) is ancestor-or-self
     visible = torch.cat([torch.ones(nodes.numel(), n_true, dtype=torch.bool, device=device), drafted], dim=1)
-    if ctx.arch == "eagle":
+    if ctx.arch != "beagle":
         h = draft.attend(x_in, pos, cache.view(), visible[None])  # (1, Q, d)
     else:
         kv = cache.view() if cache.length else _empty_kv(draft, device)
@@ -176,7 +188,18 @@ def query_nodes(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor) -> torc
             cache.append(draft.encode_states(h, pos))
             pool.owners += nodes.tolist()
     pool.states[nodes] = h[0]
-    return torch.log_softmax(draft.logits(h)[0].float(), dim=-1)  # (Q, V)
+    return target_logprobs(draft, draft.logits(h)[0])  # (Q, V)
+
+
+def target_logprobs(draft: torch.nn.Module, logits: torch.Tensor) -> torch.Tensor:
+    """Draft log-probabilities over the TARGET vocabulary (Q, V) from the draft's logits (Q, Vd):
+    draft id i is target id i + d2t[i]; ids outside the draft vocabulary get -inf."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (Q, Vd)
+    if not draft.config.own_vocab:
+        return logp
+    full = logp.new_full((logp.shape[0], draft.config.vocab_size), float("-inf"))  # (Q, V)
+    full[:, draft.heads.target_ids()] = logp
+    return full
 
 
 def _empty_kv(draft: torch.nn.Module, device: torch.device) -> KV:

@@ -5,9 +5,15 @@ its dataset name is the file stem (the parent folder's name for a file called
 ``question.jsonl``, as in FastChat's ``data/mt_bench/question.jsonl``). For every question,
 turn by turn: the conversation so far is rendered with the target tokenizer's chat template
 (``add_generation_prompt=True``), the target's vanilla decoding and speculative decoding run
-on that prompt (in alternating order, so neither always runs on a warm cache), and the
-target's own (vanilla) answer is appended as the assistant message before the next turn —
-so both decoders always see the same context.
+on that prompt, and so does prompt-lookup decoding (``prompt_lookup``: the training-free
+floor, unless ``pld.enabled`` is off) — in rotating order, so none always runs on a warm
+cache — and the target's own (vanilla) answer is appended as the assistant message before
+the next turn, so every decoder always sees the same context.
+
+The floor: PLD runs with the turn's decode settings (sampling, max_new_tokens, seed) and
+``pld.gamma`` tokens per round, by default the draft's max depth (chain γ or tree depth); its
+counts go into the record with the suffix ``_pld`` and the summary reports ``tau_pld``,
+``alpha_pld``, ``pld_lossless`` and ``tau_over_pld`` beside the draft's τ (``metrics``).
 
 ``evaluate_question`` returns plain per-turn records (JSON-able: they cross process
 boundaries), ``build_report`` aggregates them per dataset and per turn (``metrics.summarize``).
@@ -21,27 +27,46 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers.utils.logging import tqdm
 
 from specdraft.config import to_dict
 from specdraft.decoding.metrics import first_mismatch, summarize
-from specdraft.decoding.speculative import DecodeConfig, eos_token_ids, speculative_generate, vanilla_generate
+from specdraft.decoding.prompt_lookup import PromptLookupConfig, prompt_lookup_generate
+from specdraft.decoding.speculative import (
+    DecodeConfig,
+    Generation,
+    eos_token_ids,
+    speculative_generate,
+    vanilla_generate,
+)
 from specdraft.models import load_draft
+from specdraft.placement import (
+    MASK_ATTN_IMPLEMENTATIONS,
+    describe_placement,
+    output_device,
+    resolve_device,
+    resolve_dtype,
+)
 from specdraft.target import load_target_model, load_tokenizer
 
-TIMING_KEYS = ("wall_s", "draft_s", "verify_s", "baseline_wall_s")
+TIMING_KEYS = ("wall_s", "draft_s", "verify_s", "baseline_wall_s", "wall_s_pld", "draft_s_pld", "verify_s_pld")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EvalSettings:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    pld: PromptLookupConfig = field(default_factory=PromptLookupConfig)  # the prompt-lookup floor
     max_questions: int | None = None  # per question file
     seed: int = 0
     dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    gpus: int = 1  # GPUs per model copy: the target is spread over them (device_map); a Ray replica requests as many
+    # vanilla and speculative decoding use the same kernel; tree verification passes a 4D mask,
+    # which flash-attention cannot take, so eval targets load with sdpa (or eager)
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     system_prompt: str | None = None
     warmup: bool = True  # one short untimed generation before the first timed one
 
@@ -54,26 +79,23 @@ class Models:
     eos_ids: frozenset[int]
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    assert name in dtypes, f"dtype must be auto or one of {sorted(dtypes)}, got {name!r}"
-    return dtypes[name]
-
-
 def load_models(target_dir: str | Path, draft_dir: str | Path, settings: EvalSettings) -> Models:
-    """Target (full model), draft and tokenizer on the settings' device and dtype."""
+    """Target (full model, over ``settings.gpus`` GPUs), draft and tokenizer in the settings' dtype.
+
+    The draft lives on the target's output device (its lm_head's GPU): the hidden states it reads
+    and the logits acceptance compares come out there.
+    """
+    assert settings.attn_implementation in MASK_ATTN_IMPLEMENTATIONS, (
+        f"eval needs an attention kernel that takes the tree mask {MASK_ATTN_IMPLEMENTATIONS}, "
+        f"got {settings.attn_implementation!r}"
+    )
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
-    target = load_target_model(target_dir, dtype=dtype, device=device)
-    draft = load_draft(draft_dir, device=device, dtype=dtype)
+    target = load_target_model(target_dir, dtype=dtype, device=device, gpus=settings.gpus,
+                               attn_implementation=settings.attn_implementation)
+    out = output_device(target)  # the lm_head's device: the draft reads hidden states there
+    heads = (target.get_input_embeddings().weight.to(out), target.get_output_embeddings().weight)  # shared, not copied
+    draft = load_draft(draft_dir, device=out, dtype=dtype, heads=heads)
     tokenizer = load_tokenizer(target_dir)
     vocab = target.get_output_embeddings().weight.shape[0]
     assert draft.config.vocab_size == vocab and draft.config.hidden_size == target.config.hidden_size, (
@@ -145,29 +167,56 @@ def warmup(models: Models, settings: EvalSettings) -> None:
     """Untimed short generations so the first timed turn pays no first-call costs."""
     cfg = DecodeConfig(**{**to_dict(settings.decode), "max_new_tokens": min(8, settings.decode.max_new_tokens)})
     ids = render_prompt(models.tokenizer, [{"role": "user", "content": "Hello."}])
-    device = next(models.target.parameters()).device
+    device = output_device(models.target)  # where logits are sampled
     vanilla_generate(models.target, ids, cfg, models.eos_ids, _generator(0, device))
     speculative_generate(models.target, models.draft, ids, cfg, models.eos_ids, _generator(0, device))
+    if settings.pld.enabled:
+        prompt_lookup_generate(models.target, ids, cfg, settings.pld, models.eos_ids, _generator(0, device))
+
+
+def generation_fields(gen: Generation, base: Generation, greedy: bool, suffix: str = "") -> dict[str, Any]:
+    """One decoder's per-turn counts (``metrics.summarize`` reads them), names ending in ``suffix``."""
+    fields = {
+        "new_tokens": len(gen.tokens),
+        "rounds": gen.rounds,
+        "round_tokens": sum(gen.round_tokens),
+        "accepted": gen.accepted,
+        "depth_tried": gen.depth_tried,
+        "depth_accepted": gen.depth_accepted,
+        "stop": gen.stop,
+        "tokens_sha": hashlib.sha256(json.dumps(gen.tokens).encode()).hexdigest()[:16],
+        "lossless": (gen.tokens == base.tokens) if greedy else None,
+        "first_mismatch": first_mismatch(gen.tokens, base.tokens) if greedy else None,
+        "wall_s": gen.wall_s,
+        "draft_s": gen.draft_s,
+        "verify_s": gen.verify_s,
+    }
+    return {f"{key}{suffix}": value for key, value in fields.items()}
 
 
 def evaluate_question(models: Models, question: dict[str, Any], settings: EvalSettings) -> list[dict[str, Any]]:
-    """Vanilla and speculative decoding of every turn of one question; one record per turn."""
+    """Vanilla, speculative and (the floor) prompt-lookup decoding of every turn of one question;
+    one record per turn."""
     cfg = settings.decode
-    device = next(models.target.parameters()).device
+    device = output_device(models.target)  # generators live where logits are sampled (the lm_head's device)
     messages = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
+    decoders = ["base", "spec"] + (["pld"] if settings.pld.enabled else [])
     records = []
     for turn, text in enumerate(question["turns"], start=1):
         messages.append({"role": "user", "content": text})
         prompt = render_prompt(models.tokenizer, messages)
         seed = turn_seed(settings.seed, question["index"], turn)
-        spec_first = (question["index"] + turn) % 2 == 1  # alternate the order: neither always runs warm
-        for which in ("spec", "base") if spec_first else ("base", "spec"):
+        shift = (question["index"] + turn) % len(decoders)  # rotate the order: none always runs warm
+        gens: dict[str, Generation] = {}
+        for which in decoders[shift:] + decoders[:shift]:
             gen = _generator(seed, device)
             if which == "spec":
-                spec = speculative_generate(models.target, models.draft, prompt, cfg, models.eos_ids, gen)
+                gens[which] = speculative_generate(models.target, models.draft, prompt, cfg, models.eos_ids, gen)
+            elif which == "pld":
+                gens[which] = prompt_lookup_generate(models.target, prompt, cfg, settings.pld, models.eos_ids, gen)
             else:
-                base = vanilla_generate(models.target, prompt, cfg, models.eos_ids, gen)
-        greedy = cfg.sampling.greedy
+                gens[which] = vanilla_generate(models.target, prompt, cfg, models.eos_ids, gen)
+        base, greedy = gens["base"], cfg.sampling.greedy
         records.append({
             "dataset": question["dataset"],
             "index": question["index"],
@@ -175,21 +224,10 @@ def evaluate_question(models: Models, question: dict[str, Any], settings: EvalSe
             "category": question["category"],
             "turn": turn,
             "prompt_tokens": len(prompt),
-            "new_tokens": len(spec.tokens),
-            "rounds": spec.rounds,
-            "round_tokens": sum(spec.round_tokens),
-            "accepted": spec.accepted,
-            "depth_tried": spec.depth_tried,
-            "depth_accepted": spec.depth_accepted,
-            "stop": spec.stop,
-            "tokens_sha": hashlib.sha256(json.dumps(spec.tokens).encode()).hexdigest()[:16],
+            **generation_fields(gens["spec"], base, greedy),
             "baseline_new_tokens": len(base.tokens),
-            "lossless": (spec.tokens == base.tokens) if greedy else None,
-            "first_mismatch": first_mismatch(spec.tokens, base.tokens) if greedy else None,
-            "wall_s": spec.wall_s,
-            "draft_s": spec.draft_s,
-            "verify_s": spec.verify_s,
             "baseline_wall_s": base.wall_s,
+            **(generation_fields(gens["pld"], base, greedy, "_pld") if "pld" in gens else {}),
         })
         messages.append({"role": "assistant", "content": answer_text(models.tokenizer, base.tokens, models.eos_ids)})
     return records
@@ -228,7 +266,8 @@ def run_eval(
     records = []
     for q in tqdm(questions, desc="eval", unit="question", disable=not progress):
         records += evaluate_question(models, q, settings)
-    extra = {"target": str(target_dir), "draft": str(draft_dir), "questions": [str(f) for f in question_files]}
+    extra = {"target": str(target_dir), "draft": str(draft_dir), "questions": [str(f) for f in question_files],
+             "placement": [describe_placement(models.target)]}  # kernel, dtype, devices actually used
     return build_report(records, settings_dict(settings, **extra))
 
 

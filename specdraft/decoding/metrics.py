@@ -10,6 +10,13 @@ Definitions (``speculative.Generation`` counts; sums run over all turns of a gro
   decoding of the same prompts with the same target and settings; speedup = their ratio.
 * lossless: in greedy mode the speculative tokens must equal the vanilla tokens; mismatching
   turns are counted and the first differing position is recorded.
+* the prompt-lookup floor (``prompt_lookup``): records may carry a second decoder's counts
+  under the same names with the suffix ``_pld``; the summary then has ``tau_pld``,
+  ``alpha_pld``, ``rounds_pld``, ``new_tokens_pld``, ``wall_s_pld``, ``tokens_per_s_pld``,
+  ``speedup_pld`` (vs vanilla), ``lossless_checked_pld``, ``lossless_mismatches_pld``,
+  ``first_mismatches_pld``, ``pld_lossless`` (every checked turn equal to vanilla; None when
+  none was checked) and ``tau_over_pld`` = τ / τ_pld (> 1: the draft beats copying). They are
+  None when the records have no PLD counts (the floor was switched off).
 """
 
 from __future__ import annotations
@@ -41,46 +48,71 @@ def _add(total: list[int], values: Sequence[int]) -> list[int]:
     return [t + (values[i] if i < len(values) else 0) for i, t in enumerate(total)]
 
 
-def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Aggregate per-turn records (see ``eval.turn_record``) into one metrics block."""
-    rounds = round_tokens = new_tokens = base_tokens = num_turns = 0
-    wall = base_wall = 0.0
+DECODER_KEYS = ("tau", "alpha", "rounds", "new_tokens", "wall_s", "tokens_per_s", "lossless_checked",
+                "lossless_mismatches", "first_mismatches")
+
+
+def _decoder_summary(records: list[dict[str, Any]], suffix: str) -> dict[str, Any]:
+    """The ``DECODER_KEYS`` of one decoder whose record fields end with ``suffix``."""
+    rounds = round_tokens = new_tokens = checked = 0
+    wall = 0.0
     tried: list[int] = []
     accepted: list[int] = []
-    checked = mismatches = 0
     first_diffs = []
     for r in records:
-        num_turns += 1
-        rounds += r["rounds"]
-        round_tokens += r["round_tokens"]
-        new_tokens += r["new_tokens"]
-        wall += r["wall_s"]
-        base_tokens += r["baseline_new_tokens"]
-        base_wall += r["baseline_wall_s"]
-        tried = _add(tried, r["depth_tried"])
-        accepted = _add(accepted, r["depth_accepted"])
-        if r["lossless"] is not None:
+        rounds += r[f"rounds{suffix}"]
+        round_tokens += r[f"round_tokens{suffix}"]
+        new_tokens += r[f"new_tokens{suffix}"]
+        wall += r[f"wall_s{suffix}"]
+        tried = _add(tried, r[f"depth_tried{suffix}"])
+        accepted = _add(accepted, r[f"depth_accepted{suffix}"])
+        if r[f"lossless{suffix}"] is not None:
             checked += 1
-            if not r["lossless"]:
-                mismatches += 1
+            if not r[f"lossless{suffix}"]:
                 first_diffs.append(
-                    {"question_id": r["question_id"], "turn": r["turn"], "position": r["first_mismatch"]}
+                    {"question_id": r["question_id"], "turn": r["turn"], "position": r[f"first_mismatch{suffix}"]}
                 )
-    speed = new_tokens / wall if wall > 0 else None
-    base_speed = base_tokens / base_wall if base_wall > 0 else None
     return {
         "tau": tau(round_tokens, rounds),
         "alpha": alpha(tried, accepted),
         "rounds": rounds,
         "new_tokens": new_tokens,
-        "num_turns": num_turns,
         "wall_s": wall,
+        "tokens_per_s": new_tokens / wall if wall > 0 else None,
+        "lossless_checked": checked,
+        "lossless_mismatches": len(first_diffs),
+        "first_mismatches": first_diffs,
+    }
+
+
+def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Aggregate per-turn records (``eval.evaluate_question``) into one metrics block."""
+    records = list(records)
+    spec = _decoder_summary(records, "")
+    base_tokens = sum(r["baseline_new_tokens"] for r in records)
+    base_wall = sum(r["baseline_wall_s"] for r in records)
+    base_speed = base_tokens / base_wall if base_wall > 0 else None
+    with_pld = [("rounds_pld" in r) for r in records]
+    assert all(with_pld) or not any(with_pld), "some records have prompt-lookup counts and some do not"
+    pld = _decoder_summary(records, "_pld") if records and all(with_pld) else dict.fromkeys(DECODER_KEYS)
+    speed, pld_speed = spec["tokens_per_s"], pld["tokens_per_s"]
+    return {
+        "tau": spec["tau"],
+        "alpha": spec["alpha"],
+        "rounds": spec["rounds"],
+        "new_tokens": spec["new_tokens"],
+        "num_turns": len(records),
+        "wall_s": spec["wall_s"],
         "tokens_per_s": speed,
         "baseline_new_tokens": base_tokens,
         "baseline_wall_s": base_wall,
         "baseline_tokens_per_s": base_speed,
         "speedup": speed / base_speed if speed and base_speed else None,
-        "lossless_checked": checked,
-        "lossless_mismatches": mismatches,
-        "first_mismatches": first_diffs,
+        "lossless_checked": spec["lossless_checked"],
+        "lossless_mismatches": spec["lossless_mismatches"],
+        "first_mismatches": spec["first_mismatches"],
+        **{f"{key}_pld": pld[key] for key in DECODER_KEYS},
+        "speedup_pld": pld_speed / base_speed if pld_speed and base_speed else None,
+        "pld_lossless": pld["lossless_mismatches"] == 0 if pld["lossless_checked"] else None,
+        "tau_over_pld": spec["tau"] / pld["tau"] if spec["tau"] is not None and pld["tau"] else None,
     }

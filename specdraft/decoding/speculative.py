@@ -1,14 +1,21 @@
 """Speculative and vanilla generation, batch 1 (papers/eagle2-… §4; DESIGN.md "Evaluation").
 
-``speculative_generate(target, draft, prompt_ids, cfg)``:
+One generation loop, ``speculative_decode(target, drafter, prompt_ids, cfg)``, serves every
+drafter (a model draft here, training-free prompt lookup in ``prompt_lookup``):
   prefill   the target runs the prompt once (a ``DynamicCache``), its last logits give the
-            first new token (the root of round 1); the draft caches the true states.
-  round     the draft builds a chain (γ tokens) or an EAGLE-2 dynamic tree from the root,
-            the target verifies root + tree in ONE forward (tree mask, tree positions),
-            acceptance (greedy or speculative sampling) picks a path plus one target token
-            (bonus / correction), the target cache is compacted to prefix + root + path,
-            and the draft appends the newly verified true states (reset to true states).
+            first new token (the root of round 1); ``drafter.start`` sees the prompt, the
+            target's features the drafter asks for (``aux_layers``) and that token.
+  round     ``drafter.propose`` returns a draft tree hanging from the root (a chain, an
+            EAGLE-2 dynamic tree, or the root alone: a plain decode step), the target
+            verifies root + tree in ONE forward (tree mask, tree positions), acceptance
+            (greedy or speculative sampling) picks a path plus one target token (bonus /
+            correction), the target cache is compacted to prefix + root + path, and
+            ``drafter.advance`` commits the emitted tokens with their target features.
   stop      EOS (``eos_ids``) or ``max_new_tokens``.
+
+The seam is the ``Drafter`` protocol: plain functions over an explicit state that ``start``
+returns (gpt-fast style), no hidden state in the loop. ``speculative_generate(target, draft,
+...)`` is the loop with a ``ModelDrafter`` (Beagle / EAGLE draft, ``drafting`` + ``tree``).
 
 Counting convention (``Generation``): ``rounds`` = target verification forwards (the
 prefill is not one); ``round_tokens[r]`` = tokens round r appended to the output (accepted
@@ -23,15 +30,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from transformers import DynamicCache
 
-from specdraft.decoding.drafting import advance_draft, start_draft
+from specdraft.decoding.drafting import DraftContext, advance_draft, start_draft
 from specdraft.decoding.sampling import SamplingConfig, choose_token
 from specdraft.decoding.tree import DraftTree, build_draft_chain, build_draft_tree
 from specdraft.decoding.verify import accept_greedy, accept_sampling, compact_cache, target_forward, verify_tree
+from specdraft.placement import input_device
 
 Mode = Literal["chain", "tree"]
 
@@ -94,8 +102,9 @@ def eos_token_ids(model: torch.nn.Module | None = None, tokenizer=None) -> froze
 
 
 def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if device.type == "cuda":  # every GPU this process sees: a target spread over GPUs ends on the last
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(index)
 
 
 def _finish(
@@ -121,35 +130,96 @@ def _prompt_tensor(prompt_ids, device: torch.device) -> torch.Tensor:
     return ids  # (1, P)
 
 
+class Drafter(Protocol):
+    """The drafting side of ``speculative_decode``: plain functions over the state ``start`` returns.
+
+    * ``start(prompt_ids (1, P), features (1, P, F), first_token) -> state``: after the target's
+      prefill; ``features`` are what ``aux_layers`` asks of the target for the prompt.
+    * ``propose(state, generator) -> DraftTree``: a tree whose root is the last committed token
+      (``first_token``, then each round's bonus); a root-only tree makes the round a plain
+      decode step. Nodes with ``proposals=None`` are deterministic choices (q = δ_x).
+    * ``advance(state, tokens, features (1, m, F))``: commit ``tokens`` = the accepted drafts +
+      the next root; ``features`` are the target's at the old root and the accepted drafts.
+    * ``max_depth``: the deepest node ``propose`` can return (sizes the α_i counts).
+    * ``aux_layers``: the target features the drafter reads (``verify.target_forward``): () for
+      the last hidden state, else the decoder-layer inputs an EAGLE-3 draft concatenates.
+    """
+
+    @property
+    def max_depth(self) -> int: ...
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]: ...
+
+    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor, first_token: int) -> Any: ...
+
+    def propose(self, state: Any, generator: torch.Generator | None) -> DraftTree: ...
+
+    def advance(self, state: Any, tokens: list[int], features: torch.Tensor) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDrafter:
+    """A Beagle / EAGLE / EAGLE-3 draft model: a chain of ``cfg.gamma`` or an EAGLE-2 dynamic tree per round."""
+
+    draft: torch.nn.Module
+    cfg: DecodeConfig
+
+    @property
+    def max_depth(self) -> int:
+        return self.cfg.max_depth
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        return tuple(self.draft.config.aux_layers)
+
+    def start(self, prompt_ids: torch.Tensor, features: torch.Tensor, first_token: int) -> DraftContext:
+        return start_draft(self.draft, prompt_ids, features, first_token, self.cfg.concate)
+
+    def propose(self, state: DraftContext, generator: torch.Generator | None) -> DraftTree:
+        if self.cfg.mode == "chain":
+            return build_draft_chain(state, gamma=self.cfg.gamma, sampling=self.cfg.sampling, generator=generator)
+        return build_draft_tree(state, depth=self.cfg.depth, topk=self.cfg.topk, total_tokens=self.cfg.total_tokens)
+
+    def advance(self, state: DraftContext, tokens: list[int], features: torch.Tensor) -> None:
+        advance_draft(state, tokens, features)
+
+
 @torch.no_grad()
-def speculative_generate(
+def speculative_decode(
     target: torch.nn.Module,
-    draft: torch.nn.Module,
+    drafter: Drafter,
     prompt_ids,
     cfg: DecodeConfig = DecodeConfig(),
     eos_ids: frozenset[int] = frozenset(),
     generator: torch.Generator | None = None,
 ) -> Generation:
-    """Lossless speculative decoding of ``target`` with ``draft`` (see the module docstring)."""
-    device = next(target.parameters()).device
+    """Lossless speculative decoding of ``target`` with any ``drafter`` (see the module docstring).
+
+    Only ``cfg``'s sampling settings and ``max_new_tokens`` are read here; how much is drafted
+    per round is the drafter's business."""
+    device = input_device(target)  # token ids go to the embedding's device (the first GPU of a spread target)
     ids = _prompt_tensor(prompt_ids, device)  # (1, P)
     sampling = cfg.sampling
-    gen = Generation([], depth_tried=[0] * cfg.max_depth, depth_accepted=[0] * cfg.max_depth)
+    depth = drafter.max_depth
+    gen = Generation([], depth_tried=[0] * depth, depth_accepted=[0] * depth)
     _sync(device)
     start = time.perf_counter()
     cache = DynamicCache()
     past = ids.shape[1]
-    hidden, logits = target_forward(target, ids, torch.arange(past, device=device)[None], cache)
+    aux = list(drafter.aux_layers)
+    hidden, logits = target_forward(target, ids, torch.arange(past, device=device)[None], cache, aux_layers=aux)
     first = choose_token(logits[0, -1], sampling, generator)
     gen.tokens, stop = _finish([], [first], cfg, eos_ids)
     if stop is None:
-        ctx = start_draft(draft, ids, hidden, first, cfg.concate)
+        state = drafter.start(ids, hidden, first)
     while stop is None:
         t0 = time.perf_counter()
-        tree = _draft(ctx, cfg, sampling, generator)
+        tree = drafter.propose(state, generator)
+        assert int(tree.depths.max()) <= depth, f"drafter proposed depth {int(tree.depths.max())} > max_depth {depth}"
         _sync(device)
         t1 = time.perf_counter()
-        hidden, logits = verify_tree(target, cache, tree, past)  # (1, N+1, d), (1, N+1, V)
+        hidden, logits = verify_tree(target, cache, tree, past, aux)  # (1, N+1, F), (1, N+1, V)
         if sampling.greedy:
             acc = accept_greedy(tree, logits[0], eos_ids)
         else:
@@ -170,8 +240,8 @@ def speculative_generate(
             gen.depth_accepted[d] += 1
         if stop is None:
             compact_cache(cache, past, acc.path)
-            keep = torch.tensor([0, *acc.path], device=device)
-            advance_draft(ctx, emitted, hidden[:, keep])
+            keep = torch.tensor([0, *acc.path], device=hidden.device)
+            drafter.advance(state, emitted, hidden[:, keep])  # (1, 1+len(path), F)
             past += len(acc.path) + 1
     _sync(device)
     gen.wall_s = time.perf_counter() - start
@@ -179,10 +249,16 @@ def speculative_generate(
     return gen
 
 
-def _draft(ctx, cfg: DecodeConfig, sampling: SamplingConfig, generator) -> DraftTree:
-    if cfg.mode == "chain":
-        return build_draft_chain(ctx, gamma=cfg.gamma, sampling=sampling, generator=generator)
-    return build_draft_tree(ctx, depth=cfg.depth, topk=cfg.topk, total_tokens=cfg.total_tokens)
+def speculative_generate(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    prompt_ids,
+    cfg: DecodeConfig = DecodeConfig(),
+    eos_ids: frozenset[int] = frozenset(),
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Lossless speculative decoding of ``target`` with the draft model ``draft`` (chain or tree per ``cfg``)."""
+    return speculative_decode(target, ModelDrafter(draft, cfg), prompt_ids, cfg, eos_ids, generator)
 
 
 @torch.no_grad()
@@ -194,7 +270,7 @@ def vanilla_generate(
     generator: torch.Generator | None = None,
 ) -> Generation:
     """Autoregressive decoding, one target forward per token, with the same token choice."""
-    device = next(target.parameters()).device
+    device = input_device(target)  # token ids go to the embedding's device (the first GPU of a spread target)
     ids = _prompt_tensor(prompt_ids, device)  # (1, P)
     sampling = cfg.sampling
     gen = Generation([])

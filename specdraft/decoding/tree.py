@@ -10,7 +10,8 @@
   the kept set is a connected tree; it is flattened parents-first.
 
 ``build_draft_chain`` drafts γ tokens one after another (greedy, or sampled from the warped
-draft distribution, recorded as each node's proposal for speculative sampling).
+draft distribution, recorded as each node's proposal for speculative sampling);
+``chain_of_tokens`` wraps tokens chosen elsewhere (prompt lookup) as a deterministic chain.
 
 Conventions: node 0 of a ``DraftTree`` is the root (the last committed token t_n, at
 position n, not yet seen by the target); a node at depth d sits at position n + d.
@@ -118,7 +119,7 @@ def build_draft_tree(ctx: DraftContext, *, depth: int = 6, topk: int = 10, total
     assert depth >= 1 and topk >= 1 and total_tokens >= 1, (
         f"depth, topk and total_tokens must be >= 1 (got {depth}, {topk}, {total_tokens})"
     )
-    k = min(topk, ctx.draft.config.vocab_size)
+    k = min(topk, ctx.draft.config.output_vocab_size)
     pool = new_pool(ctx, 1 + k + (depth - 1) * k * k)
     try:
         frontier = torch.zeros(1, dtype=torch.long, device=pool.tokens.device)  # (F,): the root
@@ -170,3 +171,19 @@ def build_draft_chain(
     if proposals:
         stacked = torch.stack([torch.zeros_like(proposals[0]), *proposals])  # (N+1, V); row 0 unused
     return _flatten(pool, list(range(gamma + 1)), stacked)
+
+
+def chain_of_tokens(root: int, tokens: torch.Tensor, device: torch.device | str = "cpu") -> DraftTree:
+    """A chain root -> tokens[0] -> ... of deterministic choices (``proposals=None``: q = δ_x);
+    ``tokens`` (k,) may be empty (a root-only tree: the round is a plain decode step)."""
+    assert tokens.dim() == 1, f"chain tokens must be (k,), got {tuple(tokens.shape)}"
+    k = tokens.numel()
+    all_tokens = torch.cat([torch.tensor([root], dtype=torch.long), tokens.to("cpu", torch.long)]).to(device)  # (k+1,)
+    steps = torch.arange(k + 1, device=device)  # (k+1,)
+    return DraftTree(
+        tokens=all_tokens,
+        parents=steps - 1,
+        depths=steps,
+        ancestors=steps[None, :] <= steps[:, None],  # (k+1, k+1): lower triangle
+        scores=torch.zeros(k + 1, dtype=torch.float64, device=device),
+    )

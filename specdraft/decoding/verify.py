@@ -26,6 +26,7 @@ from transformers import DynamicCache
 
 from specdraft.decoding.sampling import SamplingConfig, sample, target_probs, uniform
 from specdraft.decoding.tree import DraftTree, tree_attention_mask, tree_position_ids
+from specdraft.placement import input_device, output_device
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,22 +43,35 @@ def target_forward(
     position_ids: torch.Tensor,
     cache: DynamicCache,
     attention_mask: torch.Tensor | None = None,
+    aux_layers: list[int] | tuple[int, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Last hidden state (1, Q, d) — what lm_head consumes — and logits (1, Q, V), extending ``cache``."""
+    """The draft's features (1, Q, F) and the logits (1, Q, V), extending ``cache``.
+
+    Features: the last hidden state — what lm_head consumes — or, with ``aux_layers`` (EAGLE-3),
+    the concatenated states entering those decoder layers (HF ``output_hidden_states`` indices).
+    Inputs may live anywhere; both outputs come out on the lm_head's device (a target spread
+    over GPUs: accelerate's hooks carry activations and the mask from GPU to GPU, and each
+    layer's cache stays on its own GPU).
+    """
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
     assert decoder is not model and lm_head is not None, f"{type(model).__name__} has no decoder / lm_head"
+    device = input_device(model)
     out = decoder(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
+        input_ids=input_ids.to(device),
+        attention_mask=None if attention_mask is None else attention_mask.to(device),
+        position_ids=position_ids.to(device),
         past_key_values=cache,
         use_cache=True,
+        output_hidden_states=bool(aux_layers),
     )
-    hidden = out.last_hidden_state  # (1, Q, d)
+    home = output_device(model)
+    hidden = out.last_hidden_state.to(home)  # (1, Q, d)
     logits = lm_head(hidden).float()  # (1, Q, V)
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap  # (1, Q, V)
+    if aux_layers:
+        hidden = torch.cat([out.hidden_states[i].to(home) for i in aux_layers], dim=-1)  # (1, Q, L*d)
     return hidden, logits
 
 
@@ -78,10 +92,15 @@ def sliding_window_of(config) -> int | None:
 
 @torch.no_grad()
 def verify_tree(
-    model: torch.nn.Module, cache: DynamicCache, tree: DraftTree, past: int
+    model: torch.nn.Module, cache: DynamicCache, tree: DraftTree, past: int, aux_layers: list[int] | tuple = ()
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One target forward over the whole tree; returns hidden (1, N+1, d) and logits (1, N+1, V)."""
+    """One target forward over the whole tree; returns features (1, N+1, F) and logits (1, N+1, V)."""
     assert cache.get_seq_length() == past, f"target cache holds {cache.get_seq_length()} tokens, expected {past}"
+    kernel = getattr(model.config, "_attn_implementation", None) or ""
+    assert "flash" not in kernel, (
+        f"tree verification passes a 4D additive mask, which {kernel!r} cannot take: "
+        "load the target with attn_implementation='sdpa' (or 'eager')"
+    )
     dtype = next(model.parameters()).dtype
     window = sliding_window_of(model.config)
     end = past + int(tree.depths.max()) + 1
@@ -94,7 +113,7 @@ def verify_tree(
         window = None
     mask = tree_attention_mask(tree.ancestors, tree.depths, past, dtype, window)  # (1, 1, N+1, past+N+1)
     positions = tree_position_ids(tree.depths, past)  # (1, N+1)
-    return target_forward(model, tree.tokens[None], positions, cache, mask)
+    return target_forward(model, tree.tokens[None], positions, cache, mask, aux_layers)
 
 
 def compact_cache(cache: DynamicCache, past: int, path: list[int]) -> None:

@@ -1,4 +1,11 @@
-"""Draft models and their directory format (``config.json`` + ``model.safetensors``)."""
+"""Draft models and their directory format (``config.json`` + ``model.safetensors``).
+
+A draft directory holds the draft's own weights (and, with a draft vocabulary, its ``d2t``/``t2d``
+maps). The target's frozen embedding and lm_head are *referenced*, not copied (``config.target_id``
+says which target): ``load_draft`` takes them from the target (``target=`` a model directory, or
+``heads=`` tensors already in memory). ``save_draft(..., include_heads=True)`` writes a
+self-contained directory for tools that cannot reach the target.
+"""
 
 from __future__ import annotations
 
@@ -6,86 +13,164 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specdraft.config import from_dict, to_dict
 from specdraft.models.beagle import BeagleDraft
 from specdraft.models.config import DraftConfig, draft_config_from_target
 from specdraft.models.eagle import EagleDraft
+from specdraft.models.eagle3 import Eagle3Draft
+from specdraft.models.heads import Heads
 from specdraft.models.layers import KV, KVCache
+
+EMBED_KEY, LM_HEAD_KEY = "heads.embed_weight", "heads.lm_head_weight"  # only in self-contained directories
+LEGACY_KEYS = {"embed.weight": EMBED_KEY, "lm_head.weight": LM_HEAD_KEY}  # specdraft 0.1 names
 
 
 class Draft(Protocol):
-    """The seam every stage sees: a parallel forward over versioned states, plus lm_head."""
+    """The seam every stage sees: a training sub-step forward, the feature projection, the heads."""
 
     config: DraftConfig
+    heads: Heads
 
     def __call__(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        states: torch.Tensor,
+        features: torch.Tensor,
         query_index: torch.Tensor,
-        visible: torch.Tensor,
+        cutoff: torch.Tensor,
+        extras: torch.Tensor,
     ) -> torch.Tensor: ...
+
+    def project(self, features: torch.Tensor) -> torch.Tensor: ...
 
     def logits(self, h: torch.Tensor) -> torch.Tensor: ...
 
 
-ARCHS = {"beagle": BeagleDraft, "eagle": EagleDraft}
+ARCHS = {"beagle": BeagleDraft, "eagle": EagleDraft, "eagle3": Eagle3Draft}
 
 
-def build_draft(config: DraftConfig, embed: torch.Tensor | None = None, lm_head: torch.Tensor | None = None):
-    """A fresh draft of ``config.arch``; copies the target's frozen embedding / lm_head when given."""
+def build_draft(
+    config: DraftConfig,
+    embed: torch.Tensor | None = None,
+    lm_head: torch.Tensor | None = None,
+    vocab: torch.Tensor | None = None,
+):
+    """A fresh draft of ``config.arch`` with the target's frozen embedding / lm_head attached.
+
+    ``vocab``: the draft vocabulary's target ids (sorted), required with ``draft_vocab_size``; the
+    draft's own lm_head then starts from the target's rows of those ids.
+    """
     draft = ARCHS[config.arch](config)
-    with torch.no_grad():
-        if embed is not None:
-            assert embed.shape == draft.embed.weight.shape, f"embed {tuple(embed.shape)} != {tuple(draft.embed.weight.shape)}"
-            draft.embed.weight.copy_(embed)
-        if lm_head is not None:
-            assert lm_head.shape == draft.lm_head.weight.shape, (
-                f"lm_head {tuple(lm_head.shape)} != {tuple(draft.lm_head.weight.shape)}"
-            )
-            draft.lm_head.weight.copy_(lm_head)
+    if config.own_vocab:
+        assert vocab is not None, "a draft with draft_vocab_size needs its vocabulary (target ids)"
+        draft.heads.set_vocab(vocab)
+    if embed is not None or lm_head is not None:
+        assert embed is not None and lm_head is not None, "give both the target's embedding and lm_head"
+        draft.heads.attach(embed, lm_head, init_head=True)
     return draft
 
 
-def save_draft(draft, out_dir: str | Path) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` atomically (temp dir, then rename)."""
+@contextmanager
+def atomic_directory(out_dir: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling of ``out_dir`` to fill; on success it replaces ``out_dir`` (rename),
+    on any error it is removed and ``out_dir`` is left as it was."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        (tmp / "config.json").write_text(json.dumps(to_dict(draft.config), indent=2, sort_keys=True))
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in draft.state_dict().items()}
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "arch": draft.config.arch})
+        yield tmp
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
-def load_draft(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
-    """Rebuild a draft from its directory alone."""
+def save_draft(
+    draft, out_dir: str | Path, include_heads: bool = False, weights: dict[str, torch.Tensor] | None = None
+) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` atomically (temp dir, then rename).
+
+    ``weights``: the draft's state dict when ``draft`` does not hold it in full (a sharded draft's
+    gathered weights, ``Trainer.draft_state_dict``); by default ``draft.state_dict()``.
+    """
+    with atomic_directory(out_dir) as tmp:
+        (tmp / "config.json").write_text(json.dumps(to_dict(draft.config), indent=2, sort_keys=True))
+        weights = draft.state_dict() if weights is None else weights
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
+        if include_heads:
+            assert draft.heads.attached, "no target heads attached: nothing to include"
+            tensors[EMBED_KEY] = draft.heads.embed_weight.detach().cpu().contiguous()
+            if not draft.config.own_vocab:
+                tensors[LM_HEAD_KEY] = draft.heads.lm_head_weight.detach().cpu().contiguous()
+        metadata = {"format": "pt", "arch": draft.config.arch, "heads": "included" if include_heads else "referenced"}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata=metadata)
+    return Path(out_dir)
+
+
+def read_draft_config(path: str | Path) -> DraftConfig:
+    """The ``DraftConfig`` of a draft directory (a specdraft 0.1 EAGLE draft reads as ``legacy``)."""
     path = Path(path)
     for name in ("config.json", "model.safetensors"):
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path} is not a draft directory: {name} is missing")
-    config = from_dict(DraftConfig, json.loads((path / "config.json").read_text()))
+    data = json.loads((path / "config.json").read_text())
+    if data.get("arch") == "eagle" and "legacy" not in data:
+        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            data["legacy"] = "input_layernorm.weight" in f.keys()
+    return from_dict(DraftConfig, data)
+
+
+def load_draft(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    *,
+    target: str | Path | None = None,
+    heads: tuple[torch.Tensor, torch.Tensor] | None = None,
+):
+    """Rebuild a draft from its directory, with the target's heads from the directory itself (when
+    saved with them), ``heads`` = (embed, lm_head), or the ``target`` model directory."""
+    path = Path(path)
+    config = read_draft_config(path)
     draft = ARCHS[config.arch](config)
-    state = load_file(str(path / "model.safetensors"), device=str(device))
+    state = load_file(str(path / "model.safetensors"), device="cpu")
+    state = {LEGACY_KEYS.get(k, k): v for k, v in state.items()}
+    embed, lm_head = state.pop(EMBED_KEY, None), state.pop(LM_HEAD_KEY, None)
     missing, unexpected = draft.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"{path}: weights do not match config (missing={missing}, unexpected={unexpected})")
+    if heads is None and target is not None:
+        from specdraft.target import load_target_heads
+
+        loaded = load_target_heads(target)
+        heads = (loaded.embed, loaded.lm_head)
+    if heads is None and embed is not None:  # a self-contained directory
+        heads = (embed, lm_head)
+    if heads is not None:
+        draft.heads.attach(*heads)
+    if not draft.heads.attached:
+        raise ValueError(
+            f"draft {path} references its target's embedding and lm_head (target {config.target_id or '?'}): "
+            "pass the target directory (load_draft(path, target=...), `--target`) or the heads"
+        )
     draft.to(device=device, dtype=dtype) if dtype is not None else draft.to(device=device)
     return draft.eval()
+
+
+def set_frozen_dtype(draft, dtype: torch.dtype) -> None:
+    """Cast the draft's frozen target tensors (embedding, shared lm_head, teacher rows) to ``dtype``."""
+    draft.heads.set_frozen_dtype(dtype)
 
 
 __all__ = [
@@ -94,10 +179,14 @@ __all__ = [
     "BeagleDraft",
     "Draft",
     "DraftConfig",
+    "Eagle3Draft",
     "EagleDraft",
     "KVCache",
+    "atomic_directory",
     "build_draft",
     "draft_config_from_target",
     "load_draft",
+    "read_draft_config",
     "save_draft",
+    "set_frozen_dtype",
 ]

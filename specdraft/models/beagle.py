@@ -6,13 +6,18 @@
 No self-attention and no fusion layer: queries come from token embeddings, keys/values
 from higher-level states (the target's true states or the draft's own predictions). The
 mask is strict (query i sees keys j < i, the diagonal too is hidden). Embedding and
-lm_head are the target's, frozen.
+lm_head are the target's, frozen (``heads.py``).
 
-Three entry points share the same weights:
-* ``forward`` — parallel training over a grid of state *versions* (true states, draft
-  buffers) with an explicit visibility mask; every training stage is one such call.
-* ``encode_states`` + ``attend`` — incremental drafting with a ``KVCache`` of key/value
-  states (§4.1: cache true states, optionally append drafted ones — "concate").
+With ``aux_layers`` (the ``beagle3`` recipe, a combination no paper tried) the true states
+are the EAGLE-3 features: the concatenated auxiliary target states projected by ``fc`` to d,
+and the output goes through ``norm`` + a draft-vocabulary lm_head.
+
+Entry points sharing the same weights:
+* ``forward`` — one training sub-step: true states visible below a per-query cutoff plus the
+  query's own earlier drafted states (``extras``); every stage of ``objectives.py`` is a
+  sequence of such calls.
+* ``encode_states`` + ``attend`` — incremental drafting with a ``KVCache`` (§4.1: cache true
+  states, optionally append drafted ones — "concate").
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import torch
 from torch import nn
 
 from specdraft.models.config import DraftConfig
-from specdraft.models.layers import KV, RMSNorm, Rotary, SwiGLU, masked_attention
+from specdraft.models.heads import Heads
+from specdraft.models.layers import KV, RMSNorm, Rotary, SwiGLU, attention, gather_positions, prefix_visible
 
 
 class BeagleDraft(nn.Module):
@@ -35,10 +41,9 @@ class BeagleDraft(nn.Module):
             config.num_key_value_heads,
             config.head_dim,
         )
-        self.embed = nn.Embedding(config.vocab_size, d)
-        self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
-        self.embed.weight.requires_grad_(False)
-        self.lm_head.weight.requires_grad_(False)
+        self.heads = Heads(config)
+        if config.aux_layers:
+            self.fc = nn.Linear(config.feature_size, d, bias=False)
         self.norm_query = RMSNorm(d, config.rms_norm_eps)
         self.norm_state = RMSNorm(d, config.rms_norm_eps)
         self.norm_mlp = RMSNorm(d, config.rms_norm_eps)
@@ -55,7 +60,11 @@ class BeagleDraft(nn.Module):
         )
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(h)  # (..., V)
+        return self.heads.logits(h)  # (..., Vd)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features (B, T, F) -> true states (B, T, d): fc over aux layers, else as they are."""
+        return self.fc(features) if self.config.aux_layers else features
 
     def encode_states(self, states: torch.Tensor, positions: torch.Tensor) -> KV:
         """Keys/values of ``states`` (B, S, d) at ``positions`` (B, S)."""
@@ -67,15 +76,22 @@ class BeagleDraft(nn.Module):
         return KV(self.rotary(k, positions), v)
 
     def attend(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, kv: KV, visible: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv: KV,
+        visible: torch.Tensor,
+        extra: KV | None = None,
+        extra_visible: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Predicted states for query tokens ``input_ids`` (B, Q) over keys ``kv`` with mask (B, Q, L)."""
+        """Predicted states for query tokens ``input_ids`` (B, Q) over keys ``kv`` with mask (B, Q, L)
+        (plus per-query ``extra`` keys, see ``layers.attention``)."""
         bsz, nq = input_ids.shape
         cfg = self.config
-        e = self.embed(input_ids)  # (B, Q, d)
+        e = self.heads.embed(input_ids).to(self.q_proj.weight.dtype)  # (B, Q, d)
         q = self.q_proj(self.norm_query(e)).view(bsz, nq, cfg.num_attention_heads, cfg.head_dim)
         q = self.rotary(q.transpose(1, 2), positions)  # (B, H, Q, Dh)
-        o = masked_attention(q, kv, visible)  # (B, H, Q, Dh)
+        o = attention(q, kv, visible, extra, extra_visible)  # (B, H, Q, Dh)
         y = self.o_proj(o.transpose(1, 2).reshape(bsz, nq, -1)) + e  # (B, Q, d)
         return self.mlp(self.norm_mlp(y)) + y  # (B, Q, d)
 
@@ -83,21 +99,31 @@ class BeagleDraft(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        states: torch.Tensor,
+        features: torch.Tensor,
         query_index: torch.Tensor,
-        visible: torch.Tensor,
+        cutoff: torch.Tensor,
+        extras: torch.Tensor,
     ) -> torch.Tensor:
-        """Parallel training forward.
+        """One training sub-step.
 
-        input_ids (B, T), positions (B, T); states (V, B, T, d): version 0 = true states,
-        later versions = draft buffers; query_index (Q,) positions to compute; visible
-        (B, Q, V, T): may query q use state u of version v. Returns h_hat (B, Q, d).
+        input_ids (B, T), positions (B, T); features (B, T, F) the target's (noised) features;
+        query_index (Q,) positions to compute; cutoff (Q,): query q sees the true states u < cutoff[q];
+        extras (B, Q, E, d): the draft's own states at positions q-E .. q-1 (written at earlier
+        sub-steps), visible to their query only. Returns h_hat (B, Q, d).
         """
-        nver, bsz, t, d = states.shape
-        assert input_ids.shape == (bsz, t), f"input_ids {tuple(input_ids.shape)} vs states {tuple(states.shape)}"
-        assert visible.shape == (bsz, query_index.numel(), nver, t), f"bad visibility shape {tuple(visible.shape)}"
-        flat = states.permute(1, 0, 2, 3).reshape(bsz, nver * t, d)  # (B, V*T, d)
-        kv = self.encode_states(flat, positions.repeat(1, nver))
+        bsz, t = input_ids.shape
+        nq, ne = query_index.numel(), extras.shape[2]
+        assert features.shape[:2] == (bsz, t), f"features {tuple(features.shape)} vs input_ids {(bsz, t)}"
+        assert cutoff.shape == (nq,) and extras.shape[:2] == (bsz, nq), "cutoff / extras do not match the queries"
+        kv = self.encode_states(self.project(features), positions)  # true states: all T positions
+        extra, extra_vis = None, None
+        if ne:
+            at = query_index[:, None] - ne + torch.arange(ne, device=query_index.device)  # (Q, E)
+            pos_e = gather_positions(positions, at).reshape(bsz, nq * ne)  # (B, Q*E)
+            kv_e = self.encode_states(extras.reshape(bsz, nq * ne, -1), pos_e)
+            k = kv_e.k.reshape(bsz, -1, nq, ne, self.config.head_dim)  # (B, Hkv, Q, E, Dh)
+            extra = KV(k, kv_e.v.reshape(k.shape))
+            extra_vis = torch.ones(bsz, nq, ne, dtype=torch.bool, device=extras.device)
         return self.attend(
-            input_ids[:, query_index], positions[:, query_index], kv, visible.reshape(bsz, -1, nver * t)
+            input_ids[:, query_index], positions[:, query_index], kv, prefix_visible(cutoff, t, bsz), extra, extra_vis
         )

@@ -1,15 +1,20 @@
-"""EAGLE draft (EAGLE-1/2, the HASS base; papers/hass-… §2 and Fig. 2).
+"""EAGLE draft (EAGLE-1/2, the HASS base; papers/hass-… §2 and Fig. 2), in the reference layout.
 
-    x_c     = fc(cat(e(t_c), h_{c-1}))            (2d -> d; h_{-1} = 0)
+    x_c     = fc(cat(e(t_c), h_{c-1}))            (2d -> d, bias; slots c >= 1)
     h_hat_p = LlamaDecoderLayer(x)_p               (causal self-attention over x_{c<=p})
 
 The draft predicts the target's state at p from the token at p and the state at p-1.
-Embedding and lm_head are the target's, frozen.
+Embedding and lm_head are the target's, frozen. As in the EAGLE reference and the engines
+that serve it (SERVING.md), the decoder layer has no input_layernorm (the fc output goes
+straight into q/k/v) and there is no slot before position 1: position 0 has no state before
+it, so it is never a query. Drafts written by specdraft 0.1 (``legacy``: an RMSNorm on the fc
+output and a zero-state slot at position 0) still load and run.
 
 State-index convention shared with Beagle: the slot at position c is built from *state*
-u = c-1, so "query p sees states u < p" is the same rule for both drafts, and a training
-stage is a visibility grid over (query, state version, state index) — see
-``specdraft/masks.py``. Slot 0 (state u = -1, a zero vector) is always visible.
+u = c-1, so "query p sees states u < p" is the same rule for both drafts. A training
+sub-step (``slot_forward``, shared with EAGLE-3) gives each query the true states below its
+cutoff plus its own earlier drafted states (``extras``); the query's own input is its own
+slot — the last drafted state when there is one, else the true state p-1.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import torch
 from torch import nn
 
 from specdraft.models.config import DraftConfig
-from specdraft.models.layers import KV, RMSNorm, Rotary, SwiGLU, masked_attention
+from specdraft.models.heads import Heads
+from specdraft.models.layers import KV, RMSNorm, Rotary, SwiGLU, attention, gather_positions, prefix_visible
 
 
 class EagleDraft(nn.Module):
@@ -32,12 +38,10 @@ class EagleDraft(nn.Module):
             config.num_key_value_heads,
             config.head_dim,
         )
-        self.embed = nn.Embedding(config.vocab_size, d)
-        self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
-        self.embed.weight.requires_grad_(False)
-        self.lm_head.weight.requires_grad_(False)
+        self.heads = Heads(config)
         self.fc = nn.Linear(2 * d, d, bias=True)
-        self.input_layernorm = RMSNorm(d, config.rms_norm_eps)
+        if config.legacy:
+            self.input_layernorm = RMSNorm(d, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(d, config.rms_norm_eps)
         self.q_proj = nn.Linear(d, heads * dh, bias=False)
         self.k_proj = nn.Linear(d, kv_heads * dh, bias=False)
@@ -52,7 +56,14 @@ class EagleDraft(nn.Module):
         )
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(h)  # (..., V)
+        return self.heads.logits(h)  # (..., V)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's last hidden states are the draft's states as they are."""
+        return features
+
+    def _attn_input(self, x: torch.Tensor) -> torch.Tensor:
+        return self.input_layernorm(x) if self.config.legacy else x
 
     def encode_inputs(
         self, input_ids: torch.Tensor, prev_states: torch.Tensor, positions: torch.Tensor
@@ -60,19 +71,28 @@ class EagleDraft(nn.Module):
         """Fused inputs x (B, S, d) and their keys/values for tokens (B, S) with previous states (B, S, d)."""
         bsz, n = input_ids.shape
         cfg = self.config
-        x = self.fc(torch.cat([self.embed(input_ids), prev_states], dim=-1))  # (B, S, d)
-        normed = self.input_layernorm(x)
-        k = self.k_proj(normed).view(bsz, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
-        v = self.v_proj(normed).view(bsz, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
+        e = self.heads.embed(input_ids).to(prev_states.dtype)  # (B, S, d)
+        x = self.fc(torch.cat([e, prev_states], dim=-1))  # (B, S, d)
+        a = self._attn_input(x)
+        k = self.k_proj(a).view(bsz, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
+        v = self.v_proj(a).view(bsz, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
         return x, KV(self.rotary(k, positions), v)
 
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, kv: KV, visible: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv: KV,
+        visible: torch.Tensor,
+        extra: KV | None = None,
+        extra_visible: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Decoder layer for query inputs x (B, Q, d) over keys ``kv`` with mask (B, Q, L)."""
         bsz, nq, _ = x.shape
         cfg = self.config
-        q = self.q_proj(self.input_layernorm(x)).view(bsz, nq, cfg.num_attention_heads, cfg.head_dim)
+        q = self.q_proj(self._attn_input(x)).view(bsz, nq, cfg.num_attention_heads, cfg.head_dim)
         q = self.rotary(q.transpose(1, 2), positions)  # (B, H, Q, Dh)
-        o = masked_attention(q, kv, visible)  # (B, H, Q, Dh)
+        o = attention(q, kv, visible, extra, extra_visible)  # (B, H, Q, Dh)
         y = x + self.o_proj(o.transpose(1, 2).reshape(bsz, nq, -1))  # (B, Q, d)
         return y + self.mlp(self.post_attention_layernorm(y))  # (B, Q, d)
 
@@ -80,32 +100,57 @@ class EagleDraft(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        states: torch.Tensor,
+        features: torch.Tensor,
         query_index: torch.Tensor,
-        visible: torch.Tensor,
+        cutoff: torch.Tensor,
+        extras: torch.Tensor,
     ) -> torch.Tensor:
-        """Parallel training forward (same contract as ``BeagleDraft.forward``).
+        """One training sub-step (same contract as ``BeagleDraft.forward``)."""
+        return slot_forward(self, input_ids, positions, features, query_index, cutoff, extras)
 
-        states (V, B, T, d) are indexed by state position u; visible (B, Q, V, T) says
-        whether query q may use state u of version v (u < p). The query's own input uses
-        the version of state p-1 that is visible to it.
-        """
-        nver, bsz, t, d = states.shape
-        nq = query_index.numel()
-        assert input_ids.shape == (bsz, t), f"input_ids {tuple(input_ids.shape)} vs states {tuple(states.shape)}"
-        assert visible.shape == (bsz, nq, nver, t), f"bad visibility shape {tuple(visible.shape)}"
-        zero = states.new_zeros(nver, bsz, 1, d)
-        prev = torch.cat([zero, states[:, :, :-1]], dim=2)  # (V, B, T, d): slot c <- state c-1
-        flat_prev = prev.permute(1, 0, 2, 3).reshape(bsz, nver * t, d)  # (B, V*T, d)
-        x_all, kv = self.encode_inputs(input_ids.repeat(1, nver), flat_prev, positions.repeat(1, nver))
-        # slot (v, c) is visible iff state (v, c-1) is; slot (0, 0) (the zero state) always.
-        slot0 = torch.zeros(bsz, nq, nver, 1, dtype=torch.bool, device=visible.device)
-        slot0[:, :, 0] = True
-        slots = torch.cat([slot0, visible[..., :-1]], dim=-1)  # (B, Q, V, T)
-        # the query's own input: slot p of the version in which state p-1 is visible (0 for p = 0)
-        p = query_index.to(visible.device)
-        index = (p - 1).clamp(min=0).view(1, nq, 1, 1).expand(bsz, nq, nver, 1)
-        prev_vis = visible.gather(3, index).squeeze(-1)  # (B, Q, V)
-        version = torch.where(p > 0, prev_vis.to(torch.int64).argmax(dim=-1), torch.zeros_like(p))  # (B, Q)
-        x_q = x_all[torch.arange(bsz)[:, None], version * t + p]  # (B, Q, d)
-        return self.attend(x_q, positions[:, query_index], kv, slots.reshape(bsz, nq, nver * t))
+
+def slot_forward(
+    draft,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    features: torch.Tensor,
+    query_index: torch.Tensor,
+    cutoff: torch.Tensor,
+    extras: torch.Tensor,
+) -> torch.Tensor:
+    """The training sub-step of a self-attention draft over slots (EAGLE, EAGLE-3).
+
+    True slots c = 1..T-1 are built from (t_c, state c-1) and visible to query q iff state c-1 <
+    cutoff[q]; the drafted slots at positions q-E+1 .. q come from (t_c, extras) and are visible to
+    their own query only. A query whose chain has no true root slot (cutoff 0: nothing true before
+    it, as never happens in drafting) returns zeros.
+    """
+    bsz, t = input_ids.shape
+    nq, ne = query_index.numel(), extras.shape[2]
+    assert features.shape[:2] == (bsz, t), f"features {tuple(features.shape)} vs input_ids {(bsz, t)}"
+    assert cutoff.shape == (nq,) and extras.shape[:2] == (bsz, nq), "cutoff / extras do not match the queries"
+    states = draft.project(features)  # (B, T, d)
+    legacy = draft.config.legacy
+    if legacy:  # slot c = 0..T-1 from state c-1, slot 0 holding a zero state
+        prev = torch.cat([states.new_zeros(bsz, 1, states.shape[-1]), states[:, :-1]], dim=1)  # (B, T, d)
+        x_true, kv = draft.encode_inputs(input_ids, prev, positions)
+        visible = prefix_visible(cutoff + 1, t, bsz)  # slot s holds state s-1
+    else:  # slot c = 1..T-1 (index s = c-1 holds state s)
+        x_true, kv = draft.encode_inputs(input_ids[:, 1:], states[:, :-1], positions[:, 1:])
+        visible = prefix_visible(cutoff, t - 1, bsz)
+    extra, extra_vis = None, None
+    if ne:
+        at = query_index[:, None] - ne + 1 + torch.arange(ne, device=query_index.device)  # (Q, E): slot positions
+        ids_e = gather_positions(input_ids, at).reshape(bsz, nq * ne)  # (B, Q*E)
+        pos_e = gather_positions(positions, at).reshape(bsz, nq * ne)  # (B, Q*E)
+        x_e, kv_e = draft.encode_inputs(ids_e, extras.reshape(bsz, nq * ne, -1), pos_e)
+        k = kv_e.k.reshape(bsz, -1, nq, ne, draft.config.head_dim)  # (B, Hkv, Q, E, Dh)
+        extra = KV(k, kv_e.v.reshape(k.shape))
+        extra_vis = torch.ones(bsz, nq, ne, dtype=torch.bool, device=extras.device)
+        x_q = x_e.reshape(bsz, nq, ne, -1)[:, :, -1]  # (B, Q, X): the query's own slot is its last extra
+    else:
+        own = query_index if legacy else (query_index - 1).clamp(min=0)  # (Q,)
+        x_q = x_true[:, own]  # (B, Q, X)
+    h = draft.attend(x_q, positions[:, query_index], kv, visible, extra, extra_vis)  # (B, Q, d)
+    live = torch.ones_like(cutoff, dtype=torch.bool) if legacy else cutoff >= 1  # the chain has a true root slot
+    return h * live[None, :, None].to(h.dtype)

@@ -124,3 +124,52 @@ def masked_attention(q: torch.Tensor, kv: KV, visible: torch.Tensor) -> torch.Te
     safe = visible | ~any_key[..., None]  # rows with no key attend everywhere, then get zeroed
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe[:, None])  # (B, H, Q, Dh)
     return out * any_key[:, None, :, None].to(out.dtype)
+
+
+def attention(
+    q: torch.Tensor,
+    kv: KV,
+    visible: torch.Tensor,
+    extra: KV | None = None,
+    extra_visible: torch.Tensor | None = None,
+    chunk: int | None = None,
+) -> torch.Tensor:
+    """Attention over shared keys plus per-query keys (the training-time-test / late-stage layout).
+
+    q (B, H, Q, Dh) sees the shared ``kv`` (B, Hkv, K, Dh) where ``visible`` (B, Q, K) says so, and
+    its own ``extra`` keys (k, v: (B, Hkv, Q, E, Dh)) where ``extra_visible`` (B, Q, E) says so — the
+    draft's own states written at earlier sub-steps, one "diagonal" per step (SpecForge Alg. 1), one
+    softmax over both. Queries are processed in chunks whose extra keys are appended to the shared
+    keys with a block-diagonal mask, so every chunk is one ordinary masked SDPA call (fused kernels
+    on GPU) and memory stays bounded: no (Q, Q*E) score matrix.
+    """
+    if extra is None or extra.k.shape[3] == 0:
+        return masked_attention(q, kv, visible)
+    bsz, hkv, nq, ne, dh = extra.k.shape
+    assert q.shape[2] == nq and extra_visible.shape == (bsz, nq, ne), (
+        f"extra keys {tuple(extra.k.shape)} / mask {tuple(extra_visible.shape)} do not match {nq} queries"
+    )
+    step = chunk or max(1, min(nq, max(kv.length, 64) // ne))
+    outs = []
+    for lo in range(0, nq, step):
+        hi = min(nq, lo + step)
+        n = hi - lo
+        ke = extra.k[:, :, lo:hi].reshape(bsz, hkv, n * ne, dh)  # (B, Hkv, n*E, Dh)
+        ve = extra.v[:, :, lo:hi].reshape(bsz, hkv, n * ne, dh)  # (B, Hkv, n*E, Dh)
+        own = torch.eye(n, dtype=torch.bool, device=q.device)[None, :, :, None]  # (1, n, n, 1)
+        vis_e = (own & extra_visible[:, None, lo:hi, :]).reshape(bsz, n, n * ne)  # (B, n, n*E)
+        keys = KV(torch.cat([kv.k, ke], dim=2), torch.cat([kv.v, ve], dim=2))
+        outs.append(masked_attention(q[:, :, lo:hi], keys, torch.cat([visible[:, lo:hi], vis_e], dim=-1)))
+    return torch.cat(outs, dim=2)  # (B, H, Q, Dh)
+
+
+def prefix_visible(cutoff: torch.Tensor, length: int, bsz: int) -> torch.Tensor:
+    """(B, Q, L) bool: key index u is visible to query q iff u < cutoff[q] (cutoff (Q,))."""
+    u = torch.arange(length, device=cutoff.device)
+    return (u[None, :] < cutoff[:, None])[None].expand(bsz, -1, -1)  # (B, Q, L)
+
+
+def gather_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x (B, T, ...) at positions ``index`` (Q, E) -> (B, Q, E, ...)."""
+    flat = x[:, index.reshape(-1)]  # (B, Q*E, ...)
+    return flat.reshape(x.shape[0], *index.shape, *x.shape[2:])

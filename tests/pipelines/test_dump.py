@@ -278,3 +278,19 @@ def test_cli_dump_int8_and_validate_store(toy_store, tmp_path, capsys):
     capsys.readouterr()
     assert main(["validate-store", str(int8), "--quiet"]) == 1
     assert "shard-00001.zarr/hidden" in capsys.readouterr().out
+
+
+def test_manifest_records_the_attention_kernel_and_placement(toy_store):
+    """The requested kernel is in the manifest's features, the one each actor used (with its
+    dtype and devices) in every shard record; kernel and GPU spread are not part of features_hash."""
+    from pipelines.dump import features_hash
+
+    _, out, _ = toy_store
+    manifest = store.read_manifest(out)
+    assert manifest["features"]["attn_implementation"] == "sdpa" and manifest["features"]["gpus_per_actor"] == 1.0
+    for shard in manifest["shards"]:
+        assert shard["placement"] == {"attn_implementation": "sdpa", "dtype": "float32", "devices": ["cpu"],
+                                      "input_device": "cpu", "output_device": "cpu"}
+    assert features_hash(FeaturesConfig(attn_implementation="eager", gpus_per_actor=4)) == features_hash(FeaturesConfig())
+    with pytest.raises(AssertionError, match="fraction <= 1"):
+        FeaturesConfig(gpus_per_actor=1.5)

@@ -23,7 +23,7 @@ from specdraft.toy.conversations import generate_conversations
 from specdraft.toy.tokenizer import END, train_tokenizer
 
 TIMING = {"wall_s", "draft_s", "verify_s", "baseline_wall_s", "tokens_per_s", "baseline_tokens_per_s", "speedup",
-          "stage_wall_s", "ray"}
+          "stage_wall_s", "ray", "wall_s_pld", "draft_s_pld", "verify_s_pld", "tokens_per_s_pld", "speedup_pld"}
 
 
 @pytest.fixture(scope="session")
@@ -106,21 +106,25 @@ def test_ray_path_equals_single_process(ray_local, one_thread, models, question_
     assert without_timings(remote) == without_timings(local)
     turns = sum(len(json.loads(line)["turns"]) for f in question_files for line in f.read_text().splitlines())
     assert len(local["records"]) == turns and set(local["datasets"]) == {"alpha", "beta"}
+    overall = local["overall"]
+    assert overall["tau_pld"] >= 1.0 and overall["tau_over_pld"] == overall["tau"] / overall["tau_pld"]
     if decode.temperature == 0:
-        assert local["overall"]["lossless_checked"] == turns and local["overall"]["lossless_mismatches"] == 0
+        assert overall["lossless_checked"] == turns and overall["lossless_mismatches"] == 0
+        assert overall["lossless_checked_pld"] == turns and overall["pld_lossless"] is True
     else:
-        assert local["overall"]["lossless_checked"] == 0
+        assert overall["lossless_checked"] == 0 and overall["pld_lossless"] is None
 
 
-def test_cli_eval_writes_the_report(models, question_files, tmp_path):
+def test_cli_eval_writes_the_report(models, question_files, tmp_path, capsys):
     from flows.cli import main
 
     target, draft = models
     out = tmp_path / "report.json"
     args = ["eval", "--target", str(target), "--draft", str(draft), "--questions", *map(str, question_files),
-            "--out", str(out), "--mode", "tree", "--depth", "3", "--topk", "4", "--total-tokens", "10",
-            "--max-new-tokens", "12", "--max-questions", "1", "--quiet"]
+            "--out", str(out), "--mode", "tree", "decode.depth=3", "decode.topk=4", "decode.total_tokens=10",
+            "decode.max_new_tokens=12", "max_questions=1", "--quiet"]
     assert main(args) == 0
+    printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["settings"]["decode"]["total_tokens"] == 10 and report["settings"]["max_questions"] == 1
     for name in ("alpha", "beta"):
@@ -128,3 +132,5 @@ def test_cli_eval_writes_the_report(models, question_files, tmp_path):
         assert block["lossless_checked"] == block["num_turns"] >= 1 and block["lossless_mismatches"] == 0
         assert block["tau"] >= 1.0 and block["speedup"] > 0
         assert "1" in block["turns"]
+        assert block["pld_lossless"] is True  # the floor ran (depth 3 lookups) and printed beside tau
+        assert f"{name}: tau {block['tau']:.2f} vs pld {block['tau_pld']:.2f} (tau/pld {block['tau_over_pld']:.2f})" in printed

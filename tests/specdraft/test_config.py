@@ -52,3 +52,20 @@ def test_flatten_and_hash_are_stable():
     assert flat["inner.lr"] == 0.5 and flat["arch"] == "beagle"
     assert config_hash(cfg) == config_hash(Outer(inner=Inner(lr=0.5)))
     assert config_hash(cfg) != config_hash(Outer(inner=Inner(lr=0.25)))
+
+
+def test_nested_override_keeps_the_fields_own_default():
+    """Overriding one key of a nested section starts from that field's default (its default_factory),
+    not from the nested class's defaults (TrainConfig.reader is ReaderConfig(val_fraction=0.05))."""
+
+    @dataclass(frozen=True, kw_only=True, slots=True)
+    class Section:
+        a: int = 1
+        b: float = 0.0
+
+    @dataclass(frozen=True, kw_only=True, slots=True)
+    class Root:
+        section: Section = field(default_factory=lambda: Section(b=0.05))
+
+    cfg = from_dict(Root, {"section": {"a": 7}})
+    assert cfg.section == Section(a=7, b=0.05)

@@ -2,9 +2,14 @@
 
 For each trained query the explicit path runs the draft step by step through its
 incremental-drafting API (a KV cache, one query at a time), starting from the true
-states before the query's window and feeding back its own predicted states with the
+states before the query's chain and feeding back its own predicted states with the
 true tokens (teacher forcing on tokens) — exactly what drafting does. The parallel
-stage forward must give the same states, logits and losses (fp32, < 1e-5).
+stage forward must give the same states and losses (fp32, < 1e-5), and the gradients of
+``train_batch`` must equal those of the explicit losses: with the fed-back states
+detached (late, align) or differentiated through the whole chain (ttt).
+
+Losses here are the materialised formulas (full logits, softmax, gather), independent of
+the fused chunked head in ``losses.head_loss``.
 """
 
 from __future__ import annotations
@@ -18,30 +23,30 @@ from specdraft.models import KV, DraftConfig, KVCache, build_draft
 from specdraft.objectives import Batch, LossWeights, StageConfig, substeps, train_batch
 
 TOL = 1e-5
-V, D, T = 97, 64, 13
+V, D, T, VD = 97, 64, 13, 61
+AUX = [1, 3, 4]
 
 
-def make_draft(arch: str, seed: int = 0):
+def make_draft(kind: str, seed: int = 0):
+    """kind: beagle | eagle | eagle3 | beagle3 (Beagle over EAGLE-3 features) | legacy (specdraft 0.1 EAGLE)."""
     torch.manual_seed(seed)
+    arch = {"beagle3": "beagle", "legacy": "eagle"}.get(kind, kind)
+    feats = kind in ("eagle3", "beagle3")
     cfg = DraftConfig(
-        arch=arch,
-        vocab_size=V,
-        hidden_size=D,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=128,
+        arch=arch, vocab_size=V, hidden_size=D, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, aux_layers=AUX if feats else [], draft_vocab_size=VD if feats else None,
+        legacy=kind == "legacy",
     )
-    draft = build_draft(cfg, embed=torch.randn(V, D), lm_head=torch.randn(V, D) / D**0.5)
-    # perturb the freshly initialised norms so they are not the identity
-    with torch.no_grad():
+    vocab = torch.randperm(V)[:VD].sort().values if feats else None
+    draft = build_draft(cfg, embed=torch.randn(V, D), lm_head=torch.randn(V, D) / D**0.5, vocab=vocab)
+    with torch.no_grad():  # perturb the freshly initialised norms and the fc bias so none is the identity
         for name, p in draft.named_parameters():
-            if "norm" in name or "layernorm" in name:
+            if "norm" in name or "layernorm" in name or name.endswith("fc.bias"):
                 p.add_(0.1 * torch.randn_like(p))
     return draft
 
 
-def make_batch(seed: int = 1, with_topk: bool = False) -> Batch:
+def make_batch(seed: int = 1, with_topk: bool = False, aux: bool = False) -> Batch:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(V, (2, T), generator=g)
     hidden = torch.randn(2, T, D, generator=g)
@@ -54,6 +59,8 @@ def make_batch(seed: int = 1, with_topk: bool = False) -> Batch:
         logits = torch.randn(2, T, V, generator=g)
         top = torch.log_softmax(logits, -1).topk(10, dim=-1)
         batch.topk_ids, batch.topk_logp = top.indices, top.values
+    if aux:
+        batch.aux_hidden = torch.randn(2, T, D * len(AUX), generator=g)
     return batch
 
 
@@ -63,64 +70,92 @@ def empty_kv(draft) -> KV:
     return KV(z, z)
 
 
-def explicit_chain(draft, ids: torch.Tensor, true: torch.Tensor, root: int, last: int, concate: bool = True):
-    """Draft positions root..last of one row, one query at a time, from true states < root.
+def explicit_chain(draft, ids, states, root: int, last: int, concate: bool = True, detach: bool = True):
+    """Draft positions root..last of one row, one query at a time, from the true ``states`` (T, d) < root.
 
     Returns the predicted state (1, 1, d) of every query root..last.
     """
     pos = lambda c: torch.tensor([[c]])  # noqa: E731
+    fed = (lambda h: h.detach()) if detach else (lambda h: h)  # noqa: E731
     cache = KVCache()
     out = []
     if draft.config.arch == "beagle":
         if root > 0:
-            cache.append(draft.encode_states(true[None, :root], torch.arange(root)[None]))
+            cache.append(draft.encode_states(states[None, :root], torch.arange(root)[None]))
         for c in range(root, last + 1):
             kv = cache.view() if cache.length else empty_kv(draft)
             h = draft.attend(ids[None, c : c + 1], pos(c), kv, torch.ones(1, 1, kv.length, dtype=torch.bool))
             out.append(h)
             if concate:
-                cache.append(draft.encode_states(h, pos(c)))
+                cache.append(draft.encode_states(fed(h), pos(c)))
         return out
     assert concate, "EAGLE drafting always feeds its own state back"
-    prev = torch.cat([torch.zeros(1, D), true[:root]])  # slots 0..root: state c-1
-    x, kv = draft.encode_inputs(ids[None, : root + 1], prev[None], torch.arange(root + 1)[None])
+    if draft.config.legacy:  # slots 0..root, slot c from state c-1, a zero state at slot 0
+        prev = torch.cat([torch.zeros(1, D), states[:root]])
+        x, kv = draft.encode_inputs(ids[None, : root + 1], prev[None], torch.arange(root + 1)[None])
+    else:  # slots 1..root
+        assert root >= 1, "an EAGLE chain needs a true state before its root"
+        x, kv = draft.encode_inputs(ids[None, 1 : root + 1], states[None, :root], torch.arange(1, root + 1)[None])
     cache.append(kv)
-    x_q = x[:, root : root + 1]
+    x_q = x[:, -1:]
     for c in range(root, last + 1):
         if c > root:
-            x_q, kv = draft.encode_inputs(ids[None, c : c + 1], out[-1], pos(c))
+            x_q, kv = draft.encode_inputs(ids[None, c : c + 1], fed(out[-1]), pos(c))
             cache.append(kv)
         h = draft.attend(x_q, pos(c), cache.view(), torch.ones(1, 1, cache.length, dtype=torch.bool))
         out.append(h)
     return out
 
 
-def explicit_loss(draft, batch: Batch, qs: torch.Tensor, h: torch.Tensor, weights: LossWeights) -> torch.Tensor:
-    """Loss from explicitly drafted states h (B, Q, d), written out term by term."""
-    logp = torch.log_softmax(draft.logits(h).float(), -1)
+def root_of(kind: str, p: int, step: int, window: int, offset: int) -> tuple[int, bool]:
+    """Where the explicit chain for query p at this sub-step starts, and whether it concatenates."""
+    if kind == "plain":
+        return p, True
+    if kind == "early":
+        return int(masks.window_start(T, window, offset)[p]), False
+    return p - step + 1, True  # late, align, ttt
+
+
+def true_states(draft, batch: Batch, b: int) -> torch.Tensor:
+    return draft.project(batch.aux_hidden[b] if draft.config.aux_layers else batch.hidden[b])  # (T, d)
+
+
+def explicit_loss(draft, batch: Batch, qs: torch.Tensor, h: torch.Tensor, weights: LossWeights, live) -> torch.Tensor:
+    """Loss from explicitly drafted states h (B, Q, d), written out term by term with full logits."""
+    heads = draft.heads
+    logp = torch.log_softmax(draft.logits(h).float(), -1)  # (B, Q, Vd)
     h_true = batch.hidden[:, qs]
-    tgt = draft.logits(h_true).float()
-    trained = (batch.loss_mask & batch.valid)[:, qs]
+    tgt = h_true @ heads.teacher_weight.T  # (B, Q, Vd): the target's logits over the output vocabulary
+    scored = (batch.loss_mask & batch.valid)[:, qs] & (qs > 0)[None] & live[None]
+    trained = scored.clone()
+    if draft.config.own_vocab and batch.topk_ids is not None:
+        trained &= heads.t2d[batch.topk_ids[:, qs, 0]]
     total = torch.zeros(())
     if weights.ce:
         total = total + weights.ce * weighted_mean(soft_ce(logp, tgt), trained)
     if weights.topk:
-        ids, lp = batch.topk_ids[:, qs], batch.topk_logp[:, qs]
+        if draft.config.own_vocab:
+            top = torch.log_softmax(tgt, -1).topk(batch.topk_ids.shape[-1], dim=-1)
+            ids, lp = top.indices, top.values
+        else:
+            ids, lp = batch.topk_ids[:, qs], batch.topk_logp[:, qs]
         total = total + weights.topk * weighted_mean(topk_ce(logp, ids, lp), trained)
     if weights.vloss:
         total = total + weights.vloss * weighted_mean(feature_l1(h, h_true), trained)
     return total
 
 
-def root_of(kind: str, p: int, step: int, window: int, steps: int, offset: int) -> tuple[int, bool]:
-    """Where the explicit chain for query p at this sub-step starts, and whether it concatenates."""
-    if kind == "plain":
-        return p, True
-    if kind == "early":
-        return int(masks.window_start(T, window, offset)[p]), False
-    if kind == "late":
-        return p - step + 1, True
-    return p - step + 1, True  # align
+def explicit_states(draft, batch: Batch, step: masks.Step, kind: str, window: int, offset: int, detach: bool):
+    """Explicit predicted states (B, Q, d) of one sub-step (zeros where the query has no input)."""
+    out = torch.zeros(2, step.query_index.numel(), D)
+    for b in range(2):
+        states = true_states(draft, batch, b)
+        for qi, p in enumerate(step.query_index.tolist()):
+            root, concate = root_of(kind, p, step.index, window, offset)
+            if not batch.valid[b, p] or (draft.config.needs_root_state and root < 1):
+                continue
+            out[b, qi] = explicit_chain(draft, batch.input_ids[b], states, root, p, concate, detach)[-1][0, 0]
+    return out
 
 
 CASES = [
@@ -133,36 +168,74 @@ CASES = [
     ("eagle", "plain", 0),
     ("eagle", "late", 1),
     ("eagle", "align", 0),
+    ("eagle", "ttt", 0),
+    ("legacy", "align", 0),
+    ("eagle3", "plain", 0),
+    ("eagle3", "ttt", 0),  # the eagle3 recipe
+    ("eagle3", "align", 0),  # the eagle3-hass recipe: HASS alignment + top-K distillation
+    ("beagle3", "early", 1),  # the beagle3 recipe's two stages
+    ("beagle3", "late", 2),
 ]
 
 
-@pytest.mark.parametrize("arch,kind,offset", CASES)
-def test_stage_matches_explicit_unrolling(arch, kind, offset):
-    draft = make_draft(arch)
-    batch = make_batch(with_topk=True)
-    weights = LossWeights(ce=1.0, topk=0.5, vloss=10.0)
-    stage = StageConfig(kind=kind, window=4, steps=3, noise_std=0.0, step_decay=0.8, loss=weights)
-    seen_steps = 0
+def stage_for(draft_kind: str, kind: str) -> StageConfig:
+    feats = draft_kind in ("eagle3", "beagle3")
+    weights = LossWeights(ce=1.0, topk=0.5, vloss=0.0 if feats else 10.0)
+    return StageConfig(kind=kind, window=4, steps=3, noise_std=0.0, step_decay=0.8, loss=weights)
+
+
+@pytest.mark.parametrize("draft_kind,kind,offset", CASES)
+def test_stage_matches_explicit_unrolling(draft_kind, kind, offset):
+    draft = make_draft(draft_kind)
+    batch = make_batch(with_topk=True, aux=draft_kind in ("eagle3", "beagle3"))
+    stage = stage_for(draft_kind, kind)
+    seen = 0
     with torch.no_grad():
-        for sub in substeps(draft, batch, stage, offset=offset):
-            seen_steps += 1
-            explicit = torch.zeros_like(sub.h_hat)
-            for b in range(2):
-                for qi, p in enumerate(sub.query_index.tolist()):
-                    if not batch.valid[b, p]:
-                        continue
-                    root, concate = root_of(kind, p, sub.step, stage.window, stage.steps, offset)
-                    hs = explicit_chain(draft, batch.input_ids[b], batch.hidden[b], root, p, concate)
-                    explicit[b, qi] = hs[-1][0, 0]
-            valid_q = batch.valid[:, sub.query_index]
-            diff = (sub.h_hat - explicit).abs()[valid_q].max()
-            assert diff < TOL, f"{arch}/{kind} step {sub.step}: states differ by {diff}"
-            ldiff = (sub.logits - draft.logits(explicit)).abs()[valid_q].max()
-            assert ldiff < TOL, f"{arch}/{kind} step {sub.step}: logits differ by {ldiff}"
-            ref_loss = explicit_loss(draft, batch, sub.query_index, explicit, weights)
-            assert abs(float(sub.loss) - float(ref_loss)) < TOL, (float(sub.loss), float(ref_loss))
-    expected = {"plain": 1, "early": 1, "late": 3, "align": 3}[kind]
-    assert seen_steps == expected
+        for sub, st in zip(substeps(draft, batch, stage, offset=offset), _steps(stage, offset)):
+            seen += 1
+            explicit = explicit_states(draft, batch, st, kind, stage.window, offset, detach=True)
+            live = st.cutoff >= 1 if draft.config.needs_root_state else torch.ones_like(st.cutoff, dtype=torch.bool)
+            check = batch.valid[:, st.query_index] & live[None]
+            diff = (sub.h_hat - explicit).abs()[check].max()
+            assert diff < TOL, f"{draft_kind}/{kind} step {sub.step}: states differ by {diff}"
+            ref = explicit_loss(draft, batch, st.query_index, explicit, stage.loss, live)
+            assert abs(float(sub.loss) - float(ref)) < TOL, (sub.step, float(sub.loss), float(ref))
+    assert seen == stage.num_substeps
+
+
+def _steps(stage: StageConfig, offset: int):
+    from specdraft.objectives import stage_steps
+
+    return list(stage_steps(stage, T, offset, None))
+
+
+@pytest.mark.parametrize("draft_kind,kind,offset", [c for c in CASES if c[1] in ("late", "align", "ttt")])
+def test_gradients_match_explicit_unrolling(draft_kind, kind, offset):
+    """train_batch's gradients == the gradients of the explicit per-chain losses: detached feedback for
+    late/align (each step back-propagated alone), the whole unrolled chain for ttt."""
+    batch = make_batch(with_topk=True, aux=draft_kind in ("eagle3", "beagle3"))
+    stage = stage_for(draft_kind, kind)
+    fast = make_draft(draft_kind)
+    train_batch(fast, batch, stage, offset=offset)
+    slow = make_draft(draft_kind)
+    total = torch.zeros(())
+    for st in _steps(stage, offset):
+        explicit = explicit_states(slow, batch, st, kind, stage.window, offset, detach=kind != "ttt")
+        live = st.cutoff >= 1 if slow.config.needs_root_state else torch.ones_like(st.cutoff, dtype=torch.bool)
+        total = total + st.weight * explicit_loss(slow, batch, st.query_index, explicit, stage.loss, live)
+    total.backward()
+    for (name, p), (_, r) in zip(fast.named_parameters(), slow.named_parameters()):
+        assert (p.grad - r.grad).abs().max() < TOL * max(1.0, float(r.grad.abs().max())), name
+
+
+def test_ttt_differs_from_detached_alignment_in_gradients_only():
+    batch = make_batch(with_topk=True, aux=True)
+    grads = {}
+    for kind in ("align", "ttt"):
+        draft = make_draft("eagle3")
+        grads[kind] = train_batch(draft, batch, stage_for("eagle3", kind)), draft.q_proj.weight.grad.clone()
+    assert grads["align"][0]["loss"] == pytest.approx(grads["ttt"][0]["loss"], abs=1e-6)
+    assert (grads["align"][1] - grads["ttt"][1]).abs().max() > 1e-6
 
 
 def test_late_stage_trains_each_window_position_once_with_linear_weights():
@@ -177,18 +250,28 @@ def test_late_stage_trains_each_window_position_once_with_linear_weights():
     assert sorted(covered) == list(range(T))
 
 
-def test_align_step_weights_decay():
+def test_align_and_ttt_step_weights_decay():
     draft = make_draft("eagle")
-    stage = StageConfig(kind="align", steps=3, step_decay=0.5, noise_std=0.0)
-    with torch.no_grad():
-        weights = [s.weight for s in substeps(draft, make_batch(), stage)]
-    assert weights == [1.0, 0.5, 0.25]
+    for kind in ("align", "ttt"):
+        stage = StageConfig(kind=kind, steps=3, step_decay=0.5, noise_std=0.0)
+        with torch.no_grad():
+            weights = [s.weight for s in substeps(draft, make_batch(), stage)]
+        assert weights == [1.0, 0.5, 0.25]
 
 
 def test_early_stage_rejects_eagle_clearly():
-    draft = make_draft("eagle")
-    with pytest.raises(ValueError, match="early"):
-        next(substeps(draft, make_batch(), StageConfig(kind="early")))
+    for kind in ("eagle", "eagle3"):
+        draft = make_draft(kind)
+        with pytest.raises(ValueError, match="early"):
+            next(substeps(draft, make_batch(aux=True), StageConfig(kind="early")))
+
+
+def test_feature_drafts_refuse_vloss_and_need_aux_states():
+    draft = make_draft("eagle3")
+    with pytest.raises(ValueError, match="vloss"):
+        next(substeps(draft, make_batch(aux=True), StageConfig(kind="plain", loss=LossWeights(vloss=1.0))))
+    with pytest.raises(ValueError, match="aux_layers=eagle3"):
+        next(substeps(draft, make_batch(aux=False), StageConfig(kind="plain")))
 
 
 def test_query_without_keys_is_zero_attention_not_nan():
@@ -198,20 +281,22 @@ def test_query_without_keys_is_zero_attention_not_nan():
         sub = next(substeps(draft, batch, StageConfig(kind="early", window=5, noise_std=0.0), offset=0))
     assert torch.isfinite(sub.h_hat).all()
     # the first window sees no state at all: its output is the no-attention block output
-    e = draft.embed(batch.input_ids[:, :5])
+    e = draft.heads.embed(batch.input_ids[:, :5])
     no_attn = draft.mlp(draft.norm_mlp(e)) + e
     assert (sub.h_hat[:, :5] - no_attn).abs().max() < TOL
 
 
-@pytest.mark.parametrize("arch,kind", [("beagle", "early"), ("beagle", "late"), ("eagle", "align"), ("eagle", "late")])
-def test_gradients_reach_only_draft_parameters(arch, kind):
-    draft = make_draft(arch)
-    stage = StageConfig(kind=kind, steps=3, window=3, loss=LossWeights(ce=1.0, topk=1.0, vloss=10.0))
-    train_batch(draft, make_batch(with_topk=True), stage, generator=torch.Generator().manual_seed(0))
-    assert draft.embed.weight.grad is None and draft.lm_head.weight.grad is None
+@pytest.mark.parametrize("draft_kind,kind", [("beagle", "early"), ("beagle", "late"), ("eagle", "align"),
+                                             ("eagle", "late"), ("eagle3", "ttt"), ("beagle3", "late")])
+def test_gradients_reach_only_draft_parameters(draft_kind, kind):
+    draft = make_draft(draft_kind)
+    stage = stage_for(draft_kind, kind)
+    train_batch(draft, make_batch(with_topk=True, aux=True), stage, generator=torch.Generator().manual_seed(0))
+    frozen = dict(draft.heads.named_buffers())
+    assert "embed_weight" in frozen and all(not b.requires_grad for b in frozen.values())
+    assert draft.heads.teacher_weight.numel() and not draft.heads.teacher_weight.requires_grad
     for name, p in draft.named_parameters():
-        if p.requires_grad:
-            assert p.grad is not None and p.grad.abs().sum() > 0, f"{name} got no gradient"
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"{name} got no gradient"
 
 
 def test_noise_is_seeded_and_changes_inputs():
@@ -226,17 +311,17 @@ def test_noise_is_seeded_and_changes_inputs():
     assert (a - c).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("arch,kind", [("beagle", "late"), ("eagle", "align")])
-def test_seeded_training_is_bitwise_repeatable(arch, kind):
+@pytest.mark.parametrize("draft_kind,kind", [("beagle", "late"), ("eagle", "align"), ("eagle3", "ttt")])
+def test_seeded_training_is_bitwise_repeatable(draft_kind, kind):
     def run():
-        draft = make_draft(arch, seed=3)
+        draft = make_draft(draft_kind, seed=3)
         opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-3)
         g = torch.Generator().manual_seed(11)
-        stage = StageConfig(kind=kind, steps=3, loss=LossWeights(ce=1.0, topk=1.0, vloss=1.0))
+        stage = stage_for(draft_kind, kind)
         losses = []
         for _ in range(3):
             opt.zero_grad()
-            losses.append(train_batch(draft, make_batch(), stage, generator=g)["loss"])
+            losses.append(train_batch(draft, make_batch(with_topk=True, aux=True), stage, generator=g)["loss"])
             opt.step()
         return losses, draft.state_dict()
 

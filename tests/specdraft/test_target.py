@@ -290,3 +290,263 @@ def test_target_id_is_stable_and_tracks_content(sharded, tmp_path):
 def test_target_id_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         target.target_id(tmp_path / "missing")
+
+
+# --- placement: device_map loading, attention kernels, a target spread over devices ---------
+#
+# No GPU here (and none lent to this work): the multi-GPU load itself is not run. What runs:
+# the single-device device_map path against the pre-device_map path, SDPA vs eager numerics,
+# accelerate's dispatch hooks on CPU (disk offload: real values), a two-device split simulated
+# with fake tensors (shapes and devices only), and the GPU spread plan with from_pretrained
+# mocked (said in each test).
+
+from types import SimpleNamespace  # noqa: E402
+
+from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError, FakeTensorMode  # noqa: E402
+from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
+
+from specdraft import placement  # noqa: E402
+from specdraft.decoding.drafting import advance_draft, start_draft  # noqa: E402
+from specdraft.decoding.speculative import DecodeConfig, speculative_generate, vanilla_generate  # noqa: E402
+from specdraft.decoding.verify import compact_cache, target_forward, verify_tree  # noqa: E402
+from tests.specdraft.decoding.decoding_helpers import StubTarget, random_tree, tiny_draft, tiny_target  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama-kernels")
+    tiny_target("llama", seed=5, logit_scale=4.0).save_pretrained(path)
+    return path
+
+
+def padded_batch(lengths: list[int], side: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)  # (B, T)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)  # (B, T)
+    for i, n in enumerate(lengths):
+        cols = slice(0, n) if side == "right" else slice(width - n, width)
+        ids[i, cols] = torch.randint(1, VOCAB, (n,), generator=g)
+        mask[i, cols] = 1
+    return ids, mask
+
+
+def test_load_target_model_device_map_matches_the_plain_load(saved):
+    """device 'cpu' and 'auto' (CPU here) through the device_map path give the model the
+    pre-device_map code loaded (from_pretrained, then .to(device)), bit for bit."""
+    _, _, path = saved
+    before = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to("cpu").eval()
+    ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
+    for device, dtype in (("cpu", torch.float32), ("auto", "auto")):
+        model = target.load_target_model(path, dtype, device)
+        assert not model.training and all(not p.requires_grad for p in model.parameters())
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids).logits, before(ids).logits, rtol=0, atol=0)
+        assert placement.describe_placement(model) == {
+            "attn_implementation": "sdpa", "dtype": "float32", "devices": ["cpu"],
+            "input_device": "cpu", "output_device": "cpu",
+        }
+
+
+def test_load_target_model_spread_plan_with_mocked_gpus(llama_dir, monkeypatch):
+    """Mocked (no GPU here): free_gpu_memory and from_pretrained. Checks that gpus=4 asks
+    transformers for the balanced device_map over GPUs 0..3 only, in bf16 for dtype auto, with
+    sdpa, and that a returned map with offloaded modules is refused."""
+    calls = []
+    real = AutoModelForCausalLM.from_pretrained
+
+    def fake_from_pretrained(path, **kwargs):
+        calls.append(kwargs)
+        model = real(path, dtype=torch.float32)
+        model.hf_device_map = outcome
+        return model
+
+    monkeypatch.setattr(target, "free_gpu_memory", lambda gpus: {i: 10 << 30 for i in range(gpus)})
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
+    outcome = {"model.embed_tokens": 0, "model.layers.0": 1, "model.layers.1": 2, "model.norm": 3, "lm_head": 3}
+    target.load_target_model(llama_dir, "auto", "auto" if torch.cuda.is_available() else "cuda", gpus=4)
+    assert calls[-1]["device_map"] == "auto"
+    assert calls[-1]["max_memory"] == {0: 10 << 30, 1: 10 << 30, 2: 10 << 30, 3: 10 << 30}
+    assert calls[-1]["dtype"] is torch.bfloat16 and calls[-1]["attn_implementation"] == "sdpa"
+    assert calls[-1]["trust_remote_code"] is False
+    outcome = {"model.embed_tokens": 0, "model.layers.0": 1, "model.layers.1": "disk", "lm_head": 1}
+    with pytest.raises(ValueError, match="does not fit on 2 GPUs"):
+        target.load_target_model(llama_dir, "auto", "cuda", gpus=2)
+    with pytest.raises(AssertionError, match="device must be 'auto' or 'cuda'"):
+        target.load_target_model(llama_dir, "auto", "cpu", gpus=2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without GPUs")
+def test_load_target_model_spread_without_gpus_is_a_clear_error(llama_dir):
+    with pytest.raises(ValueError, match="spread over 2 GPUs but this process sees 0"):
+        target.load_target_model(llama_dir, device="cuda", gpus=2)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_sdpa_and_eager_prefill_agree_with_padding(llama_dir, side):
+    """fp32 tiny Llama: the dump's prefill (target_states) gives the same hidden states and
+    logits with both kernels (1e-5), padded positions zero."""
+    sdpa = target.load_target_model(llama_dir, attn_implementation="sdpa")
+    eager = target.load_target_model(llama_dir, attn_implementation="eager")
+    assert (sdpa.config._attn_implementation, eager.config._attn_implementation) == ("sdpa", "eager")
+    ids, mask = padded_batch([9, 4, 6], side)
+    h_s, l_s = target.target_states(sdpa, ids, mask)
+    h_e, l_e = target.target_states(eager, ids, mask)
+    torch.testing.assert_close(h_s, h_e, rtol=0, atol=1e-5)
+    torch.testing.assert_close(l_s, l_e, rtol=0, atol=1e-5)
+    assert torch.all(h_s[mask == 0] == 0) and torch.isfinite(h_s).all()
+
+
+def test_sdpa_prefill_mask_is_one_boolean_mask_per_sequence(llama_dir, monkeypatch):
+    """What SDPA receives in the dump's prefill: with padding, a boolean (B, 1, T, T) mask
+    (one byte per entry, broadcast over heads — no float mask per head); without padding no
+    mask at all (``is_causal``, so CUDA may pick its flash kernel)."""
+    model = target.load_target_model(llama_dir)
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def recording_sdpa(query, key, value, attn_mask=None, *args, **kwargs):
+        seen.append((attn_mask, kwargs.get("is_causal"), tuple(query.shape)))
+        return real(query, key, value, attn_mask, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    ids, mask = padded_batch([9, 4, 6], "right")
+    target.target_states(model, ids, mask)
+    assert len(seen) == TINY["num_hidden_layers"]
+    for attn_mask, is_causal, q_shape in seen:
+        assert attn_mask.dtype == torch.bool and attn_mask.shape == (3, 1, 9, 9), (attn_mask.dtype, attn_mask.shape)
+        assert q_shape[1] == TINY["num_attention_heads"] and not is_causal
+    seen.clear()
+    target.target_states(model, ids[:, :4], mask[:, :4])  # no padding in the first 4 columns
+    assert all(attn_mask is None and is_causal for attn_mask, is_causal, _ in seen) and len(seen) == 2
+
+
+def test_sdpa_and_eager_tree_verification_agree(llama_dir):
+    """Tree verification (custom 4D additive mask, tree positions, DynamicCache) gives the same
+    hidden states and logits with both kernels (fp32, 1e-5)."""
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
+    tree = random_tree(15, vocab=VOCAB, seed=4)
+    outs = []
+    for kernel in ("sdpa", "eager"):
+        model = target.load_target_model(llama_dir, attn_implementation=kernel)
+        cache = DynamicCache()
+        target_forward(model, ids, torch.arange(9)[None], cache)
+        outs.append(verify_tree(model, cache, tree, 9))  # (1, N+1, d), (1, N+1, V)
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=0, atol=1e-5)
+
+
+def test_verification_refuses_flash_attention():
+    """A target loaded with flash-attention (stubbed here: no flash-attn, no GPU) cannot take
+    the tree mask: verify_tree says so instead of failing inside the kernel."""
+    stub = StubTarget(list(range(12)), vocab=16)
+    stub.config = SimpleNamespace(**vars(stub.config), _attn_implementation="flash_attention_2")
+    with pytest.raises(AssertionError, match="4D additive mask.*sdpa"):
+        verify_tree(stub, DynamicCache(), random_tree(3, vocab=16, seed=0), 0)
+
+
+def test_decoding_through_accelerate_dispatch_hooks(llama_dir, tmp_path):
+    """Real values on CPU: a target dispatched by transformers/accelerate with AlignDevicesHook on
+    every block (one layer offloaded to disk so dispatch happens; everything executes on CPU)
+    gives the plain target's prefill features and the same greedy speculative / vanilla tokens."""
+    device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
+                  "model.layers.1": "disk", "model.norm": "cpu", "lm_head": "cpu"}
+    hooked = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32, device_map=device_map,
+                                                  offload_folder=tmp_path).eval()
+    assert hasattr(hooked.model.layers[0], "_hf_hook") and hooked.model.layers[1].mlp.up_proj.weight.is_meta
+    plain = target.load_target_model(llama_dir)
+    ids, mask = padded_batch([8, 5], "right", seed=3)
+    for got, want in zip(target.target_states(hooked, ids, mask), target.target_states(plain, ids, mask)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    draft = tiny_draft(plain, "beagle")
+    prompt = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+    for cfg in (DecodeConfig(mode="tree", depth=3, topk=3, total_tokens=8, max_new_tokens=16),
+                DecodeConfig(mode="chain", gamma=3, max_new_tokens=16)):
+        want = vanilla_generate(plain, prompt, cfg).tokens
+        assert vanilla_generate(hooked, prompt, cfg).tokens == want
+        assert speculative_generate(hooked, draft, prompt, cfg).tokens == want
+
+
+def _place(module: torch.nn.Module, device: str) -> None:
+    for sub in module.modules():
+        for name, p in list(sub._parameters.items()):
+            if p is not None:
+                sub._parameters[name] = torch.nn.Parameter(p.detach().to(device), requires_grad=False)
+        for name, b in list(sub._buffers.items()):
+            if b is not None:
+                sub._buffers[name] = b.to(device)
+
+
+SPLIT = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
+         "model.layers.1": "meta", "model.norm": "meta", "lm_head": "meta"}
+
+
+@torch.no_grad()
+def test_two_device_split_simulated_with_fake_tensors():
+    """Simulated (shapes and devices only, no values): a Llama target split over two devices —
+    embedding + layer 0 on "cpu", layer 1 + norm + lm_head on "meta" — as fake tensors, with
+    accelerate's AlignDevicesHook on each block exactly as dispatch_model attaches them; a
+    Beagle and an EAGLE draft live on the output device. Under FakeTensorMode any op that mixes
+    the two devices raises, so this checks every device move of the prefill (target_states), the
+    target forward with its cache, tree verification, cache compaction and draft start/advance.
+    Not simulated: value-dependent steps (acceptance, the speculative loop, the dump's masked
+    gathers) — those run on one device in the other tests."""
+    from accelerate.hooks import attach_align_device_hook_on_blocks
+
+    model = tiny_target("llama", seed=6)
+    drafts = [tiny_draft(model, "beagle"), tiny_draft(model, "eagle")]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        for name, device in SPLIT.items():
+            _place(model.get_submodule(name), device)
+        for draft in drafts:
+            _place(draft, "meta")
+        attach_align_device_hook_on_blocks(model, execution_device={**SPLIT, "": "cpu"},
+                                           offload={name: False for name in SPLIT},
+                                           skip_keys=model._skip_keys_device_placement)
+        with pytest.raises(FakeTensorDeviceMismatchError):  # the simulation does catch a mix
+            torch.zeros(2, device="cpu") + torch.zeros(2, device="meta")
+    assert placement.input_device(model) == torch.device("cpu")
+    assert placement.output_device(model) == torch.device("meta")
+    ids, mask = padded_batch([6, 3], "left", seed=7)  # real CPU inputs, as the dump passes them
+    with mode:
+        hidden, logits = target.target_states(model, ids, mask)
+    assert hidden.device.type == logits.device.type == "meta" and logits.shape == (2, 6, 128)
+    cache = DynamicCache()
+    with mode:
+        hidden, logits = target_forward(model, ids[:1], torch.arange(6)[None], cache)
+    assert hidden.device.type == "meta" and [layer.keys.device.type for layer in cache.layers] == ["cpu", "meta"]
+    tree = random_tree(7, vocab=128, seed=1)  # real tensors (verify_tree reads its depths)
+    verified, tree_logits = verify_tree(model, cache, tree, 6)
+    assert verified.device.type == tree_logits.device.type == "meta" and cache.get_seq_length() == 13
+    with mode:
+        compact_cache(cache, 6, [1, 3])
+        assert cache.get_seq_length() == 9 and [layer.keys.device.type for layer in cache.layers] == ["cpu", "meta"]
+        for draft in drafts:
+            ctx = start_draft(draft, ids[:1], hidden, first_token=5)  # ids on cpu, states on meta
+            advance_draft(ctx, [4, 2], verified[:, :2])
+            assert ctx.cache.view().k.device.type == "meta" and ctx.root_pos == 8
+
+
+def test_eval_loads_a_mask_kernel_puts_the_draft_at_the_output_and_records_it(tiny_toy_target, tmp_path):
+    """Evaluation on CPU with the eager kernel: the draft sits on the target's output device, the
+    report's settings carry the requested kernel and the placement actually used; a flash kernel
+    is refused for eval (tree verification needs the 4D mask)."""
+    from specdraft.decoding.eval import EvalSettings, load_models, run_eval
+    from specdraft.models import save_draft
+
+    draft_dir = save_draft(tiny_draft(target.load_target_model(tiny_toy_target), "beagle"), tmp_path / "draft")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Hello."]}) + "\n")
+    settings = EvalSettings(decode=DecodeConfig(mode="tree", depth=2, topk=2, total_tokens=4, max_new_tokens=6),
+                            device="cpu", attn_implementation="eager", warmup=False)
+    models = load_models(tiny_toy_target, draft_dir, settings)
+    assert models.target.config._attn_implementation == "eager"
+    assert next(models.draft.parameters()).device == placement.output_device(models.target)
+    report = run_eval(tiny_toy_target, draft_dir, [questions], settings, progress=False)
+    assert report["settings"]["attn_implementation"] == "eager" and report["settings"]["gpus"] == 1
+    assert report["settings"]["placement"] == [{"attn_implementation": "eager", "dtype": "float32",
+                                                "devices": ["cpu"], "input_device": "cpu", "output_device": "cpu"}]
+    assert report["overall"]["lossless_mismatches"] == 0
+    with pytest.raises(AssertionError, match="tree mask"):
+        load_models(tiny_toy_target, draft_dir, EvalSettings(attn_implementation="flash_attention_2"))

@@ -33,7 +33,8 @@ def make_trainer(schedule, seed=0):
     samples, table = make_samples()
     cfg = DraftConfig(arch="beagle", vocab_size=V, hidden_size=D, num_attention_heads=2, num_key_value_heads=1,
                       head_dim=16, intermediate_size=64)
-    draft = build_draft(cfg, embed=torch.randn(V, D), lm_head=table.clone())
+    embed = torch.randn(V, D, generator=torch.Generator().manual_seed(99))  # the target's: same for every run
+    draft = build_draft(cfg, embed=embed, lm_head=table.clone())
     batches = [pad_batch(samples[i : i + 4]) for i in range(0, len(samples), 4)]
     optim = OptimConfig(lr=3e-3, warmup_steps=2)
     return Trainer(draft, schedule, optim, len(batches), seed=seed), batches
@@ -97,3 +98,33 @@ def test_sim_tau_formula_and_counts():
     assert abs(sim_tau([0.5, 0.5, 1.0]) - (0.5 + 0.25 + 0.25)) < 1e-12
     c = AcceptanceCounts(torch.tensor([3.0, 1.0]), torch.tensor([4.0, 3.0]))
     assert c.alpha == pytest.approx([0.75, 1 / 3])
+
+
+def test_warmup_is_relative_to_the_run_and_capped():
+    from specdraft.training import WARMUP_CAP, learning_warnings, warmup_of
+
+    assert warmup_of(OptimConfig(), 400) == 20  # 5 % of the run
+    assert warmup_of(OptimConfig(), 10**6) == WARMUP_CAP  # the papers' value is the cap
+    assert warmup_of(OptimConfig(warmup_steps=7), 400) == 7  # an explicit value wins
+    assert learning_warnings(OptimConfig(), 400) == []
+    # the first-hour failure: 100 steps, 2000 warmup, the paper lr
+    said = " ".join(learning_warnings(OptimConfig(lr=3e-5, warmup_steps=2000), 100))
+    assert "never reaches its peak" in said
+    said = " ".join(learning_warnings(OptimConfig(lr=1e-7), 50))
+    assert "only 50 optimizer steps" in said and "tiny" in said
+
+
+def test_default_schedule_learns_on_a_small_run():
+    """The defaults (no lr / warmup flags) move the draft within a short run: the loss falls."""
+    torch.manual_seed(0)
+    samples, table = make_samples()
+    cfg = DraftConfig(arch="beagle", vocab_size=V, hidden_size=D, num_attention_heads=2, num_key_value_heads=1,
+                      head_dim=16, intermediate_size=64)
+    embed = torch.randn(V, D, generator=torch.Generator().manual_seed(99))
+    draft = build_draft(cfg, embed=embed, lm_head=table.clone())
+    batches = [pad_batch(samples[i : i + 4]) for i in range(0, len(samples), 4)]
+    trainer = Trainer(draft, [StageConfig(kind="plain", epochs=40, noise_std=0.0)], OptimConfig(), len(batches))
+    assert trainer.warnings == [], trainer.warnings
+    losses = []
+    trainer.run(lambda s, e: batches, on_step=lambda tr, m: losses.append(m["loss"]))
+    assert sum(losses[-3:]) < 0.5 * sum(losses[:3])

@@ -1,5 +1,8 @@
 """Shared test helpers: tiny HF targets, drafts, stub target/draft with fixed logits, chi-square.
 
+``exact_joint`` enumerates the exact distribution of the first few sampled tokens (chi-square
+tests of lossless sampling).
+
 Stubs (litgpt-style stub-model tests for speculative acceptance):
 * ``StubTarget`` — an HF-shaped causal LM whose argmax at position p is ``seq[p + 1]``
   whatever the context; it writes its positions into the ``DynamicCache`` so compaction is
@@ -10,12 +13,14 @@ Stubs (litgpt-style stub-model tests for speculative acceptance):
 
 from __future__ import annotations
 
+import itertools
 import math
 from types import SimpleNamespace
 
 import torch
 from torch import nn
 from transformers import (
+    DynamicCache,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -24,7 +29,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from specdraft.models import KV, build_draft, draft_config_from_target
+from specdraft.decoding.sampling import target_probs
+from specdraft.decoding.verify import target_forward
+from specdraft.models import KV, DraftConfig, build_draft, draft_config_from_target
 
 FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
@@ -53,11 +60,18 @@ def tiny_target(family: str = "llama", seed: int = 0, logit_scale: float = 1.0, 
     return model
 
 
-def tiny_draft(target, arch: str, seed: int = 1):
-    """A random draft sharing the target's embedding and lm_head."""
+def tiny_draft(target, arch: str, seed: int = 1, draft_vocab: int = 100):
+    """A random draft sharing the target's embedding and lm_head.
+
+    ``eagle3`` / ``beagle3``: reads the target's hidden_states 0, 1, 2 and predicts over a random
+    draft vocabulary of ``draft_vocab`` target ids.
+    """
     torch.manual_seed(seed)
-    cfg = draft_config_from_target(target.config, arch)
-    draft = build_draft(cfg, embed=target.get_input_embeddings().weight, lm_head=target.lm_head.weight)
+    feats = arch in ("eagle3", "beagle3")
+    vocab = torch.randperm(target.config.vocab_size)[:draft_vocab].sort().values if feats else None
+    cfg = draft_config_from_target(target.config, "beagle" if arch == "beagle3" else arch,
+                                   aux_layers=[0, 1, 2] if feats else None, draft_vocab_size=draft_vocab if feats else None)
+    draft = build_draft(cfg, embed=target.get_input_embeddings().weight, lm_head=target.lm_head.weight, vocab=vocab)
     with torch.no_grad():
         for name, p in draft.named_parameters():
             if p.requires_grad and p.dim() >= 2:
@@ -73,7 +87,7 @@ class _StubDecoder(nn.Module):
         super().__init__()
         self.seq, self.vocab = seq, vocab
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=True, **_):
         pos = position_ids[0]  # (Q,)
         hidden = 10.0 * nn.functional.one_hot(self.seq[pos + 1], self.vocab).float()[None]  # (1, Q, V)
         if past_key_values is not None:
@@ -107,15 +121,17 @@ class StubDraft(nn.Module):
         super().__init__()
         self.seq, self.vocab, self.wrong = list(seq), vocab, wrong
         self.dummy = nn.Parameter(torch.zeros(1))
-        self.config = SimpleNamespace(
-            arch="beagle", vocab_size=vocab, hidden_size=vocab, num_key_value_heads=1, head_dim=1
-        )
+        self.config = DraftConfig(arch="beagle", vocab_size=vocab, hidden_size=vocab, num_attention_heads=1,
+                                  num_key_value_heads=1, head_dim=1, intermediate_size=1)
+
+    def project(self, features):
+        return features
 
     def encode_states(self, states, positions):
         z = torch.zeros(1, 1, states.shape[1], 1)
         return KV(z, z)
 
-    def attend(self, input_ids, positions, kv, visible):
+    def attend(self, input_ids, positions, kv, visible, extra=None, extra_visible=None):
         rows = []
         for p in positions[0].tolist():
             right = self.seq[p + 1]
@@ -192,6 +208,30 @@ def chi2_gof(counts: dict, probs: dict, min_expected: float = 5.0) -> tuple[floa
     stat = sum((o - e) ** 2 / e for o, e in cells)
     df = len(cells) - 1
     return stat, df, chi2_sf(stat, df)
+
+
+def exact_joint(target, cfg, prompt: list[int], steps: int) -> dict[tuple[int, ...], float]:
+    """P(x_1..x_steps | prompt) under the warped target (``SamplingConfig`` ``cfg``), by enumeration
+    over its whole (tiny) vocabulary."""
+    vocab = target.get_output_embeddings().weight.shape[0]
+
+    def probs(prefix):
+        ids = torch.tensor([list(prompt) + list(prefix)])
+        _, logits = target_forward(target, ids, torch.arange(ids.shape[1])[None], DynamicCache())
+        return target_probs(logits[0, -1], cfg).tolist()
+
+    out = {}
+    cond = {(): probs(())}
+    for seq in itertools.product(range(vocab), repeat=steps):
+        p = 1.0
+        for i in range(steps):
+            prefix = seq[:i]
+            if prefix not in cond:
+                cond[prefix] = probs(prefix)
+            p *= cond[prefix][seq[i]]
+        if p > 0:
+            out[seq] = p
+    return out
 
 
 def random_tree(n: int, vocab: int, seed: int):

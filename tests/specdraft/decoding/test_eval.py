@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from specdraft.decoding import DecodeConfig
+from specdraft.decoding import DecodeConfig, PromptLookupConfig
 from specdraft.decoding.eval import (
     EvalSettings,
     build_report,
@@ -77,9 +77,38 @@ def test_summary_definitions():
     assert s["tokens_per_s"] == 14 / 3 and s["baseline_tokens_per_s"] == 14 / 6 and s["speedup"] == 2.0
     assert s["lossless_checked"] == 2 and s["lossless_mismatches"] == 1
     assert s["first_mismatches"] == [{"question_id": 1, "turn": 2, "position": 2}]
+    assert s["tau_pld"] is None and s["tau_over_pld"] is None and s["pld_lossless"] is None  # no floor measured
     report = build_report(rows, {})
     assert set(report["datasets"]["d"]["turns"]) == {"1", "2"}
     assert first_mismatch([1, 2, 3], [1, 2]) == 2 and first_mismatch([1], [1]) is None
+
+
+def with_pld(row, **kw):
+    fields = dict(rounds=0, round_tokens=0, new_tokens=0, wall_s=1.0, depth_tried=[], depth_accepted=[],
+                  lossless=True, first_mismatch=None)
+    return {**row, **{f"{k}_pld": v for k, v in {**fields, **kw}.items()}}
+
+
+def test_summary_of_the_prompt_lookup_floor():
+    rows = [
+        with_pld(record(rounds=4, round_tokens=10, new_tokens=11, wall_s=2.0, baseline_new_tokens=11,
+                        baseline_wall_s=4.0),
+                 rounds=8, round_tokens=10, new_tokens=11, depth_tried=[5, 2], depth_accepted=[2, 1], wall_s=1.0),
+        with_pld(record(turn=2, rounds=1, round_tokens=2, new_tokens=3, wall_s=1.0, baseline_new_tokens=3,
+                        baseline_wall_s=2.0),
+                 rounds=2, round_tokens=2, new_tokens=3, depth_tried=[2], depth_accepted=[0], wall_s=1.0,
+                 lossless=False, first_mismatch=1),
+    ]
+    s = summarize(rows)
+    assert s["tau"] == 12 / 5 and s["tau_pld"] == 12 / 10 and s["tau_over_pld"] == 2.0
+    assert s["alpha_pld"] == [2 / 7, 1 / 2] and s["rounds_pld"] == 10 and s["new_tokens_pld"] == 14
+    assert s["tokens_per_s_pld"] == 14 / 2 and s["speedup_pld"] == 3.0 and s["speedup"] == 2.0
+    assert s["lossless_checked_pld"] == 2 and s["lossless_mismatches_pld"] == 1 and s["pld_lossless"] is False
+    assert s["first_mismatches_pld"] == [{"question_id": 1, "turn": 2, "position": 1}]
+    assert s["lossless_mismatches"] == 0  # the draft's own check is separate
+    assert summarize(rows[:1])["pld_lossless"] is True
+    with pytest.raises(AssertionError, match="prompt-lookup"):
+        summarize([rows[0], record()])
 
 
 @pytest.mark.parametrize(
@@ -102,7 +131,21 @@ def test_run_eval_report(toy_target_dir, draft_dir, question_files, decode):
     assert report["overall"]["lossless_mismatches"] == 0
     assert set(mt["turns"]) == {"1", "2"} and mt["turns"]["2"]["num_turns"] == 1
     assert mt["tau"] >= 1.0 and len(mt["alpha"]) == decode.max_depth
+    # the floor: prompt lookup on the same turns, chain gamma = the draft's max depth, lossless too
+    for block in (mt, report["overall"], mt["turns"]["2"]):
+        assert block["tau_pld"] >= 1.0 and block["pld_lossless"] is True and block["lossless_checked_pld"] >= 1
+        assert block["tau_over_pld"] == pytest.approx(block["tau"] / block["tau_pld"])
+    assert len(mt["alpha_pld"]) == decode.max_depth and report["settings"]["pld"]["enabled"] is True
     recs = report["records"]
     assert [(r["question_id"], r["turn"]) for r in recs] == [(81, 1), (81, 2), (82, 1), ("t1", 1)]
+    assert all(r["tokens_sha_pld"] == r["tokens_sha"] for r in recs)  # greedy: the same answer every way
     assert recs[1]["prompt_tokens"] > recs[0]["prompt_tokens"] + recs[0]["new_tokens"] - 2  # history included
     json.dumps(report)  # JSON-able
+
+
+def test_the_floor_can_be_switched_off(toy_target_dir, draft_dir, question_files):
+    settings = EvalSettings(decode=DecodeConfig(mode="chain", gamma=2, max_new_tokens=8),
+                            pld=PromptLookupConfig(enabled=False), max_questions=1)
+    report = run_eval(toy_target_dir, draft_dir, question_files, settings, progress=False)
+    assert report["overall"]["tau"] >= 1.0 and report["overall"]["tau_pld"] is None
+    assert report["overall"]["tau_over_pld"] is None and "rounds_pld" not in report["records"][0]

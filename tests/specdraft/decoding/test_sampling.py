@@ -8,20 +8,18 @@ fixed seed, and a deliberately biased acceptance rule must fail the same test.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter
 
 import pytest
 import torch
-from transformers import DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import specdraft.decoding.speculative as speculative
 from specdraft.decoding import DecodeConfig, speculative_generate, vanilla_generate
 from specdraft.decoding.sampling import SamplingConfig, sample, target_probs
-from specdraft.decoding.verify import Acceptance, target_forward
-from tests.specdraft.decoding.decoding_helpers import chi2_gof, chi2_sf, tiny_draft, tiny_target
+from specdraft.decoding.verify import Acceptance
+from tests.specdraft.decoding.decoding_helpers import chi2_gof, chi2_sf, exact_joint, tiny_draft, tiny_target
 
 V = 6
 STEPS = 3
@@ -49,27 +47,6 @@ def test_warpers_match_transformers(temperature, top_k, top_p):
     assert torch.allclose(ours, x.softmax(-1), atol=1e-6)
 
 
-def exact_joint(target, cfg: SamplingConfig) -> dict[tuple[int, ...], float]:
-    """P(x_1..x_STEPS | prompt) under the warped target, by enumeration."""
-    def probs(prefix):
-        ids = torch.tensor([PROMPT + list(prefix)])
-        _, logits = target_forward(target, ids, torch.arange(ids.shape[1])[None], DynamicCache())
-        return target_probs(logits[0, -1], cfg).tolist()
-
-    out = {}
-    cond = {(): probs(())}
-    for seq in itertools.product(range(V), repeat=STEPS):
-        p = 1.0
-        for i in range(STEPS):
-            prefix = seq[:i]
-            if prefix not in cond:
-                cond[prefix] = probs(prefix)
-            p *= cond[prefix][seq[i]]
-        if p > 0:
-            out[seq] = p
-    return out
-
-
 def sampled_counts(target, draft, cfg: DecodeConfig, n: int, seed: int) -> Counter:
     gen = torch.Generator().manual_seed(seed)
     counts = Counter()
@@ -82,20 +59,23 @@ def sampled_counts(target, draft, cfg: DecodeConfig, n: int, seed: int) -> Count
 @pytest.fixture(scope="module")
 def models():
     target = tiny_target("llama", seed=21, logit_scale=12.0, vocab_size=V)
-    return target, {"beagle": tiny_draft(target, "beagle", seed=22), "eagle": tiny_draft(target, "eagle", seed=23)}
+    drafts = {"beagle": tiny_draft(target, "beagle", seed=22), "eagle": tiny_draft(target, "eagle", seed=23),
+              "eagle3": tiny_draft(target, "eagle3", seed=24, draft_vocab=4)}  # 2 tokens it can never propose
+    return target, drafts
 
 
 CASES = [
     ("eagle", DecodeConfig(mode="chain", gamma=2, temperature=1.0, max_new_tokens=STEPS)),
+    ("eagle3", DecodeConfig(mode="chain", gamma=2, temperature=1.0, max_new_tokens=STEPS)),
     ("beagle", DecodeConfig(mode="tree", depth=2, topk=2, total_tokens=4, temperature=0.8, top_k=4, top_p=0.9,
                             max_new_tokens=STEPS)),
 ]
 
 
-@pytest.mark.parametrize("arch,cfg", CASES, ids=["chain-sampled", "tree-topk-warped"])
+@pytest.mark.parametrize("arch,cfg", CASES, ids=["chain-sampled", "eagle3-draft-vocab", "tree-topk-warped"])
 def test_speculative_sampling_matches_the_target_distribution(models, arch, cfg):
     target, drafts = models
-    exact = exact_joint(target, cfg.sampling)
+    exact = exact_joint(target, cfg.sampling, PROMPT, STEPS)
     counts = sampled_counts(target, drafts[arch], cfg, n=1200, seed=7)
     stat, df, p = chi2_gof(counts, exact)
     assert df >= 10, "too few cells for a meaningful test"
@@ -107,7 +87,7 @@ def test_vanilla_sampling_matches_the_target_distribution(models):
     cfg = DecodeConfig(temperature=0.8, top_k=4, top_p=0.9, max_new_tokens=STEPS)
     gen = torch.Generator().manual_seed(3)
     counts = Counter(tuple(vanilla_generate(target, PROMPT, cfg, generator=gen).tokens) for _ in range(1000))
-    _, _, p = chi2_gof(counts, exact_joint(target, cfg.sampling))
+    _, _, p = chi2_gof(counts, exact_joint(target, cfg.sampling, PROMPT, STEPS))
     assert p > 1e-3
 
 
@@ -129,5 +109,5 @@ def test_the_test_rejects_a_biased_acceptance_rule(models, monkeypatch):
 
     monkeypatch.setattr(speculative, "accept_sampling", biased)
     counts = sampled_counts(target, drafts["eagle"], cfg, n=1000, seed=7)
-    _, _, p = chi2_gof(counts, exact_joint(target, cfg.sampling))
+    _, _, p = chi2_gof(counts, exact_joint(target, cfg.sampling, PROMPT, STEPS))
     assert p < 1e-6

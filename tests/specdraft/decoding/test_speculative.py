@@ -8,6 +8,8 @@ accepted paths, bonus tokens and cache compaction are all exercised.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -36,7 +38,7 @@ def assert_lossless(target, draft, ids, cfg, eos_ids=frozenset()):
 
 
 @pytest.mark.parametrize("cfg", [CHAIN, TREE], ids=["chain", "tree"])
-@pytest.mark.parametrize("arch", ["beagle", "eagle"])
+@pytest.mark.parametrize("arch", ["beagle", "eagle", "eagle3", "beagle3"])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 def test_greedy_lossless_random_drafts(family, arch, cfg):
     target = tiny_target(family, seed=0, logit_scale=4.0)
@@ -65,10 +67,12 @@ def test_greedy_lossless_settings(arch, cfg):
 
 def copying_eagle(target, noise: float = 0.0):
     """An EAGLE draft that IS a 1-layer Llama target: fc picks e(t) and the decoder layer is copied.
-    The target's final norm only rescales each state, so the draft's argmax is the target's."""
+    The target's final norm only rescales each state, so the draft's argmax is the target's. It uses
+    the specdraft 0.1 layout (``legacy``: an input norm on the fc output and a slot at position 0),
+    which can copy a target layer exactly — and so also checks that such drafts still decode."""
     assert target.config.num_hidden_layers == 1
     draft = build_draft(
-        draft_config_from_target(target.config, "eagle"),
+        dataclasses.replace(draft_config_from_target(target.config, "eagle"), legacy=True),
         embed=target.get_input_embeddings().weight,
         lm_head=target.lm_head.weight,
     )

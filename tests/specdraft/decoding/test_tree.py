@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.specdraft.decoding.decoding_helpers import tiny_draft, tiny_target
-from specdraft.decoding.drafting import start_draft, true_length
+from specdraft.decoding.drafting import start_draft, target_logprobs, true_length
 from specdraft.decoding.tree import (
     ancestors_from_parents,
     build_draft_chain,
@@ -60,10 +60,12 @@ def test_tree_mask_and_positions_match_brute_force(seed, window):
 
 
 @torch.no_grad()
-def explicit_path_logp(draft, ids: torch.Tensor, true: torch.Tensor, path: list[int], concate: bool) -> float:
+def explicit_path_logp(draft, ids: torch.Tensor, features: torch.Tensor, path: list[int], concate: bool) -> float:
     """Cumulative draft log-prob of ``path`` after root ids[-1], one query at a time (no tree)."""
     n = ids.shape[0] - 1  # root position
     pos = lambda c: torch.tensor([[c]])  # noqa: E731
+    logp = lambda h, t: float(target_logprobs(draft, draft.logits(h)[0])[0, t])  # noqa: E731
+    true = draft.project(features)  # (P, d)
     cache, total = KVCache(), 0.0
     if draft.config.arch == "beagle":
         cache.append(draft.encode_states(true[None, :n], torch.arange(n)[None]))
@@ -71,13 +73,12 @@ def explicit_path_logp(draft, ids: torch.Tensor, true: torch.Tensor, path: list[
         for d, nxt in enumerate(path):
             kv = cache.view()
             h = draft.attend(torch.tensor([[token]]), pos(n + d), kv, torch.ones(1, 1, kv.length, dtype=torch.bool))
-            total += float(torch.log_softmax(draft.logits(h)[0, 0], -1)[nxt])
+            total += logp(h, nxt)
             if concate:
                 cache.append(draft.encode_states(h, pos(n + d)))
             token = nxt
         return total
-    prev = torch.cat([torch.zeros(1, true.shape[-1]), true[:n]])  # slot c <- state c-1
-    x, kv = draft.encode_inputs(ids[None], prev[None], torch.arange(n + 1)[None])
+    x, kv = draft.encode_inputs(ids[None, 1:], true[None, :n], torch.arange(1, n + 1)[None])  # slots 1..n
     cache.append(kv)
     x_q = x[:, -1:]
     for d, nxt in enumerate(path):
@@ -85,7 +86,7 @@ def explicit_path_logp(draft, ids: torch.Tensor, true: torch.Tensor, path: list[
             x_q, kv = draft.encode_inputs(torch.tensor([[path[d - 1]]]), h, pos(n + d))
             cache.append(kv)
         h = draft.attend(x_q, pos(n + d), cache.view(), torch.ones(1, 1, cache.length, dtype=torch.bool))
-        total += float(torch.log_softmax(draft.logits(h)[0, 0], -1)[nxt])
+        total += logp(h, nxt)
     return total
 
 
@@ -94,14 +95,17 @@ def drafting_setup(arch: str, concate: bool = True):
     draft = tiny_draft(target, arch, seed=4)
     ids = torch.randint(128, (1, 10), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
-        hidden, logits = target_states(target, ids)
-    first = int(logits[0, -1].argmax())
-    ctx = start_draft(draft, ids, hidden, first, concate)
+        out = target(ids, output_hidden_states=True)
+        aux = draft.config.aux_layers
+        features = torch.cat([out.hidden_states[i] for i in aux], -1) if aux else target_states(target, ids)[0]
+    first = int(out.logits[0, -1].argmax())
+    ctx = start_draft(draft, ids, features, first, concate)
     committed = torch.cat([ids[0], torch.tensor([first])])
-    return draft, ctx, committed, hidden[0]
+    return draft, ctx, committed, features[0]
 
 
-@pytest.mark.parametrize("arch,concate", [("beagle", True), ("beagle", False), ("eagle", True)])
+@pytest.mark.parametrize("arch,concate", [("beagle", True), ("beagle", False), ("eagle", True), ("eagle3", True),
+                                          ("beagle3", True)])
 @pytest.mark.parametrize("depth,topk,total", [(3, 3, 10), (4, 2, 30), (2, 4, 5)])
 def test_tree_node_values_equal_explicit_path_drafting(arch, concate, depth, topk, total):
     draft, ctx, committed, true = drafting_setup(arch, concate)
@@ -162,3 +166,17 @@ def test_chain_is_the_greedy_path(arch):
         assert abs(float(chain.scores[d]) - ref) < 1e-4
         for other in range(0, 128, 17):
             assert explicit_path_logp(draft, committed, true, prefix + [other], True) <= ref + 1e-5
+
+
+def test_draft_vocabulary_ids_map_to_target_ids_through_d2t():
+    target = tiny_target("llama", seed=3)
+    draft = tiny_draft(target, "eagle3", seed=4, draft_vocab=20)
+    ids = draft.heads.target_ids()  # (20,) sorted target ids
+    assert torch.equal(ids, torch.arange(20) + draft.heads.d2t)  # offsets, as the engines read them
+    logits = torch.randn(3, 20)
+    full = target_logprobs(draft, logits)  # (3, 128)
+    assert torch.allclose(full[:, ids], torch.log_softmax(logits, -1))
+    outside = torch.ones(128, dtype=torch.bool)
+    outside[ids] = False
+    assert torch.isinf(full[:, outside]).all() and (full[:, outside] < 0).all()
+    assert torch.equal(draft.heads.t2d.nonzero().flatten(), ids)

@@ -1,47 +1,106 @@
-"""Draft models: directory round trip, frozen heads, incremental cache == parallel forward."""
+"""Draft models: directory round trip, referenced heads, legacy migration, incremental cache == parallel forward."""
 
 import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 from specdraft import masks
 from specdraft.models import DraftConfig, KVCache, build_draft, draft_config_from_target, load_draft, save_draft
 
-V, D = 97, 64
+V, D, VD = 97, 64, 50
+AUX = [1, 2, 3]
 
 
-def draft_of(arch: str):
+def draft_of(kind: str):
     torch.manual_seed(0)
+    arch = "beagle" if kind == "beagle3" else kind
+    feats = kind in ("eagle3", "beagle3")
     cfg = DraftConfig(arch=arch, vocab_size=V, hidden_size=D, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=16, intermediate_size=128, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
-    return build_draft(cfg, embed=torch.randn(V, D), lm_head=torch.randn(V, D))
+                      head_dim=16, intermediate_size=128, rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                      aux_layers=AUX if feats else [], draft_vocab_size=VD if feats else None)
+    vocab = torch.randperm(V)[:VD].sort().values if feats else None
+    return build_draft(cfg, embed=torch.randn(V, D), lm_head=torch.randn(V, D), vocab=vocab)
 
 
-def inputs(t: int = 9):
+def inputs(t: int = 9, width: int = D):
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(V, (2, t), generator=g)
-    states = torch.randn(2, t, D, generator=g)
-    return ids, states, torch.arange(t).expand(2, t)
+    feats = torch.randn(2, t, width, generator=g)
+    return ids, feats, torch.arange(t).expand(2, t)
 
 
-@pytest.mark.parametrize("arch", ["beagle", "eagle"])
-def test_save_load_round_trip_gives_identical_outputs(arch, tmp_path):
-    draft = draft_of(arch)
-    ids, states, pos = inputs()
-    q, vis = masks.plain(torch.ones(2, 9, dtype=torch.bool))
+def plain_forward(draft, ids, feats, pos):
+    st = masks.plain(ids.shape[1])
+    return draft(ids, pos, feats, st.query_index, st.cutoff, feats.new_zeros(2, ids.shape[1], 0, D))
+
+
+@pytest.mark.parametrize("kind", ["beagle", "eagle", "eagle3", "beagle3"])
+def test_save_load_round_trip_gives_identical_outputs(kind, tmp_path):
+    draft = draft_of(kind)
+    ids, feats, pos = inputs(width=draft.config.feature_size)
     with torch.no_grad():
-        before = draft(ids, pos, states[None], q, vis)
+        before = draft.logits(plain_forward(draft, ids, feats, pos))
     out = save_draft(draft, tmp_path / "d")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
-    assert json.loads((out / "config.json").read_text())["arch"] == arch
-    loaded = load_draft(out)
+    assert json.loads((out / "config.json").read_text())["arch"] == draft.config.arch
+    stored = load_file(str(out / "model.safetensors"))
+    assert not any("embed" in k or "lm_head_weight" in k or "teacher" in k for k in stored), "frozen heads were saved"
+    with pytest.raises(ValueError, match="references its target"):
+        load_draft(out)
+    loaded = load_draft(out, heads=(draft.heads.embed_weight, draft.heads.teacher_weight if not draft.config.own_vocab
+                                    else torch.randn(V, D)))
     assert type(loaded) is type(draft)
     with torch.no_grad():
-        after = loaded(ids, pos, states[None], q, vis)
+        after = loaded.logits(plain_forward(loaded, ids, feats, pos))
     assert torch.equal(before, after)
-    assert not loaded.embed.weight.requires_grad and not loaded.lm_head.weight.requires_grad
+    assert all(not b.requires_grad for b in loaded.heads.buffers())
+    whole = load_draft(save_draft(draft, tmp_path / "whole", include_heads=True))  # self-contained directory
+    with torch.no_grad():
+        assert torch.equal(before, whole.logits(plain_forward(whole, ids, feats, pos)))
+
+
+def test_draft_vocabulary_maps_are_saved_as_offsets(tmp_path):
+    draft = draft_of("eagle3")
+    stored = load_file(str(save_draft(draft, tmp_path / "d") / "model.safetensors"))
+    ids = torch.arange(VD) + stored["heads.d2t"]
+    assert torch.equal(ids, draft.heads.target_ids()) and bool((ids[1:] > ids[:-1]).all())
+    assert torch.equal(stored["heads.t2d"].nonzero().flatten(), ids)
+    # a fresh draft head starts from the target's rows of its vocabulary
+    assert torch.equal(draft.heads.lm_head.weight, draft.heads.teacher_weight)
+
+
+def test_specdraft_01_eagle_checkpoint_migrates(tmp_path):
+    """A 0.1 EAGLE directory (embed/lm_head saved, input_layernorm on the fc output) loads as ``legacy``."""
+    draft = draft_of("eagle")
+    legacy = build_draft(_legacy_config(draft.config), embed=draft.heads.embed_weight,
+                         lm_head=draft.heads.lm_head_weight)
+    tensors = {k: v for k, v in legacy.state_dict().items()}
+    tensors["embed.weight"] = draft.heads.embed_weight
+    tensors["lm_head.weight"] = draft.heads.lm_head_weight
+    out = tmp_path / "old"
+    out.mkdir()
+    config = {k: v for k, v in _plain(draft.config).items() if k not in
+              ("legacy", "aux_layers", "draft_vocab_size", "target_hidden_size", "norm_before_residual")}
+    (out / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    loaded = load_draft(out)
+    assert loaded.config.legacy and hasattr(loaded, "input_layernorm")
+    ids, feats, pos = inputs()
+    with torch.no_grad():
+        assert torch.equal(plain_forward(loaded, ids, feats, pos), plain_forward(legacy, ids, feats, pos))
+
+
+def _plain(cfg):
+    from specdraft.config import to_dict
+
+    return to_dict(cfg)
+
+
+def _legacy_config(cfg):
+    return DraftConfig(**{**_plain(cfg), "legacy": True})
 
 
 def test_load_draft_errors_clearly(tmp_path):
@@ -49,30 +108,28 @@ def test_load_draft_errors_clearly(tmp_path):
         load_draft(tmp_path)
 
 
-@pytest.mark.parametrize("arch", ["beagle", "eagle"])
-def test_incremental_cache_equals_parallel_forward(arch):
+@pytest.mark.parametrize("kind", ["beagle", "eagle", "eagle3"])
+def test_incremental_cache_equals_parallel_forward(kind):
     """Prefill the cache with true states, then add one state per step: same as the plain mask."""
-    draft = draft_of(arch)
-    ids, states, pos = inputs()
+    draft = draft_of(kind)
+    ids, feats, pos = inputs(width=draft.config.feature_size)
     t = ids.shape[1]
-    q, vis = masks.plain(torch.ones(2, t, dtype=torch.bool))
     with torch.no_grad():
-        parallel = draft(ids, pos, states[None], q, vis)  # (B, T, d)
+        parallel = plain_forward(draft, ids, feats, pos)  # (B, T, d)
+        states = draft.project(feats)  # (B, T, d)
         cache = KVCache()
-        for p in range(t):
-            if arch == "beagle":
-                if p > 0:
-                    cache.append(draft.encode_states(states[:, p - 1 : p], pos[:, p - 1 : p]))
-                kv = cache.view() if cache.length else None
-                if kv is None:
-                    continue  # position 0 sees no state: covered by the objectives tests
-                h = draft.attend(ids[:, p : p + 1], pos[:, p : p + 1], kv, torch.ones(2, 1, cache.length, dtype=torch.bool))
-            else:
-                prev = states[:, p - 1 : p] if p > 0 else torch.zeros(2, 1, D)
-                x, kv = draft.encode_inputs(ids[:, p : p + 1], prev, pos[:, p : p + 1])
+        for p in range(1, t):
+            if kind == "beagle":
+                cache.append(draft.encode_states(states[:, p - 1 : p], pos[:, p - 1 : p]))
+                h = draft.attend(ids[:, p : p + 1], pos[:, p : p + 1], cache.view(),
+                                 torch.ones(2, 1, cache.length, dtype=torch.bool))
+            else:  # slot p = (t_p, state p-1)
+                x, kv = draft.encode_inputs(ids[:, p : p + 1], states[:, p - 1 : p], pos[:, p : p + 1])
                 cache.append(kv)
                 h = draft.attend(x, pos[:, p : p + 1], cache.view(), torch.ones(2, 1, cache.length, dtype=torch.bool))
             assert (h[:, 0] - parallel[:, p]).abs().max() < 1e-5, f"position {p}"
+        if kind != "beagle":
+            assert parallel[:, 0].abs().max() == 0, "position 0 has no state before it: no output"
         n = cache.length
         cache.crop(n - 2)
         assert cache.length == n - 2
@@ -88,3 +145,30 @@ def test_draft_config_follows_target_geometry(config_cls):
     assert cfg.max_position_embeddings == 512 and cfg.vocab_size == 50
     draft = build_draft(cfg)
     assert draft.q_proj.out_features == 64 and draft.k_proj.out_features == 16
+    e3 = draft_config_from_target(target, "eagle3", aux_layers=[0, 1, 2], draft_vocab_size=40)
+    assert e3.feature_size == 3 * 64 and build_draft(e3, vocab=torch.arange(40)).fc.in_features == 192
+
+
+def test_configs_refuse_impossible_drafts():
+    base = dict(vocab_size=V, hidden_size=D, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                intermediate_size=128)
+    with pytest.raises(AssertionError, match="aux_layers"):
+        DraftConfig(arch="eagle3", draft_vocab_size=10, **base)
+    with pytest.raises(AssertionError, match="draft_vocab_size"):
+        DraftConfig(arch="eagle3", aux_layers=[1, 2, 3], **base)
+    with pytest.raises(AssertionError, match="eagle3"):
+        DraftConfig(arch="eagle", aux_layers=[1, 2, 3], **base)
+    with pytest.raises(AssertionError, match="draft_vocab_size"):
+        DraftConfig(arch="beagle", draft_vocab_size=V + 1, **base)
+
+
+def test_shared_head_is_one_tensor_through_moves_and_casts():
+    """With the target's own head, the teacher IS the lm_head: no second copy after .to() or a cast."""
+    draft = draft_of("eagle")
+    draft.to(torch.float64)
+    assert draft.heads.teacher_weight is draft.heads.lm_head_weight
+    from specdraft.models import set_frozen_dtype
+
+    set_frozen_dtype(draft, torch.bfloat16)
+    assert draft.heads.teacher_weight is draft.heads.lm_head_weight and draft.heads.embed_weight.dtype == torch.bfloat16
+    assert sum(1 for _ in draft.heads.buffers()) == 2  # embed + lm_head, nothing else

@@ -1,0 +1,110 @@
+"""Export a trained draft to the checkpoint formats serving engines load (SERVING.md).
+
+    export_draft(draft_dir, "speculators" | "sglang" | "eagle", out_dir, target=TARGET_DIR)
+
+reads the draft directory (``config.json`` + ``model.safetensors``), takes what the engine
+needs from the target (context length, dtype, verifier), writes the format into a temporary
+directory, re-reads it with ``check_export`` and only then renames it into place — a failed
+export leaves nothing behind. Which formats fit which draft (``formats_for``):
+
+=========  ===========================================  =====================================
+draft      formats                                      engines
+=========  ===========================================  =====================================
+eagle3     speculators, sglang                          vLLM (both), SGLang (sglang)
+eagle      sglang, eagle (HASS / EAGLE-1/2)             SGLang, the EAGLE reference
+beagle     none (no engine serves Beagle drafts yet)
+=========  ===========================================  =====================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from specdraft.decoding.eval import resolve_dtype
+from specdraft.export.check import check_export
+from specdraft.export.commands import serve_commands, sglang_command, vllm_command
+from specdraft.export.llama import engine_tensors
+from specdraft.export.spec import (
+    DTYPES,
+    FORMATS,
+    LAYOUTS,
+    ExportConfig,
+    ExportError,
+    ExportSpec,
+    TargetFacts,
+    formats_for,
+    read_target_facts,
+    refuse_unknown_target,
+    refuse_unservable,
+)
+from specdraft.export.writers import write_export
+from specdraft.models import ARCHS, atomic_directory, read_draft_config
+
+
+def export_spec(
+    draft_dir: str | Path,
+    fmt: str,
+    *,
+    target: str | Path,
+    dtype: str | None = None,
+    speculative_tokens: int = 3,
+    verifier: str = "",
+) -> ExportSpec:
+    """What exporting ``draft_dir`` as ``fmt`` against ``target`` must produce (refusing what cannot be exact)."""
+    config = read_draft_config(draft_dir)
+    refuse_unservable(config, fmt)
+    facts = read_target_facts(target)
+    refuse_unknown_target(config, facts)
+    dtype = dtype or facts.dtype
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype {dtype!r}: the target's config declares none of {list(DTYPES)}; pass one (--dtype)")
+    if speculative_tokens < 1:
+        raise ExportError(f"speculative_tokens must be >= 1, got {speculative_tokens}")
+    return ExportSpec(format=fmt, draft=config, target=facts, dtype=dtype, speculative_tokens=speculative_tokens,
+                      verifier=verifier)
+
+
+def export_draft(
+    draft_dir: str | Path,
+    fmt: str,
+    out_dir: str | Path,
+    *,
+    target: str | Path,
+    dtype: str | None = None,
+    speculative_tokens: int = 3,
+    verifier: str = "",
+) -> Path:
+    """Export the draft directory ``draft_dir`` as ``fmt`` into ``out_dir`` (replaced atomically); returns it."""
+    spec = export_spec(draft_dir, fmt, target=target, dtype=dtype, speculative_tokens=speculative_tokens,
+                       verifier=verifier)
+    state = load_file(str(Path(draft_dir) / "model.safetensors"))
+    try:  # the weights must be exactly the draft's parameters and buffers (no frozen target heads)
+        ARCHS[spec.draft.arch](spec.draft).load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise ExportError(f"{draft_dir}: weights do not match its config.json: {err}") from None
+    with atomic_directory(out_dir) as tmp:
+        write_export(state, spec, tmp)
+        reference = engine_tensors(state, LAYOUTS[(fmt, spec.draft.arch)].layer_prefix,
+                                   resolve_dtype(spec.dtype, torch.device("cpu")))
+        check_export(tmp, spec, reference)
+    return Path(out_dir)
+
+
+__all__ = [
+    "FORMATS",
+    "ExportConfig",
+    "ExportError",
+    "ExportSpec",
+    "TargetFacts",
+    "check_export",
+    "export_draft",
+    "export_spec",
+    "formats_for",
+    "read_target_facts",
+    "serve_commands",
+    "sglang_command",
+    "vllm_command",
+]

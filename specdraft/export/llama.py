@@ -1,0 +1,115 @@
+"""The Llama vocabulary every format shares: one decoder layer's config dict and tensor names.
+
+All engines build an EAGLE draft as one Llama decoder layer (SERVING.md): EAGLE-1/2 as
+``fc`` over cat(embed, feature) then layer 0 without ``input_layernorm`` (vLLM
+``EagleLlamaForCausalLM``, SGLang ``LlamaForCausalLMEagle``, the EAGLE reference ``cnets1``);
+EAGLE-3 as ``fc`` over three auxiliary states, a layer whose q/k/v read
+cat(input_layernorm(embed), hidden_norm(feature)), a final ``norm`` and its own ``lm_head``
+with ``d2t``/``t2d`` (vLLM ``Eagle3LlamaForCausalLM`` names the layer ``layers.0.``, SGLang
+``LlamaForCausalLMEagle3`` ``midlayer.``). This module maps specdraft's parameter names onto
+those and writes the layer's HF ``LlamaConfig`` fields from the draft and its target.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specdraft.export.spec import ExportSpec
+
+LAYER = {  # specdraft name -> name inside the engine's decoder layer
+    "q_proj.weight": "self_attn.q_proj.weight",
+    "k_proj.weight": "self_attn.k_proj.weight",
+    "v_proj.weight": "self_attn.v_proj.weight",
+    "o_proj.weight": "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
+    "mlp.up_proj.weight": "mlp.up_proj.weight",
+    "mlp.down_proj.weight": "mlp.down_proj.weight",
+    "post_attention_layernorm.weight": "post_attention_layernorm.weight",
+    "input_layernorm.weight": "input_layernorm.weight",  # EAGLE-3: the embedding's norm
+    "hidden_norm.weight": "hidden_norm.weight",  # EAGLE-3: the feature's norm
+}
+TOP = {  # specdraft name -> top-level engine name
+    "fc.weight": "fc.weight",
+    "fc.bias": "fc.bias",  # EAGLE-1/2 (the reference's fc has a bias)
+    "heads.norm.weight": "norm.weight",
+    "heads.lm_head.weight": "lm_head.weight",
+    "heads.d2t": "d2t",
+    "heads.t2d": "t2d",
+}
+
+
+def engine_tensors(state: dict[str, torch.Tensor], layer_prefix: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The draft's tensors under the engine's names, floating ones cast to ``dtype`` (d2t int64, t2d bool kept)."""
+    out = {}
+    for name, tensor in state.items():
+        if name in TOP:
+            new = TOP[name]
+        elif name in LAYER:
+            new = layer_prefix + LAYER[name]
+        else:
+            raise KeyError(f"no engine name for draft tensor {name!r}")
+        t = tensor.detach().cpu()
+        out[new] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
+    return out
+
+
+def expected_shapes(spec: ExportSpec, layer_prefix: str) -> dict[str, tuple[int, ...]]:
+    """Every tensor the format holds for ``spec.draft``, by engine name, with its shape."""
+    c = spec.draft
+    d, q, kv, inter = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, \
+        c.intermediate_size
+    attn_in = 2 * d if c.arch == "eagle3" else d  # EAGLE-3's q/k/v read cat(norm(embed), norm(feature))
+    shapes = {
+        "self_attn.q_proj.weight": (q, attn_in),
+        "self_attn.k_proj.weight": (kv, attn_in),
+        "self_attn.v_proj.weight": (kv, attn_in),
+        "self_attn.o_proj.weight": (d, q),
+        "mlp.gate_proj.weight": (inter, d),
+        "mlp.up_proj.weight": (inter, d),
+        "mlp.down_proj.weight": (d, inter),
+        "post_attention_layernorm.weight": (d,),
+    }
+    out = {layer_prefix + k: v for k, v in shapes.items()}
+    if c.arch == "eagle3":
+        out |= {layer_prefix + "input_layernorm.weight": (d,), layer_prefix + "hidden_norm.weight": (d,),
+                "fc.weight": (d, c.feature_size), "norm.weight": (d,), "lm_head.weight": (c.draft_vocab_size, d),
+                "d2t": (c.draft_vocab_size,), "t2d": (c.vocab_size,)}
+    else:
+        out |= {"fc.weight": (d, 2 * d), "fc.bias": (d,)}
+    return out
+
+
+def rope_fields(spec: ExportSpec) -> dict[str, Any]:
+    """RoPE in both spellings: ``rope_parameters`` (transformers 5) and ``rope_theta``/``rope_scaling`` (older
+    readers, the engines' Llama configs)."""
+    rope = dict(spec.draft.rope_parameters)
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    scaling = None if kind == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
+    return {"rope_theta": float(rope.get("rope_theta", 10000.0)), "rope_scaling": scaling, "rope_parameters": rope}
+
+
+def layer_config(spec: ExportSpec, architectures: list[str] | None) -> dict[str, Any]:
+    """The HF ``LlamaConfig`` fields of the one-layer draft: geometry from the draft, context length and
+    dtype from the target (or the requested dtype)."""
+    c = spec.draft
+    fields: dict[str, Any] = {"architectures": architectures} if architectures else {}
+    return fields | {
+        "model_type": "llama",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": max(spec.target.max_position_embeddings, c.max_position_embeddings),
+        **rope_fields(spec),
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": spec.dtype,
+    }

@@ -1,0 +1,179 @@
+"""What an export must produce (SERVING.md): the draft, the facts taken from its target, the format.
+
+The facts an engine needs but a draft directory does not hold come from the target's own
+``config.json``: its context length (``max_position_embeddings`` — a draft config left at 2048
+caps the served context), its dtype (the default of the exported tensors), its layer count
+(an auxiliary layer must be one the engines can capture) and its architectures (the
+``verifier`` of a speculators config). ``ExportSpec`` gathers them with the chosen format;
+the writers read it, and ``check_export`` checks the written files against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from specdraft.models.config import DraftConfig
+from specdraft.target import load_target_config, target_id
+
+FORMATS = ("speculators", "sglang", "eagle")
+DTYPES = ("float32", "bfloat16", "float16")
+ARCH_FORMATS = {"eagle3": ("speculators", "sglang"), "eagle": ("sglang", "eagle"), "beagle": ()}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layout:
+    """Where a format keeps what the engine reads (verified against the engines' loaders, SERVING.md)."""
+
+    architectures: tuple[str, ...]  # config.json "architectures": picks the engine's model class
+    layer_prefix: str  # the decoder layer's tensor prefix
+    layer_config: str | None = None  # key of the nested Llama layer config (None: at the top level)
+    aux_ids: tuple[tuple[str, int], ...] = ()  # (config path, offset added to the HF hidden_states index)
+    embedding: bool = False  # whether the checkpoint must carry the embedding (none does: engines share the target's)
+
+
+LAYOUTS = {
+    # vLLM reads the speculators config: eagle_aux_hidden_state_layer_ids are HF hidden_states indices
+    # (the state entering decoder layer i); tensors layers.0.*; the target's embedding is shared.
+    ("speculators", "eagle3"): Layout(architectures=("Eagle3Speculator",), layer_prefix="layers.0.",
+                                      layer_config="transformer_layer_config",
+                                      aux_ids=(("eagle_aux_hidden_state_layer_ids", 0),)),
+    # SGLang: explicit ids under eagle_config mean the OUTPUT of layer k (it captures k + 1); the top-level
+    # list, in vLLM's convention, is for vLLM reading the same directory (it maps midlayer. to layers.0.).
+    ("sglang", "eagle3"): Layout(architectures=("LlamaForCausalLMEagle3",), layer_prefix="midlayer.",
+                                 aux_ids=(("eagle_config.eagle_aux_hidden_state_layer_ids", -1),
+                                          ("eagle_aux_hidden_state_layer_ids", 0))),
+    ("sglang", "eagle"): Layout(architectures=("LlamaForCausalLMEagle",), layer_prefix="layers.0."),
+    ("eagle", "eagle"): Layout(architectures=("LlamaForCausalLM",), layer_prefix="layers.0."),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExportConfig:
+    """The choices of an export (``specdraft export``, the register stage's ``register.serving``)."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None  # of the written tensors; None: the target's
+    speculative_tokens: int = 3  # K drafted per step: the speculators proposal and the printed serve commands
+    verifier: str = ""  # how engines find the target in a speculators config (hub id or path); empty: its path
+
+    def __post_init__(self) -> None:
+        assert self.speculative_tokens >= 1, f"speculative_tokens must be >= 1, got {self.speculative_tokens}"
+
+
+class ExportError(ValueError):
+    """A draft that cannot be exported to a format, or an exported directory an engine would misread."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TargetFacts:
+    path: str  # the target directory (absolute): the verifier the engine loads unless ExportSpec.verifier says
+    target_id: str  # specdraft's identity of the target directory (``specdraft.target.target_id``)
+    architectures: list[str] = field(default_factory=list)
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    dtype: str | None  # the dtype its config declares (None: not declared)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExportSpec:
+    format: str
+    draft: DraftConfig
+    target: TargetFacts
+    dtype: str  # of every floating tensor written (the target's unless asked otherwise)
+    speculative_tokens: int = 3  # K proposed per step (speculators' greedy proposal; serve commands)
+    verifier: str = ""  # name_or_path written for the verifier; empty: the target path
+
+
+def read_target_facts(path: str | Path) -> TargetFacts:
+    """The facts of the target directory ``path`` (from its ``config.json``)."""
+    cfg = load_target_config(path)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    dtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
+    dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
+    return TargetFacts(
+        path=str(Path(path).resolve()),
+        target_id=target_id(path),
+        architectures=list(getattr(cfg, "architectures", None) or []),
+        num_hidden_layers=int(text.num_hidden_layers),
+        hidden_size=int(text.hidden_size),
+        vocab_size=int(text.vocab_size),
+        max_position_embeddings=int(getattr(text, "max_position_embeddings", 0) or 0),
+        dtype=dtype if dtype in DTYPES else None,
+    )
+
+
+def formats_for(arch: str) -> tuple[str, ...]:
+    """The formats an engine can load a draft of ``arch`` from (empty for Beagle)."""
+    return ARCH_FORMATS.get(arch, ())
+
+
+def refuse_unservable(config: DraftConfig, fmt: str) -> None:
+    """Raise ``ExportError`` with the reason when ``config`` cannot be written exactly in ``fmt``."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown export format {fmt!r}; choose one of {list(FORMATS)}")
+    if config.arch == "beagle":
+        raise ExportError(
+            "no serving engine runs Beagle drafts yet: vLLM and SGLang serve EAGLE-1/2 (eagle, hass recipes) and "
+            "EAGLE-3 (eagle3 recipes) drafts only. Evaluate a Beagle draft with `specdraft eval`, or train an "
+            "EAGLE-family recipe to serve one"
+        )
+    if config.legacy:
+        raise ExportError(
+            "this EAGLE draft was written by specdraft 0.1 (an RMSNorm on the fc output and a zero-state slot at "
+            "position 0); the engines' EAGLE layer has neither, so its exported weights would not reproduce its "
+            "logits. Retrain it with this version (recipes eagle / hass) to export it"
+        )
+    if fmt not in formats_for(config.arch):
+        raise ExportError(
+            f"format {fmt!r} cannot carry an {config.arch!r} draft; formats for it: {list(formats_for(config.arch))}"
+        )
+    if config.arch == "eagle3":
+        if len(config.aux_layers) != 3:
+            raise ExportError(
+                f"vLLM's and SGLang's EAGLE-3 drafts read exactly 3 auxiliary target layers (fc over 3*d); this draft "
+                f"reads {len(config.aux_layers)}: {config.aux_layers}"
+            )
+        if fmt == "sglang" and config.norm_before_residual:
+            raise ExportError(
+                "SGLang's LlamaForCausalLMEagle3 takes the residual before hidden_norm; this draft uses "
+                "norm_before_residual=True, which only vLLM reproduces: export it as 'speculators' instead"
+            )
+    if fmt == "eagle":
+        if config.head_dim * config.num_attention_heads != config.hidden_size:
+            raise ExportError(
+                f"the EAGLE reference derives head_dim = hidden_size / heads = "
+                f"{config.hidden_size // config.num_attention_heads}; this draft has head_dim {config.head_dim}"
+            )
+        rope_type = config.rope_parameters.get("rope_type", config.rope_parameters.get("type", "default"))
+        if rope_type not in ("default", "linear", "dynamic"):
+            raise ExportError(f"the EAGLE reference knows RoPE default/linear/dynamic only, not {rope_type!r}")
+
+
+def refuse_unknown_target(config: DraftConfig, target: TargetFacts) -> None:
+    """The draft must have been trained on this target (identity, widths, auxiliary layers)."""
+    if config.target_id and config.target_id != target.target_id:
+        raise ExportError(
+            f"the draft was trained on target {config.target_id}, but {target.path} is {target.target_id}: "
+            "give the draft's own target (--target)"
+        )
+    if (config.vocab_size, config.target_hidden_size or config.hidden_size) != (target.vocab_size, target.hidden_size):
+        raise ExportError(
+            f"draft vocab/width {(config.vocab_size, config.target_hidden_size)} do not match the target's "
+            f"{(target.vocab_size, target.hidden_size)}"
+        )
+    aux = list(config.aux_layers)
+    if aux != sorted(set(aux)):
+        raise ExportError(
+            f"auxiliary layers {aux} are not strictly increasing: the engines capture each layer once, in layer order, "
+            "and concatenate the states in that order, so the draft's fc would read them permuted"
+        )
+    bad = [i for i in aux if not 0 <= i < target.num_hidden_layers]
+    if bad:
+        raise ExportError(
+            f"auxiliary layers {bad} are not states the engines can capture: they capture the state entering decoder "
+            f"layer i for 0 <= i < {target.num_hidden_layers} (index {target.num_hidden_layers} is the final normed "
+            "state, which they never hand to the draft)"
+        )

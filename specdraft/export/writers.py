@@ -1,0 +1,93 @@
+"""One writer per format: ``config.json`` + ``model.safetensors`` the engine loads as it is.
+
+* ``speculators`` (EAGLE-3; ``vllm serve DIR`` or vLLM's ``--speculative-config``): the
+  speculators config (``Eagle3Speculator``, ``speculators_config`` with a greedy proposal of
+  K tokens and the verifier, ``transformer_layer_config``) and every flag vLLM's converter
+  reads written explicitly — it defaults ``norm_before_residual`` to True when absent.
+* ``sglang``: EAGLE-3 as ``LlamaForCausalLMEagle3`` (``midlayer.`` names, aux ids under
+  ``eagle_config`` in SGLang's output-of-layer-k convention), EAGLE-1/2 as
+  ``LlamaForCausalLMEagle``. SGLang drops tensors it does not know silently, so names matter.
+* ``eagle``: the EAGLE reference layout (``cnets1.Model``: one Llama layer, fc with ``bias``).
+
+No format carries the target's embedding: every engine takes it from the target (vLLM uses a
+draft's own ``embed_tokens`` when present, so a copy would only risk a stale or random one).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from specdraft.decoding.eval import resolve_dtype
+from specdraft.export.llama import engine_tensors, layer_config
+from specdraft.export.spec import LAYOUTS, ExportSpec
+
+
+def aux_fields(spec: ExportSpec) -> dict[str, Any]:
+    """The auxiliary-layer ids in each of the format's own conventions (nested paths as dicts)."""
+    out: dict[str, Any] = {}
+    for path, offset in LAYOUTS[(spec.format, spec.draft.arch)].aux_ids:
+        *parents, key = path.split(".")
+        node = out
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[key] = [i + offset for i in spec.draft.aux_layers]
+    return out
+
+
+def speculators_config(spec: ExportSpec) -> dict[str, Any]:
+    c, layout = spec.draft, LAYOUTS[("speculators", "eagle3")]
+    target = spec.target
+    return {
+        "architectures": list(layout.architectures),
+        "speculators_model_type": "eagle3",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": spec.speculative_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": spec.verifier or target.path, "architectures": target.architectures},
+        },
+        "transformer_layer_config": layer_config(spec, None),
+        "draft_vocab_size": c.draft_vocab_size,
+        "target_hidden_size": c.target_hidden_size or c.hidden_size,
+        "norm_before_residual": c.norm_before_residual,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,  # the draft feeds its pre-norm state back, as EAGLE-3 does
+        **aux_fields(spec),
+        "torch_dtype": spec.dtype,
+    }
+
+
+def sglang_config(spec: ExportSpec) -> dict[str, Any]:
+    c, layout = spec.draft, LAYOUTS[("sglang", spec.draft.arch)]
+    config = layer_config(spec, list(layout.architectures))
+    if c.arch == "eagle3":
+        config |= {"draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size or c.hidden_size,
+                   "norm_before_residual": c.norm_before_residual, **aux_fields(spec)}
+        config["eagle_config"]["use_aux_hidden_state"] = True
+    return config
+
+
+def eagle_config(spec: ExportSpec) -> dict[str, Any]:
+    config = layer_config(spec, list(LAYOUTS[("eagle", "eagle")].architectures))
+    if config["rope_scaling"] is not None:  # the reference accepts exactly {"type", "factor"}
+        config["rope_scaling"] = {"type": config["rope_scaling"].get("rope_type", config["rope_scaling"].get("type")),
+                                  "factor": float(config["rope_scaling"]["factor"])}
+    return config | {"bias": True}  # cnets1.Model(bias=config["bias"]): our fc has one
+
+
+CONFIGS = {"speculators": speculators_config, "sglang": sglang_config, "eagle": eagle_config}
+
+
+def write_export(state: dict[str, torch.Tensor], spec: ExportSpec, out: Path) -> None:
+    """Write the format's ``config.json`` and ``model.safetensors`` for the draft tensors ``state`` into ``out``."""
+    layout = LAYOUTS[(spec.format, spec.draft.arch)]
+    tensors = engine_tensors(state, layout.layer_prefix, resolve_dtype(spec.dtype, torch.device("cpu")))
+    (out / "config.json").write_text(json.dumps(CONFIGS[spec.format](spec), indent=2) + "\n")
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,111 @@
+"""EAGLE-3 draft (SpecForge paper §2.4; SERVING.md "EAGLE-3"): multi-layer features, draft vocabulary.
+
+    f_c      = fc(cat(aux_low, aux_mid, aux_high)_c)            (L·d_target -> d, no bias)
+    a_c      = cat(input_layernorm(e(t_c)), hidden_norm(f_{c-1}))  (2d: what q/k/v read)
+    y_p      = f_{p-1} + o_proj(SelfAttn(a)_p)                    (residual: the feature)
+    h_hat_p  = y_p + MLP(post_attention_layernorm(y_p))
+    logits_p = lm_head(norm(h_hat_p))                              (over the draft vocabulary)
+
+Slots follow the EAGLE convention (``eagle.py``): slot c pairs token t_c with the feature of
+position c-1, there is no slot before position 1. During drafting (and training-time test) the
+draft's own output h_hat replaces the projected feature f directly (no fc), so every drafted
+state lives in the same d-wide space as fc's output. The embedding is the target's, frozen; the
+lm_head covers ``draft_vocab_size`` target ids (``heads.py``: d2t/t2d). With
+``norm_before_residual`` the residual is hidden_norm(f) instead of f (vLLM's flag of that name).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specdraft.models.config import DraftConfig
+from specdraft.models.eagle import slot_forward
+from specdraft.models.heads import Heads
+from specdraft.models.layers import KV, RMSNorm, Rotary, SwiGLU, attention
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, config: DraftConfig):
+        super().__init__()
+        assert config.arch == "eagle3", f"Eagle3Draft needs arch='eagle3', got {config.arch!r}"
+        self.config = config
+        d, heads, kv_heads, dh = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        self.heads = Heads(config)
+        self.fc = nn.Linear(config.feature_size, d, bias=False)
+        self.input_layernorm = RMSNorm(d, config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(d, config.rms_norm_eps)
+        self.q_proj = nn.Linear(2 * d, heads * dh, bias=False)
+        self.k_proj = nn.Linear(2 * d, kv_heads * dh, bias=False)
+        self.v_proj = nn.Linear(2 * d, kv_heads * dh, bias=False)
+        self.o_proj = nn.Linear(heads * dh, d, bias=False)
+        self.post_attention_layernorm = RMSNorm(d, config.rms_norm_eps)
+        self.mlp = SwiGLU(d, config.intermediate_size)
+        self.rotary = Rotary(
+            head_dim=dh,
+            num_heads=heads,
+            rope_parameters=config.rope_parameters,
+            max_position_embeddings=config.max_position_embeddings,
+        )
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.heads.logits(h)  # (..., Vd): lm_head(norm(h))
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Concatenated auxiliary target states (B, T, L·d_target) -> features (B, T, d)."""
+        return self.fc(features)
+
+    def _attn_input(self, x: torch.Tensor) -> torch.Tensor:
+        e, f = x.split(self.config.hidden_size, dim=-1)
+        return torch.cat([self.input_layernorm(e), self.hidden_norm(f)], dim=-1)  # (..., 2d)
+
+    def encode_inputs(
+        self, input_ids: torch.Tensor, prev_states: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, KV]:
+        """Slot inputs x = cat(e(t), f) (B, S, 2d) and their keys/values, for tokens (B, S) whose
+        previous position has feature (or drafted state) ``prev_states`` (B, S, d)."""
+        bsz, n = input_ids.shape
+        cfg = self.config
+        e = self.heads.embed(input_ids).to(prev_states.dtype)  # (B, S, d)
+        x = torch.cat([e, prev_states], dim=-1)  # (B, S, 2d)
+        a = self._attn_input(x)
+        k = self.k_proj(a).view(bsz, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
+        v = self.v_proj(a).view(bsz, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
+        return x, KV(self.rotary(k, positions), v)
+
+    def attend(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv: KV,
+        visible: torch.Tensor,
+        extra: KV | None = None,
+        extra_visible: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The decoder layer for query slots x (B, Q, 2d) over keys ``kv`` with mask (B, Q, L)."""
+        bsz, nq, _ = x.shape
+        cfg = self.config
+        f = x[..., cfg.hidden_size :]  # (B, Q, d)
+        q = self.q_proj(self._attn_input(x)).view(bsz, nq, cfg.num_attention_heads, cfg.head_dim)
+        q = self.rotary(q.transpose(1, 2), positions)  # (B, H, Q, Dh)
+        o = attention(q, kv, visible, extra, extra_visible)  # (B, H, Q, Dh)
+        residual = self.hidden_norm(f) if cfg.norm_before_residual else f
+        y = residual + self.o_proj(o.transpose(1, 2).reshape(bsz, nq, -1))  # (B, Q, d)
+        return y + self.mlp(self.post_attention_layernorm(y))  # (B, Q, d)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        features: torch.Tensor,
+        query_index: torch.Tensor,
+        cutoff: torch.Tensor,
+        extras: torch.Tensor,
+    ) -> torch.Tensor:
+        """One training sub-step (same contract as ``BeagleDraft.forward``)."""
+        return slot_forward(self, input_ids, positions, features, query_index, cutoff, extras)

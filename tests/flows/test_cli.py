@@ -1,0 +1,200 @@
+"""The ``specdraft`` command line (flows/cli.py, flows/options.py) and the flow's null tracking run.
+
+Help tables and config parsing are checked without running any job; ``eval`` runs end to end
+on the tiny toy target with a random Beagle draft; the flow's stage bodies run with tracking
+disabled (a ``NullRun``), outside Prefect (``disable_run_logger``), and leave no MLflow store.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.cli import build_parser, command_config, main, parse
+from specdraft.config import flatten
+from specdraft.toy.conversations import generate_prompts
+
+REPO = Path(__file__).resolve().parents[2]
+ROW = re.compile(r"^  (\S+)\s+(.+?)\s{2,}(\S.*)$")  # "  key   type   default"
+
+
+def help_rows(capsys, command: str) -> dict[str, tuple[str, str]]:
+    """``specdraft COMMAND --help`` -> {dotted key: (type, default)} from its config table."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([command, "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    table = text.split("config fields (", 1)[1].splitlines()
+    rows = {m[1]: (m[2], m[3]) for line in table if (m := ROW.match(line))}
+    rows.pop("key")  # the header
+    return rows
+
+
+# every config-bearing command: (a few nested fields with their type and default, its config class);
+# None: not pinned here (other work changes it; the loop below still checks values against the dataclass)
+HELP = {
+    "eval": ({"decode.gamma": ("int", "5"), "decode.mode": ("chain|tree", "tree"), "max_questions": ("int | None", "null"),
+              "ray.replicas": ("int | None", "null")}, "specdraft.decoding.eval:EvalSettings"),
+    "train": ({"optim.lr": ("float", None), "optim.schedule": ("constant|cosine|linear", None),
+               "stages[].kind": (None, None), "tracking.enabled": ("bool", "false")}, "pipelines.train:TrainConfig"),
+    "run": ({"eval.settings.decode.gamma": ("int", "5"), "train.optim.lr": ("float", None),
+             "tracking.enabled": ("bool", "true")}, "pipelines.stages:RunConfig"),
+    "dump": ({"hidden_codec": ("fp16|bf16|int8", "fp16")}, "pipelines.dump:FeaturesConfig"),
+    "regenerate": ({"ingest.dedup": ("messages|prompts|none", "messages")}, "pipelines.regenerate:RegenerateConfig"),
+    "toy-target": ({"max_train_seconds": ("float | None", "null")}, "specdraft.toy.build:ToyTargetConfig"),
+    "quickstart": ({"arch": ("beagle|eagle", "beagle"), "optim.betas": ("tuple[float, float]", "[0.9, 0.95]")},
+                   "specdraft.quickstart:QuickstartConfig"),
+}
+
+
+@pytest.mark.parametrize("command", sorted(HELP))
+def test_help_lists_every_field_with_its_default(capsys, command):
+    from flows.options import resolve
+
+    expected, root = HELP[command]
+    rows = help_rows(capsys, command)
+    for key, (type_, default) in expected.items():
+        assert key in rows, f"{command} --help misses {key}"
+        assert type_ in (None, rows[key][0]) and default in (None, rows[key][1]), (key, rows[key])
+    # generated, not hand-listed: every leaf of the dataclass's default tree is there, with its value
+    for key, value in flatten(resolve(root)()).items():
+        assert key in rows, f"{command} --help misses {key}"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            assert rows[key][1] == json.dumps(value), (key, rows[key], value)
+
+
+def test_config_errors_exit_2_with_one_line_naming_the_key(capsys, tmp_path):
+    out = str(tmp_path / "o")
+    eval_args = ["eval", "--target", "t", "--draft", "d", "--questions", "q.jsonl", "--out", str(tmp_path / "r.json")]
+    cases = [
+        (eval_args + ["decode.gamm=3"], ["decode: unknown key(s) ['gamm']", "'gamma'"]),
+        (eval_args + ["decode.gamma=lots"], ["decode.gamma: expected an int, got 'lots'"]),
+        (eval_args + ["--mode", "star"], ["decode.mode: 'star' is not one of ['chain', 'tree']"]),
+        (["train", "--store", "s", "--target", "t", "--out", out, "bogus=1"],
+         ["TrainConfig: unknown key(s) ['bogus']", "'optim'", "'tracking'"]),
+        (["train", "--store", "s", "--target", "t", "--out", out, "--recipe", "nope"], ["unknown recipe 'nope'"]),
+        (["run", "--config", str(tmp_path / "missing.yaml")], ["missing.yaml: cannot read the config file"]),
+        (["dump", "--target", "t", "--prompts", "p.jsonl", "--out", out, "max_lenght=9"],
+         ["FeaturesConfig: unknown key(s) ['max_lenght']", "'max_length'"]),
+    ]
+    for argv, needles in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"specdraft {argv[0]}: config error: "), err
+        for needle in needles:
+            assert needle in err, (needle, err)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "r.json").exists()  # nothing ran
+
+
+def test_yaml_config_plus_overrides_and_sugar_reach_the_dataclasses(tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({"recipe": "hass", "optim": {"lr": 1e-3, "warmup_steps": 5},
+                                      "tracking": {"experiment": "mine"}}))
+    base = ["train", "--store", "s1", "s2", "--target", "t", "--out", "o", "--config", str(config)]
+
+    cfg, sections = command_config(parse(base + ["optim.lr=2e-4", "epochs=[2,1]"]))
+    assert (cfg.recipe, cfg.optim.lr, cfg.optim.warmup_steps, cfg.epochs) == ("hass", 2e-4, 5, [2, 1])
+    tracking = sections["tracking"]
+    assert (tracking.enabled, tracking.experiment) == (False, "mine")  # train tracks only when asked
+
+    # sugar maps onto the same overrides; an explicit key=value wins; --mlflow gives a trailing k=v back
+    args = parse(base + ["--recipe", "eagle", "--mlflow", "recipe=beagle"])
+    cfg, sections = command_config(args)
+    assert cfg.recipe == "beagle" and args.mlflow == "" and sections["tracking"].enabled
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg, sections = command_config(parse(base + ["--mlflow", uri, "--arch", "eagle"]))
+    assert (cfg.arch, sections["tracking"].uri, sections["tracking"].enabled) == ("eagle", uri, True)
+
+    # eval: the decode settings nest under decode., Ray replicas under ray.
+    settings, sections = command_config(parse(["eval", "--target", "t", "--draft", "d", "--questions", "q",
+                                               "--out", "r", "--mode", "chain", "decode.gamma=3", "ray.replicas=2"]))
+    assert (settings.decode.mode, settings.decode.gamma, sections["ray"].replicas) == ("chain", 3, 2)
+
+    # dump/regenerate: --prompts a b k=v gives the trailing k=v back to the overrides
+    prompts = tmp_path / "a=b.jsonl"  # an existing file with '=' in its name stays a file
+    prompts.write_text("")
+    args = parse(["regenerate", "--target", "t", "--prompts", str(prompts), "p2.jsonl", "temperature=0.7",
+                  "ingest.max_turns=3", "--out", "o", "seed=4"])
+    cfg, _ = command_config(args)
+    assert args.prompts == [str(prompts), "p2.jsonl"]
+    assert (cfg.temperature, cfg.ingest.max_turns, cfg.seed) == (0.7, 3, 4)
+
+    # run: the default config file is the toy one
+    cfg, _ = command_config(parse(["run", "--config", str(REPO / "configs" / "toy.yaml"), "train.recipe=hass"]))
+    assert (cfg.name, cfg.train.recipe, cfg.eval.settings.decode.depth) == ("toy", "hass", 5)
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(tiny_toy_target, tmp_path_factory) -> Path:
+    """A random Beagle draft sharing the tiny toy target's embedding and lm_head."""
+    import torch
+
+    from specdraft.models import build_draft, draft_config_from_target, save_draft
+    from specdraft.target import load_target_config, load_target_heads
+
+    torch.manual_seed(0)
+    heads = load_target_heads(tiny_toy_target)
+    draft = build_draft(draft_config_from_target(load_target_config(tiny_toy_target), "beagle"), heads.embed,
+                        heads.lm_head)
+    return save_draft(draft, tmp_path_factory.mktemp("draft") / "beagle")
+
+
+@pytest.fixture(scope="module")
+def questions(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("questions") / "toy.jsonl"
+    path.write_text("".join(
+        json.dumps({"question_id": i, "category": "toy", "turns": [m["content"] for m in c if m["role"] == "user"]})
+        + "\n" for i, c in enumerate(generate_prompts(3, seed=5))))
+    return path
+
+
+def test_eval_end_to_end_through_the_cli(tiny_toy_target, tiny_draft, questions, tmp_path, capsys):
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump({"decode": {"gamma": 3, "max_new_tokens": 24}, "max_questions": 2,
+                                      "warmup": False}))
+    out = tmp_path / "report.json"
+    argv = ["eval", "--target", str(tiny_toy_target), "--draft", str(tiny_draft), "--questions", str(questions),
+            "--out", str(out), "--quiet", "--config", str(config), "--mode", "chain", "decode.max_new_tokens=10"]
+    assert main(argv) == 0
+    assert f"report: {out}" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    decode = report["settings"]["decode"]
+    assert (decode["mode"], decode["gamma"], decode["max_new_tokens"]) == ("chain", 3, 10)
+    assert report["settings"]["max_questions"] == 2
+    block = report["datasets"]["toy"]
+    assert block["lossless_checked"] == block["num_turns"] >= 2 and block["lossless_mismatches"] == 0
+    assert block["tau"] >= 1.0 and len(block["alpha"]) == 3
+
+
+def test_flow_stages_run_on_a_null_tracking_run(tiny_toy_target, tiny_draft, questions, tmp_path, monkeypatch):
+    from prefect.logging import disable_run_logger
+
+    from flows.regenerate_and_train import eval_stage, open_parent_run, prepare_stage, register_stage
+    from pipelines.stages import RunConfig
+    from pipelines.tracking import NullRun
+    from specdraft.config import load, to_dict
+
+    monkeypatch.chdir(tmp_path)  # an MLflow run opened by mistake would leave mlflow.db / mlruns here
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = load(RunConfig, REPO / "configs" / "toy.yaml", [
+        "tracking.enabled=false", f"workdir={tmp_path / 'work'}", f"target.path={tiny_toy_target}",
+        f"data.prompts=[{questions}]", f"eval.questions=[{questions}]", "eval.settings.max_questions=1",
+        "eval.settings.warmup=false", "eval.settings.decode.max_new_tokens=8"])
+    data = to_dict(cfg)
+    parent, tr = open_parent_run(cfg)
+    assert isinstance(parent, NullRun) and parent.run_id is None and not parent.enabled
+    trained = {"draft": str(tiny_draft), "key": "random-beagle"}
+    with disable_run_logger():  # the stage bodies, outside a Prefect flow
+        prepared = prepare_stage(data, tr)
+        evaluated = eval_stage(data, tr, prepared, trained)
+        registered = register_stage(data, tr, prepared, trained, evaluated)
+    parent.set_tags({"target_id": prepared["target_id"]})
+    parent.close()
+    assert prepared["target"] == str(tiny_toy_target.resolve())
+    assert evaluated["mean_tau"] >= 1.0 and evaluated["lossless_mismatches"] == 0
+    assert registered == {"registered": False, "reason": "tracking disabled", "wall_s": 0.0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]

@@ -1,0 +1,97 @@
+"""Champion gate on a real SQLite MLflow store: the prompt-lookup floor and the champion comparison.
+
+A draft whose mean tau does not beat the mean tau of training-free prompt lookup measured in
+the same evaluation is registered (tagged with the decision and both numbers) but never
+promoted, even when there is no champion yet; above the floor the champion rule applies.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from pipelines.registry import register_draft
+
+ALIAS, KEY = "champion", "evalkey1"
+
+
+@pytest.fixture(scope="module")
+def mlflow_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("registry")
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")  # one database: its migrations take seconds
+    experiment = client.create_experiment("gate", artifact_location=(root / "artifacts").as_uri())
+    draft = root / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"arch": "beagle"}))
+    (draft / "model.safetensors").write_bytes(b"not read by the registry")
+    return client, experiment, draft
+
+
+@pytest.fixture
+def store(mlflow_store, request):
+    return (*mlflow_store, f"gate-{request.node.name}")  # a registered model per test
+
+
+def register(store, mean_tau, mean_tau_pld, train_key, evaluate_champion=None):
+    client, experiment, draft, name = store
+    run_id = client.create_run(experiment).info.run_id
+    decision = register_draft(client, run_id=run_id, draft_dir=draft, model_name=name, alias=ALIAS, eval_key=KEY,
+                              mean_tau=mean_tau, taus={"toy": mean_tau}, train_key=train_key,
+                              evaluate_champion=evaluate_champion, mean_tau_pld=mean_tau_pld)
+    return decision, run_id
+
+
+def champion_version(store) -> str | None:
+    client, name = store[0], store[3]
+    try:
+        return str(client.get_model_version_by_alias(name, ALIAS).version)
+    except MlflowException:
+        return None
+
+
+def test_a_draft_below_the_floor_is_refused_even_without_a_champion(store):
+    client = store[0]
+    decision, run_id = register(store, mean_tau=1.58, mean_tau_pld=1.72, train_key="a")
+    assert decision["version"] == 1 and not decision["promoted"] and decision["above_floor"] is False
+    assert "prompt-lookup floor" in decision["reason"] and "1.5800" in decision["reason"]
+    assert "1.7200" in decision["reason"]
+    assert decision["tau_over_pld"] == pytest.approx(1.58 / 1.72)
+    assert champion_version(store) is None
+    tags = client.get_model_version(store[3], "1").tags  # registered as a version with both numbers
+    assert tags[f"mean_tau.{KEY}"] == "1.580000" and tags[f"mean_tau_pld.{KEY}"] == "1.720000"
+    assert tags["gate.promoted"] == "False" and tags["gate.mean_tau_pld"] == "1.72"
+    assert client.get_run(run_id).data.tags["gate.reason"] == decision["reason"]
+    # equal is not better
+    decision, _ = register(store, mean_tau=1.72, mean_tau_pld=1.72, train_key="b")
+    assert not decision["promoted"] and champion_version(store) is None
+
+
+def test_a_draft_above_the_floor_is_promoted_and_then_must_beat_the_champion(store):
+    client = store[0]
+    decision, _ = register(store, mean_tau=2.4, mean_tau_pld=1.7, train_key="a")
+    assert decision["promoted"] and decision["above_floor"] is True and champion_version(store) == "1"
+    assert "no champion yet" in decision["reason"] and "> prompt-lookup floor" in decision["reason"]
+    # above the floor but not above the champion
+    decision, _ = register(store, mean_tau=2.2, mean_tau_pld=1.7, train_key="b")
+    assert not decision["promoted"] and decision["champion_mean_tau"] == 2.4 and champion_version(store) == "1"
+    assert "<= champion 2.4000" in decision["reason"]
+    # above the champion but below this evaluation's floor: refused, and the champion is not re-evaluated
+    calls = []
+    decision, _ = register(store, mean_tau=2.5, mean_tau_pld=2.6, train_key="c", evaluate_champion=calls.append)
+    assert not decision["promoted"] and "prompt-lookup floor" in decision["reason"] and champion_version(store) == "1"
+    # above both
+    decision, _ = register(store, mean_tau=2.9, mean_tau_pld=1.7, train_key="d")
+    assert decision["promoted"] and decision["version"] == 4 and champion_version(store) == "4"
+    assert calls == []
+
+
+def test_without_a_floor_the_gate_is_the_champion_rule_and_says_so(store):
+    decision, _ = register(store, mean_tau=1.1, mean_tau_pld=None, train_key="a")
+    assert decision["promoted"] and decision["above_floor"] is None
+    assert decision["reason"] == "no prompt-lookup floor measured; no champion yet"
+    assert f"mean_tau_pld.{KEY}" not in store[0].get_model_version(store[3], "1").tags
+    again, _ = register(store, mean_tau=1.1, mean_tau_pld=None, train_key="a")  # same trained draft
+    assert again["version"] == 1 and again["reason"] == "already registered (same trained draft)"
