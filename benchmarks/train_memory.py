@@ -5,7 +5,8 @@ stage on a draft with Llama-3-8B geometry — d=4096, 32 heads / 8 KV heads of 1
 vocabulary 128,256 — over one sequence of T=2048 tokens, random weights and features. Each
 measurement runs in its own process so peaks do not mix:
 
-* ``peak_mb``: CPU — the process's peak RSS growth over the step (``ru_maxrss``, after the draft,
+* ``peak_mb``: CPU — the process's peak RSS growth over the step (``/proc/self/status`` VmHWM after a
+  ``clear_refs`` reset, from the RSS once the draft,
   the frozen heads and the batch exist); CUDA — ``max_memory_allocated`` growth over the step;
 * ``step_s``: wall time of the step (CPU: one step, no warm-up; CUDA: the second of two steps);
 * ``baseline_mb``: in another process, the peak for the draft's forward activations with
@@ -35,6 +36,9 @@ from typing import Any
 
 import torch
 
+RSS_RESET = False  # whether the CPU peak is the reset high-water mark (VmHWM) rather than lifetime growth
+
+
 def geometry(d: int) -> dict[str, int]:
     """Llama-3 proportions: heads of 128, 4 query heads per KV head, MLP 3.5 d (d=4096: 32/8 heads, 14336)."""
     heads = max(1, d // 128)
@@ -51,18 +55,36 @@ RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+def _status_mb(field: str) -> float:
+    """A ``/proc/self/status`` memory field (VmRSS, VmHWM) in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
 def _peak_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    if RSS_RESET:
+        return _status_mb("VmHWM")
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def _reset_peak(device: torch.device) -> float:
+    """Start a peak measurement; returns the memory in use now (the peak is measured as growth from it)."""
+    global RSS_RESET
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         return torch.cuda.memory_allocated(device) / 2**20
-    return _peak_mb(device)  # RSS peaks cannot be reset: measure growth from here
+    try:  # Linux: clear_refs 5 resets the RSS high-water mark to the current RSS
+        Path("/proc/self/clear_refs").write_text("5")
+        RSS_RESET = True
+        return _status_mb("VmRSS")
+    except OSError:  # refused: growth of the process-lifetime peak (under-reports if setup peaked higher)
+        RSS_RESET = False
+        return _peak_mb(device)
 
 
 def _sync(device: torch.device) -> None:
@@ -155,7 +177,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     return {**spec, "step_s": round(step_s, 3), "peak_mb": round(peak, 1),
             "draft_params_mb": round(params_mb, 1), "frozen_heads_mb": round(frozen_mb, 1),
             "loss": spec["loss"], "loss_value": round(metrics["loss"], 4), "substeps": stage.num_substeps,
-            "peak_note": "RSS growth: includes allocator caching" if device.type == "cpu" else "max_memory_allocated"}
+            "peak_note": ("max_memory_allocated growth" if device.type == "cuda" else
+                          "RSS high-water mark growth after a clear_refs reset (includes allocator caching)"
+                          if RSS_RESET else "lifetime ru_maxrss growth (reset refused: under-reports)")}
 
 
 def _worker(spec: dict[str, Any], queue) -> None:
