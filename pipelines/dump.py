@@ -15,7 +15,7 @@ DESIGN.md "The target and its features". One Ray Data pipeline, one row per *sha
 
 A shard's rows never split across blocks, so every shard has exactly one writer; its content
 depends only on its planned sample ids, so a rerun redoes only missing shards and no sample
-is written twice. Store layout and reader: ``specdraft/store.py``.
+is written twice. Store layout and reader: ``specdraft/store/``.
 """
 
 from __future__ import annotations
