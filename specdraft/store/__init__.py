@@ -17,11 +17,13 @@ from specdraft.store.reader import (
     FeatureDataset,
     ReaderConfig,
     balance_batches,
+    check_aux_layers,
     is_held_out,
     open_stores,
     predicted_token_counts,
 )
 from specdraft.store.schema import (
+    AUX_ARRAYS,
     COMPRESSIONS,
     FORMAT_NAME,
     HIDDEN_CODECS,
@@ -44,9 +46,9 @@ from specdraft.store.schema import (
 from specdraft.store.writer import list_shard_dirs, read_shard_record, write_shard
 
 __all__ = [
-    "COMPRESSIONS", "FORMAT_NAME", "HIDDEN_CODECS", "LOSSY_CODECS", "MANIFEST_FILE", "SCHEMA_VERSION",
+    "AUX_ARRAYS", "COMPRESSIONS", "FORMAT_NAME", "HIDDEN_CODECS", "LOSSY_CODECS", "MANIFEST_FILE", "SCHEMA_VERSION",
     "SEQUENCE_ARRAYS", "SHARD_ATTR", "TOKEN_ARRAYS", "FeatureDataset", "ReaderConfig", "StoreError",
-    "ValidationReport", "array_digest", "array_schema", "balance_batches", "bytes_per_token_reference",
+    "ValidationReport", "array_digest", "array_schema", "balance_batches", "bytes_per_token_reference", "check_aux_layers",
     "decode_hidden", "encode_hidden", "is_held_out", "list_shard_dirs", "make_manifest", "open_stores",
     "predicted_token_counts", "read_manifest", "read_shard_record", "shard_index", "shard_name",
     "temp_shard_name", "validate", "write_manifest", "write_shard",

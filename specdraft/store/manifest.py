@@ -31,6 +31,9 @@ def make_manifest(*, header: dict[str, Any], shards: list[dict[str, Any]]) -> di
     for key in ("target_id", "d", "k", "hidden_codec"):
         assert key in header, f"manifest header needs {key!r}"
     shards = sorted(shards, key=lambda r: r["index"])
+    aux = header.get("aux_layers") or []
+    odd = [r["index"] for r in shards if (r.get("aux_layers") or []) != aux]
+    assert not odd, f"shards {odd[:5]} hold other aux_layers than the header's {aux}"
     indices = [r["index"] for r in shards]
     assert len(set(indices)) == len(indices), f"duplicate shard records {indices}"
     tokens = sum(r["num_tokens"] for r in shards)
@@ -39,7 +42,8 @@ def make_manifest(*, header: dict[str, Any], shards: list[dict[str, Any]]) -> di
     for r in shards:
         for reason, count in r.get("rejected", {}).items():
             rejected[reason] = rejected.get(reason, 0) + count
-    schema = array_schema(header["d"], header["k"], header["hidden_codec"])
+    num_aux = len(header.get("aux_layers") or [])
+    schema = array_schema(header["d"], header["k"], header["hidden_codec"], num_aux)
     return {
         "format": FORMAT_NAME,
         "schema_version": SCHEMA_VERSION,
@@ -56,7 +60,7 @@ def make_manifest(*, header: dict[str, Any], shards: list[dict[str, Any]]) -> di
             "rejected": rejected,
             "bytes": nbytes,
             "bytes_per_token": nbytes / tokens if tokens else None,
-            "bytes_per_token_reference": bytes_per_token_reference(header["d"], header["k"]),
+            "bytes_per_token_reference": bytes_per_token_reference(header["d"], header["k"], num_aux),
         },
     }
 
@@ -124,7 +128,7 @@ def validate(store_dir: str | Path, checksums: bool = True, progress: bool = Fal
     warnings += [f"{t.name}: leftover temporary shard (ignored by readers)" for t in temps]
     listed = {r["index"] for r in manifest["shards"]}
     warnings += [f"{p.name}: shard not listed in the manifest (ignored)" for i, p in finals.items() if i not in listed]
-    schema = array_schema(manifest["d"], manifest["k"], manifest["hidden_codec"])
+    schema = array_schema(manifest["d"], manifest["k"], manifest["hidden_codec"], len(manifest.get("aux_layers") or []))
     for record in tqdm(manifest["shards"], desc="validate", unit="shard", disable=not progress):
         problems += _check_shard(store_dir, record, schema, checksums)
     seen: dict[str, str] = {}
@@ -159,7 +163,7 @@ def _check_shard(store_dir: Path, record: dict, schema: dict, checksums: bool) -
     except StoreError as err:
         return [f"{name}: {err}"]
     out = []
-    for key in ("num_sequences", "num_tokens", "checksums"):
+    for key in ("num_sequences", "num_tokens", "checksums", "aux_layers"):
         if attrs.get(key) != record.get(key):
             out.append(f"{name}: {key} in shard attributes differs from the manifest")
     n, s = record["num_tokens"], record["num_sequences"]

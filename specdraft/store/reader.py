@@ -29,6 +29,7 @@ class ReaderConfig:
     seed: int = 0
     shuffle: bool = True  # False: batches in length order, same every epoch
     bucket_size: int = 1024  # sequences sorted by length within windows of this many
+    aux: bool = False  # fill Batch.aux_hidden (B, T, L*d) from the stores' auxiliary layers (EAGLE-3 features)
 
     def __post_init__(self) -> None:
         assert self.max_tokens >= 1 and self.bucket_size >= 1, "max_tokens and bucket_size must be >= 1"
@@ -57,6 +58,20 @@ def open_stores(paths: str | Path | list[str | Path]) -> list[tuple[Path, dict[s
         if missing:
             raise StoreError(f"{path}: shards listed in the manifest are missing: {missing[:5]}")
     return stores
+
+
+def check_aux_layers(stores: list[tuple[Path, dict[str, Any]]]) -> list[int]:
+    """The auxiliary layers every store holds; StoreError when one has none or they differ."""
+    layers = {str(path): list(m.get("aux_layers") or []) for path, m in stores}
+    bare = [path for path, lay in layers.items() if not lay]
+    if bare:
+        raise StoreError(
+            f"the reader was asked for auxiliary hidden states (EAGLE-3 features), but store {bare[0]} has no "
+            "aux_hidden (dumped without aux_layers): dump it again with aux_layers=eagle3 (or a list of layers)"
+        )
+    if len({tuple(lay) for lay in layers.values()}) > 1:
+        raise StoreError(f"stores hold different aux layers: {layers}")
+    return next(iter(layers.values()))
 
 
 def balance_batches(batches: list[list[int]], world_size: int) -> list[list[int]]:
@@ -101,6 +116,9 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         self.epoch = 0
         self.stores = open_stores(paths)
         self.d, self.k = self.stores[0][1]["d"], self.stores[0][1]["k"]
+        self.aux_layers: list[int] = list(self.stores[0][1].get("aux_layers") or []) if cfg.aux else []
+        if cfg.aux:
+            check_aux_layers(self.stores)
         self._shards: list[tuple[Path, str]] = []  # (shard dir, hidden codec)
         keys, starts, lengths, ids = [], [], [], []
         for path, manifest in self.stores:
@@ -189,6 +207,9 @@ class FeatureDataset(torch.utils.data.IterableDataset):
                 "topk_ids": torch.from_numpy(arrays["topk_ids"][a:b].astype(np.int64)),  # (L, K)
                 "topk_logp": topk_logits - lse[:, None],  # (L, K)
             })
+            if self.aux_layers:
+                aux_scale = arrays["aux_hidden_scale"][a:b] if codec == "int8" else None  # (L, A)
+                samples[-1]["aux_hidden"] = decode_hidden(arrays["aux_hidden"][a:b], codec, aux_scale)  # (L, A*d)
         return pad_batch(samples)
 
     def _arrays(self, key: int) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from specdraft.store.schema import (
+    AUX_ARRAYS,
     COMPRESSIONS,
     SHARD_ATTR,
     TOKEN_ARRAYS,
@@ -52,11 +53,11 @@ def write_shard(
     """Write shard ``index`` of ``store_dir`` (temp dir, then rename); returns its record.
 
     ``arrays`` holds every array of ``array_schema``; ``attrs`` must carry ``d``, ``k`` and
-    ``hidden_codec``. The record (``attrs`` plus counts and per-array sha256) is stored as the
+    ``hidden_codec``, and ``aux_layers`` when ``aux_hidden`` is stored. The record (``attrs`` plus counts and per-array sha256) is stored as the
     shard group's ``specdraft_shard`` attribute, written last, and returned for the manifest.
     """
     store_dir = Path(store_dir)
-    schema = array_schema(attrs["d"], attrs["k"], attrs["hidden_codec"])
+    schema = array_schema(attrs["d"], attrs["k"], attrs["hidden_codec"], len(attrs.get("aux_layers") or []))
     missing = sorted(set(schema) - set(arrays))
     assert not missing, f"shard {index}: missing arrays {missing}"
     offsets = np.asarray(arrays["offsets"])
@@ -77,7 +78,7 @@ def write_shard(
             else:
                 values = np.ascontiguousarray(values, dtype=dtype)
             assert values.shape[1:] == tail, f"shard {index}: {name} has shape {values.shape}, want (*, {tail})"
-            rows = chunk_tokens if name in TOKEN_ARRAYS or name == "hidden_scale" else 65536
+            rows = chunk_tokens if name in (*TOKEN_ARRAYS, "hidden_scale", *AUX_ARRAYS) else 65536
             chunks = (max(1, min(rows, values.shape[0])), *tail)
             array = group.create_array(
                 name,
