@@ -10,12 +10,13 @@ DESIGN.md "The target and its features". One Ray Data pipeline, one row per *sha
                              inference dtype from ``FeaturesConfig``; ``gpus_per_actor`` GPUs per
                              actor on a GPU cluster, the target spread over them; SDPA kernels)
                              -> hidden, top-K ids/logits and float32 logsumexp per token
+                             (+ the auxiliary layers' states with ``aux_layers``: EAGLE-3 features)
     -> ZarrShardDatasink     one ``write_shard`` per row: one writer per shard, temp dir + rename;
                              ``on_write_complete`` writes ``manifest.json`` (driver)
 
 A shard's rows never split across blocks, so every shard has exactly one writer; its content
 depends only on its planned sample ids, so a rerun redoes only missing shards and no sample
-is written twice. Store layout and reader: ``specdraft/store.py``.
+is written twice. Store layout and reader: ``specdraft/store/``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,15 @@ from specdraft import store
 from specdraft.chat import render_with_loss_mask
 from specdraft.config import config_hash, to_dict
 from specdraft.placement import ATTN_IMPLEMENTATIONS, describe_placement, spread_gpus
-from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id, target_states
+from specdraft.target import (
+    AUX_CONVENTION,
+    load_target_config,
+    load_target_model,
+    load_tokenizer,
+    resolve_aux_layers,
+    target_features,
+    target_id,
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,6 +59,9 @@ class FeaturesConfig:
     overlong: Literal["truncate", "reject"] = "truncate"
     topk: int = 10
     hidden_codec: Literal["fp16", "bf16", "int8"] = "fp16"  # int8: per-token absmax scale, lossy
+    # auxiliary target layers stored as aux_hidden [N, L*d] (EAGLE-3 features), same codec as hidden:
+    # None (none), "eagle3" (states entering layers 2, N/2, N-3) or HF hidden_states indices
+    aux_layers: Literal["eagle3"] | list[int] | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # inference; auto: bf16 on GPU, fp32 on CPU
     samples_per_shard: int = 64  # a shard is one Ray row: ~ samples * tokens * (2d + 6K + 5) bytes
     batch_tokens: int = 8192  # padded tokens per prefill batch
@@ -78,9 +90,21 @@ class FeaturesConfig:
 RUNTIME_FIELDS = ("num_actors", "gpus_per_actor", "cpus_per_actor", "torch_threads", "attn_implementation")
 
 
-def features_hash(cfg: FeaturesConfig) -> str:
-    """Hash of the fields that decide what is stored (resume refuses shards of another hash)."""
-    return config_hash({k: v for k, v in to_dict(cfg).items() if k not in RUNTIME_FIELDS})
+def features_hash(cfg: FeaturesConfig, aux_layers: list[int] | None = None) -> str:
+    """Hash of the fields that decide what is stored (resume refuses shards of another hash).
+
+    ``aux_layers``: the resolved layer ids (``"eagle3"`` and its explicit list store the same arrays);
+    without auxiliary layers the hash is that of a config predating the field."""
+    fields = {k: v for k, v in to_dict(cfg).items() if k not in RUNTIME_FIELDS and k != "aux_layers"}
+    if aux_layers:
+        fields["aux_layers"] = list(aux_layers)
+    return config_hash(fields)
+
+
+def aux_layers_of(cfg: FeaturesConfig, target_config) -> list[int]:
+    """``cfg.aux_layers`` resolved for this target (HF ``output_hidden_states`` indices)."""
+    text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    return resolve_aux_layers(cfg.aux_layers, int(text.num_hidden_layers))
 
 
 class InjectedFault(RuntimeError):
@@ -225,6 +249,7 @@ class PrefillActor:
                                        gpus=spread_gpus(cfg.gpus_per_actor) if use_gpu else 1,
                                        attn_implementation=cfg.attn_implementation)
         self.placement = describe_placement(self.model)  # recorded in every shard it writes
+        self.aux_layers = aux_layers_of(cfg, self.model.config)
         self.pad_id = self.model.config.pad_token_id or 0
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -247,14 +272,17 @@ class PrefillActor:
         """Stored per-token arrays for ``seqs`` (concatenated in their order) and the seconds spent in
         prefill + top-K + logsumexp (excluding padding/copies/encoding)."""
         cfg, d = self.cfg, self.model.config.hidden_size
+        aux_width = d * len(self.aux_layers)
         per_seq: list[tuple[torch.Tensor, ...] | None] = [None] * len(seqs)
         prefill_s = 0.0
         for group in prefill_batches([len(s) for s in seqs], cfg.batch_tokens, cfg.max_batch_size):
             ids, att = pad_sequences([seqs[i] for i in group], self.pad_id)
             t0 = time.perf_counter()
-            hidden, logits = target_states(self.model, ids, att)  # (B, T, d), (B, T, V) on the lm_head's device
+            # (B, T, d), (B, T, V), (B, T, L*d) | None on the lm_head's device
+            hidden, logits, aux = target_features(self.model, ids, att, self.aux_layers)
             valid = att.to(hidden.device).bool()  # (B, T)
             h, lg = hidden[valid], logits[valid]  # (M, d), (M, V): rows concatenated in order
+            aux = aux[valid] if aux is not None else h.new_zeros(h.shape[0], 0)  # (M, L*d)
             lse, top_v, top_i = [], [], []
             for lo in range(0, lg.shape[0], cfg.logits_chunk):
                 part = lg[lo : lo + cfg.logits_chunk].float()  # (m, V)
@@ -265,15 +293,18 @@ class PrefillActor:
             if hidden.device.type == "cuda":
                 torch.cuda.synchronize(hidden.device)  # the last GPU of a spread target finishes last
             prefill_s += time.perf_counter() - t0
-            parts = (h.cpu(), torch.cat(top_i).cpu(), torch.cat(top_v).cpu(), torch.cat(lse).cpu())
+            parts = (h.cpu(), torch.cat(top_i).cpu(), torch.cat(top_v).cpu(), torch.cat(lse).cpu(), aux.cpu())
             sizes = [len(seqs[i]) for i in group]
             for i, pieces in zip(group, zip(*(p.split(sizes) for p in parts))):
                 per_seq[i] = pieces
         cols = list(zip(*per_seq)) if seqs else [[torch.zeros(0, d)], [torch.zeros(0, cfg.topk, dtype=torch.long)],
-                                                 [torch.zeros(0, cfg.topk)], [torch.zeros(0)]]
+                                                 [torch.zeros(0, cfg.topk)], [torch.zeros(0)], [torch.zeros(0, aux_width)]]
         hidden = torch.cat(cols[0])  # (N, d)
         topk_logits = torch.cat(cols[2]).to(torch.float16)  # (N, K)
         out = store.encode_hidden(hidden, cfg.hidden_codec)
+        if self.aux_layers:
+            out.update(store.encode_hidden(torch.cat(cols[4]), cfg.hidden_codec, name="aux_hidden",
+                                           parts=len(self.aux_layers)))  # (N, L*d) (+ (N, L) scales)
         out.update(
             topk_ids=torch.cat(cols[1]).to(torch.int32).numpy(),  # (N, K)
             topk_logits=topk_logits.numpy(),  # (N, K)
@@ -284,6 +315,10 @@ class PrefillActor:
             scale = out["hidden_scale"][lo : lo + 4096] if "hidden_scale" in out else None
             stored = store.decode_hidden(out["hidden"][lo : lo + 4096], cfg.hidden_codec, scale)  # (n, d)
             finite[lo : lo + 4096] &= torch.isfinite(stored).all(-1)
+            if self.aux_layers:
+                scale = out["aux_hidden_scale"][lo : lo + 4096] if "aux_hidden_scale" in out else None
+                stored = store.decode_hidden(out["aux_hidden"][lo : lo + 4096], cfg.hidden_codec, scale)  # (n, L*d)
+                finite[lo : lo + 4096] &= torch.isfinite(stored).all(-1)
         out["nonfinite_tokens"] = np.asarray(int((~finite).sum()))
         return out, prefill_s
 
@@ -318,13 +353,14 @@ class ZarrShardDatasink(Datasink):
             group.create_array("input_ids", data=np.asarray(row["input_ids"], np.int32))
             raise InjectedFault(f"injected fault while writing shard {index}")
         arrays = {name: np.asarray(row[name]) for name in store.TOKEN_ARRAYS + ("offsets",)}
-        if "hidden_scale" in row:
-            arrays["hidden_scale"] = np.asarray(row["hidden_scale"])
+        for name in ("hidden_scale", *store.AUX_ARRAYS):
+            if name in row:
+                arrays[name] = np.asarray(row[name])
         arrays["sample_ids"] = np.asarray(meta["sample_ids"], dtype=str)
         attrs = {
             "target_id": self.header["target_id"], "features_hash": self.header["features_hash"],
             "d": self.header["d"], "k": self.header["k"], "hidden_codec": self.header["hidden_codec"],
-            "plan_digest": meta["plan_digest"], "rejected": meta["rejected"],
+            "aux_layers": self.header["aux_layers"], "plan_digest": meta["plan_digest"], "rejected": meta["rejected"],
             "rejected_examples": meta["rejected_examples"], "truncated": meta["truncated"],
             "nonfinite_tokens": meta["nonfinite_tokens"], "placement": meta.get("placement"),
             "written_at": round(time.time(), 3),
@@ -358,6 +394,7 @@ class ZarrShardDatasink(Datasink):
 def store_header(target: str, cfg: FeaturesConfig, plan: list[dict[str, Any]], num_rows: int, duplicates: int) -> dict[str, Any]:
     """Everything in the manifest besides the shard records: target, features, plan."""
     tconf = load_target_config(target, trust_remote_code=cfg.trust_remote_code)
+    aux_layers = aux_layers_of(cfg, tconf)
     return {
         "target_id": target_id(target),
         "target_path": str(Path(target).resolve()),
@@ -367,8 +404,10 @@ def store_header(target: str, cfg: FeaturesConfig, plan: list[dict[str, Any]], n
         "d": int(tconf.hidden_size),
         "k": cfg.topk,
         "hidden_codec": cfg.hidden_codec,
+        "aux_layers": aux_layers,  # HF output_hidden_states indices of aux_hidden's L slices ([]: none stored)
+        "aux_convention": AUX_CONVENTION,
         "features": to_dict(cfg),
-        "features_hash": features_hash(cfg),
+        "features_hash": features_hash(cfg, aux_layers),
         "samples_per_shard": cfg.samples_per_shard,
         "num_shards": len(plan),
         "input": {"rows": num_rows, "duplicate_ids": duplicates,
@@ -393,6 +432,12 @@ def resume_state(out: Path, header: dict[str, Any], plan: list[dict[str, Any]], 
         except store.StoreError:
             shutil.rmtree(path, ignore_errors=True)  # never completed: redo
             continue
+        if (record.get("aux_layers") or []) != header["aux_layers"]:
+            raise store.StoreError(
+                f"{path} was dumped with aux_layers {record.get('aux_layers') or []}, this config asks for "
+                f"{header['aux_layers']} (features.aux_layers={header['features']['aux_layers']!r}): a store holds one "
+                "set of auxiliary layers — write to a new directory or pass overwrite=True"
+            )
         same = (index < len(plan) and record.get("plan_digest") == plan[index]["plan_digest"]
                 and record.get("features_hash") == header["features_hash"]
                 and record.get("target_id") == header["target_id"])
@@ -452,7 +497,7 @@ def dump_features(
 
 
 def summarize(manifest: dict[str, Any], written: list[dict[str, Any]], kept: int, wall_s: float) -> dict[str, Any]:
-    """Rows in/out/rejected, tokens, tokens/s of this run, bytes/token vs 2d+6K+5."""
+    """Rows in/out/rejected, tokens, tokens/s of this run, bytes/token vs 2d(1+L)+6K+5 (L aux layers)."""
     totals = manifest["totals"]
     new_tokens = sum(r["num_tokens"] for r in written)
     features_s = sum(r["timings"]["features_s"] for r in written)
@@ -476,5 +521,6 @@ def summarize(manifest: dict[str, Any], written: list[dict[str, Any]], kept: int
         "bytes_per_token": None if totals["bytes_per_token"] is None else round(totals["bytes_per_token"], 2),
         "bytes_per_token_reference": totals["bytes_per_token_reference"],
         "hidden_codec": manifest["hidden_codec"],
+        "aux_layers": manifest.get("aux_layers") or [],
         "lossy": manifest["lossy"],
     }

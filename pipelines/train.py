@@ -32,7 +32,14 @@ from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import build_draft, draft_config_from_target, save_draft, set_frozen_dtype
 from specdraft.models.heads import FROZEN
 from specdraft.objectives import LossWeights, StageConfig, no_grad_sync_needed, unwrap
-from specdraft.store import FeatureDataset, ReaderConfig, StoreError, predicted_token_counts, read_manifest
+from specdraft.store import (
+    FeatureDataset,
+    ReaderConfig,
+    StoreError,
+    check_aux_layers,
+    predicted_token_counts,
+    read_manifest,
+)
 from specdraft.target import load_target_config, load_target_heads, target_id
 from specdraft.training import OptimConfig, Trainer, resolve_precision, warmup_of
 from specdraft.vocab import DEFAULT_DRAFT_VOCAB, coverage, select_vocab
@@ -437,18 +444,13 @@ def feature_plan(cfg: TrainConfig, stores: list[str], target: str | Path, out: P
     """
     if not cfg.eagle3_features:
         return [], None
-    manifests = [read_manifest(s) for s in stores]
-    layers = [m.get("aux_layers") or [] for m in manifests]
-    if not layers[0]:
-        raise StoreError(
-            f"recipe {cfg.recipe!r} reads the EAGLE-3 features, but store {stores[0]} has no aux_hidden "
-            "(dumped without aux_layers): dump it again with aux_layers=eagle3"
-        )
-    if any(lay != layers[0] for lay in layers):
-        raise StoreError(f"stores hold different aux layers: {dict(zip(stores, layers))}")
+    try:
+        layers = check_aux_layers([(Path(s), read_manifest(s)) for s in stores])
+    except StoreError as err:
+        raise StoreError(f"recipe {cfg.recipe!r} (arch {cfg.resolved()[0]!r}) reads the EAGLE-3 features: {err}") from None
     path = out / "draft_vocab.json"
     if path.is_file():
-        return list(layers[0]), json.loads(path.read_text())["target_ids"]
+        return list(layers), json.loads(path.read_text())["target_ids"]
     vocab_size = int(load_target_config(target).get_text_config().vocab_size)
     counts = predicted_token_counts(stores, vocab_size)
     ids = select_vocab(counts, cfg.draft_vocab_size)
@@ -457,7 +459,7 @@ def feature_plan(cfg: TrainConfig, stores: list[str], target: str | Path, out: P
     path.write_text(json.dumps(record))
     print(f"[specdraft] draft vocabulary: {ids.numel()} of {vocab_size} target tokens, covering "
           f"{record['coverage']:.2%} of {record['counted_tokens']} predicted tokens", flush=True)
-    return list(layers[0]), record["target_ids"]
+    return list(layers), record["target_ids"]
 
 
 def run_training(

@@ -8,7 +8,9 @@ Everything the system needs from the served LLM (the *target*), as plain functio
   drafts reuse both (DESIGN.md, "Draft models");
 * ``load_target_model`` / ``target_states``: the full model and, for a batch, its last hidden
   state (the tensor its lm_head consumes, i.e. after the final norm) and its logits — what the
-  dump stage stores per token;
+  dump stage stores per token; ``target_features`` adds the auxiliary states of chosen layers
+  (EAGLE-3 features, ``aux_states``, the same capture decoding's ``verify.target_forward`` uses);
+* ``resolve_aux_layers``: ``"eagle3"`` or an explicit list -> HF ``output_hidden_states`` indices;
 * ``target_id``: a stable identity string for a target directory, for store manifests.
 
 Only local directories are read here; fetching a hub id is the caller's job.
@@ -42,6 +44,8 @@ EMBED_NAME = "model.embed_tokens.weight"
 LM_HEAD_NAME = "lm_head.weight"
 EMBED_SUFFIX = "embed_tokens.weight"
 LM_HEAD_SUFFIX = "lm_head.weight"
+EAGLE3 = "eagle3"  # aux_layers: the EAGLE-3 default triple
+AUX_CONVENTION = "hf_hidden_states_index: state entering decoder layer i; 0 = embeddings"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -194,6 +198,45 @@ def load_target_heads(path: str | Path, dtype: torch.dtype = torch.float32) -> T
 # --- hidden states and logits ---------------------------------------------------------------
 
 
+def resolve_aux_layers(aux_layers: str | list[int] | tuple[int, ...] | None, num_layers: int) -> list[int]:
+    """Auxiliary target layers as HF ``output_hidden_states`` indices (i = the state entering decoder
+    layer i, 0 = the embeddings), strictly increasing in ``[0, num_layers)``.
+
+    ``None`` -> [] (no auxiliary states); ``"eagle3"`` -> the EAGLE-3 default triple, the states
+    entering layers 2, N/2 and N-3 (vLLM's and SpecForge's default); a list is checked and kept.
+    Index N (the final normed state) is refused: it is the stored ``hidden`` already, and serving
+    engines never hand it to a draft.
+    """
+    if aux_layers is None:
+        return []
+    if isinstance(aux_layers, str):
+        if aux_layers != EAGLE3:
+            raise ValueError(f"aux_layers {aux_layers!r}: expected {EAGLE3!r} or a list of layer indices")
+        layers = [2, num_layers // 2, num_layers - 3]
+        if not 2 < num_layers // 2 < num_layers - 3:
+            raise ValueError(
+                f"aux_layers={EAGLE3} picks the states entering layers 2, N/2 and N-3, which are not three distinct "
+                f"layers for a target of N={num_layers} layers ({layers}); give an explicit list instead"
+            )
+        return layers
+    layers = [int(i) for i in aux_layers]
+    if not layers or layers != sorted(set(layers)) or not all(0 <= i < num_layers for i in layers):
+        raise ValueError(
+            f"aux_layers {layers} must be strictly increasing HF hidden_states indices in [0, {num_layers}) "
+            f"(i = the state entering decoder layer i, 0 = the embeddings) for this {num_layers}-layer target"
+        )
+    return layers
+
+
+def aux_states(hidden_states: tuple[torch.Tensor, ...], aux_layers: list[int] | tuple[int, ...],
+               device: torch.device | str) -> torch.Tensor:
+    """The EAGLE-3 features: the states ``hidden_states[i]`` (a decoder's ``output_hidden_states``)
+    for ``i`` in ``aux_layers``, concatenated on ``device`` -> (B, T, L*d)."""
+    assert aux_layers, "aux_states needs at least one layer"
+    return torch.cat([hidden_states[i].to(device) for i in aux_layers], dim=-1)  # (B, T, L*d)
+
+
+
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids counting only attended tokens, so left-padded rows start at 0."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
@@ -207,10 +250,26 @@ def target_states(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's last hidden state (post final norm) ``(B, T, d)`` and logits ``(B, T, V)``.
 
+    ``target_features`` without auxiliary layers; see there.
+    """
+    hidden, logits, _ = target_features(model, input_ids, attention_mask)
+    return hidden, logits
+
+
+@torch.no_grad()
+def target_features(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    aux_layers: list[int] | tuple[int, ...] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Last hidden state ``(B, T, d)``, logits ``(B, T, V)`` and, with ``aux_layers``, the auxiliary
+    states ``(B, T, L*d)`` (``aux_states``; else None) of one prefill.
+
     Runs the decoder stack once and applies the lm_head to its ``last_hidden_state`` so the
     returned hidden is exactly what produced the logits. Padded positions (``attention_mask``
-    0) get a zero hidden state (hence zero logits); valid positions of a left-padded row equal
-    those of the same row unpadded. Inputs may live anywhere; both outputs are on the model's
+    0) get zero states (hence zero logits); valid positions of a left-padded row equal
+    those of the same row unpadded. Inputs may live anywhere; all outputs are on the model's
     ``output_device`` (a target spread over GPUs: the last one).
     """
     if input_ids.dim() != 2:
@@ -233,15 +292,19 @@ def target_states(
         attention_mask=attention_mask.to(device),
         position_ids=positions_from_mask(attention_mask).to(device),
         use_cache=False,
+        output_hidden_states=bool(aux_layers),
     )
-    hidden = out.last_hidden_state.to(output_device(model))  # (B, T, d): on the lm_head's device
+    home = output_device(model)
+    hidden = out.last_hidden_state.to(home)  # (B, T, d): on the lm_head's device
     valid = attention_mask.to(hidden.device, torch.bool)[..., None]  # (B, T, 1)
-    hidden = torch.where(valid, hidden, torch.zeros((), dtype=hidden.dtype, device=hidden.device))  # (B, T, d)
+    zero = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
+    hidden = torch.where(valid, hidden, zero)  # (B, T, d)
     logits = lm_head(hidden)  # (B, T, V)
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap  # (B, T, V)
-    return hidden, logits
+    aux = torch.where(valid, aux_states(out.hidden_states, aux_layers, home), zero) if aux_layers else None  # (B, T, L*d)
+    return hidden, logits, aux
 
 
 # --- identity -------------------------------------------------------------------------------

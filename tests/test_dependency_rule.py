@@ -1,6 +1,10 @@
 """The dependency rule: flows -> pipelines -> specdraft, and specdraft stays pure torch."""
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,13 +35,28 @@ def test_layers_import_only_downwards():
     assert not offenders, "dependency rule broken:\n" + "\n".join(offenders)
 
 
-def test_zarr_only_in_the_store_reader():
+def test_zarr_only_in_the_store():
     users = [
         p.relative_to(ROOT).as_posix()
         for p in (ROOT / "specdraft").rglob("*.py")
         if "zarr" in imported_modules(p)
     ]
-    assert all(u == "specdraft/store.py" for u in users), users
+    assert users and all(u.startswith("specdraft/store/") for u in users), users
+
+
+def test_the_store_imports_no_training_code():
+    """Storage sits below training: importing every store module loads neither the objectives nor the
+    training loop (nor the draft models)."""
+    modules = ["specdraft.store", "specdraft.store.schema", "specdraft.store.writer", "specdraft.store.manifest",
+               "specdraft.store.reader"]
+    probe = ("import json, sys\n" + "".join(f"import {m}\n" for m in modules)
+             + "print(json.dumps(sorted(m for m in sys.modules if m.startswith('specdraft'))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
+    loaded = set(json.loads(out))
+    assert "specdraft.store.reader" in loaded and "specdraft.batch" in loaded, loaded
+    training = {"specdraft.objectives", "specdraft.training", "specdraft.losses", "specdraft.models"}
+    assert not loaded & training, sorted(loaded & training)
 
 
 def test_the_rule_checker_sees_imports(tmp_path):

@@ -27,6 +27,7 @@ from transformers import DynamicCache
 from specdraft.decoding.sampling import SamplingConfig, sample, target_probs, uniform
 from specdraft.decoding.tree import DraftTree, tree_attention_mask, tree_position_ids
 from specdraft.placement import input_device, output_device
+from specdraft.target import aux_states
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +72,7 @@ def target_forward(
     if cap:
         logits = torch.tanh(logits / cap) * cap  # (1, Q, V)
     if aux_layers:
-        hidden = torch.cat([out.hidden_states[i].to(home) for i in aux_layers], dim=-1)  # (1, Q, L*d)
+        hidden = aux_states(out.hidden_states, aux_layers, home)  # (1, Q, L*d)
     return hidden, logits
 
 

@@ -198,3 +198,12 @@ def test_flow_stages_run_on_a_null_tracking_run(tiny_toy_target, tiny_draft, que
     assert evaluated["mean_tau"] >= 1.0 and evaluated["lossless_mismatches"] == 0
     assert registered == {"registered": False, "reason": "tracking disabled", "wall_s": 0.0}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
+def test_aux_layers_overrides_for_dump_and_run():
+    base = ["dump", "--target", "T", "--prompts", "p.jsonl", "--out", "o"]
+    assert command_config(parse(base + ["aux_layers=eagle3"]))[0].aux_layers == "eagle3"
+    assert command_config(parse(base + ["aux_layers=2,4,5"]))[0].aux_layers == [2, 4, 5]
+    assert command_config(parse(base))[0].aux_layers is None
+    assert command_config(parse(["run", "features.aux_layers=eagle3"]))[0].features.aux_layers == "eagle3"
+    assert main(base + ["aux_layers=eagle"]) == 2  # neither eagle3 nor a list of layers

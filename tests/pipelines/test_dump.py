@@ -294,3 +294,66 @@ def test_manifest_records_the_attention_kernel_and_placement(toy_store):
     assert features_hash(FeaturesConfig(attn_implementation="eager", gpus_per_actor=4)) == features_hash(FeaturesConfig())
     with pytest.raises(AssertionError, match="fraction <= 1"):
         FeaturesConfig(gpus_per_actor=1.5)
+
+
+# --- auxiliary layers (EAGLE-3 features) ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deep_llama(targets, tmp_path_factory) -> Path:
+    """A tiny Llama of 8 layers: aux_layers=eagle3 picks the states entering layers 2, 4 and 5."""
+    root = tmp_path_factory.mktemp("deep") / "llama8"
+    tokenizer = load_tokenizer(targets["llama"])
+    torch.manual_seed(1)
+    config = LlamaConfig(**{**TINY, "num_hidden_layers": 8}, vocab_size=len(tokenizer), tie_word_embeddings=False,
+                         pad_token_id=tokenizer.pad_token_id)
+    LlamaForCausalLM(config).save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return root
+
+
+@torch.no_grad()
+def test_cli_dump_eagle3_aux_layers(ray_session, deep_llama, tmp_path, capsys):
+    """``specdraft dump ... aux_layers=eagle3``: the manifest records the layer ids and their convention,
+    aux_hidden equals decoding's target features, validate checks it, resume refuses other layers."""
+    from dataclasses import replace
+
+    from transformers import DynamicCache
+
+    from flows.cli import main
+    from pipelines.conversations import write_conversations
+    from specdraft.decoding.verify import target_forward
+
+    rows = conversations()[:18]
+    prompts = write_conversations(tmp_path / "convs.parquet", [{**r, "source": "test"} for r in rows])
+    out = tmp_path / "eagle3"
+    argv = ["dump", "--target", str(deep_llama), "--prompts", str(prompts), "--out", str(out), "--quiet",
+            "samples_per_shard=4", "max_length=96", "batch_tokens=400", "max_batch_size=6", "aux_layers=eagle3"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["aux_layers"] == [2, 4, 5] and summary["rows_out"] == 18
+    assert summary["bytes_per_token_reference"] == 2 * 64 * 4 + 6 * 10 + 5  # hidden + 3 aux layers
+    manifest = store.read_manifest(out)
+    assert manifest["aux_layers"] == [2, 4, 5] and manifest["features"]["aux_layers"] == "eagle3"
+    assert manifest["aux_convention"].startswith("hf_hidden_states_index")
+    assert all(r["aux_layers"] == [2, 4, 5] and "aux_hidden" in r["checksums"] for r in manifest["shards"])
+    assert store.validate(out).ok
+
+    model = load_target_model(deep_llama)
+    ds = FeatureDataset(out, ReaderConfig(max_tokens=4096, aux=True), split="all")
+    for i in range(len(ds.sample_ids)):
+        batch = ds.load([i]).to("cpu")
+        t = batch.input_ids.shape[1]
+        aux, _ = target_forward(model, batch.input_ids, torch.arange(t)[None], DynamicCache(), aux_layers=[2, 4, 5])
+        torch.testing.assert_close(batch.aux_hidden, aux, atol=2e-3, rtol=2e-3)  # fp16 storage
+    assert FeatureDataset(out, ReaderConfig(), split="all").load([0]).aux_hidden is None
+
+    cfg = replace(CFG, aux_layers=[2, 4, 5])  # the same layers spelled out: the same store, nothing redone
+    assert dump_features(deep_llama, rows, out, cfg, progress=False)["shards_written"] == 0
+    with pytest.raises(StoreError, match=r"dumped with aux_layers \[2, 4, 5\], this config asks for \[1, 3\]"):
+        dump_features(deep_llama, rows, out, replace(CFG, aux_layers=[1, 3]), progress=False)
+    with pytest.raises(StoreError, match=r"dumped with aux_layers \[2, 4, 5\], this config asks for \[\]"):
+        dump_features(deep_llama, rows, out, CFG, progress=False)
+    chunk = next(p for p in (out / store.shard_name(0) / "aux_hidden" / "c").rglob("*") if p.is_file())
+    chunk.write_bytes(chunk.read_bytes()[:10])
+    assert any(p.startswith("shard-00000.zarr/aux_hidden") for p in store.validate(out).problems)

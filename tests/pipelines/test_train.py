@@ -169,6 +169,28 @@ def test_failed_run_resumes_from_checkpoint_with_same_step_count(local_ray, tiny
         assert torch.allclose(pa, pb, atol=1e-5), name
 
 
+def test_eagle3_recipe_trains_on_a_store_dumped_with_aux_layers(local_ray, tiny_toy_target, toy_store, tmp_path):
+    """recipe eagle3 end to end: the dump stores aux_hidden, the reader fills Batch.aux_hidden (reader
+    aux=True, set by the train loop for an aux draft), training runs and writes an EAGLE-3 draft; a store
+    without aux states is refused up front with the fix."""
+    from pipelines.dump import FeaturesConfig, dump_features
+    from pipelines.train import StoreError
+
+    rows = [{"id": f"c{i}", "messages": m} for i, m in enumerate(generate_conversations(24, seed=9))]
+    store = tmp_path / "aux-store"
+    dump_features(tiny_toy_target, rows, store, FeaturesConfig(samples_per_shard=12, max_length=128, aux_layers=[0, 1]),
+                  progress=False)
+    cfg = small_config(recipe="eagle3", epochs=[1], min_steps=4, draft_vocab_size=64, checkpoint_every=0,
+                       reader=ReaderConfig(max_tokens=1024, val_fraction=0.2, seed=0))
+    summary = run_training(cfg, [store], tiny_toy_target, tmp_path / "run")
+    draft = load_draft(summary["draft"], target=tiny_toy_target)
+    assert draft.config.arch == "eagle3" and draft.config.aux_layers == [0, 1] and draft.config.draft_vocab_size == 64
+    losses = [r["loss"] for r in read_metrics(tmp_path / "run") if r["kind"] == "metrics" and "loss" in r]
+    assert len(losses) >= 4 and all(np.isfinite(losses))
+    with pytest.raises(StoreError, match="recipe 'eagle3' .* has no aux_hidden .* aux_layers=eagle3"):
+        run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "bare")
+
+
 # -- gradient sync and sharding inside real Ray Train workers (gloo), on tiny drafts without a target --
 TV, TD = 53, 32
 

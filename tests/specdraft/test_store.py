@@ -15,7 +15,7 @@ from specdraft.store import FeatureDataset, ReaderConfig, StoreError
 D, K, V = 8, 4, 50
 
 
-def make_store(root, *, shards=3, per_shard=7, codec="fp16", seed=0, prefix="s", target="t@1", d=D):
+def make_store(root, *, shards=3, per_shard=7, codec="fp16", seed=0, prefix="s", target="t@1", d=D, aux=()):
     """A synthetic store; returns {sample_id: truth dict} with the exact stored values."""
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -28,6 +28,9 @@ def make_store(root, *, shards=3, per_shard=7, codec="fp16", seed=0, prefix="s",
         logits = torch.randn(n, V, generator=gen) * 4  # (N, V)
         top = logits.topk(K, dim=-1)
         arrays = store.encode_hidden(hidden, codec)
+        aux_hidden = torch.randn(n, len(aux) * d, generator=gen) * torch.arange(1, len(aux) + 1).repeat_interleave(d)
+        if aux:  # (N, L*d), layer l scaled by l + 1
+            arrays.update(store.encode_hidden(aux_hidden, codec, name="aux_hidden", parts=len(aux)))
         ids = [f"{prefix}{idx}-{j}" for j in range(per_shard)]
         arrays.update(
             input_ids=rng.integers(0, V, size=n).astype(np.int32),
@@ -38,7 +41,7 @@ def make_store(root, *, shards=3, per_shard=7, codec="fp16", seed=0, prefix="s",
             offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             sample_ids=np.asarray(ids, dtype=str),
         )
-        attrs = {"d": d, "k": K, "hidden_codec": codec, "target_id": target}
+        attrs = {"d": d, "k": K, "hidden_codec": codec, "target_id": target, "aux_layers": list(aux)}
         records.append(store.write_shard(root, idx, arrays, attrs, chunk_tokens=16))
         off = arrays["offsets"]
         for j, sid in enumerate(ids):
@@ -47,10 +50,11 @@ def make_store(root, *, shards=3, per_shard=7, codec="fp16", seed=0, prefix="s",
                 "input_ids": arrays["input_ids"][a:b],
                 "loss_mask": arrays["loss_mask"][a:b],
                 "hidden": hidden[a:b],
+                "aux_hidden": aux_hidden[a:b],
                 "topk_ids": arrays["topk_ids"][a:b],
                 "topk_logp": torch.log_softmax(logits[a:b], -1).gather(-1, top.indices[a:b]),
             }
-    header = {"target_id": target, "d": d, "k": K, "hidden_codec": codec}
+    header = {"target_id": target, "d": d, "k": K, "hidden_codec": codec, "aux_layers": list(aux)}
     store.write_manifest(root, store.make_manifest(header=header, shards=records))
     return truth
 
@@ -295,3 +299,43 @@ def test_validate_catches_a_sample_stored_twice(tmp_path):
     store.write_manifest(root, manifest)
     problems = store.validate(root).problems
     assert any("also stored in shard-00000.zarr" in p for p in problems), problems
+
+
+# --- auxiliary hidden states (EAGLE-3 features) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16", "int8"])
+def test_aux_hidden_round_trip(tmp_path, codec):
+    """aux_hidden [N, L*d] goes through the writer, the manifest, validate and the reader (aux=True) in the
+    hidden codec; int8 keeps one scale per token and layer."""
+    truth = make_store(tmp_path, shards=2, codec=codec, aux=(1, 3, 5))
+    manifest = store.read_manifest(tmp_path)
+    assert manifest["aux_layers"] == [1, 3, 5] and manifest["dtypes"]["aux_hidden"] == manifest["dtypes"]["hidden"]
+    assert manifest["totals"]["bytes_per_token_reference"] == 2 * D * 4 + 6 * K + 5
+    assert store.validate(tmp_path).ok
+    assert FeatureDataset(tmp_path, split="all").load([0]).aux_hidden is None  # not asked for
+    ds = FeatureDataset(tmp_path, ReaderConfig(max_tokens=64, aux=True), split="all")
+    assert ds.aux_layers == [1, 3, 5]
+    for sid, batch, row in rows_of(ds):
+        want = truth[sid]["aux_hidden"]  # (n, 3d)
+        n = want.shape[0]
+        got = batch.to("cpu").aux_hidden
+        assert got.shape[-1] == 3 * D and (got[row, n:] == 0).all()
+        per_layer = want.reshape(n, 3, D).abs().amax(-1, keepdim=True).expand(n, 3, D).reshape(n, 3 * D)  # (n, 3d)
+        bound = {"fp16": 1e-3, "bf16": 8e-3, "int8": 1 / 254 + 1e-6}[codec] * per_layer
+        assert ((got[row, :n] - want).abs() <= bound).all(), codec
+    if codec == "int8":
+        group = __import__("zarr").open_group(str(tmp_path / store.shard_name(0)), mode="r", zarr_format=3)
+        assert group["aux_hidden_scale"].shape == (group["hidden"].shape[0], 3)
+    chunk = chunk_files(tmp_path / store.shard_name(1), "aux_hidden")[0]
+    chunk.write_bytes(chunk.read_bytes()[:5])
+    assert any(p.startswith("shard-00001.zarr/aux_hidden") for p in store.validate(tmp_path).problems)
+
+
+def test_reader_asking_for_aux_from_a_store_without_is_a_clear_error(synthetic, tmp_path):
+    with pytest.raises(StoreError, match="has no aux_hidden .dumped without aux_layers.: dump it again with aux_layers=eagle3"):
+        FeatureDataset(synthetic[0], ReaderConfig(aux=True))
+    make_store(tmp_path / "a", shards=1, aux=(0, 1))
+    make_store(tmp_path / "b", shards=1, aux=(0, 2), prefix="b")
+    with pytest.raises(StoreError, match="different aux layers"):
+        FeatureDataset([tmp_path / "a", tmp_path / "b"], ReaderConfig(aux=True))

@@ -550,3 +550,42 @@ def test_eval_loads_a_mask_kernel_puts_the_draft_at_the_output_and_records_it(ti
     assert report["overall"]["lossless_mismatches"] == 0
     with pytest.raises(AssertionError, match="tree mask"):
         load_models(tiny_toy_target, draft_dir, EvalSettings(attn_implementation="flash_attention_2"))
+
+
+# --- auxiliary layers (EAGLE-3 features) ------------------------------------------------------
+
+
+def test_resolve_aux_layers():
+    assert target.resolve_aux_layers(None, 32) == []
+    assert target.resolve_aux_layers("eagle3", 32) == [2, 16, 29]  # states entering layers 2, N/2, N-3
+    assert target.resolve_aux_layers("eagle3", 8) == [2, 4, 5]
+    assert target.resolve_aux_layers([0, 1], 2) == [0, 1]
+    with pytest.raises(ValueError, match="not three distinct layers for a target of N=6"):
+        target.resolve_aux_layers("eagle3", 6)
+    with pytest.raises(ValueError, match=r"strictly increasing HF hidden_states indices in \[0, 2\)"):
+        target.resolve_aux_layers([0, 2], 2)  # index N is the final normed state: refused
+    with pytest.raises(ValueError, match="strictly increasing"):
+        target.resolve_aux_layers([1, 0], 2)
+    with pytest.raises(ValueError, match="expected 'eagle3'"):
+        target.resolve_aux_layers("eagle", 32)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_dump_aux_features_equal_decodings_target_forward(side):
+    """The dump's prefill (``target_features``, padded batch) and decoding's ``target_forward`` (one
+    sequence, KV cache) give the same auxiliary features and logits — one capture for both."""
+    model = tiny_target("llama", seed=3, num_hidden_layers=4)
+    aux = target.resolve_aux_layers([0, 2, 3], 4)
+    ids, mask = padded_batch([9, 4, 6], side)
+    hidden, logits, features = target.target_features(model, ids, mask, aux)
+    assert features.shape == (3, 9, 3 * TINY["hidden_size"]) and torch.all(features[mask == 0] == 0)
+    plain_hidden, plain_logits = target.target_states(model, ids, mask)
+    assert torch.equal(plain_hidden, hidden) and torch.equal(plain_logits, logits)
+    for row in range(3):
+        keep = mask[row].bool()
+        n = int(keep.sum())
+        feats, lg = target_forward(model, ids[row, keep][None], torch.arange(n)[None], DynamicCache(), aux_layers=aux)
+        torch.testing.assert_close(features[row, keep], feats[0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(logits[row, keep], lg[0], rtol=0, atol=1e-5)
+        embeddings = model.get_input_embeddings()(ids[row, keep])  # (n, d): index 0 = the embeddings
+        torch.testing.assert_close(features[row, keep, : TINY["hidden_size"]], embeddings, rtol=0, atol=1e-6)

@@ -1,0 +1,55 @@
+"""The feature store: schema, shard writing, manifest and validation, and the training reader.
+
+Implements DESIGN.md "The target and its features" — the contract between the dump stage
+(``pipelines/dump.py``, which produces the arrays) and training (which reads them). A store is a
+directory of Zarr v3 shards ``shard-XXXXX.zarr`` plus ``manifest.json``:
+
+* ``schema``    array names/dtypes/shapes, hidden-state codecs, shard names, digests;
+* ``writer``    ``write_shard``: one shard into a temporary directory, renamed into place;
+* ``manifest``  the manifest (header, shard records, totals) and ``validate``;
+* ``reader``    ``FeatureDataset``: ``batch.Batch`` objects for training.
+
+Only this package of ``specdraft`` imports zarr, and it imports no training code.
+"""
+
+from specdraft.store.manifest import ValidationReport, make_manifest, read_manifest, validate, write_manifest
+from specdraft.store.reader import (
+    FeatureDataset,
+    ReaderConfig,
+    balance_batches,
+    check_aux_layers,
+    is_held_out,
+    open_stores,
+    predicted_token_counts,
+)
+from specdraft.store.schema import (
+    AUX_ARRAYS,
+    COMPRESSIONS,
+    FORMAT_NAME,
+    HIDDEN_CODECS,
+    LOSSY_CODECS,
+    MANIFEST_FILE,
+    SCHEMA_VERSION,
+    SEQUENCE_ARRAYS,
+    SHARD_ATTR,
+    TOKEN_ARRAYS,
+    StoreError,
+    array_digest,
+    array_schema,
+    bytes_per_token_reference,
+    decode_hidden,
+    encode_hidden,
+    shard_index,
+    shard_name,
+    temp_shard_name,
+)
+from specdraft.store.writer import list_shard_dirs, read_shard_record, write_shard
+
+__all__ = [
+    "AUX_ARRAYS", "COMPRESSIONS", "FORMAT_NAME", "HIDDEN_CODECS", "LOSSY_CODECS", "MANIFEST_FILE", "SCHEMA_VERSION",
+    "SEQUENCE_ARRAYS", "SHARD_ATTR", "TOKEN_ARRAYS", "FeatureDataset", "ReaderConfig", "StoreError",
+    "ValidationReport", "array_digest", "array_schema", "balance_batches", "bytes_per_token_reference", "check_aux_layers",
+    "decode_hidden", "encode_hidden", "is_held_out", "list_shard_dirs", "make_manifest", "open_stores",
+    "predicted_token_counts", "read_manifest", "read_shard_record", "shard_index", "shard_name",
+    "temp_shard_name", "validate", "write_manifest", "write_shard",
+]

@@ -1,0 +1,195 @@
+"""The store manifest (header + shard records + totals) and validation of a store against it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from specdraft.store.schema import (
+    FORMAT_NAME,
+    LOSSY_CODECS,
+    MANIFEST_FILE,
+    SCHEMA_VERSION,
+    StoreError,
+    array_digest,
+    array_schema,
+    bytes_per_token_reference,
+    shard_name,
+)
+from specdraft.store.writer import list_shard_dirs, read_shard_record
+
+
+def make_manifest(*, header: dict[str, Any], shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """Manifest = ``header`` (target, features, d, k, hidden_codec, ...) + shard records + totals."""
+    for key in ("target_id", "d", "k", "hidden_codec"):
+        assert key in header, f"manifest header needs {key!r}"
+    shards = sorted(shards, key=lambda r: r["index"])
+    aux = header.get("aux_layers") or []
+    odd = [r["index"] for r in shards if (r.get("aux_layers") or []) != aux]
+    assert not odd, f"shards {odd[:5]} hold other aux_layers than the header's {aux}"
+    indices = [r["index"] for r in shards]
+    assert len(set(indices)) == len(indices), f"duplicate shard records {indices}"
+    tokens = sum(r["num_tokens"] for r in shards)
+    nbytes = sum(r["bytes"] for r in shards)
+    rejected: dict[str, int] = {}
+    for r in shards:
+        for reason, count in r.get("rejected", {}).items():
+            rejected[reason] = rejected.get(reason, 0) + count
+    num_aux = len(header.get("aux_layers") or [])
+    schema = array_schema(header["d"], header["k"], header["hidden_codec"], num_aux)
+    return {
+        "format": FORMAT_NAME,
+        "schema_version": SCHEMA_VERSION,
+        **header,
+        "lossy": header["hidden_codec"] in LOSSY_CODECS,
+        "dtypes": {name: dtype for name, (dtype, _) in schema.items()},
+        "num_shards": len(shards),
+        "shards": shards,
+        "totals": {
+            "sequences": sum(r["num_sequences"] for r in shards),
+            "tokens": tokens,
+            "loss_tokens": sum(r["num_loss_tokens"] for r in shards),
+            "truncated": sum(r.get("truncated", 0) for r in shards),
+            "rejected": rejected,
+            "bytes": nbytes,
+            "bytes_per_token": nbytes / tokens if tokens else None,
+            "bytes_per_token_reference": bytes_per_token_reference(header["d"], header["k"], num_aux),
+        },
+    }
+
+
+def write_manifest(store_dir: str | Path, manifest: dict[str, Any]) -> Path:
+    """Write ``manifest.json`` atomically (temp file + rename)."""
+    path = Path(store_dir) / MANIFEST_FILE
+    tmp = path.with_name(f".{MANIFEST_FILE}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(store_dir: str | Path) -> dict[str, Any]:
+    """The store's manifest; StoreError when missing (dump incomplete) or of another schema."""
+    path = Path(store_dir) / MANIFEST_FILE
+    if not path.is_file():
+        raise StoreError(f"{store_dir}: no {MANIFEST_FILE} — not a store, or its dump is incomplete (rerun to resume)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise StoreError(f"{path}: unreadable manifest ({err})") from None
+    if manifest.get("format") != FORMAT_NAME or manifest.get("schema_version") != SCHEMA_VERSION:
+        raise StoreError(
+            f"{path}: format {manifest.get('format')!r} v{manifest.get('schema_version')}, "
+            f"this reader understands {FORMAT_NAME!r} v{SCHEMA_VERSION}"
+        )
+    return manifest
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ValidationReport:
+    store: str
+    problems: tuple[str, ...]
+    warnings: tuple[str, ...]
+    num_shards: int
+    num_sequences: int
+    num_tokens: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def raise_for_problems(self) -> None:
+        if self.problems:
+            raise StoreError(f"{self.store}: {len(self.problems)} problem(s):\n  " + "\n  ".join(self.problems))
+
+
+def validate(store_dir: str | Path, checksums: bool = True, progress: bool = False) -> ValidationReport:
+    """Check every shard of a store against its manifest; lists all problems, never raises."""
+    from tqdm.auto import tqdm
+
+    store_dir = Path(store_dir)
+    problems: list[str] = []
+    warnings: list[str] = []
+    try:
+        manifest = read_manifest(store_dir)
+    except StoreError as err:
+        return ValidationReport(store=str(store_dir), problems=(str(err),), warnings=(), num_shards=0,
+                                num_sequences=0, num_tokens=0)
+    finals, temps = list_shard_dirs(store_dir)
+    warnings += [f"{t.name}: leftover temporary shard (ignored by readers)" for t in temps]
+    listed = {r["index"] for r in manifest["shards"]}
+    warnings += [f"{p.name}: shard not listed in the manifest (ignored)" for i, p in finals.items() if i not in listed]
+    schema = array_schema(manifest["d"], manifest["k"], manifest["hidden_codec"], len(manifest.get("aux_layers") or []))
+    for record in tqdm(manifest["shards"], desc="validate", unit="shard", disable=not progress):
+        problems += _check_shard(store_dir, record, schema, checksums)
+    seen: dict[str, str] = {}
+    for record in manifest["shards"]:  # no sample may be stored twice
+        try:
+            ids = zarr.open_group(store=str(store_dir / record["name"]), mode="r", zarr_format=3)["sample_ids"][...]
+        except Exception:  # noqa: BLE001 - already reported by _check_shard
+            continue
+        for sid in map(str, ids.tolist()):
+            if sid in seen:
+                problems.append(f"{record['name']}: sample {sid!r} also stored in {seen[sid]}")
+            seen.setdefault(sid, record["name"])
+    totals = manifest["totals"]
+    if totals["tokens"] != sum(r["num_tokens"] for r in manifest["shards"]):
+        problems.append("manifest: totals.tokens differs from the sum over shards")
+    if totals["sequences"] != sum(r["num_sequences"] for r in manifest["shards"]):
+        problems.append("manifest: totals.sequences differs from the sum over shards")
+    if manifest["num_shards"] != len(manifest["shards"]):
+        problems.append("manifest: num_shards differs from the number of shard records")
+    return ValidationReport(store=str(store_dir), problems=tuple(problems), warnings=tuple(warnings),
+                            num_shards=len(manifest["shards"]), num_sequences=totals["sequences"],
+                            num_tokens=totals["tokens"])
+
+
+def _check_shard(store_dir: Path, record: dict, schema: dict, checksums: bool) -> list[str]:
+    name = record.get("name", shard_name(record["index"]))
+    path = store_dir / name
+    if not path.is_dir():
+        return [f"{name}: missing"]
+    try:
+        attrs = read_shard_record(path)
+    except StoreError as err:
+        return [f"{name}: {err}"]
+    out = []
+    for key in ("num_sequences", "num_tokens", "checksums", "aux_layers"):
+        if attrs.get(key) != record.get(key):
+            out.append(f"{name}: {key} in shard attributes differs from the manifest")
+    n, s = record["num_tokens"], record["num_sequences"]
+    group = zarr.open_group(store=str(path), mode="r", zarr_format=3)
+    for array_name, (dtype, tail) in schema.items():
+        lead = s + 1 if array_name == "offsets" else s if array_name == "sample_ids" else n
+        try:
+            array = group[array_name]
+        except KeyError:
+            out.append(f"{name}/{array_name}: missing array")
+            continue
+        if tuple(array.shape) != (lead, *tail):
+            out.append(f"{name}/{array_name}: shape {tuple(array.shape)}, manifest says {(lead, *tail)}")
+            continue
+        if array_name != "sample_ids" and np.dtype(array.dtype) != np.dtype(dtype):
+            out.append(f"{name}/{array_name}: dtype {array.dtype}, expected {dtype}")
+            continue
+        if not checksums and array_name != "offsets":
+            continue
+        try:
+            values = array[...]
+        except Exception as err:  # noqa: BLE001 - corrupt chunk bytes surface as codec errors
+            out.append(f"{name}/{array_name}: unreadable ({type(err).__name__}: {err})")
+            continue
+        if array_name == "offsets" and values.size and (values[0] != 0 or values[-1] != n or np.any(np.diff(values) <= 0)):
+            out.append(f"{name}/offsets: not strictly increasing from 0 to {n}")
+        if checksums and array_digest(values) != record["checksums"].get(array_name):
+            out.append(f"{name}/{array_name}: sha256 mismatch (data corrupted or truncated)")
+    return out

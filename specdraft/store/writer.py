@@ -1,0 +1,137 @@
+"""Shard writing: one writer per shard, into a temporary directory renamed into place when complete.
+
+A ``shard-XXXXX.zarr`` name always holds a complete shard (temporaries are never read); the shard
+record (counts, per-array sha256) is the group's last write. Also lists a store's shard directories
+and reads a shard's record.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, ZstdCodec
+
+from specdraft.store.schema import (
+    AUX_ARRAYS,
+    COMPRESSIONS,
+    SHARD_ATTR,
+    TOKEN_ARRAYS,
+    StoreError,
+    array_digest,
+    array_schema,
+    shard_index,
+    shard_name,
+    temp_shard_name,
+)
+
+
+def _compressors(compression: str, level: int):
+    if compression == "zstd":
+        return ZstdCodec(level=level)
+    if compression == "blosc":
+        return BloscCodec(cname="zstd", clevel=level, shuffle="shuffle")
+    if compression == "none":
+        return None
+    raise ValueError(f"compression {compression!r} not in {COMPRESSIONS}")
+
+
+def write_shard(
+    store_dir: str | Path,
+    index: int,
+    arrays: dict[str, np.ndarray],
+    attrs: dict[str, Any],
+    *,
+    chunk_tokens: int = 1024,
+    compression: str = "zstd",
+    level: int = 3,
+) -> dict[str, Any]:
+    """Write shard ``index`` of ``store_dir`` (temp dir, then rename); returns its record.
+
+    ``arrays`` holds every array of ``array_schema``; ``attrs`` must carry ``d``, ``k`` and
+    ``hidden_codec``, and ``aux_layers`` when ``aux_hidden`` is stored. The record (``attrs`` plus counts and per-array sha256) is stored as the
+    shard group's ``specdraft_shard`` attribute, written last, and returned for the manifest.
+    """
+    store_dir = Path(store_dir)
+    schema = array_schema(attrs["d"], attrs["k"], attrs["hidden_codec"], len(attrs.get("aux_layers") or []))
+    missing = sorted(set(schema) - set(arrays))
+    assert not missing, f"shard {index}: missing arrays {missing}"
+    offsets = np.asarray(arrays["offsets"])
+    n_tokens, n_seqs = int(arrays["input_ids"].shape[0]), int(arrays["sample_ids"].shape[0])
+    assert offsets.shape == (n_seqs + 1,) and offsets[0] == 0 and offsets[-1] == n_tokens, (
+        f"shard {index}: offsets {offsets[:3]}..{offsets[-1:]} do not match {n_seqs} sequences / {n_tokens} tokens"
+    )
+    assert chunk_tokens >= 1, "chunk_tokens must be >= 1"
+    final = store_dir / shard_name(index)
+    tmp = store_dir / temp_shard_name(index)
+    checksums = {}
+    try:
+        group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
+        for name, (dtype, tail) in schema.items():
+            values = np.asarray(arrays[name])
+            if name == "sample_ids":
+                values = np.asarray([str(v) for v in values.tolist()], dtype=str)
+            else:
+                values = np.ascontiguousarray(values, dtype=dtype)
+            assert values.shape[1:] == tail, f"shard {index}: {name} has shape {values.shape}, want (*, {tail})"
+            rows = chunk_tokens if name in (*TOKEN_ARRAYS, "hidden_scale", *AUX_ARRAYS) else 65536
+            chunks = (max(1, min(rows, values.shape[0])), *tail)
+            array = group.create_array(
+                name,
+                shape=values.shape,
+                dtype=str if name == "sample_ids" else dtype,
+                chunks=chunks,
+                compressors=_compressors(compression, level),
+            )
+            if values.size:
+                array[...] = values
+            checksums[name] = array_digest(values)
+        record = {
+            **attrs,
+            "index": index,
+            "name": final.name,
+            "num_sequences": n_seqs,
+            "num_tokens": n_tokens,
+            "num_loss_tokens": int(np.asarray(arrays["loss_mask"]).sum()),
+            "checksums": checksums,
+        }
+        record["bytes"] = _dir_bytes(tmp)
+        group.attrs[SHARD_ATTR] = record  # last write: a shard without it is incomplete
+        if final.exists():  # a retried writer finished this shard first: same plan, same bytes
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return record
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def read_shard_record(path: str | Path) -> dict[str, Any]:
+    """The ``specdraft_shard`` record of a shard directory; StoreError when absent/unreadable."""
+    try:
+        group = zarr.open_group(store=str(path), mode="r", zarr_format=3)
+        return dict(group.attrs[SHARD_ATTR])
+    except Exception as err:  # noqa: BLE001 - any zarr/JSON failure means the shard is unusable
+        raise StoreError(f"{path}: not a complete shard ({type(err).__name__}: {err})") from None
+
+
+def list_shard_dirs(store_dir: str | Path) -> tuple[dict[int, Path], list[Path]]:
+    """(final shards by index, leftover temporary shard directories) in ``store_dir``."""
+    store_dir = Path(store_dir)
+    finals, temps = {}, []
+    if store_dir.is_dir():
+        for path in sorted(store_dir.iterdir()):
+            idx = shard_index(path.name)
+            if idx is not None and path.is_dir():
+                finals[idx] = path
+            elif path.name.startswith(".shard-") and ".tmp-" in path.name:
+                temps.append(path)
+    return finals, temps
