@@ -2,7 +2,8 @@
 
 DESIGN.md, "Embedded default": the laptop demo needs a real Hugging Face model directory
 to stand in for a served LLM. ``build_toy_target`` generates conversations
-(``conversations.py``), trains a byte-level BPE tokenizer with a chat template
+(``conversations.py``; GSM8K-style word problems, ``word_problems.py``, with
+``data=word_problems``), trains a byte-level BPE tokenizer with a chat template
 (``tokenizer.py``), trains a ``LlamaForCausalLM`` (GQA, untied ``lm_head``) on the
 assistant tokens of the rendered chats for a fixed number of AdamW steps, and writes a
 complete directory: ``config.json``, ``model.safetensors``, ``generation_config.json``,
@@ -27,7 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import transformers
@@ -35,8 +36,8 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from specdraft.config import config_hash, load, to_dict
-from specdraft.toy.conversations import generate_conversations
+from specdraft.config import ConfigError, config_hash, from_dict, load, to_dict
+from specdraft.toy import conversations, word_problems
 from specdraft.toy.tokenizer import END, train_tokenizer
 
 BUILD_FORMAT = 1  # bump when the build changes in a way the config does not show
@@ -61,6 +62,7 @@ class ToyTargetConfig:
 
     seed: int = 0
     # data + tokenizer
+    data: Literal["chat", "word_problems"] = "chat"  # conversation family (DATA_FAMILIES)
     num_conversations: int = 12000
     vocab_size: int = 768
     # model (Llama, GQA, untied lm_head)
@@ -86,6 +88,13 @@ class ToyTargetConfig:
     # choice on a busy 2-core machine (2 threads spin on each other: 5-20x slower per step).
     num_threads: int = 1
     num_eval_conversations: int = 256  # held-out loss, seed + 1
+
+
+# what a toy target is trained on: ``generate_conversations(n, seed)`` per family
+DATA_FAMILIES = {
+    "chat": conversations.generate_conversations,  # short templated chats, 1-3 turns
+    "word_problems": word_problems.generate_conversations,  # GSM8K-style worked arithmetic problems
+}
 
 
 def build_toy_target(
@@ -123,7 +132,12 @@ def is_complete_build(out_dir: str | Path, cfg: ToyTargetConfig | None = None) -
         return False
     if record.get("build_format") != BUILD_FORMAT:
         return False
-    return cfg is None or record.get("config") == to_dict(cfg)
+    if cfg is None:
+        return True
+    try:  # a record written before a field existed holds that field's default
+        return from_dict(ToyTargetConfig, record.get("config")) == cfg
+    except ConfigError:
+        return False
 
 
 def read_build_record(out_dir: str | Path) -> dict[str, Any]:
@@ -136,12 +150,11 @@ def read_build_record(out_dir: str | Path) -> dict[str, Any]:
 
 def _build_into(tmp: Path, cfg: ToyTargetConfig, progress: bool) -> None:
     started = time.perf_counter()
-    conversations = generate_conversations(cfg.num_conversations, cfg.seed)
-    tokenizer = train_tokenizer((m["content"] for c in conversations for m in c), cfg.vocab_size)
-    train_rows = encode_conversations(tokenizer, conversations, cfg)
-    eval_rows = encode_conversations(
-        tokenizer, generate_conversations(cfg.num_eval_conversations, cfg.seed + 1), cfg
-    )
+    generate = DATA_FAMILIES[cfg.data]
+    convs = generate(cfg.num_conversations, cfg.seed)
+    tokenizer = train_tokenizer((m["content"] for c in convs for m in c), cfg.vocab_size)
+    train_rows = encode_conversations(tokenizer, convs, cfg)
+    eval_rows = encode_conversations(tokenizer, generate(cfg.num_eval_conversations, cfg.seed + 1), cfg)
 
     old_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.num_threads)

@@ -141,6 +141,23 @@ def test_partial_or_foreign_directory_is_not_complete(tmp_path):
         build_toy_target(out, SHORT, progress=False)
 
 
+def test_word_problem_family_and_records_written_before_the_field(tmp_path):
+    problems = dataclasses.replace(SHORT, data="word_problems")
+    out = build_toy_target(tmp_path / "wp", problems, progress=False)
+    assert read_build_record(out)["config"]["data"] == "word_problems"
+    assert is_complete_build(out, problems) and not is_complete_build(out, SHORT)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.decode(tok("#### 42")["input_ids"]) == "#### 42"
+    assert "####" in "".join(tok.convert_ids_to_tokens(range(len(tok))))  # learned from the answers' last line
+
+    # a chat build recorded before `data` existed is still the chat build, not a word-problem one
+    chat = build_toy_target(tmp_path / "chat", SHORT, progress=False)
+    record = read_build_record(chat)
+    del record["config"]["data"]
+    (chat / build_mod.RECORD_FILE).write_text(json.dumps(record))
+    assert is_complete_build(chat, SHORT) and not is_complete_build(chat, problems)
+
+
 def test_time_budget_stops_training(tmp_path):
     cfg = dataclasses.replace(SHORT, train_steps=1000, max_train_seconds=0.0)
     record = read_build_record(build_toy_target(tmp_path / "t", cfg, progress=False))
