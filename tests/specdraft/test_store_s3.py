@@ -41,7 +41,7 @@ def shard_arrays(idx: int, per_shard: int = 4) -> tuple[dict[str, np.ndarray], d
     return arrays, {"d": D, "k": K, "hidden_codec": "int8", "target_id": "t@1"}
 
 
-def write_store(root, shards: int = 3) -> list[dict]:
+def write_store(root, shards: int = 2) -> list[dict]:
     location.make_dirs(root)
     records = [store.write_shard(root, i, *shard_arrays(i), chunk_tokens=32) for i in range(shards)]
     store.write_manifest(root, store.make_manifest(header=HEADER, shards=records))
@@ -68,12 +68,12 @@ def test_a_store_on_s3_equals_the_same_store_written_locally(s3_bucket, tmp_path
     assert write_store(local) == write_store(remote)  # records: counts, sha256, bytes
     assert location.read_text(f"{remote.rstrip('/')}/manifest.json") == (local / "manifest.json").read_text()
     report = store.validate(remote)
-    assert report.ok and not report.warnings and report.num_shards == 3, report
+    assert report.ok and not report.warnings and report.num_shards == 2, report
     assert_same_batches(all_batches(remote), all_batches(local))
     counts = store.predicted_token_counts(remote, V)
     np.testing.assert_array_equal(counts, store.predicted_token_counts(local, V))
     # no temporaries, no renames: exactly the shards and the manifest under the prefix
-    assert location.list_dir(remote) == ["manifest.json", *(store.shard_name(i) for i in range(3))]
+    assert location.list_dir(remote) == ["manifest.json", *(store.shard_name(i) for i in range(2))]
 
 
 def test_validate_on_s3_catches_a_truncated_chunk(s3_bucket):
@@ -90,31 +90,31 @@ def test_validate_on_s3_catches_a_truncated_chunk(s3_bucket):
 
 def test_a_killed_writer_on_s3_leaves_an_incomplete_store_and_a_rewrite_completes_it(s3_bucket, tmp_path):
     root = f"{s3_bucket}/killed"
-    records = [store.write_shard(root, i, *shard_arrays(i), chunk_tokens=32) for i in range(2)]
-    # shard 2's writer dies after some arrays (no rename at a URL: they sit under the final name),
+    records = [store.write_shard(root, 0, *shard_arrays(0), chunk_tokens=32)]
+    # shard 1's writer dies after some arrays (no rename at a URL: they sit under the final name),
     # leaving also a chunk that a clean rewrite would never produce
-    arrays, _ = shard_arrays(2)
-    partial = location.open_group(f"{root}/shard-00002.zarr", "w")
+    arrays, _ = shard_arrays(1)
+    partial = location.open_group(f"{root}/shard-00001.zarr", "w")
     partial.create_array("input_ids", data=arrays["input_ids"])
     partial.create_array("hidden", data=np.ones((512, D), np.int8), chunks=(16, D))
-    stale = f"{root}/shard-00002.zarr/hidden/c/31/0"
+    stale = f"{root}/shard-00001.zarr/hidden/c/31/0"
     assert location.exists(stale)
 
     with pytest.raises(StoreError, match="incomplete"):  # no manifest: readers refuse the store
         FeatureDataset(root)
-    assert not store.validate(root).ok
+    assert not store.validate(root, checksums=False).ok
     finals, temps = store.list_shard_dirs(root)
-    assert sorted(finals) == [0, 1, 2] and temps == []
+    assert sorted(finals) == [0, 1] and temps == []
     with pytest.raises(StoreError, match="not a complete shard"):
-        store.read_shard_record(finals[2])
+        store.read_shard_record(finals[1])
     # a manifest that lists the partial shard anyway (a buggy writer) does not make it readable
-    bogus = dict(records[1], index=2, name=store.shard_name(2))
+    bogus = dict(records[0], index=1, name=store.shard_name(1))
     store.write_manifest(root, store.make_manifest(header=HEADER, shards=[*records, bogus]))
-    report = store.validate(root)
-    assert any("shard-00002.zarr" in p and "not a complete shard" in p for p in report.problems), report.problems
+    report = store.validate(root, checksums=False)
+    assert any("shard-00001.zarr" in p and "not a complete shard" in p for p in report.problems), report.problems
 
     # resume: the shard is rewritten from scratch (leftover keys deleted first), then the manifest
-    records.append(store.write_shard(root, 2, *shard_arrays(2), chunk_tokens=32))
+    records.append(store.write_shard(root, 1, *shard_arrays(1), chunk_tokens=32))
     assert not location.exists(stale)
     store.write_manifest(root, store.make_manifest(header=HEADER, shards=records))
     assert store.validate(root).ok
