@@ -96,13 +96,17 @@ def load_conversations(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]
 
     Conversation Parquet (regenerate's output, ``pipelines.conversations``) is read as is; any
     other file (ShareGPT / OpenAI JSON(L), raw Parquet) goes through ``pipelines.ingest``, whose
-    summary counts what it rejected.
+    summary counts what it rejected. An object-store URL must hold conversation Parquet (regenerate's
+    output written there).
     """
     from pipelines.conversations import read_conversations as read_parquet
     from pipelines.ingest import ingest
 
     rows, raw = [], []
-    for path in map(Path, paths):
+    for path in map(location.as_location, paths):
+        if isinstance(path, str):  # a URL
+            rows += read_parquet([path])
+            continue
         if path.suffix == ".parquet" or path.is_dir():
             try:
                 rows += read_parquet([path])

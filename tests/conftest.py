@@ -79,3 +79,17 @@ def s3_bucket(s3_env) -> str:
     name = f"specdraft-{uuid.uuid4().hex[:12]}"
     fsspec.filesystem("s3").mkdir(name)
     return f"s3://{name}"
+
+
+@pytest.fixture()
+def s3_ray(s3_env) -> dict[str, str]:
+    """Ray restarted so that its workers see the endpoint and (dummy) credentials, as every node of a
+    real cluster must; left running for the tests after it."""
+    import ray
+
+    ray.shutdown()
+    root = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path, **s3_env}})
+    return s3_env

@@ -248,16 +248,10 @@ def test_killed_dump_resumes_to_the_same_store(toy_store, tmp_path):
 
 
 @pytest.mark.slow  # restarts Ray (its workers need the endpoint), two dumps
-def test_killed_dump_to_s3_resumes_to_the_same_store(toy_store, s3_bucket, s3_env):
+def test_killed_dump_to_s3_resumes_to_the_same_store(toy_store, s3_bucket, s3_ray):
     """At an object-store URL (a real S3 server on 127.0.0.1): no rename, so the dead writer's keys sit
     under the shard's final name without its record; resume deletes and rewrites them."""
-    import ray
-
     target, reference_dir, reference = toy_store
-    ray.shutdown()  # Ray workers must see the endpoint and (dummy) credentials, as every node of a cluster
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
-             runtime_env={"env_vars": {"PYTHONPATH": path, **s3_env}})
     rows, out = conversations(), f"{s3_bucket}/features/toy"
     with pytest.raises(Exception, match="injected fault while writing shard 3"):
         dump_features(target, rows, out, CFG, progress=False, fault_at_shard=3)
