@@ -33,6 +33,7 @@ from specdraft.models import build_draft, draft_config_from_target, save_draft, 
 from specdraft.models.heads import FROZEN
 from specdraft.objectives import LossWeights, StageConfig, no_grad_sync_needed, unwrap
 from specdraft.store import FeatureDataset, ReaderConfig, StoreError, predicted_token_counts, read_manifest
+from specdraft.store import location
 from specdraft.target import load_target_config, load_target_heads, target_id
 from specdraft.training import OptimConfig, Trainer, resolve_precision, warmup_of
 from specdraft.vocab import DEFAULT_DRAFT_VOCAB, coverage, select_vocab
@@ -472,6 +473,8 @@ def run_training(
 ) -> dict[str, Any]:
     """Run (or resume) a training job; returns the draft path and the final metrics.
 
+    ``stores``: local directories or object-store URLs (``s3://bucket/prefix``; every worker needs the
+    credentials, see ``specdraft/store/location.py``).
     ``tracking``: ``{"uri": ..., "run_id": ...}`` of an existing MLflow run that rank 0
     logs into. Rerunning with the same ``out`` resumes from its latest checkpoint.
     ``fail_at_step`` raises once at that optimizer step (a failure drill for resume tests).
@@ -486,7 +489,7 @@ def run_training(
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
     sc = cfg.scaling
     resources = {"CPU": sc.cpus_per_worker, **({"GPU": sc.gpus_per_worker} if sc.use_gpu else {})}
-    stores = [str(Path(s).resolve()) for s in stores]
+    stores = [str(location.as_location(s)) if location.is_url(s) else str(Path(s).resolve()) for s in stores]
     aux_layers, vocab = feature_plan(cfg, stores, target, out)
     config = {
         "train": to_dict(cfg),
