@@ -472,9 +472,9 @@ def regenerate(
 ) -> dict[str, Any]:
     """Ingest ``prompts``, regenerate every answer with ``target`` into ``out_dir``; the summary.
 
-    ``out_dir`` (a local directory or an object-store URL) gets ``part-*.parquet`` (conversation schema), ``rejects.jsonl`` (ingest),
-    ``regenerate.json`` (target + generation settings; a rerun must match them) and
-    ``summary.json``. Conversations already in ``out_dir`` are skipped, so a rerun after a crash
+    ``out_dir`` (a local directory or an object-store URL) gets ``part-*.parquet`` (conversation
+    schema), ``rejects.jsonl`` (ingest), ``regenerate.json`` (target + generation settings; a rerun
+    must match them) and ``summary.json``. Conversations already in ``out_dir`` are skipped, so a rerun after a crash
     or on a grown prompt set only does what is missing.
     """
     started = time.perf_counter()
