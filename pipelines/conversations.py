@@ -15,6 +15,10 @@ strictly alternate user/assistant starting with a user turn. Two shapes are vali
 * ``prompt`` (ingest's output, regenerate's input): alternating and ending with either role,
   or a run of user turns only (a question file such as MT-Bench: the answers do not exist
   yet, regenerate writes them).
+
+Files and directories may be local paths or object-store URLs (``s3://bucket/prefix``; see
+``specdraft/store/location.py``): a part at a URL is serialized in memory and written in one PUT,
+so, like a local part renamed into place, it is either absent or complete.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from specdraft.store import location
 
 ROLES = ("system", "user", "assistant")
 MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
@@ -63,16 +69,21 @@ def check_messages(messages: list[dict[str, str]], complete: bool = False) -> tu
     return None
 
 
-def write_conversations(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
-    """Write ``rows`` to one Parquet file atomically (temp name in the same dir, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_conversations(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path | str:
+    """Write ``rows`` to one Parquet file atomically (temp name in the same dir, then rename; at a URL
+    one PUT of the whole file)."""
     rows = [
         {"id": r["id"], "source": r["source"],
          "messages": [{"role": m["role"], "content": m["content"]} for m in r["messages"]]}
         for r in rows
     ]
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    if location.is_url(path):
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer)
+        return location.write_bytes(path, buffer.getvalue().to_pybytes())
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         pq.write_table(table, tmp)
@@ -82,14 +93,22 @@ def write_conversations(path: str | Path, rows: Iterable[dict[str, Any]]) -> Pat
     return path
 
 
-def conversation_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
+def conversation_files(paths: str | Path | Iterable[str | Path]) -> list[Path | str]:
     """Parquet files named by ``paths``: files as given, directories -> their ``*.parquet``
     (sorted; hidden names such as in-progress temp files are skipped)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
+    files: list[Path | str] = []
+    for p in map(location.as_location, paths):
+        if isinstance(p, str):  # a URL
+            if location.is_dir(p):
+                files += [location.join(p, n) for n in location.list_dir(p)
+                          if n.endswith(".parquet") and not n.startswith(".")]
+            elif location.exists(p):
+                files.append(p)
+            else:
+                raise FileNotFoundError(f"no conversation file or directory at {p!r}")
+        elif p.is_dir():
             files += sorted(f for f in p.glob("*.parquet") if not f.name.startswith("."))
         elif p.is_file():
             files.append(p)
@@ -102,9 +121,16 @@ def read_conversations(paths: str | Path | Iterable[str | Path]) -> list[dict[st
     """All rows of the conversation Parquet files (or directories of them) in ``paths``."""
     rows: list[dict[str, Any]] = []
     for file in conversation_files(paths):
-        table = pq.read_table(file)
+        table = read_table(file)
         missing = [n for n in SCHEMA.names if n not in table.column_names]
         if missing:
             raise ValueError(f"{file}: not a conversation file, missing column(s) {missing}")
         rows += table.select(SCHEMA.names).cast(SCHEMA).to_pylist()
     return rows
+
+
+def read_table(file: str | Path, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file (local path or URL) as a table."""
+    if location.is_url(file):
+        return pq.read_table(pa.BufferReader(location.read_bytes(file)), columns=columns)
+    return pq.read_table(file, columns=columns)

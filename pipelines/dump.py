@@ -11,8 +11,9 @@ DESIGN.md "The target and its features". One Ray Data pipeline, one row per *sha
                              actor on a GPU cluster, the target spread over them; SDPA kernels)
                              -> hidden, top-K ids/logits and float32 logsumexp per token
                              (+ the auxiliary layers' states with ``aux_layers``: EAGLE-3 features)
-    -> ZarrShardDatasink     one ``write_shard`` per row: one writer per shard, temp dir + rename;
-                             ``on_write_complete`` writes ``manifest.json`` (driver)
+    -> ZarrShardDatasink     one ``write_shard`` per row: one writer per shard, temp dir + rename
+                             (at an ``s3://``/fsspec URL: in place, the shard record last);
+                             ``on_write_complete`` writes ``manifest.json`` last (driver)
 
 A shard's rows never split across blocks, so every shard has exactly one writer; its content
 depends only on its planned sample ids, so a rerun redoes only missing shards and no sample
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,7 @@ from specdraft import store
 from specdraft.chat import render_with_loss_mask
 from specdraft.config import config_hash, to_dict
 from specdraft.placement import ATTN_IMPLEMENTATIONS, describe_placement, spread_gpus
+from specdraft.store import location
 from specdraft.target import (
     AUX_CONVENTION,
     load_target_config,
@@ -119,13 +120,17 @@ def load_conversations(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]
 
     Conversation Parquet (regenerate's output, ``pipelines.conversations``) is read as is; any
     other file (ShareGPT / OpenAI JSON(L), raw Parquet) goes through ``pipelines.ingest``, whose
-    summary counts what it rejected.
+    summary counts what it rejected. An object-store URL must hold conversation Parquet (regenerate's
+    output written there).
     """
     from pipelines.conversations import read_conversations as read_parquet
     from pipelines.ingest import ingest
 
     rows, raw = [], []
-    for path in map(Path, paths):
+    for path in map(location.as_location, paths):
+        if isinstance(path, str):  # a URL
+            rows += read_parquet([path])
+            continue
         if path.suffix == ".parquet" or path.is_dir():
             try:
                 rows += read_parquet([path])
@@ -329,9 +334,9 @@ class PrefillActor:
 class ZarrShardDatasink(Datasink):
     """Writes each row (one complete shard) with ``store.write_shard``; manifest on completion."""
 
-    def __init__(self, out: Path, header: dict[str, Any], cfg: FeaturesConfig, kept: list[dict[str, Any]],
+    def __init__(self, out: Path | str, header: dict[str, Any], cfg: FeaturesConfig, kept: list[dict[str, Any]],
                  fault_at_shard: int | None = None) -> None:
-        self.out, self.header, self.cfg, self.kept = Path(out), header, cfg, kept
+        self.out, self.header, self.cfg, self.kept = location.as_location(out), header, cfg, kept
         self.fault_at_shard = fault_at_shard
         self.written: list[dict[str, Any]] = []
         self.manifest: dict[str, Any] | None = None
@@ -348,8 +353,9 @@ class ZarrShardDatasink(Datasink):
     def write_row(self, row: dict[str, Any]) -> dict[str, Any]:
         meta = json.loads(str(row["meta"]))
         index = int(meta["index"])
-        if index == self.fault_at_shard:  # test hook: die with a half-written temporary shard
-            group = zarr.open_group(store=str(self.out / store.temp_shard_name(index)), mode="w", zarr_format=3)
+        if index == self.fault_at_shard:  # test hook: die with a half-written shard (where its writer writes)
+            name = store.shard_name(index) if location.is_url(self.out) else store.temp_shard_name(index)
+            group = location.open_group(location.join(self.out, name), "w")
             group.create_array("input_ids", data=np.asarray(row["input_ids"], np.int32))
             raise InjectedFault(f"injected fault while writing shard {index}")
         arrays = {name: np.asarray(row[name]) for name in store.TOKEN_ARRAYS + ("offsets",)}
@@ -416,21 +422,22 @@ def store_header(target: str, cfg: FeaturesConfig, plan: list[dict[str, Any]], n
     }
 
 
-def resume_state(out: Path, header: dict[str, Any], plan: list[dict[str, Any]], overwrite: bool) -> list[dict[str, Any]]:
-    """Records of complete shards of this same plan to keep; temporaries and stale manifests removed."""
+def resume_state(out: Path | str, header: dict[str, Any], plan: list[dict[str, Any]], overwrite: bool) -> list[dict[str, Any]]:
+    """Records of complete shards of this same plan to keep; temporaries, shards without their record
+    (a killed writer's, at a URL under the final name) and stale manifests removed."""
     finals, temps = store.list_shard_dirs(out)
     if overwrite:
-        for path in [*finals.values(), *temps, out / store.MANIFEST_FILE]:
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        for path in [*finals.values(), *temps, location.join(out, store.MANIFEST_FILE)]:
+            location.remove(path)
         return []
     for path in temps:  # a killed writer's leftovers: that shard is redone
-        shutil.rmtree(path, ignore_errors=True)
+        location.remove(path)
     kept = []
     for index, path in sorted(finals.items()):
         try:
             record = store.read_shard_record(path)
         except store.StoreError:
-            shutil.rmtree(path, ignore_errors=True)  # never completed: redo
+            location.remove(path)  # never completed: redo
             continue
         if (record.get("aux_layers") or []) != header["aux_layers"]:
             raise store.StoreError(
@@ -448,7 +455,7 @@ def resume_state(out: Path, header: dict[str, Any], plan: list[dict[str, Any]], 
             )
         kept.append(record)
     if len(kept) < len(plan):
-        (out / store.MANIFEST_FILE).unlink(missing_ok=True)  # the store is being completed
+        location.remove(location.join(out, store.MANIFEST_FILE))  # the store is being completed
     return kept
 
 
@@ -469,8 +476,8 @@ def dump_features(
     writer of that shard mid-write.
     """
     started = time.perf_counter()
-    target, out = str(Path(target).resolve()), Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    target, out = str(Path(target).resolve()), location.as_location(out)
+    location.make_dirs(out)
     plan, duplicates = plan_shards(conversations, cfg.samples_per_shard)
     header = store_header(target, cfg, plan, len(conversations), duplicates)
     kept = resume_state(out, header, plan, overwrite)

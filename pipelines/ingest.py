@@ -29,6 +29,7 @@ from typing import Any, Literal
 import pyarrow.parquet as pq
 
 from pipelines.conversations import check_messages
+from specdraft.store import location
 
 SUFFIXES = (".json", ".jsonl", ".parquet")
 ROLE_MAP = {
@@ -273,13 +274,6 @@ def ingest(
     return rows, summary
 
 
-def write_rejects(path: str | Path, rejects: list[dict[str, Any]]) -> Path:
-    """Write reject records as JSONL (temp name, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for r in rejects:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-    return path
+def write_rejects(path: str | Path, rejects: list[dict[str, Any]]) -> Path | str:
+    """Write reject records as JSONL (temp name, then rename; at an object-store URL one PUT)."""
+    return location.write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))

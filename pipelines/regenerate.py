@@ -11,7 +11,8 @@ own earlier answers (turn t sees the target's answers to turns 1..t-1).
                          CPU locally); per batch:
                          turn by turn, left-padded batched generation, stop on eos or the
                          template's end-of-turn token; one Parquet part per batch, written
-                         under a temp name and renamed, so a part on disk is always complete
+                         under a temp name and renamed (at an ``s3://``/fsspec URL: one PUT,
+                         no rename), so a part that exists is always complete
     -> driver            progress lines and a summary (rows, tokens, tokens/s)
 
 Backends: ``hf`` (``transformers`` generate; default) and ``vllm`` (Ray Data's LLM processor,
@@ -39,11 +40,12 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.utils import logging as hf_logging
 
-from pipelines.conversations import SCHEMA, conversation_files, write_conversations
+from pipelines.conversations import SCHEMA, conversation_files, read_table, write_conversations
 from pipelines.ingest import IngestConfig, ingest
 from specdraft.chat import assistant_spans
 from specdraft.config import config_hash, from_dict, to_dict
 from specdraft.placement import ATTN_IMPLEMENTATIONS, input_device, spread_gpus
+from specdraft.store import location
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id
 
 RUN_FILE = "regenerate.json"  # what produced the parts in an output dir (resume guard)
@@ -291,14 +293,11 @@ def hf_answer_fn(model, tokenizer, cfg: RegenerateConfig, stop_ids: list[int]) -
 
 def done_ids(out_dir: str | Path) -> set[str]:
     """Ids of the conversations already in complete parts of ``out_dir``."""
-    out_dir = Path(out_dir)
-    if not out_dir.is_dir():
+    if not location.is_dir(out_dir):
         return set()
-    import pyarrow.parquet as pq
-
     ids: set[str] = set()
     for file in conversation_files(out_dir):
-        ids.update(pq.read_table(file, columns=["id"]).column("id").to_pylist())
+        ids.update(read_table(file, columns=["id"]).column("id").to_pylist())
     return ids
 
 
@@ -314,20 +313,21 @@ def _generation_identity(target: Path, cfg: RegenerateConfig) -> dict[str, Any]:
     return {"target": target_id(target), "settings": settings, "hash": config_hash(settings)}
 
 
-def _claim_out_dir(out_dir: Path, identity: dict[str, Any]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    run_file = out_dir / RUN_FILE
-    if run_file.is_file():
-        previous = json.loads(run_file.read_text())
+def _claim_out_dir(out_dir: Path | str, identity: dict[str, Any]) -> None:
+    location.make_dirs(out_dir)
+    run_file = location.join(out_dir, RUN_FILE)
+    if location.exists(run_file):
+        previous = json.loads(location.read_text(run_file))
         if (previous.get("target"), previous.get("hash")) != (identity["target"], identity["hash"]):
             raise ValueError(
                 f"{out_dir} holds answers of another target/config ({previous.get('target')}, "
                 f"{previous.get('settings')}); resume needs the same ones or a new output dir"
             )
     else:
-        run_file.write_text(json.dumps(identity, indent=2) + "\n")
-    for stale in out_dir.glob(".part-*.tmp-*"):  # parts killed mid-write (one run per dir at a time)
-        stale.unlink(missing_ok=True)
+        location.write_text(run_file, json.dumps(identity, indent=2) + "\n")
+    if isinstance(out_dir, Path):  # (a URL has no temporaries)
+        for stale in out_dir.glob(".part-*.tmp-*"):  # parts killed mid-write (one run per dir at a time)
+            stale.unlink(missing_ok=True)
 
 
 # --- the stage -------------------------------------------------------------------------------
@@ -346,7 +346,7 @@ class HFReplica:
 
     def __init__(self, target: str, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool):
         self.cfg = from_dict(RegenerateConfig, cfg)
-        self.out_dir = Path(out_dir)
+        self.out_dir = location.as_location(out_dir)
         self.max_model_len = max_model_len
         hf_logging.disable_progress_bar()  # "Loading weights" bars from every replica
         device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
@@ -365,7 +365,7 @@ class HFReplica:
         rows = batch.to_pylist()
         out, stats = regenerate_rows(rows, self.tokenizer, self.answer, self.cfg, self.max_model_len)
         if out:
-            write_conversations(self.out_dir / part_name(r["id"] for r in out), out)
+            write_conversations(location.join(self.out_dir, part_name(r["id"] for r in out)), out)
         return _stats_table(len(rows), len(out), stats)
 
 
@@ -382,7 +382,7 @@ def _stats_table(rows_in: int, rows_out: int, stats: dict[str, Any]) -> pa.Table
     return pa.Table.from_pylist([row], schema=STATS_SCHEMA)
 
 
-def _run_hf(target: Path, pending: list[dict[str, Any]], out_dir: Path, cfg: RegenerateConfig,
+def _run_hf(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
             max_model_len: int) -> Iterable[dict[str, Any]]:
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     table = pa.Table.from_pylist(pending, schema=SCHEMA)
@@ -401,7 +401,7 @@ def _run_hf(target: Path, pending: list[dict[str, Any]], out_dir: Path, cfg: Reg
         yield from batch.to_pylist()
 
 
-def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path, cfg: RegenerateConfig,
+def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
               max_model_len: int) -> Iterable[dict[str, Any]]:
     """The vllm backend: one ``ray.data.llm`` pass per turn over a chunk of conversations.
 
@@ -456,7 +456,7 @@ def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path, cfg: R
         rows = pending[start: start + cfg.vllm_chunk_size]
         out, stats = regenerate_rows(rows, tokenizer, answer, cfg, max_model_len)
         if out:
-            write_conversations(out_dir / part_name(r["id"] for r in out), out)
+            write_conversations(location.join(out_dir, part_name(r["id"] for r in out)), out)
         yield _stats_table(len(rows), len(out), stats).to_pylist()[0]
 
 
@@ -472,16 +472,16 @@ def regenerate(
 ) -> dict[str, Any]:
     """Ingest ``prompts``, regenerate every answer with ``target`` into ``out_dir``; the summary.
 
-    ``out_dir`` gets ``part-*.parquet`` (conversation schema), ``rejects.jsonl`` (ingest),
-    ``regenerate.json`` (target + generation settings; a rerun must match them) and
-    ``summary.json``. Conversations already in ``out_dir`` are skipped, so a rerun after a crash
+    ``out_dir`` (a local directory or an object-store URL) gets ``part-*.parquet`` (conversation
+    schema), ``rejects.jsonl`` (ingest), ``regenerate.json`` (target + generation settings; a rerun
+    must match them) and ``summary.json``. Conversations already in ``out_dir`` are skipped, so a rerun after a crash
     or on a grown prompt set only does what is missing.
     """
     started = time.perf_counter()
-    target, out_dir = Path(target), Path(out_dir)
+    target, out_dir = Path(target), location.as_location(out_dir)
     identity = _generation_identity(target, cfg)
     _claim_out_dir(out_dir, identity)
-    rows, ingest_summary = ingest(prompts, cfg.ingest, rejects_path=out_dir / REJECTS_FILE)
+    rows, ingest_summary = ingest(prompts, cfg.ingest, rejects_path=location.join(out_dir, REJECTS_FILE))
     selected = rows if cfg.limit is None else rows[: cfg.limit]
     done = done_ids(out_dir)
     pending = [r for r in selected if r["id"] not in done]
@@ -537,5 +537,5 @@ def regenerate(
         "wall_s": round(time.perf_counter() - started, 3),
         "ingest": ingest_summary,
     }
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    location.write_text(location.join(out_dir, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
     return summary

@@ -40,6 +40,7 @@ from specdraft.store import (
     predicted_token_counts,
     read_manifest,
 )
+from specdraft.store import location
 from specdraft.target import load_target_config, load_target_heads, target_id
 from specdraft.training import OptimConfig, Trainer, resolve_precision, warmup_of
 from specdraft.vocab import DEFAULT_DRAFT_VOCAB, coverage, select_vocab
@@ -474,6 +475,8 @@ def run_training(
 ) -> dict[str, Any]:
     """Run (or resume) a training job; returns the draft path and the final metrics.
 
+    ``stores``: local directories or object-store URLs (``s3://bucket/prefix``; every worker needs the
+    credentials, see ``specdraft/store/location.py``).
     ``tracking``: ``{"uri": ..., "run_id": ...}`` of an existing MLflow run that rank 0
     logs into. Rerunning with the same ``out`` resumes from its latest checkpoint.
     ``fail_at_step`` raises once at that optimizer step (a failure drill for resume tests).
@@ -488,7 +491,7 @@ def run_training(
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
     sc = cfg.scaling
     resources = {"CPU": sc.cpus_per_worker, **({"GPU": sc.gpus_per_worker} if sc.use_gpu else {})}
-    stores = [str(Path(s).resolve()) for s in stores]
+    stores = [str(location.as_location(s)) if location.is_url(s) else str(Path(s).resolve()) for s in stores]
     aux_layers, vocab = feature_plan(cfg, stores, target, out)
     config = {
         "train": to_dict(cfg),

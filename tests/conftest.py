@@ -37,3 +37,59 @@ def local_ray():
         ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+# --- an S3-compatible object store on 127.0.0.1 (moto's server mode) ---------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """Endpoint URL of a real S3 HTTP server (moto) on a free local port, for the whole run."""
+    pytest.importorskip("s3fs")
+    server_mod = pytest.importorskip("moto.server")
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture()
+def s3_env(s3_server, monkeypatch) -> dict[str, str]:
+    """Point the standard AWS variables at the local server (dummy credentials); returns them (for Ray)."""
+    env = {"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    return env
+
+
+@pytest.fixture()
+def s3_bucket(s3_env) -> str:
+    """A fresh, empty bucket on the local server: ``s3://<name>``."""
+    import uuid
+
+    import fsspec
+
+    name = f"specdraft-{uuid.uuid4().hex[:12]}"
+    fsspec.filesystem("s3").mkdir(name)
+    return f"s3://{name}"
+
+
+@pytest.fixture()
+def s3_ray(s3_env) -> dict[str, str]:
+    """Ray restarted so that its workers see the endpoint and (dummy) credentials, as every node of a
+    real cluster must; left running for the tests after it."""
+    import ray
+
+    ray.shutdown()
+    root = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path, **s3_env}})
+    return s3_env

@@ -44,11 +44,22 @@ def test_zarr_only_in_the_store():
     assert users and all(u.startswith("specdraft/store/") for u in users), users
 
 
+def test_fsspec_only_in_the_store_location():
+    """Object-store URLs go through one seam (``specdraft/store/location.py``), also for pipelines."""
+    users = [
+        p.relative_to(ROOT).as_posix()
+        for package in ("specdraft", "pipelines", "flows")
+        for p in (ROOT / package).rglob("*.py")
+        if {"fsspec", "s3fs"} & imported_modules(p)
+    ]
+    assert users == ["specdraft/store/location.py"], users
+
+
 def test_the_store_imports_no_training_code():
     """Storage sits below training: importing every store module loads neither the objectives nor the
     training loop (nor the draft models)."""
-    modules = ["specdraft.store", "specdraft.store.schema", "specdraft.store.writer", "specdraft.store.manifest",
-               "specdraft.store.reader"]
+    modules = ["specdraft.store", "specdraft.store.location", "specdraft.store.schema", "specdraft.store.writer",
+               "specdraft.store.manifest", "specdraft.store.reader"]
     probe = ("import json, sys\n" + "".join(f"import {m}\n" for m in modules)
              + "print(json.dumps(sorted(m for m in sys.modules if m.startswith('specdraft'))))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,

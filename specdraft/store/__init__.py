@@ -2,10 +2,13 @@
 
 Implements DESIGN.md "The target and its features" — the contract between the dump stage
 (``pipelines/dump.py``, which produces the arrays) and training (which reads them). A store is a
-directory of Zarr v3 shards ``shard-XXXXX.zarr`` plus ``manifest.json``:
+directory (a local path or an fsspec URL such as ``s3://bucket/prefix``) of Zarr v3 shards
+``shard-XXXXX.zarr`` plus ``manifest.json``:
 
+* ``location``  local path or URL: listing, deletion, atomic whole-file writes, opening Zarr groups;
 * ``schema``    array names/dtypes/shapes, hidden-state codecs, shard names, digests;
-* ``writer``    ``write_shard``: one shard into a temporary directory, renamed into place;
+* ``writer``    ``write_shard``: one shard into a temporary directory, renamed into place
+                (at a URL: in place, its record written last);
 * ``manifest``  the manifest (header, shard records, totals) and ``validate``;
 * ``reader``    ``FeatureDataset``: ``batch.Batch`` objects for training.
 

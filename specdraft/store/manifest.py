@@ -1,17 +1,19 @@
-"""The store manifest (header + shard records + totals) and validation of a store against it."""
+"""The store manifest (header + shard records + totals) and validation of a store against it.
+
+``manifest.json`` is the store's last write (a temp file renamed into place, or at a URL one PUT):
+a store without it is incomplete, whatever shards it holds.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zarr
 
+from specdraft.store import location
 from specdraft.store.schema import (
     FORMAT_NAME,
     LOSSY_CODECS,
@@ -65,22 +67,20 @@ def make_manifest(*, header: dict[str, Any], shards: list[dict[str, Any]]) -> di
     }
 
 
-def write_manifest(store_dir: str | Path, manifest: dict[str, Any]) -> Path:
-    """Write ``manifest.json`` atomically (temp file + rename)."""
-    path = Path(store_dir) / MANIFEST_FILE
-    tmp = path.with_name(f".{MANIFEST_FILE}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+def write_manifest(store_dir: str | Path, manifest: dict[str, Any]) -> Path | str:
+    """Write ``manifest.json`` atomically (temp file + rename; at a URL one PUT)."""
+    return location.write_text(location.join(store_dir, MANIFEST_FILE), json.dumps(manifest, indent=1) + "\n")
 
 
 def read_manifest(store_dir: str | Path) -> dict[str, Any]:
     """The store's manifest; StoreError when missing (dump incomplete) or of another schema."""
-    path = Path(store_dir) / MANIFEST_FILE
-    if not path.is_file():
-        raise StoreError(f"{store_dir}: no {MANIFEST_FILE} — not a store, or its dump is incomplete (rerun to resume)")
+    path = location.join(store_dir, MANIFEST_FILE)
     try:
-        manifest = json.loads(path.read_text())
+        text = location.read_text(path)
+    except (FileNotFoundError, IsADirectoryError):
+        raise StoreError(f"{store_dir}: no {MANIFEST_FILE} — not a store, or its dump is incomplete (rerun to resume)") from None
+    try:
+        manifest = json.loads(text)
     except (OSError, json.JSONDecodeError) as err:
         raise StoreError(f"{path}: unreadable manifest ({err})") from None
     if manifest.get("format") != FORMAT_NAME or manifest.get("schema_version") != SCHEMA_VERSION:
@@ -116,7 +116,7 @@ def validate(store_dir: str | Path, checksums: bool = True, progress: bool = Fal
     """Check every shard of a store against its manifest; lists all problems, never raises."""
     from tqdm.auto import tqdm
 
-    store_dir = Path(store_dir)
+    store_dir = location.as_location(store_dir)
     problems: list[str] = []
     warnings: list[str] = []
     try:
@@ -125,16 +125,17 @@ def validate(store_dir: str | Path, checksums: bool = True, progress: bool = Fal
         return ValidationReport(store=str(store_dir), problems=(str(err),), warnings=(), num_shards=0,
                                 num_sequences=0, num_tokens=0)
     finals, temps = list_shard_dirs(store_dir)
-    warnings += [f"{t.name}: leftover temporary shard (ignored by readers)" for t in temps]
+    warnings += [f"{location.name_of(t)}: leftover temporary shard (ignored by readers)" for t in temps]
     listed = {r["index"] for r in manifest["shards"]}
-    warnings += [f"{p.name}: shard not listed in the manifest (ignored)" for i, p in finals.items() if i not in listed]
+    warnings += [f"{location.name_of(p)}: shard not listed in the manifest (ignored)"
+                 for i, p in finals.items() if i not in listed]
     schema = array_schema(manifest["d"], manifest["k"], manifest["hidden_codec"], len(manifest.get("aux_layers") or []))
     for record in tqdm(manifest["shards"], desc="validate", unit="shard", disable=not progress):
         problems += _check_shard(store_dir, record, schema, checksums)
     seen: dict[str, str] = {}
     for record in manifest["shards"]:  # no sample may be stored twice
         try:
-            ids = zarr.open_group(store=str(store_dir / record["name"]), mode="r", zarr_format=3)["sample_ids"][...]
+            ids = location.open_group(location.join(store_dir, record["name"]), "r")["sample_ids"][...]
         except Exception:  # noqa: BLE001 - already reported by _check_shard
             continue
         for sid in map(str, ids.tolist()):
@@ -153,10 +154,10 @@ def validate(store_dir: str | Path, checksums: bool = True, progress: bool = Fal
                             num_tokens=totals["tokens"])
 
 
-def _check_shard(store_dir: Path, record: dict, schema: dict, checksums: bool) -> list[str]:
+def _check_shard(store_dir: Path | str, record: dict, schema: dict, checksums: bool) -> list[str]:
     name = record.get("name", shard_name(record["index"]))
-    path = store_dir / name
-    if not path.is_dir():
+    path = location.join(store_dir, name)
+    if not location.is_dir(path):
         return [f"{name}: missing"]
     try:
         attrs = read_shard_record(path)
@@ -167,7 +168,7 @@ def _check_shard(store_dir: Path, record: dict, schema: dict, checksums: bool) -
         if attrs.get(key) != record.get(key):
             out.append(f"{name}: {key} in shard attributes differs from the manifest")
     n, s = record["num_tokens"], record["num_sequences"]
-    group = zarr.open_group(store=str(path), mode="r", zarr_format=3)
+    group = location.open_group(path, "r")
     for array_name, (dtype, tail) in schema.items():
         lead = s + 1 if array_name == "offsets" else s if array_name == "sample_ids" else n
         try:

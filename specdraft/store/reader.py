@@ -13,9 +13,9 @@ from typing import Any, Iterator, Literal
 
 import numpy as np
 import torch
-import zarr
 
 from specdraft.batch import Batch, pad_batch
+from specdraft.store import location
 from specdraft.store.manifest import read_manifest
 from specdraft.store.schema import StoreError, decode_hidden
 
@@ -43,18 +43,18 @@ def is_held_out(sample_id: str, fraction: float) -> bool:
     return h / 16**15 < fraction
 
 
-def open_stores(paths: str | Path | list[str | Path]) -> list[tuple[Path, dict[str, Any]]]:
-    """(dir, manifest) per store; StoreError unless all share the target, d and K."""
+def open_stores(paths: str | Path | list[str | Path]) -> list[tuple[Path | str, dict[str, Any]]]:
+    """(dir or URL, manifest) per store; StoreError unless all share the target, d and K."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     assert paths, "no store given"
-    stores = [(Path(p), read_manifest(p)) for p in paths]
+    stores = [(location.as_location(p), read_manifest(p)) for p in paths]
     first_dir, first = stores[0]
     for path, manifest in stores[1:]:
         for key in ("target_id", "d", "k"):
             if manifest[key] != first[key]:
                 raise StoreError(f"stores disagree on {key}: {first_dir} has {first[key]!r}, {path} has {manifest[key]!r}")
     for path, manifest in stores:
-        missing = [r["name"] for r in manifest["shards"] if not (path / r["name"]).is_dir()]
+        missing = [r["name"] for r in manifest["shards"] if not location.is_dir(location.join(path, r["name"]))]
         if missing:
             raise StoreError(f"{path}: shards listed in the manifest are missing: {missing[:5]}")
     return stores
@@ -119,20 +119,20 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         self.aux_layers: list[int] = list(self.stores[0][1].get("aux_layers") or []) if cfg.aux else []
         if cfg.aux:
             check_aux_layers(self.stores)
-        self._shards: list[tuple[Path, str]] = []  # (shard dir, hidden codec)
+        self._shards: list[tuple[Path | str, str]] = []  # (shard dir or URL, hidden codec)
         keys, starts, lengths, ids = [], [], [], []
         for path, manifest in self.stores:
             for record in manifest["shards"]:
-                group = zarr.open_group(store=str(path / record["name"]), mode="r", zarr_format=3)
+                group = location.open_group(location.join(path, record["name"]), "r")
                 offsets = group["offsets"][...]  # (S+1,)
                 names = [str(s) for s in group["sample_ids"][...].tolist()]
                 if offsets.shape != (record["num_sequences"] + 1,) or len(names) != record["num_sequences"]:
-                    raise StoreError(f"{path / record['name']}: offsets/sample_ids disagree with the manifest")
+                    raise StoreError(f"{location.join(path, record['name'])}: offsets/sample_ids disagree with the manifest")
                 keys += [len(self._shards)] * len(names)
                 starts.append(offsets[:-1])
                 lengths.append(np.diff(offsets))
                 ids += names
-                self._shards.append((path / record["name"], manifest["hidden_codec"]))
+                self._shards.append((location.join(path, record["name"]), manifest["hidden_codec"]))
         keep = np.array([split == "all" or (is_held_out(s, cfg.val_fraction) == (split == "val")) for s in ids], bool)
         self._key = np.asarray(keys, np.int64)[keep]  # (S,)
         self._start = np.concatenate(starts or [np.zeros(0, np.int64)])[keep]  # (S,)
@@ -215,7 +215,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
     def _arrays(self, key: int) -> dict[str, Any]:
         """Zarr arrays of shard ``key``, opened once per process."""
         if key not in self._open:
-            group = zarr.open_group(store=str(self._shards[key][0]), mode="r", zarr_format=3)
+            group = location.open_group(self._shards[key][0], "r")
             self._open[key] = {name: array for name, array in group.arrays()}
         return self._open[key]
 
@@ -228,7 +228,7 @@ def predicted_token_counts(paths: str | Path | list[str | Path], vocab_size: int
     counts = np.zeros(vocab_size, dtype=np.int64)
     for path, manifest in open_stores(paths):
         for record in manifest["shards"]:
-            group = zarr.open_group(store=str(path / record["name"]), mode="r", zarr_format=3)
+            group = location.open_group(location.join(path, record["name"]), "r")
             counts += count_predicted_tokens(group["input_ids"][...], group["loss_mask"][...], group["offsets"][...],
                                              vocab_size)
     return counts

@@ -1,8 +1,10 @@
 """Shard writing: one writer per shard, into a temporary directory renamed into place when complete.
 
-A ``shard-XXXXX.zarr`` name always holds a complete shard (temporaries are never read); the shard
-record (counts, per-array sha256) is the group's last write. Also lists a store's shard directories
-and reads a shard's record.
+Locally a ``shard-XXXXX.zarr`` name always holds a complete shard (temporaries are never read). At
+an object-store URL there is no rename: the shard is written under its final prefix (a killed
+writer's leftover keys removed first) and is complete only once its record is there. Either way the
+shard record (counts, per-array sha256) is the group's last write. Also lists a store's shard
+directories and reads a shard's record.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
+from specdraft.store import location
 from specdraft.store.schema import (
     AUX_ARRAYS,
     COMPRESSIONS,
@@ -50,13 +52,14 @@ def write_shard(
     compression: str = "zstd",
     level: int = 3,
 ) -> dict[str, Any]:
-    """Write shard ``index`` of ``store_dir`` (temp dir, then rename); returns its record.
+    """Write shard ``index`` of ``store_dir`` (temp dir, then rename; at a URL in place); returns its record.
 
     ``arrays`` holds every array of ``array_schema``; ``attrs`` must carry ``d``, ``k`` and
     ``hidden_codec``, and ``aux_layers`` when ``aux_hidden`` is stored. The record (``attrs`` plus counts and per-array sha256) is stored as the
     shard group's ``specdraft_shard`` attribute, written last, and returned for the manifest.
     """
-    store_dir = Path(store_dir)
+    url = location.is_url(store_dir)
+    store_dir = location.as_location(store_dir)
     schema = array_schema(attrs["d"], attrs["k"], attrs["hidden_codec"], len(attrs.get("aux_layers") or []))
     missing = sorted(set(schema) - set(arrays))
     assert not missing, f"shard {index}: missing arrays {missing}"
@@ -66,11 +69,14 @@ def write_shard(
         f"shard {index}: offsets {offsets[:3]}..{offsets[-1:]} do not match {n_seqs} sequences / {n_tokens} tokens"
     )
     assert chunk_tokens >= 1, "chunk_tokens must be >= 1"
-    final = store_dir / shard_name(index)
-    tmp = store_dir / temp_shard_name(index)
+    final = location.join(store_dir, shard_name(index))
+    # no rename at a URL: write under the final prefix, emptied of an incomplete earlier attempt
+    tmp = final if url else location.join(store_dir, temp_shard_name(index))
+    if url:
+        location.remove(final)
     checksums = {}
     try:
-        group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
+        group = location.open_group(tmp, "w")
         for name, (dtype, tail) in schema.items():
             values = np.asarray(arrays[name])
             if name == "sample_ids":
@@ -93,38 +99,40 @@ def write_shard(
         record = {
             **attrs,
             "index": index,
-            "name": final.name,
+            "name": shard_name(index),
             "num_sequences": n_seqs,
             "num_tokens": n_tokens,
             "num_loss_tokens": int(np.asarray(arrays["loss_mask"]).sum()),
             "checksums": checksums,
         }
-        record["bytes"] = _dir_bytes(tmp)
+        record["bytes"] = location.tree_bytes(tmp)
         group.attrs[SHARD_ATTR] = record  # last write: a shard without it is incomplete
-        if final.exists():  # a retried writer finished this shard first: same plan, same bytes
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        if not url:
+            if final.exists():  # a retried writer finished this shard first: same plan, same bytes
+                shutil.rmtree(final)
+            os.rename(tmp, final)
     finally:
-        if tmp.exists():
+        if not url and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return record
-
-
-def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def read_shard_record(path: str | Path) -> dict[str, Any]:
     """The ``specdraft_shard`` record of a shard directory; StoreError when absent/unreadable."""
     try:
-        group = zarr.open_group(store=str(path), mode="r", zarr_format=3)
-        return dict(group.attrs[SHARD_ATTR])
+        return dict(location.open_group(path, "r").attrs[SHARD_ATTR])
     except Exception as err:  # noqa: BLE001 - any zarr/JSON failure means the shard is unusable
         raise StoreError(f"{path}: not a complete shard ({type(err).__name__}: {err})") from None
 
 
-def list_shard_dirs(store_dir: str | Path) -> tuple[dict[int, Path], list[Path]]:
-    """(final shards by index, leftover temporary shard directories) in ``store_dir``."""
+def list_shard_dirs(store_dir: str | Path) -> tuple[dict[int, Path | str], list[Path]]:
+    """(final shards by index, leftover temporary shard directories) in ``store_dir``.
+
+    At a URL there are no temporaries, and a listed shard may be incomplete (``read_shard_record``).
+    """
+    if location.is_url(store_dir):
+        names = location.list_dir(store_dir)
+        return {shard_index(n): location.join(store_dir, n) for n in names if shard_index(n) is not None}, []
     store_dir = Path(store_dir)
     finals, temps = {}, []
     if store_dir.is_dir():

@@ -203,12 +203,10 @@ def test_raw_arrays_follow_the_schema(dumped):
 # --- resume ---------------------------------------------------------------------------------
 
 
-def per_sample(out: Path) -> dict[str, dict[str, np.ndarray]]:
-    import zarr
-
+def per_sample(out: Path | str) -> dict[str, dict[str, np.ndarray]]:
     samples = {}
     for record in store.read_manifest(out)["shards"]:
-        group = zarr.open_group(str(out / record["name"]), mode="r", zarr_format=3)
+        group = store.location.open_group(store.location.join(out, record["name"]), "r")
         arrays = {name: a[...] for name, a in group.arrays()}
         off = arrays["offsets"]
         for j, sid in enumerate(arrays["sample_ids"].tolist()):
@@ -247,6 +245,41 @@ def test_killed_dump_resumes_to_the_same_store(toy_store, tmp_path):
     assert again["shards_written"] == 0 and again["shards_kept"] == SHARDS and again["tokens"] == reference["tokens"]
     with pytest.raises(StoreError, match="another dump"):
         dump_features(target, rows, out, FeaturesConfig(samples_per_shard=4, topk=5), progress=False)
+
+
+@pytest.mark.slow  # restarts Ray (its workers need the endpoint), two dumps
+def test_killed_dump_to_s3_resumes_to_the_same_store(toy_store, s3_bucket, s3_ray):
+    """At an object-store URL (a real S3 server on 127.0.0.1): no rename, so the dead writer's keys sit
+    under the shard's final name without its record; resume deletes and rewrites them."""
+    target, reference_dir, reference = toy_store
+    rows, out = conversations(), f"{s3_bucket}/features/toy"
+    with pytest.raises(Exception, match="injected fault while writing shard 3"):
+        dump_features(target, rows, out, CFG, progress=False, fault_at_shard=3)
+    finals, temps = store.list_shard_dirs(out)
+    assert 3 in finals and temps == [] and not store.location.exists(f"{out}/{store.MANIFEST_FILE}")
+    with pytest.raises(StoreError, match="not a complete shard"):
+        store.read_shard_record(finals[3])
+    with pytest.raises(StoreError, match="incomplete"):
+        FeatureDataset(out)
+    complete = {}
+    for index, shard in finals.items():
+        try:
+            complete[index] = store.read_shard_record(shard)["written_at"]
+        except StoreError:
+            pass
+
+    summary = dump_features(target, rows, out, CFG, progress=False)
+    assert summary["shards_kept"] == len(complete) and summary["shards_kept"] + summary["shards_written"] == SHARDS
+    assert {k: summary[k] for k in ("rows_out", "tokens", "rejected")} == {k: reference[k] for k in ("rows_out", "tokens", "rejected")}
+    after, _ = store.list_shard_dirs(out)
+    assert sorted(after) == list(range(SHARDS))
+    assert {i: store.read_shard_record(after[i])["written_at"] for i in complete} == complete  # kept, not rewritten
+    assert store.validate(out).ok
+    got, want = per_sample(out), per_sample(reference_dir)
+    assert sorted(got) == sorted(want)  # no duplicates, no gaps
+    for sid in want:
+        for name in want[sid]:
+            np.testing.assert_array_equal(got[sid][name], want[sid][name], err_msg=f"{sid}/{name}")
 
 
 # --- CLI and lossy codec -----------------------------------------------------------------------

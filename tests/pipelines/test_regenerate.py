@@ -32,6 +32,7 @@ from pipelines.regenerate import (
     regenerate_rows,
     stop_token_ids,
 )
+from specdraft.store import location
 from specdraft.target import load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
 from specdraft.toy.tokenizer import END, train_tokenizer
@@ -213,6 +214,23 @@ def test_a_part_killed_mid_write_leaves_nothing_that_looks_complete(tmp_path, mo
     assert done_ids(tmp_path) == set() and read_conversations(tmp_path) == []
 
 
+def test_a_part_killed_mid_write_at_a_url_leaves_nothing(s3_bucket, monkeypatch):
+    rows = [{"id": "a", "source": "s", "messages": [{"role": "user", "content": "q"}]}]
+    out = f"{s3_bucket}/regenerated"
+
+    def dying_write(table, where):
+        where.write(b"PAR1 half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(conversations.pq, "write_table", dying_write)
+    with pytest.raises(KeyboardInterrupt):
+        conversations.write_conversations(f"{out}/part-x.parquet", rows)
+    monkeypatch.undo()
+    assert location.list_dir(out) == [] and done_ids(out) == set()
+    conversations.write_conversations(f"{out}/part-x.parquet", rows)
+    assert location.list_dir(out) == ["part-x.parquet"] and read_conversations(out) == rows
+
+
 # --- the Ray Data stage ---------------------------------------------------------------------------
 
 
@@ -306,3 +324,37 @@ def test_vllm_backend_is_a_clear_error_without_vllm(local_ray, target_dir, tmp_p
     prompts = write_prompts(tmp_path / "p.jsonl", dataset_rows(2))
     with pytest.raises(RuntimeError, match="vllm"):
         regenerate(target_dir, prompts, tmp_path / "out", RegenerateConfig(backend="vllm"))
+
+
+@pytest.mark.slow  # restarts Ray (its replicas need the endpoint), two runs
+def test_regenerate_to_s3_resumes_without_duplicates_or_gaps(s3_ray, s3_bucket, target_dir, loaded, tmp_path):
+    """Output at an object-store URL (a real S3 server on 127.0.0.1): parts are single PUTs, resume skips
+    what is there, and the answers are the target's own (the same as generating in process)."""
+    from pipelines.ingest import ingest
+
+    rows = dataset_rows(10)
+    prompts = write_prompts(tmp_path / "prompts.jsonl", rows)
+    (tmp_path / "bad.jsonl").write_text('{"messages": []}\n')
+    inputs = [prompts, tmp_path / "bad.jsonl"]
+    cfg = dict(max_new_tokens=MAX_NEW, temperature=0.9, top_p=0.95, seed=3, batch_size=3)
+    out = f"{s3_bucket}/regenerated/run"
+    first = regenerate(target_dir, inputs, out, RegenerateConfig(**cfg, limit=4), progress=False)
+    assert first["rows_out"] == 4 and first["out_dir"] == out
+    second = regenerate(target_dir, inputs, out, RegenerateConfig(**cfg), progress=False)
+    assert second["rows_skipped"] == 4 and second["rows_in"] == 6 and second["rows_total"] == 10
+    assert regenerate(target_dir, inputs, out, RegenerateConfig(**cfg), progress=False)["rows_in"] == 0
+    names = location.list_dir(out)
+    assert sum(n.startswith("part-") for n in names) == 4  # batches of 3 + 1, then 3 + 3
+    assert {"regenerate.json", "summary.json", "rejects.jsonl"} <= set(names) and len(names) == 7
+    assert json.loads(location.read_text(f"{out}/rejects.jsonl"))["reason"] == "empty"
+    got = read_conversations(out)
+    assert sorted(r["id"] for r in got) == sorted(f"prompts:{i}" for i in range(10))  # no dups, no gaps
+
+    model, tokenizer = loaded
+    run_cfg = RegenerateConfig(**cfg)
+    stop_ids = stop_token_ids(tokenizer, model.generation_config)
+    ingested, _ = ingest([prompts])
+    want, _ = regenerate_rows(ingested, tokenizer, hf_answer_fn(model, tokenizer, run_cfg, stop_ids), run_cfg, 512)
+    assert {r["id"]: r for r in got} == {r["id"]: r for r in want}
+    with pytest.raises(ValueError, match="another target/config"):
+        regenerate(target_dir, prompts, out, RegenerateConfig(**{**cfg, "seed": 4}), progress=False)

@@ -350,3 +350,22 @@ def test_gradient_sync_and_sharding_in_ray_train_workers(local_ray, tmp_path):
     )
     result = trainer.fit()
     assert result.error is None and sorted(p.name for p in tmp_path.glob("passed-*")) == ["passed-0", "passed-1"]
+
+
+def test_training_reads_a_store_from_s3_like_the_same_store_on_disk(s3_ray, s3_bucket, tiny_toy_target, toy_store,
+                                                                    tmp_path):
+    """The store copied to an object-store URL (a real S3 server on 127.0.0.1): the Ray Train worker reads it
+    there and trains the same weights as from the local copy."""
+    import fsspec
+
+    url = f"{s3_bucket}/stores/toy"
+    fsspec.filesystem("s3").put(f"{toy_store}/", url[len("s3://"):], recursive=True)
+    stages = [StageConfig(kind="align", epochs=1, steps=2, noise_std=0.0, loss=LossWeights(ce=1.0, vloss=1.0))]
+    cfg = small_config(stages=stages, epochs=None, checkpoint_every=0, min_steps=1, val_max_batches=1,
+                       reader=ReaderConfig(max_tokens=2048, val_fraction=0.2, seed=0, shuffle=False))
+    remote = load_draft(run_training(cfg, [url], tiny_toy_target, tmp_path / "s3")["draft"], target=tiny_toy_target)
+    local = load_draft(run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "local")["draft"],
+                       target=tiny_toy_target)
+    assert len(grad_norms(tmp_path / "s3")) > 0 and grad_norms(tmp_path / "s3") == grad_norms(tmp_path / "local")
+    for key, value in local.state_dict().items():
+        assert torch.equal(remote.state_dict()[key], value), key
