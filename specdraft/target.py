@@ -7,8 +7,9 @@ Everything the system needs from the served LLM (the *target*), as plain functio
   safetensors files (single or sharded, tied or not) without instantiating the model — the
   drafts reuse both (DESIGN.md, "Draft models");
 * ``load_target_model`` / ``target_states``: the full model and, for a batch, its last hidden
-  state (the tensor its lm_head consumes, i.e. after the final norm) and its logits — what the
-  dump stage stores per token;
+  state (the tensor its lm_head consumes, i.e. after the final norm) and its logits;
+  ``token_features``: from those, what the dump stage stores per token (hidden, top-K, logsumexp) —
+  the one target forward behind both the dump and the online features (``specdraft/online.py``);
 * ``target_id``: a stable identity string for a target directory, for store manifests.
 
 Only local directories are read here; fetching a hub id is the caller's job.
@@ -21,6 +22,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
@@ -242,6 +244,44 @@ def target_states(
     if cap:
         logits = torch.tanh(logits / cap) * cap  # (B, T, V)
     return hidden, logits
+
+
+def pad_sequences(seqs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids`` and ``attention_mask`` (B, T) of token sequences (arrays or lists)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # (B, T)
+    att = torch.zeros((len(seqs), width), dtype=torch.long)  # (B, T)
+    for row, s in enumerate(seqs):
+        ids[row, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))  # (L,)
+        att[row, : len(s)] = 1
+    return ids, att
+
+
+@torch.no_grad()
+def token_features(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, topk: int, chunk: int = 2048
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The per-token features the store holds, for the valid positions of a padded batch.
+
+    Returns ``hidden`` (M, d) in the model's dtype, ``topk_ids`` (M, K) int64, ``topk_logits``
+    (M, K) float32 and ``logsumexp`` (M,) float32 of the full logit row, the M valid rows
+    concatenated row by row (each sequence's tokens in order). Top-K and logsumexp are taken in
+    float32, ``chunk`` rows at a time (a (chunk, V) float32 block). On the model's output device.
+    """
+    hidden, logits = target_states(model, input_ids, attention_mask)  # (B, T, d), (B, T, V) on the lm_head's device
+    valid = attention_mask.to(hidden.device).bool()  # (B, T)
+    h, lg = hidden[valid], logits[valid]  # (M, d), (M, V): rows concatenated in order
+    lse, top_v, top_i = [], [], []
+    for lo in range(0, lg.shape[0], chunk):
+        part = lg[lo : lo + chunk].float()  # (m, V)
+        lse.append(torch.logsumexp(part, dim=-1))  # (m,)
+        top = part.topk(topk, dim=-1)
+        top_v.append(top.values)  # (m, K)
+        top_i.append(top.indices)  # (m, K)
+    if not lse:  # no valid position
+        empty = lg.new_zeros((0, topk), dtype=torch.float32)  # (0, K)
+        return h, empty.long(), empty, lg.new_zeros(0, dtype=torch.float32)
+    return h, torch.cat(top_i), torch.cat(top_v), torch.cat(lse)
 
 
 # --- identity -------------------------------------------------------------------------------
