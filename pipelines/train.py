@@ -532,7 +532,7 @@ def run_training(
     resources = {"CPU": sc.cpus_per_worker, **({"GPU": sc.gpus_per_worker} if sc.use_gpu else {})}
     stores = [str(Path(s).resolve()) for s in stores]
     if cfg.features == "online":
-        assert cfg.conversations, "features: online needs conversations (files or directories, as `specdraft dump` reads)"
+        assert cfg.conversations, "features: online needs conversations (files/dirs, as `specdraft dump` reads)"
         missing = [c for c in cfg.conversations if not Path(c).exists()]
         assert not missing, f"conversations not found: {missing}"
         assert not stores, f"features: online reads no store; got {stores}"

@@ -138,7 +138,8 @@ class OnlineDataset:
         rows = [int(self._index[i]) for i in seqs]
         tokens = [self.data.input_ids[r][:n] for r, n in zip(rows, lengths)]
         ids, att = pad_sequences(tokens, self.pad_id)  # (B, T), (B, T)
-        h, top_i, top_v, lse = token_features(self.model, ids, att, self.topk, self.logits_chunk)  # (M, d), (M, K) x2, (M,)
+        # (M, d), (M, K), (M, K), (M,): the M valid positions, row by row
+        h, top_i, top_v, lse = token_features(self.model, ids, att, self.topk, self.logits_chunk)
         stored = encode_hidden(h, self.hidden_codec)  # what the dump writes ...
         hidden = decode_hidden(stored["hidden"], self.hidden_codec, stored.get("hidden_scale"))  # (M, d) ... and reads
         topk_logits = top_v.cpu().to(torch.float16).float()  # (M, K): stored as float16
