@@ -39,6 +39,8 @@ def _no_sugar(args: argparse.Namespace) -> list[str]:
 def _train_sugar(args: argparse.Namespace) -> list[str]:
     out = [f"recipe={args.recipe}"] if args.recipe is not None else []
     out += [f"arch={args.arch}"] if args.arch is not None else []
+    if args.conversations:  # --conversations FILE...: online features from those conversations
+        out += ["features=online", f"conversations={json.dumps(args.conversations)}"]
     if args.mlflow is not None:  # --mlflow [URI]
         out += ["tracking.enabled=true"] + ([f"tracking.uri={args.mlflow}"] if args.mlflow else [])
     return out
@@ -139,6 +141,10 @@ def _train(args: argparse.Namespace) -> int:
     from pipelines.train import run_training
 
     cfg, sections = command_config(args)
+    if cfg.features == "offline" and not args.store:
+        print("specdraft train: give --store DIR... (offline features) or --conversations FILE... (online "
+              "features: the target runs in every worker, no store)", file=sys.stderr)
+        return 2
     run = open_run(sections["tracking"], run_name="train",
                    tags={"specdraft.stage": "train", "specdraft.recipe": cfg.recipe})
     try:
@@ -336,7 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_export, sugar=_export_sugar)
 
     p = sub.add_parser("train", help="train a draft on Ray Train from feature store(s) (Beagle two-stage, HASS, ...)")
-    p.add_argument("--store", required=True, nargs="+", metavar="DIR", help="feature store directories")
+    p.add_argument("--store", nargs="+", default=[], metavar="DIR", help="feature store directories")
+    p.add_argument("--conversations", nargs="+", default=[], metavar="FILE",
+                   help="online features instead of a store: conversation files/dirs, as `specdraft dump --prompts` "
+                        "reads them (same as features=online conversations=[...]; tokenization: online.*)")
     p.add_argument("--target", required=True, help="target model directory (embedding and lm_head are read from it)")
     p.add_argument("--out", required=True, help="output directory (draft/, checkpoints, metrics.jsonl); rerun resumes")
     p.add_argument("--recipe", metavar="NAME", help="same as recipe=NAME (an unknown name lists the known ones)")
@@ -368,8 +377,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.prompts = [p for p in args.prompts if p not in given_back]
         if not args.prompts:
             parser.error(f"{args.command}: --prompts needs at least one file")
+    if args.command == "train":
+        for name in ("store", "conversations"):  # nargs="+" too
+            values = getattr(args, name)
+            given_back += [v for v in values if OVERRIDE.match(v) and not Path(v).exists()]
+            setattr(args, name, [v for v in values if v not in given_back])
     if args.command == "train" and args.mlflow and OVERRIDE.match(args.mlflow) and not Path(args.mlflow).exists():
-        given_back, args.mlflow = [args.mlflow], ""
+        given_back, args.mlflow = given_back + [args.mlflow], ""
     if given_back:
         args.overrides = given_back + list(args.overrides)
     return args

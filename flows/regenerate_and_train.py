@@ -190,8 +190,10 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
         prepared = _task(prepare_stage, retries)(data, tr)
         parent.set_tags({"target_id": prepared["target_id"]})
         regenerated = [_task(regenerate_stage, retries)(data, tr, prepared, p) for p in prepared["prompts"]]
-        stores = [_task(features_stage, retries)(data, tr, prepared, r) for r in regenerated]
-        trained = _task(train_stage, retries)(data, tr, prepared, stores, cfg.fault.train_fail_at_step)
+        online = cfg.train.features == "online"  # no store: training runs the target on every batch
+        stores = [] if online else [_task(features_stage, retries)(data, tr, prepared, r) for r in regenerated]
+        trained = _task(train_stage, retries)(data, tr, prepared, regenerated if online else stores,
+                                              cfg.fault.train_fail_at_step)
         evaluated = _task(eval_stage, retries)(data, tr, prepared, trained)
         registered = (_task(register_stage, retries)(data, tr, prepared, trained, evaluated)
                       if cfg.register.enabled else {"registered": False})

@@ -4,7 +4,7 @@ DESIGN.md "The target and its features". One Ray Data pipeline, one row per *sha
 
     plan (driver)            conversations sorted by id, chunked into fixed-size shards;
                              complete shards already on disk are kept (resume)
-    -> tokenize_shard        render_with_loss_mask per conversation (tasks); over-long,
+    -> tokenize_shard        chat.tokenize_conversation per conversation (tasks); over-long,
                              unrenderable and loss-free rows are counted, never silently dropped
     -> PrefillActor          the target prefill in padded, length-grouped batches (no grad,
                              inference dtype from ``FeaturesConfig``; ``gpus_per_actor`` GPUs per
@@ -37,7 +37,7 @@ import zarr
 from ray.data import ActorPoolStrategy, Datasink
 
 from specdraft import store
-from specdraft.chat import render_with_loss_mask
+from specdraft.chat import REJECT_REASONS, tokenize_conversation, unique_conversations
 from specdraft.config import config_hash, to_dict
 from specdraft.placement import ATTN_IMPLEMENTATIONS, describe_placement, spread_gpus
 from specdraft.store import location
@@ -46,9 +46,10 @@ from specdraft.target import (
     load_target_config,
     load_target_model,
     load_tokenizer,
+    pad_sequences,
     resolve_aux_layers,
-    target_features,
     target_id,
+    token_features,
 )
 
 
@@ -146,10 +147,9 @@ def load_conversations(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]
 
 def plan_shards(conversations: list[dict[str, Any]], samples_per_shard: int) -> tuple[list[dict[str, Any]], int]:
     """Deterministic shard rows (sorted by id, fixed-size chunks) and the number of duplicate ids dropped."""
-    unique: dict[str, list] = {}
-    for row in conversations:
-        unique.setdefault(str(row["id"]), row["messages"])
-    ids = sorted(unique)
+    ordered, duplicates = unique_conversations(conversations)
+    unique = dict(ordered)
+    ids = [sample_id for sample_id, _ in ordered]
     plan = []
     for index, lo in enumerate(range(0, len(ids), samples_per_shard)):
         chunk = ids[lo : lo + samples_per_shard]
@@ -158,7 +158,7 @@ def plan_shards(conversations: list[dict[str, Any]], samples_per_shard: int) -> 
             "plan_digest": hashlib.sha256(json.dumps(chunk).encode()).hexdigest(),
             "samples": json.dumps([{"id": i, "messages": unique[i]} for i in chunk]),
         })
-    return plan, len(conversations) - len(unique)
+    return plan, duplicates
 
 
 # --- stage 1: tokenize -------------------------------------------------------------------------
@@ -174,31 +174,18 @@ def tokenize_shard(batch: dict[str, np.ndarray], target: str, cfg: FeaturesConfi
     tokenizer = _TOKENIZERS[target]
     t0, c0 = time.perf_counter(), time.process_time()
     ids, masks, kept = [], [], []
-    rejected = {"unrenderable": 0, "too_long": 0, "no_loss_tokens": 0}
+    rejected = dict.fromkeys(REJECT_REASONS, 0)
     examples: dict[str, list[str]] = {k: [] for k in rejected}
     truncated = 0
     for sample in json.loads(str(batch["samples"][0])):
-        try:
-            r = render_with_loss_mask(tokenizer, sample["messages"])
-        except Exception:  # noqa: BLE001 - any template/format failure: count the row, keep going
-            reason = "unrenderable"
-        else:
-            reason = None
-            ids_, mask_ = r.input_ids, r.loss_mask
-            if len(ids_) > cfg.max_length:
-                if cfg.overlong == "reject":
-                    reason = "too_long"
-                else:
-                    truncated += 1
-                    ids_, mask_ = ids_[: cfg.max_length], mask_[: cfg.max_length]
-            if reason is None and not any(mask_):
-                reason = "no_loss_tokens"
-        if reason is not None:
-            rejected[reason] += 1
-            examples[reason] = (examples[reason] + [sample["id"]])[:5]
+        tokens = tokenize_conversation(tokenizer, sample["messages"], cfg.max_length, cfg.overlong)
+        truncated += tokens.truncated
+        if tokens.rejected is not None:
+            rejected[tokens.rejected] += 1
+            examples[tokens.rejected] = (examples[tokens.rejected] + [sample["id"]])[:5]
             continue
-        ids.append(ids_)
-        masks.append(mask_)
+        ids.append(tokens.input_ids)
+        masks.append(tokens.loss_mask)
         kept.append(sample["id"])
     lengths = [len(x) for x in ids]
     meta = {"index": int(batch["index"][0]), "plan_digest": str(batch["plan_digest"][0]), "sample_ids": kept,
@@ -227,17 +214,6 @@ def prefill_batches(lengths: list[int], batch_tokens: int, max_batch_size: int) 
         else:
             batches.append([i])
     return batches
-
-
-def pad_sequences(seqs: list[np.ndarray], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids`` and ``attention_mask`` (B, T)."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # (B, T)
-    att = torch.zeros((len(seqs), width), dtype=torch.long)  # (B, T)
-    for row, s in enumerate(seqs):
-        ids[row, : len(s)] = torch.from_numpy(s.astype(np.int64))
-        att[row, : len(s)] = 1
-    return ids, att
 
 
 class PrefillActor:
@@ -283,22 +259,13 @@ class PrefillActor:
         for group in prefill_batches([len(s) for s in seqs], cfg.batch_tokens, cfg.max_batch_size):
             ids, att = pad_sequences([seqs[i] for i in group], self.pad_id)
             t0 = time.perf_counter()
-            # (B, T, d), (B, T, V), (B, T, L*d) | None on the lm_head's device
-            hidden, logits, aux = target_features(self.model, ids, att, self.aux_layers)
-            valid = att.to(hidden.device).bool()  # (B, T)
-            h, lg = hidden[valid], logits[valid]  # (M, d), (M, V): rows concatenated in order
-            aux = aux[valid] if aux is not None else h.new_zeros(h.shape[0], 0)  # (M, L*d)
-            lse, top_v, top_i = [], [], []
-            for lo in range(0, lg.shape[0], cfg.logits_chunk):
-                part = lg[lo : lo + cfg.logits_chunk].float()  # (m, V)
-                lse.append(torch.logsumexp(part, dim=-1))  # (m,)
-                top = part.topk(cfg.topk, dim=-1)
-                top_v.append(top.values)  # (m, K)
-                top_i.append(top.indices)  # (m, K)
-            if hidden.device.type == "cuda":
-                torch.cuda.synchronize(hidden.device)  # the last GPU of a spread target finishes last
+            # rows in order: (M, d), (M, K), (M, K), (M,), (M, L*d) on the lm_head's device
+            h, top_i, top_v, lse, aux = token_features(self.model, ids, att, cfg.topk, cfg.logits_chunk,
+                                                       self.aux_layers)
+            if h.device.type == "cuda":
+                torch.cuda.synchronize(h.device)  # the last GPU of a spread target finishes last
             prefill_s += time.perf_counter() - t0
-            parts = (h.cpu(), torch.cat(top_i).cpu(), torch.cat(top_v).cpu(), torch.cat(lse).cpu(), aux.cpu())
+            parts = (h.cpu(), top_i.cpu(), top_v.cpu(), lse.cpu(), aux.cpu())
             sizes = [len(seqs[i]) for i in group]
             for i, pieces in zip(group, zip(*(p.split(sizes) for p in parts))):
                 per_seq[i] = pieces

@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -201,15 +201,24 @@ def dump_file(cfg: RunConfig, prepared: dict[str, Any], regenerated: dict[str, A
 
 def train(cfg: RunConfig, prepared: dict[str, Any], stores: list[dict[str, Any]],
           tracking: dict[str, str] | None = None, fail_at_step: int | None = None) -> dict[str, Any]:
-    """Train the draft on all stores (resumes a partial run of the same inputs)."""
+    """Train the draft on all stores (resumes a partial run of the same inputs).
+
+    Online features (``train.features: online``): ``stores`` are the regenerate records instead (no
+    dump ran); training reads their conversations and computes the features with the run's
+    ``features`` section (``train.online`` is replaced by it), so both modes use one feature config.
+    """
     keys = sorted(s["key"] for s in stores)
-    key = stage_key(prepared["target_id"], keys, cfg.train, CODE_VERSION)
+    train_cfg = cfg.train
+    if train_cfg.features == "online":
+        train_cfg = replace(train_cfg, online=cfg.features,
+                            conversations=[s["conversations"] for s in sorted(stores, key=lambda s: s["key"])])
+    key = stage_key(prepared["target_id"], keys, train_cfg, CODE_VERSION)
     out = Path(cfg.workdir) / "train" / key
     if (record := _finished(out)) is not None:
         return {**record, "skipped": True}
     ensure_ray(cfg)
     started = time.perf_counter()
-    summary = run_training(cfg.train, [s["store"] for s in stores], prepared["target"], out,
+    summary = run_training(train_cfg, [s["store"] for s in stores if "store" in s], prepared["target"], out,
                            tracking=tracking, ray_address=cfg.ray.address, fail_at_step=fail_at_step)
     record = {"key": key, "draft": summary["draft"], "metrics": summary["metrics"],
               "metrics_file": str(out / "metrics.jsonl"), "wall_s": time.perf_counter() - started}

@@ -8,7 +8,10 @@ schedule with ``specdraft.training.Trainer`` (gloo on CPU, nccl on GPU), the dra
 ``checkpoint_every`` optimizer steps and at every epoch end a checkpoint (the full draft dir +
 full optimizer state, scheduler, every rank's RNG, loop position), gathered with all ranks taking
 part and written by rank 0, is reported; a rerun with the same output directory, or a worker
-failure, resumes from the latest one mid-stage, whatever the strategy. Validation runs the
+failure, resumes from the latest one mid-stage, whatever the strategy. ``features: online`` (SpecForge's
+online mode) reads no store: each worker loads the frozen target and computes every batch's features
+from the tokenized conversations (``specdraft.online``), the same batches and values a store of them
+would give. Validation runs the
 simulated chain acceptance on held-out sequences (alpha_i, sim_tau) after each epoch. Rank 0
 logs to the configured logger.
 """
@@ -26,12 +29,14 @@ from typing import Any, Literal
 
 import torch
 
+from pipelines.dump import FeaturesConfig, load_conversations
 from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
 from specdraft.config import flatten, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import build_draft, draft_config_from_target, save_draft, set_frozen_dtype
 from specdraft.models.heads import FROZEN
 from specdraft.objectives import LossWeights, StageConfig, no_grad_sync_needed, unwrap
+from specdraft.online import OnlineDataset, tokenize_conversations
 from specdraft.store import (
     FeatureDataset,
     ReaderConfig,
@@ -41,7 +46,7 @@ from specdraft.store import (
     read_manifest,
 )
 from specdraft.store import location
-from specdraft.target import load_target_config, load_target_heads, target_id
+from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_id
 from specdraft.training import OptimConfig, Trainer, resolve_precision, warmup_of
 from specdraft.vocab import DEFAULT_DRAFT_VOCAB, coverage, select_vocab
 
@@ -122,9 +127,16 @@ class TrainConfig:
     log_every: int = 20
     max_failures: int = 0
     scaling: ScalingSection = field(default_factory=ScalingSection)
+    # offline: read feature stores; online: every worker runs the target on each batch (no store)
+    features: Literal["offline", "online"] = "offline"
+    conversations: list[str] = field(default_factory=list)  # online: conversation files/dirs, as `specdraft dump` reads
+    # online: tokenization and target forward, as a dump with these settings would store them (max_length,
+    # overlong, topk, hidden_codec rounding, dtype, logits_chunk, attn_implementation, trust_remote_code)
+    online: FeaturesConfig = field(default_factory=FeaturesConfig)
 
     def __post_init__(self) -> None:
         assert self.recipe in RECIPES or self.stages, f"unknown recipe {self.recipe!r}; known: {sorted(RECIPES)}"
+        assert self.features in ("offline", "online"), f"features must be offline or online, got {self.features!r}"
 
     def resolved(self) -> tuple[str, list[StageConfig]]:
         recipe = RECIPES.get(self.recipe, Recipe("beagle", False, []))
@@ -251,13 +263,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     model, grad_sync = distribute(draft, cfg.scaling.strategy, world, device)
 
     reader = replace(cfg.reader, aux=True) if dcfg.aux_layers else cfg.reader
-    train_ds = FeatureDataset(config["stores"], reader, split="train", rank=rank, world_size=world)
+    open_split = (online_features(cfg, config["target"], device, rank, world) if cfg.features == "online"
+                  else lambda split, rd: FeatureDataset(config["stores"], rd, split=split, rank=rank, world_size=world))
+    train_ds = open_split("train", reader)
     reader = fit_batches(train_ds, cfg, stages)  # small stores get smaller batches, hence enough steps
     train_ds.cfg = reader
-    val_ds = (FeatureDataset(config["stores"], reader, split="val", rank=rank, world_size=world)
-              if cfg.reader.val_fraction > 0 else None)
+    val_ds = open_split("val", reader) if cfg.reader.val_fraction > 0 else None
     per_epoch = len(train_ds.batches(0))
-    assert per_epoch > 0, f"rank {rank} got no training batches from {config['stores']}"
+    assert per_epoch > 0, f"rank {rank} got no training batches from {config['stores'] or cfg.conversations}"
 
     logger = _rank0_logger(config) if rank == 0 else NullLogger()
     trainer = Trainer(model, stages, cfg.optim, per_epoch, seed=cfg.seed + 1000 * rank, logger=logger, device=device,
@@ -328,6 +341,31 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         save_draft(unwrap(trainer.draft), Path(config["out"]) / DRAFT_DIR, weights=weights)
         trainer.logger.close()
     ray.train.report({"done": 1.0, **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
+
+
+def online_features(cfg: TrainConfig, target: str, device, rank: int, world: int):
+    """``features: online``: a function ``(split, reader) -> OnlineDataset`` over this worker's target.
+
+    The conversations are tokenized as a dump with ``cfg.online`` would tokenize them, and the frozen
+    target is loaded once on the worker's device in ``cfg.online.dtype`` (auto: bf16 on GPU, fp32 on
+    CPU); both splits share them.
+    """
+    tokenizer = load_tokenizer(target, trust_remote_code=cfg.online.trust_remote_code)
+    rows, _ = load_conversations(cfg.conversations)
+    data = tokenize_conversations(tokenizer, rows, cfg.online.max_length, cfg.online.overlong)
+    with torch.random.fork_rng(devices=[]):  # loading the target must not move the draft's random stream
+        model = load_target_model(target, cfg.online.dtype, device, trust_remote_code=cfg.online.trust_remote_code,
+                                  attn_implementation=cfg.online.attn_implementation)
+    if rank == 0:
+        print(f"[specdraft] online features: {len(data)} of {len(rows)} conversations kept (rejected {data.rejected}, "
+              f"truncated {data.truncated}, duplicate ids {data.duplicates}); target on {device} in "
+              f"{next(model.parameters()).dtype}", flush=True)
+
+    def open_split(split: str, reader: ReaderConfig) -> OnlineDataset:
+        return OnlineDataset(model, data, reader, topk=cfg.online.topk, hidden_codec=cfg.online.hidden_codec,
+                             logits_chunk=cfg.online.logits_chunk, split=split, rank=rank, world_size=world)
+
+    return open_split
 
 
 def distribute(draft, strategy: str, world: int, device):
@@ -445,6 +483,9 @@ def feature_plan(cfg: TrainConfig, stores: list[str], target: str | Path, out: P
     """
     if not cfg.eagle3_features:
         return [], None
+    if cfg.features == "online":
+        raise ValueError(f"recipe {cfg.recipe!r} reads the EAGLE-3 features (auxiliary target layers), which "
+                         "online features do not compute yet: dump a store with aux_layers and train offline")
     try:
         layers = check_aux_layers([(Path(s), read_manifest(s)) for s in stores])
     except StoreError as err:
@@ -475,8 +516,10 @@ def run_training(
 ) -> dict[str, Any]:
     """Run (or resume) a training job; returns the draft path and the final metrics.
 
-    ``stores``: local directories or object-store URLs (``s3://bucket/prefix``; every worker needs the
-    credentials, see ``specdraft/store/location.py``).
+    ``stores``: the feature stores (``cfg.features == "offline"``): local directories or object-store
+    URLs (``s3://bucket/prefix``; every worker needs the credentials, see ``specdraft/store/location.py``);
+    none with online features, which read ``cfg.conversations`` instead.
+
     ``tracking``: ``{"uri": ..., "run_id": ...}`` of an existing MLflow run that rank 0
     logs into. Rerunning with the same ``out`` resumes from its latest checkpoint.
     ``fail_at_step`` raises once at that optimizer step (a failure drill for resume tests).
@@ -492,6 +535,14 @@ def run_training(
     sc = cfg.scaling
     resources = {"CPU": sc.cpus_per_worker, **({"GPU": sc.gpus_per_worker} if sc.use_gpu else {})}
     stores = [str(location.as_location(s)) if location.is_url(s) else str(Path(s).resolve()) for s in stores]
+    if cfg.features == "online":
+        assert cfg.conversations, "features: online needs conversations (files/dirs, as `specdraft dump` reads)"
+        missing = [c for c in cfg.conversations if not Path(c).exists()]
+        assert not missing, f"conversations not found: {missing}"
+        assert not stores, f"features: online reads no store; got {stores}"
+        cfg = replace(cfg, conversations=[str(Path(c).resolve()) for c in cfg.conversations])  # workers' cwd differs
+    else:
+        assert stores, "features: offline needs at least one feature store (or features=online with conversations)"
     aux_layers, vocab = feature_plan(cfg, stores, target, out)
     config = {
         "train": to_dict(cfg),

@@ -19,6 +19,7 @@ merges across span boundaries cannot shift the mask.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 KNOWN_END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "</s>", "<|endoftext|>")
 
@@ -28,6 +29,19 @@ class Rendered:
     input_ids: list[int]
     loss_mask: list[int]
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingTokens:
+    """One conversation as a draft trains on it (``rejected`` None), or why it is left out."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    truncated: bool = False
+    rejected: str | None = None  # one of REJECT_REASONS
+
+
+REJECT_REASONS = ("unrenderable", "too_long", "no_loss_tokens")
 
 
 class RenderError(ValueError):
@@ -161,3 +175,37 @@ def render_with_loss_mask(tokenizer, messages: list[dict[str, str]], max_length:
     if max_length is not None:
         ids, mask = ids[:max_length], mask[:max_length]
     return Rendered(input_ids=list(ids), loss_mask=mask, text=text)
+
+
+def unique_conversations(rows: list[dict]) -> tuple[list[tuple[str, list[dict[str, str]]]], int]:
+    """Rows ``{id, messages}`` -> ``(id, messages)`` sorted by id, the first row of an id winning, and
+    the number of duplicate rows dropped: the order of a store's sequences (dump) and online features."""
+    unique: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        unique.setdefault(str(row["id"]), row["messages"])
+    return sorted(unique.items()), len(rows) - len(unique)
+
+
+def tokenize_conversation(
+    tokenizer, messages: list[dict[str, str]], max_length: int, overlong: Literal["truncate", "reject"] = "truncate"
+) -> TrainingTokens:
+    """The tokens and loss mask the dump stores for one conversation, or the reason it stores nothing.
+
+    The one tokenization of training data (the dump's ``tokenize_shard`` and the online features):
+    a conversation the template cannot render is ``unrenderable``; one longer than ``max_length``
+    is truncated (``overlong="truncate"``) or ``too_long``; one without assistant tokens (after
+    truncation) is ``no_loss_tokens``.
+    """
+    assert overlong in ("truncate", "reject"), f"overlong must be truncate or reject, got {overlong!r}"
+    try:
+        r = render_with_loss_mask(tokenizer, messages)
+    except Exception:  # noqa: BLE001 - any template/format failure: the caller counts the row
+        return TrainingTokens([], [], rejected="unrenderable")
+    ids, mask, truncated = r.input_ids, r.loss_mask, False
+    if len(ids) > max_length:
+        if overlong == "reject":
+            return TrainingTokens([], [], rejected="too_long")
+        ids, mask, truncated = ids[:max_length], mask[:max_length], True
+    if not any(mask):
+        return TrainingTokens([], [], truncated=truncated, rejected="no_loss_tokens")
+    return TrainingTokens(ids, mask, truncated=truncated)

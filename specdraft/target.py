@@ -11,6 +11,9 @@ Everything the system needs from the served LLM (the *target*), as plain functio
   dump stage stores per token; ``target_features`` adds the auxiliary states of chosen layers
   (EAGLE-3 features, ``aux_states``, the same capture decoding's ``verify.target_forward`` uses);
 * ``resolve_aux_layers``: ``"eagle3"`` or an explicit list -> HF ``output_hidden_states`` indices;
+* ``token_features``: from those, what the dump stage stores per token (hidden, top-K, logsumexp,
+  aux states) — the one target forward behind both the dump and the online features
+  (``specdraft/online.py``);
 * ``target_id``: a stable identity string for a target directory, for store manifests.
 
 Only local directories are read here; fetching a hub id is the caller's job.
@@ -23,6 +26,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
@@ -305,6 +309,52 @@ def target_features(
         logits = torch.tanh(logits / cap) * cap  # (B, T, V)
     aux = torch.where(valid, aux_states(out.hidden_states, aux_layers, home), zero) if aux_layers else None  # (B, T, L*d)
     return hidden, logits, aux
+
+
+def pad_sequences(seqs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids`` and ``attention_mask`` (B, T) of token sequences (arrays or lists)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # (B, T)
+    att = torch.zeros((len(seqs), width), dtype=torch.long)  # (B, T)
+    for row, s in enumerate(seqs):
+        ids[row, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))  # (L,)
+        att[row, : len(s)] = 1
+    return ids, att
+
+
+@torch.no_grad()
+def token_features(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    topk: int,
+    chunk: int = 2048,
+    aux_layers: list[int] | tuple[int, ...] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The per-token features the store holds, for the valid positions of a padded batch.
+
+    Returns ``hidden`` (M, d) in the model's dtype, ``topk_ids`` (M, K) int64, ``topk_logits``
+    (M, K) float32, ``logsumexp`` (M,) float32 of the full logit row and the auxiliary states
+    (M, L*d) of ``aux_layers`` (M, 0 without), the M valid rows
+    concatenated row by row (each sequence's tokens in order). Top-K and logsumexp are taken in
+    float32, ``chunk`` rows at a time (a (chunk, V) float32 block). On the model's output device.
+    """
+    # (B, T, d), (B, T, V), (B, T, L*d) | None on the lm_head's device
+    hidden, logits, aux = target_features(model, input_ids, attention_mask, aux_layers)
+    valid = attention_mask.to(hidden.device).bool()  # (B, T)
+    h, lg = hidden[valid], logits[valid]  # (M, d), (M, V): rows concatenated in order
+    aux = aux[valid] if aux is not None else h.new_zeros(h.shape[0], 0)  # (M, L*d)
+    lse, top_v, top_i = [], [], []
+    for lo in range(0, lg.shape[0], chunk):
+        part = lg[lo : lo + chunk].float()  # (m, V)
+        lse.append(torch.logsumexp(part, dim=-1))  # (m,)
+        top = part.topk(topk, dim=-1)
+        top_v.append(top.values)  # (m, K)
+        top_i.append(top.indices)  # (m, K)
+    if not lse:  # no valid position
+        empty = lg.new_zeros((0, topk), dtype=torch.float32)  # (0, K)
+        return h, empty.long(), empty, lg.new_zeros(0, dtype=torch.float32), aux
+    return h, torch.cat(top_i), torch.cat(top_v), torch.cat(lse), aux
 
 
 # --- identity -------------------------------------------------------------------------------

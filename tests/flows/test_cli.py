@@ -77,6 +77,7 @@ def test_config_errors_exit_2_with_one_line_naming_the_key(capsys, tmp_path):
         (["train", "--store", "s", "--target", "t", "--out", out, "bogus=1"],
          ["TrainConfig: unknown key(s) ['bogus']", "'optim'", "'tracking'"]),
         (["train", "--store", "s", "--target", "t", "--out", out, "--recipe", "nope"], ["unknown recipe 'nope'"]),
+        (["train", "--target", "t", "--out", out, "features=onlin"], ["features: 'onlin' is not one of"]),
         (["run", "--config", str(tmp_path / "missing.yaml")], ["missing.yaml: cannot read the config file"]),
         (["dump", "--target", "t", "--prompts", "p.jsonl", "--out", out, "max_lenght=9"],
          ["FeaturesConfig: unknown key(s) ['max_lenght']", "'max_length'"]),
@@ -87,6 +88,8 @@ def test_config_errors_exit_2_with_one_line_naming_the_key(capsys, tmp_path):
         assert err.count("\n") == 1 and err.startswith(f"specdraft {argv[0]}: config error: "), err
         for needle in needles:
             assert needle in err, (needle, err)
+    assert main(["train", "--target", "t", "--out", out]) == 2  # neither a store nor conversations
+    assert "--conversations" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() and not (tmp_path / "r.json").exists()  # nothing ran
 
 
@@ -108,6 +111,11 @@ def test_yaml_config_plus_overrides_and_sugar_reach_the_dataclasses(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg, sections = command_config(parse(base + ["--mlflow", uri, "--arch", "eagle"]))
     assert (cfg.arch, sections["tracking"].uri, sections["tracking"].enabled) == ("eagle", uri, True)
+
+    # train --conversations a b k=v: online features from those files (the trailing k=v given back)
+    args = parse(["train", "--target", "t", "--out", "o", "--conversations", "c1", "c2", "online.topk=4"])
+    cfg, _ = command_config(args)
+    assert (cfg.features, cfg.conversations, cfg.online.topk, args.store) == ("online", ["c1", "c2"], 4, [])
 
     # eval: the decode settings nest under decode., Ray replicas under ray.
     settings, sections = command_config(parse(["eval", "--target", "t", "--draft", "d", "--questions", "q",

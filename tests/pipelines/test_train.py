@@ -369,3 +369,43 @@ def test_training_reads_a_store_from_s3_like_the_same_store_on_disk(s3_ray, s3_b
     assert len(grad_norms(tmp_path / "s3")) > 0 and grad_norms(tmp_path / "s3") == grad_norms(tmp_path / "local")
     for key, value in local.state_dict().items():
         assert torch.equal(remote.state_dict()[key], value), key
+
+
+def test_online_features_train_like_the_dumped_store(local_ray, tiny_toy_target, tmp_path):
+    """``specdraft train --conversations`` (online features, Ray Train, 2 workers) against the dump stage's
+    store of the same conversations trained offline with the same config: the same batch plan and the same
+    first-step loss. The dump prefills its own length groups, so features can differ in the last float bits
+    (absorbed by the float16 rounding: measured equal); the bound is 1e-5."""
+    import yaml
+
+    from flows.cli import main
+    from pipelines.conversations import write_conversations
+    from pipelines.dump import FeaturesConfig, dump_features
+    from specdraft.config import to_dict
+
+    rows = [{"id": f"c{i:03d}", "source": "toy", "messages": m} for i, m in enumerate(generate_conversations(40, 9))]
+    conversations = write_conversations(tmp_path / "conversations" / "part-00000.parquet", rows)
+    features = FeaturesConfig(max_length=96, samples_per_shard=16, batch_tokens=1024)
+    dump_features(tiny_toy_target, rows, tmp_path / "store", features, progress=False)
+    cfg = small_config(epochs=[1, 1], min_steps=1, checkpoint_every=0, val_max_batches=2, online=features,
+                       reader=ReaderConfig(max_tokens=512, val_fraction=0.2, seed=0),
+                       scaling=ScalingSection(num_workers=2))
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+
+    run_training(cfg, [tmp_path / "store"], tiny_toy_target, tmp_path / "offline")
+    argv = ["train", "--conversations", str(conversations.parent), "--target", str(tiny_toy_target),
+            "--out", str(tmp_path / "online"), "--config", str(tmp_path / "train.yaml")]
+    assert main(argv) == 0
+    load_draft(tmp_path / "online" / "draft", target=tiny_toy_target)
+
+    params, losses = {}, {}
+    for mode in ("offline", "online"):
+        records = read_metrics(tmp_path / mode)
+        params[mode] = next(r for r in records if r["kind"] == "params")
+        losses[mode] = [r["loss"] for r in records if r["kind"] == "metrics" and "loss" in r]
+    assert params["online"]["train.features"] == "online" and params["offline"]["train.features"] == "offline"
+    for key in ("train.batches_per_epoch", "train.total_steps", "train.max_tokens_used"):
+        assert params["online"][key] == params["offline"][key], key
+    assert len(losses["online"]) == len(losses["offline"]) >= 4
+    assert losses["online"][0] == pytest.approx(losses["offline"][0], abs=1e-5, rel=0)
+    assert losses["online"] == pytest.approx(losses["offline"], rel=1e-3)  # the same batches all along

@@ -1,0 +1,159 @@
+"""Online features: the target computes each training batch's features on the fly (no store).
+
+SpecForge's online mode (papers/specforge-training-framework.txt §3 "Sub-optimal Prefill
+Performance", §4.1): the trainer runs the target's prefill on every batch instead of reading the
+features a dump stored. For users who cannot store them (DESIGN.md "The target and its features":
+2d + 6K + 5 bytes per token), at the cost of one target forward per batch and the target's weights
+in every training worker's memory.
+
+Online and offline training see the same batches and the same values:
+
+* ``tokenize_conversations``: the dump's rows in the dump's order (unique ids, sorted — the shard
+  plan of ``pipelines.dump.plan_shards``), each through ``chat.tokenize_conversation`` (the dump's
+  chat template, loss mask, ``max_length`` and ``overlong`` rule), rejected rows left out;
+* ``OnlineDataset``: ``FeatureDataset``'s interface (``cfg``, ``batches``, ``load``) and its batch
+  planner (length buckets, seeded order, held-out split by sample-id hash, ``balance_batches``
+  across ranks); ``load`` runs ``target.token_features`` (the dump's forward, top-K and float32
+  logsumexp) and rounds the values exactly as the store does (the hidden codec, float16 top-K
+  logits), then pads with ``objectives.pad_batch`` like the store reader.
+
+The one difference is the forward's batch shape (the dump prefills its own length groups, online
+the training batch): the same tokens in another padded batch can differ in the last float bits,
+which the float16 rounding almost always absorbs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from specdraft.chat import REJECT_REASONS, tokenize_conversation, unique_conversations
+from specdraft.objectives import Batch, pad_batch
+from specdraft.store import HIDDEN_CODECS, FeatureDataset, ReaderConfig, decode_hidden, encode_hidden, is_held_out
+from specdraft.target import pad_sequences, token_features
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedConversations:
+    """Conversations as the dump stores their tokens: kept rows in store order, and what was left out."""
+
+    sample_ids: list[str]
+    input_ids: list[list[int]]
+    loss_mask: list[list[int]]
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
+    truncated: int = 0
+    duplicates: int = 0
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+
+def tokenize_conversations(
+    tokenizer, rows: list[dict[str, Any]], max_length: int, overlong: Literal["truncate", "reject"] = "truncate"
+) -> TokenizedConversations:
+    """Rows ``{id, messages}`` -> the sequences a dump of them would store, in its order.
+
+    ``chat.unique_conversations`` orders them as ``pipelines.dump.plan_shards`` orders a store's
+    sequences; every row goes through ``chat.tokenize_conversation``.
+    """
+    ordered, duplicates = unique_conversations(rows)
+    out = TokenizedConversations([], [], [])
+    truncated = 0
+    for sample_id, messages in ordered:
+        tokens = tokenize_conversation(tokenizer, messages, max_length, overlong)
+        truncated += tokens.truncated
+        if tokens.rejected is not None:
+            out.rejected[tokens.rejected] += 1
+            continue
+        out.sample_ids.append(sample_id)
+        out.input_ids.append(tokens.input_ids)
+        out.loss_mask.append(tokens.loss_mask)
+    return TokenizedConversations(out.sample_ids, out.input_ids, out.loss_mask, out.rejected, truncated,
+                                  duplicates)
+
+
+class OnlineDataset:
+    """Batches of target features computed on the fly, for one (rank, world_size) partition and one split.
+
+    ``model`` is the frozen target (``target.load_target_model``); its forward runs on the model's
+    device under ``no_grad`` in the model's dtype; the returned ``Batch`` is on the CPU, as the store
+    reader's. ``hidden_codec`` (``fp16`` | ``bf16`` | ``int8``) is the store codec whose rounding the
+    hidden states go through, so a run trains on the values its dump would have stored.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        data: TokenizedConversations,
+        cfg: ReaderConfig = ReaderConfig(),
+        *,
+        topk: int,
+        hidden_codec: str = "fp16",
+        logits_chunk: int = 2048,
+        split: Literal["train", "val", "all"] = "train",
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        assert split in ("train", "val", "all"), f"split {split!r} not in train/val/all"
+        assert 0 <= rank < world_size, f"rank {rank} not in [0, {world_size})"
+        assert hidden_codec in HIDDEN_CODECS, f"hidden codec {hidden_codec!r} not in {HIDDEN_CODECS}"
+        assert topk >= 1 and logits_chunk >= 1, "topk and logits_chunk must be >= 1"
+        self.model, self.data, self.cfg = model, data, cfg
+        self.topk, self.hidden_codec, self.logits_chunk = topk, hidden_codec, logits_chunk
+        self.split, self.rank, self.world_size, self.epoch = split, rank, world_size, 0
+        self.pad_id = model.config.pad_token_id or 0  # as the dump pads (padding is masked out anyway)
+        keep = [split == "all" or is_held_out(s, cfg.val_fraction) == (split == "val") for s in data.sample_ids]
+        self._index = np.flatnonzero(np.asarray(keep, bool)).astype(np.int64)  # (S,) rows of ``data`` in this split
+        self.sample_ids = [data.sample_ids[i] for i in self._index.tolist()]
+        self._full_length = np.asarray([len(data.input_ids[i]) for i in self._index.tolist()], np.int64)  # (S,)
+
+    @property
+    def _length(self) -> np.ndarray:
+        """Sequence lengths after the reader's ``max_length`` (read by the shared batch planner)."""
+        if self.cfg.max_length is None:
+            return self._full_length  # (S,)
+        return np.minimum(self._full_length, self.cfg.max_length)  # (S,)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def global_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """All batches (sequence indices) of the split for ``epoch``: the store reader's own planner, run
+        on these lengths, so a store of the same conversations gives the same batches in the same order."""
+        return FeatureDataset.global_batches(self, epoch)  # reads cfg, epoch, world_size and _length only
+
+    def batches(self, epoch: int | None = None) -> list[list[int]]:
+        """This rank's batches for ``epoch``."""
+        return self.global_batches(epoch)[self.rank :: self.world_size]
+
+    def __len__(self) -> int:
+        return len(self.batches())
+
+    def load(self, seqs: list[int]) -> Batch:
+        """One target forward over sequences ``seqs`` (indices into this split) -> a right-padded ``Batch``."""
+        lengths = self._length[seqs].tolist()
+        rows = [int(self._index[i]) for i in seqs]
+        tokens = [self.data.input_ids[r][:n] for r, n in zip(rows, lengths)]
+        ids, att = pad_sequences(tokens, self.pad_id)  # (B, T), (B, T)
+        # (M, d), (M, K), (M, K), (M,): the M valid positions, row by row
+        h, top_i, top_v, lse, _ = token_features(self.model, ids, att, self.topk, self.logits_chunk)
+        stored = encode_hidden(h, self.hidden_codec)  # what the dump writes ...
+        hidden = decode_hidden(stored["hidden"], self.hidden_codec, stored.get("hidden_scale"))  # (M, d) ... and reads
+        topk_logits = top_v.cpu().to(torch.float16).float()  # (M, K): stored as float16
+        topk_logp = topk_logits - lse.cpu().float()[:, None]  # (M, K)
+        topk_ids = top_i.cpu().long()  # (M, K)
+        samples, lo = [], 0
+        for r, n, seq in zip(rows, lengths, tokens):
+            samples.append({
+                "input_ids": torch.as_tensor(seq, dtype=torch.int64),  # (L,)
+                "hidden": hidden[lo : lo + n],  # (L, d)
+                "loss_mask": torch.as_tensor(self.data.loss_mask[r][:n], dtype=torch.bool),  # (L,)
+                "topk_ids": topk_ids[lo : lo + n],  # (L, K)
+                "topk_logp": topk_logp[lo : lo + n],  # (L, K)
+            })
+            lo += n
+        assert lo == hidden.shape[0], f"{hidden.shape[0]} feature rows for {lo} tokens"
+        return pad_batch(samples)
