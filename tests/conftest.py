@@ -30,6 +30,21 @@ def tiny_toy_target(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def templateless_target(tiny_toy_target, tmp_path_factory) -> Path:
+    """The tiny toy target as a base model would ship it: no chat template."""
+    import json
+    import shutil
+
+    out = tmp_path_factory.mktemp("templateless") / "target"
+    shutil.copytree(tiny_toy_target, out)
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.fixture(scope="session")
 def local_ray():
     import ray
 
