@@ -10,7 +10,8 @@ and some Ray components then log the same harmless lines over and over, tracebac
 * the train controller's autoscaling request times out on a busy CPU ("Failed to send resource
   request ... safe to ignore", with a traceback) — a local cluster has no autoscaler to ask;
 * Ray Data announces that the progress bars a stage turned off are off; a local start announces
-  that token authentication is on (the warning that it is *off* stays visible).
+  that token authentication is on (the warning that it is *off* stays visible); Ray Train reports
+  every checkpoint in two lines.
 
 ``KNOWN_HARMLESS`` (and ``KNOWN_HARMLESS_LOCAL``, local clusters only) list such messages per
 logger; ``quiet_known_warnings`` drops exactly those records at their logger — in the driver and,
@@ -32,6 +33,9 @@ KNOWN_HARMLESS: dict[str, tuple[str, ...]] = {
         "Failed to query Ray Train Controller actor state",
     ),
     "ray.data._internal.progress": ("Progress bars disabled",),
+    # two lines per checkpoint (specdraft's own progress lines say where training is)
+    "ray.train.v2._internal.execution.storage": ("Checkpoint successfully created at",),
+    "ray.train.v2._internal.execution.context": ("Reporting training result",),
     "ray._private.authentication.authentication_token_setup": (
         "Token authentication is enabled for this Ray cluster",
     ),
