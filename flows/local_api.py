@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,10 +61,10 @@ def local_prefect_api(workdir: str | Path) -> Iterator[dict[Any, Any]]:
     """
     import prefect.settings as ps
 
-    updates = local_api_settings(workdir)
-    if not updates:
-        yield updates
+    if ps.get_current_settings().api.url:
+        yield {}
         return
+    updates = local_api_settings(workdir)
     if ps.PREFECT_SERVER_DATABASE_CONNECTION_URL in updates:
         Path(workdir).absolute().mkdir(parents=True, exist_ok=True)
     with ps.temporary_settings(updates=updates):
@@ -75,14 +76,13 @@ def local_prefect_api(workdir: str | Path) -> Iterator[dict[Any, Any]]:
 
 def stop_ephemeral_api() -> None:
     """Drain Prefect's API log and event workers, then stop the ephemeral server if one runs."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.utilities.asyncutils import run_coro_as_sync
-
-    server = SubprocessASGIServer._instances.get(None)
+    server_module = sys.modules.get("prefect.server.api.server")  # not imported: no server started
+    server = server_module.SubprocessASGIServer._instances.get(None) if server_module else None
     if server is None or not server.running:
         return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
 
     async def drain() -> None:
         try:

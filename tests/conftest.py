@@ -4,7 +4,6 @@ Prefect API set up as ``specdraft run`` sets it up (``flows/local_api.py``) and 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -25,10 +24,9 @@ def stop_prefect_api_at_the_end():
     """Stop an ephemeral Prefect API a test started while pytest's streams are open (its atexit
     stop would log to a closed stream: "--- Logging error --- ValueError: I/O operation on closed file")."""
     yield
-    if "prefect" in sys.modules:
-        from flows.local_api import stop_ephemeral_api
+    from flows.local_api import stop_ephemeral_api
 
-        stop_ephemeral_api()
+    stop_ephemeral_api()
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 

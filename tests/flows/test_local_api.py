@@ -40,16 +40,25 @@ def show(tmp_path: Path, env: dict[str, str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_first_run_settings_and_the_users_own_win(tmp_path):
+def test_first_run_settings(tmp_path):
     first = show(tmp_path, fresh_env(tmp_path))
     assert first == {"applied": 3, "timeout": STARTUP_TIMEOUT_S, "analytics": False,
                      "db": f"sqlite+aiosqlite:///{tmp_path / 'work' / 'prefect.db'}"}
-    own = show(tmp_path, fresh_env(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="45",
-                                   PREFECT_HOME=str(tmp_path / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="true"))
-    assert own["applied"] == 0 and own["timeout"] == 45 and own["analytics"] is True
-    assert str(tmp_path / "home") in own["db"]
-    remote = show(tmp_path, fresh_env(tmp_path, PREFECT_API_URL="http://127.0.0.1:9/api"))
-    assert remote["applied"] == 0 and remote["timeout"] == 20  # a server of the user's: nothing to start
+
+
+def test_the_users_own_settings_and_server_win(tmp_path):
+    import prefect.settings as ps
+
+    from flows.local_api import local_api_settings, local_prefect_api
+
+    # this process has them all set (tests/conftest.py: a Prefect home, the timeout, no analytics)
+    assert os.environ["PREFECT_HOME"] and local_api_settings(tmp_path) == {}
+    assert ps.PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value() == int(
+        os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
+    with ps.temporary_settings(updates={ps.PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        with local_prefect_api(tmp_path / "work") as applied:  # a server of the user's: nothing to start
+            assert applied == {}
+    assert not (tmp_path / "work").exists()
 
 
 @pytest.mark.slow
