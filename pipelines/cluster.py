@@ -55,7 +55,9 @@ class DropKnownHarmless(logging.Filter):
         self.prefixes = prefixes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefixes)
+        # the unformatted message: every known line starts with literal text, and a filter must never
+        # raise (an exception here would surface in whatever code logged, Ray's C callbacks included)
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.prefixes))
 
 
 def quiet_known_warnings(local: bool = False) -> None:
