@@ -59,11 +59,16 @@ def command_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 def _toy_target(args: argparse.Namespace) -> int:
-    from specdraft.toy.build import build_toy_target
+    from specdraft.toy.build import build_toy_target, compare_with_prebuilt
 
     cfg, _ = command_config(args)
-    out = build_toy_target(args.out, cfg, progress=not args.quiet)
+    out = build_toy_target(args.out, cfg, progress=not args.quiet, prebuilt=args.prebuilt)
     print(f"toy target ready: {out}")
+    diff = compare_with_prebuilt(out)
+    if diff["same_config"] and not args.prebuilt:  # a from-scratch rebuild of the shipped target
+        same = [name for name, equal in diff["identical_files"].items() if equal]
+        print(f"vs the shipped prebuilt target: {len(same)}/{len(diff['identical_files'])} files identical"
+              f" ({', '.join(same) or 'none'}), max |weight difference| {diff['max_abs_weight_diff']}")
     return 0
 
 
@@ -227,10 +232,12 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    command_config(args)  # a bad key exits with code 2 here, before Prefect starts
+    cfg, _ = command_config(args)  # a bad key exits with code 2 here, before Prefect starts
+    from flows.local_api import local_prefect_api
     from flows.regenerate_and_train import regenerate_and_train
 
-    result = regenerate_and_train(config=args.config, overrides=list(args.overrides))
+    with local_prefect_api(cfg.workdir):  # started reliably, stopped before exit
+        result = regenerate_and_train(config=args.config, overrides=list(args.overrides))
     print("\nstage        status   seconds")
     rows = [("prepare", result["prepare"])] + [("regenerate", r) for r in result["regenerate"]]
     rows += [("features", r) for r in result["features"]] + [("train", result["train"]), ("eval", result["eval"])]
@@ -272,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("toy-target", help="build the toy target model directory (small Llama + tokenizer)")
     p.add_argument("--out", required=True, help="output model directory")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--prebuilt", action="store_true",
+                   help="copy the target shipped with specdraft when the config is its (the default) one, instead "
+                        "of training it; without: train from scratch and compare with the shipped one")
     add_config_options(p, TOY_TARGET, example="train_steps=200")
     p.set_defaults(func=_toy_target, sugar=_no_sugar)
 

@@ -36,6 +36,7 @@ import transformers
 import zarr
 from ray.data import ActorPoolStrategy, Datasink
 
+from pipelines.cluster import connect_ray
 from specdraft import store
 from specdraft.chat import REJECT_REASONS, tokenize_conversation, unique_conversations
 from specdraft.config import config_hash, to_dict
@@ -452,8 +453,7 @@ def dump_features(
     todo = [row for row in plan if row["index"] not in done]
     sink = ZarrShardDatasink(out, header, cfg, kept, fault_at_shard)
     if todo:
-        if not ray.is_initialized():
-            ray.init()  # RAY_ADDRESS, or a local cluster
+        connect_ray()  # RAY_ADDRESS, or a local cluster
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
         ray.data.DataContext.get_current().enable_progress_bars = progress
         ds = ray.data.from_items(todo, override_num_blocks=len(todo))

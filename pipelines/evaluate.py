@@ -30,6 +30,7 @@ import ray
 import torch
 from tqdm.auto import tqdm
 
+from pipelines.cluster import connect_ray
 from specdraft.config import from_dict, to_dict
 from specdraft.placement import describe_placement
 from specdraft.decoding.eval import (
@@ -100,8 +101,7 @@ def evaluate_with_ray(
     """The report of ``run_eval``, computed by Ray Data actors (one question per task)."""
     questions = load_question_sets(question_files, settings.max_questions)
     assert questions, f"no questions in {[str(f) for f in question_files]}"
-    if not ray.is_initialized():
-        ray.init(address=cfg.address, include_dashboard=False, ignore_reinit_error=True)
+    connect_ray(cfg.address)
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     rows = [{"index": q["index"], "question": json.dumps(q)} for q in questions]
     ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(

@@ -40,6 +40,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.utils import logging as hf_logging
 
+from pipelines.cluster import connect_ray
 from pipelines.conversations import SCHEMA, conversation_files, read_table, write_conversations
 from pipelines.ingest import IngestConfig, ingest
 from specdraft.chat import assistant_spans
@@ -494,8 +495,7 @@ def regenerate(
         f"{ingest_summary['rejected']} rejected by ingest")
     run_started = time.perf_counter()
     if pending:
-        if not ray.is_initialized():
-            ray.init(address=cfg.ray_address, include_dashboard=False, ignore_reinit_error=True)
+        connect_ray(cfg.ray_address)
         context = ray.data.DataContext.get_current()
         bars, context.enable_progress_bars = context.enable_progress_bars, False
         try:

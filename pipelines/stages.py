@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pipelines.cluster import connect_ray
 from pipelines.dump import FeaturesConfig, dump_features
 from pipelines.regenerate import RegenerateConfig, regenerate
 from pipelines.conversations import read_conversations
@@ -41,6 +42,9 @@ DONE = "DONE"
 class TargetSection:
     path: str = ""  # HF model directory; empty = build the toy target from ``toy``
     toy: ToyTargetConfig = field(default_factory=ToyTargetConfig)
+    # copy the toy target shipped with specdraft when ``toy`` is its (the default) config; false:
+    # train it here (minutes of one core)
+    prebuilt: bool = True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,11 +143,7 @@ def _finish(directory: Path, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def ensure_ray(cfg: RunConfig) -> None:
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
-                 include_dashboard=False, ignore_reinit_error=True)
+    connect_ray(cfg.ray.address, cfg.ray.num_cpus)
 
 
 def prepare(cfg: RunConfig) -> dict[str, Any]:
@@ -155,7 +155,7 @@ def prepare(cfg: RunConfig) -> dict[str, Any]:
             raise FileNotFoundError(f"target {target} is not a Hugging Face model directory (no config.json)")
     else:
         target = build_toy_target(Path(cfg.workdir) / "targets" / f"toy-{config_hash(cfg.target.toy)}",
-                                  cfg.target.toy, progress=False).resolve()
+                                  cfg.target.toy, progress=False, prebuilt=cfg.target.prebuilt).resolve()
     prompts = [{"path": str(p), "digest": file_digest(p)} for p in expand_prompts(cfg.data.prompts)]
     return {"target": str(target), "target_id": target_id(target), "prompts": prompts,
             "wall_s": time.perf_counter() - started}

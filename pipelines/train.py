@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import torch
 
+from pipelines.cluster import connect_ray
 from pipelines.dump import FeaturesConfig, load_conversations
 from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
 from specdraft.config import flatten, from_dict, to_dict
@@ -524,14 +525,12 @@ def run_training(
     logs into. Rerunning with the same ``out`` resumes from its latest checkpoint.
     ``fail_at_step`` raises once at that optimizer step (a failure drill for resume tests).
     """
-    import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if not ray.is_initialized():
-        ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
+    connect_ray(ray_address)
     sc = cfg.scaling
     resources = {"CPU": sc.cpus_per_worker, **({"GPU": sc.gpus_per_worker} if sc.use_gpu else {})}
     stores = [str(location.as_location(s)) if location.is_url(s) else str(Path(s).resolve()) for s in stores]

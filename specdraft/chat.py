@@ -14,14 +14,35 @@ from per-model string hacks — so any HF chat template works:
 
 The full text is tokenized once and tokens are marked by their character offsets, so BPE
 merges across span boundaries cannot shift the mask.
+
+A target whose tokenizer has no chat template (a base model) gets ``FALLBACK_CHAT_TEMPLATE``
+(``ensure_chat_template``, applied by ``specdraft.target.load_tokenizer`` for every stage), a
+plain-text format with the eos token closing each assistant turn::
+
+    {bos}### User:\n{content}\n\n### Assistant:\n{content}{eos}\n\n### User:\n...
+
+(``### System:`` likewise; the generation prompt is ``### Assistant:\n``).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
 KNOWN_END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "</s>", "<|endoftext|>")
+
+# Plain-text template for targets without one: messages separated by a blank line, each under a
+# "### Role:" header, an assistant turn closed by eos (what the model learns to stop with).
+FALLBACK_CHAT_TEMPLATE = (
+    "{{- bos_token if bos_token else '' }}"
+    "{%- for message in messages %}"
+    "{%- if not loop.first %}{{- '\n\n' }}{%- endif %}"
+    "{{- '### ' + message['role'] | capitalize + ':\n' + message['content'] }}"
+    "{%- if message['role'] == 'assistant' and eos_token %}{{- eos_token }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '\n\n' if messages else '' }}{{- '### Assistant:\n' }}{%- endif %}"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +71,19 @@ class RenderError(ValueError):
 
 class _PrefixUnstable(RenderError):
     pass
+
+
+def ensure_chat_template(tokenizer):
+    """``tokenizer`` with ``FALLBACK_CHAT_TEMPLATE`` set when it has no chat template (warns once per target)."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer
+    tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+    warnings.warn(  # the default filter shows a message once: once per target and process
+        f"the tokenizer of {getattr(tokenizer, 'name_or_path', '') or 'the target'} has no chat template: using "
+        "specdraft's plain-text fallback ('### User:' / '### Assistant:' headers, eos closes an assistant turn)",
+        UserWarning, stacklevel=2,
+    )
+    return tokenizer
 
 
 def _render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:

@@ -2,7 +2,8 @@
 
 Everything the system needs from the served LLM (the *target*), as plain functions:
 
-* ``load_target_config`` / ``load_tokenizer``: its HF config and tokenizer (chat template kept);
+* ``load_target_config`` / ``load_tokenizer``: its HF config and tokenizer (its chat template, or
+  ``specdraft.chat``'s plain-text fallback when it has none);
 * ``load_target_heads``: its frozen token embedding ``e`` and ``lm_head``, read straight from the
   safetensors files (single or sharded, tied or not) without instantiating the model — the
   drafts reuse both (DESIGN.md, "Draft models");
@@ -31,6 +32,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
+from specdraft.chat import ensure_chat_template
 from specdraft.placement import (
     check_spread,
     device_map_for,
@@ -80,8 +82,8 @@ def load_target_config(path: str | Path, trust_remote_code: bool = False) -> Pre
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
-    """The target's tokenizer (with its chat template, if the directory ships one)."""
-    return AutoTokenizer.from_pretrained(_target_dir(path), trust_remote_code=trust_remote_code)
+    """The target's tokenizer with its chat template (the plain-text fallback when it ships none)."""
+    return ensure_chat_template(AutoTokenizer.from_pretrained(_target_dir(path), trust_remote_code=trust_remote_code))
 
 
 def load_target_model(

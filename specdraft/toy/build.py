@@ -13,11 +13,19 @@ The directory is assembled under a temporary sibling name and renamed into place
 directory at ``out_dir`` is always complete; a complete build with the same config is
 returned as is. Same config (and thread count) -> bitwise-identical weights.
 
-CLI: ``python -m specdraft.toy.build OUT_DIR [train_steps=200 ...]``.
+Prebuilt: training the default config is most of a first ``specdraft run`` on a 2-core machine,
+so the package ships that build in ``prebuilt/`` (about 1 MB; ``manifest.json`` holds each file's
+sha256). ``build_toy_target(..., prebuilt=True)`` copies it when the config is the default one;
+``specdraft toy-target`` retrains from scratch and ``compare_with_prebuilt`` tells how the result
+differs from the shipped files (identical bytes on the same torch build and CPU; across CPUs, float
+kernels may differ in the last bits). ``python -m specdraft.toy.build --write-prebuilt [BUILD_DIR]`` rewrites it.
+
+CLI: ``python -m specdraft.toy.build OUT_DIR [train_steps=200 ...]`` (or ``--write-prebuilt [BUILD_DIR]``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -46,6 +54,8 @@ REQUIRED_FILES = (
     "config.json", "model.safetensors", "generation_config.json",
     "tokenizer.json", "tokenizer_config.json", RECORD_FILE,
 )
+PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"  # the default config's build, shipped
+MANIFEST_FILE = "manifest.json"  # in PREBUILT_DIR: {"config_hash", "files": {name: sha256}} of every file
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,9 +108,12 @@ DATA_FAMILIES = {
 
 
 def build_toy_target(
-    out_dir: str | Path, cfg: ToyTargetConfig = ToyTargetConfig(), progress: bool = True
+    out_dir: str | Path, cfg: ToyTargetConfig = ToyTargetConfig(), progress: bool = True, prebuilt: bool = False
 ) -> Path:
-    """Build (or reuse) the toy target at ``out_dir``; returns the directory path."""
+    """Build (or reuse) the toy target at ``out_dir``; returns the directory path.
+
+    ``prebuilt``: copy the shipped build instead of training when ``cfg`` is its config.
+    """
     out_dir = Path(out_dir).absolute()
     if is_complete_build(out_dir, cfg):
         return out_dir
@@ -111,7 +124,11 @@ def build_toy_target(
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
-        _build_into(tmp, cfg, progress)
+        if prebuilt and prebuilt_config() == to_dict(cfg):
+            for name in _manifest()["files"]:
+                shutil.copyfile(PREBUILT_DIR / name, tmp / name)
+        else:
+            _build_into(tmp, cfg, progress)
         if is_complete_build(out_dir, cfg):  # a concurrent builder finished first
             return out_dir
         _move_into_place(tmp, out_dir)
@@ -143,6 +160,63 @@ def is_complete_build(out_dir: str | Path, cfg: ToyTargetConfig | None = None) -
 def read_build_record(out_dir: str | Path) -> dict[str, Any]:
     """The ``toy_target.json`` of a build: config, config_hash, losses, wall time."""
     return json.loads((Path(out_dir) / RECORD_FILE).read_text())
+
+
+# ---------------------------------------------------------------- the shipped build
+
+
+def file_digests(out_dir: str | Path) -> dict[str, str]:
+    """sha256 of every file of a build directory (but a manifest), by name."""
+    files = sorted(p for p in Path(out_dir).iterdir() if p.is_file() and p.name != MANIFEST_FILE)
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def _manifest() -> dict[str, Any]:
+    return json.loads((PREBUILT_DIR / MANIFEST_FILE).read_text())
+
+
+def prebuilt_config() -> dict[str, Any] | None:
+    """The config (as a dict) of the shipped build, or None when none ships or it is not intact."""
+    try:
+        if not is_complete_build(PREBUILT_DIR) or file_digests(PREBUILT_DIR) != _manifest()["files"]:
+            return None
+        return read_build_record(PREBUILT_DIR)["config"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def write_prebuilt(source: str | Path | None = None, progress: bool = True) -> Path:
+    """Write ``PREBUILT_DIR`` and its manifest (maintainers): a copy of ``source``, a complete build of
+    the default config, or else a fresh build of it."""
+    shutil.rmtree(PREBUILT_DIR, ignore_errors=True)
+    if source is not None:
+        assert is_complete_build(source, ToyTargetConfig()), f"{source} is not a build of the default config"
+        shutil.copytree(source, PREBUILT_DIR)
+    else:
+        build_toy_target(PREBUILT_DIR, ToyTargetConfig(), progress=progress)
+    manifest = {"config_hash": config_hash(ToyTargetConfig()), "files": file_digests(PREBUILT_DIR)}
+    (PREBUILT_DIR / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    return PREBUILT_DIR
+
+
+def compare_with_prebuilt(out_dir: str | Path) -> dict[str, Any]:
+    """How a build differs from the shipped one: ``same_config``, ``identical_files`` (name -> bytes
+    equal, for every shipped file but the record of wall times and versions) and
+    ``max_abs_weight_diff`` over all tensors (None when the tensor names or shapes differ)."""
+    from safetensors.torch import load_file
+
+    out_dir = Path(out_dir)
+    shipped_config = prebuilt_config()
+    if shipped_config is None:
+        return {"same_config": False, "identical_files": {}, "max_abs_weight_diff": None}
+    same = read_build_record(out_dir)["config"] == shipped_config
+    ours, shipped = file_digests(out_dir), _manifest()["files"]
+    a, b = load_file(out_dir / "model.safetensors"), load_file(PREBUILT_DIR / "model.safetensors")
+    diff = (max((a[k].float() - b[k].float()).abs().max().item() for k in a) if a.keys() == b.keys()
+            and all(a[k].shape == b[k].shape for k in a) else None)
+    return {"same_config": same,
+            "identical_files": {n: ours.get(n) == digest for n, digest in shipped.items() if n != RECORD_FILE},
+            "max_abs_weight_diff": diff}
 
 
 # ---------------------------------------------------------------- the build
@@ -382,6 +456,9 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
+        return
+    if args[0] == "--write-prebuilt":  # [FROM_DIR]: a finished build of the default config
+        print(f"wrote {write_prebuilt(args[1] if len(args) > 1 else None)}")
         return
     cfg = load(ToyTargetConfig, None, args[1:])
     path = build_toy_target(args[0], cfg)

@@ -390,3 +390,21 @@ def test_cli_dump_eagle3_aux_layers(ray_session, deep_llama, tmp_path, capsys):
     chunk = next(p for p in (out / store.shard_name(0) / "aux_hidden" / "c").rglob("*") if p.is_file())
     chunk.write_bytes(chunk.read_bytes()[:10])
     assert any(p.startswith("shard-00000.zarr/aux_hidden") for p in store.validate(out).problems)
+
+
+def test_a_target_without_chat_template_is_dumped_with_the_fallback_not_rejected(templateless_target):
+    from pipelines.dump import tokenize_shard
+    from specdraft.chat import FALLBACK_CHAT_TEMPLATE
+
+    rows = [{"id": f"c{i}", "messages": m} for i, m in enumerate(generate_conversations(6, 7))]
+    batch = {"index": np.array([0]), "plan_digest": np.array(["p"]), "samples": np.array([json.dumps(rows)])}
+    out = tokenize_shard(batch, str(templateless_target), FeaturesConfig(max_length=4096))
+    meta = json.loads(str(out["meta"][0]))
+    assert meta["rejected"] == {"unrenderable": 0, "too_long": 0, "no_loss_tokens": 0}
+    assert meta["sample_ids"] == [r["id"] for r in rows]
+    tokenizer = load_tokenizer(templateless_target)
+    assert tokenizer.chat_template == FALLBACK_CHAT_TEMPLATE
+    first = render_with_loss_mask(tokenizer, rows[0]["messages"])
+    assert first.text.count("### Assistant:\n") == sum(m["role"] == "assistant" for m in rows[0]["messages"])
+    n = len(first.input_ids)
+    assert out["input_ids"][0][:n].tolist() == first.input_ids and out["loss_mask"][0][:n].tolist() == first.loss_mask

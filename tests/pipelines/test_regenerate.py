@@ -358,3 +358,15 @@ def test_regenerate_to_s3_resumes_without_duplicates_or_gaps(s3_ray, s3_bucket, 
     assert {r["id"]: r for r in got} == {r["id"]: r for r in want}
     with pytest.raises(ValueError, match="another target/config"):
         regenerate(target_dir, prompts, out, RegenerateConfig(**{**cfg, "seed": 4}), progress=False)
+
+
+def test_a_target_without_chat_template_answers_with_the_fallback(templateless_target):
+    tokenizer = load_tokenizer(templateless_target)
+    model = load_target_model(templateless_target)
+    stops = stop_token_ids(tokenizer, model.generation_config)
+    assert tokenizer.eos_token_id in stops
+    rows = [{"id": "a", "source": "t", "messages": [{"role": "user", "content": "What is 2 + 3?"}]}]
+    answer = hf_answer_fn(model, tokenizer, RegenerateConfig(max_new_tokens=8), stops)
+    out, stats = regenerate_rows(rows, tokenizer, answer, RegenerateConfig(max_new_tokens=8), max_model_len=1024)
+    assert [m["role"] for m in out[0]["messages"]] == ["user", "assistant"] and stats["too_long_ids"] == []
+    assert tokenizer.decode(prompt_ids(tokenizer, rows[0]["messages"])).endswith("### User:\nWhat is 2 + 3?\n\n### Assistant:\n")

@@ -1,5 +1,6 @@
-"""The train stage of the flow with online features: it trains on the regenerated conversations (no
-store), with the run's ``features`` section as the online feature settings."""
+"""Stage functions outside the flow: prepare resolves the toy target from the shipped prebuilt build;
+the train stage with online features trains on the regenerated conversations (no store), with the
+run's ``features`` section as the online feature settings."""
 
 from __future__ import annotations
 
@@ -8,17 +9,42 @@ from pathlib import Path
 
 import pytest
 
+import specdraft.toy.build as build_mod
 from pipelines.conversations import write_conversations
 from pipelines.dump import FeaturesConfig
-from pipelines.stages import RunConfig, train
+from pipelines.stages import DataSection, RunConfig, TargetSection, prepare, train
 from pipelines.train import TrainConfig
 from specdraft.store import ReaderConfig
 from specdraft.target import target_id
+from specdraft.toy.build import compare_with_prebuilt
 from specdraft.toy.conversations import generate_conversations
 
-pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
 
 
+def test_prepare_copies_the_prebuilt_toy_target_and_trains_when_asked(monkeypatch, tmp_path):
+    def train(*args, **kwargs):
+        raise AssertionError("trained the default toy target instead of copying the prebuilt one")
+
+    monkeypatch.setattr(build_mod, "_build_into", train)
+    cfg = RunConfig(workdir=str(tmp_path), data=DataSection(prompts=[str(ROOT / "configs/data/toy_prompts.jsonl")]))
+    prepared = prepare(cfg)
+    assert Path(prepared["target"]).parent == tmp_path / "targets"
+    diff = compare_with_prebuilt(prepared["target"])
+    assert all(diff["identical_files"].values()) and diff["max_abs_weight_diff"] == 0.0
+
+    class Trains(Exception):
+        pass
+
+    def trains(*args, **kwargs):
+        raise Trains
+
+    monkeypatch.setattr(build_mod, "_build_into", trains)
+    with pytest.raises(Trains):  # target.prebuilt=false: trained here
+        prepare(RunConfig(workdir=str(tmp_path / "b"), target=TargetSection(prebuilt=False), data=cfg.data))
+
+
+@pytest.mark.slow
 def test_train_stage_with_online_features_reads_the_regenerated_conversations(local_ray, tiny_toy_target, tmp_path):
     regenerated = []
     for part in range(2):  # two prompt files, two regenerate outputs

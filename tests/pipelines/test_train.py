@@ -90,6 +90,15 @@ def test_training_learns_and_writes_a_loadable_draft(local_ray, tiny_toy_target,
     sim = [r["sim_tau"] for r in records if "sim_tau" in r]
     assert len(sim) == 4  # one validation pass per epoch
 
+    # the run's Ray logs (every worker, the train controller and its placement-group cleaner) hold
+    # none of the known-harmless lines (pipelines/cluster.py) and no traceback of a crashed monitor
+    logs = Path(local_ray._private.worker._global_node.get_session_dir_path()) / "logs"
+    text = "".join(p.read_text(errors="ignore") for p in logs.glob("worker-*") if p.is_file())
+    assert text  # the workers' logs are there to read
+    for line in ("Failed to query Ray Train Controller actor state", "Failed to send resource request",
+                 "Found multiple active Ray instances", "Exception in thread PlacementGroupCleanerMonitor"):
+        assert line not in text, line
+
 
 def even_reader(store: Path) -> ReaderConfig:
     """A reader whose global batch plan has an even count and is the same for 1 and 2 workers, so a

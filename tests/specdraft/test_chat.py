@@ -7,11 +7,13 @@ marker; the toy template is also checked against HF's ``{% generation %}`` assis
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from specdraft.chat import RenderError, assistant_spans, render_with_loss_mask
+from specdraft.chat import FALLBACK_CHAT_TEMPLATE, RenderError, assistant_spans, ensure_chat_template, render_with_loss_mask
 from specdraft.toy.tokenizer import wrap_tokenizer
 
 CHATML_TEMPLATE = (  # Qwen2.5-style: a default system prompt when none is given
@@ -109,8 +111,20 @@ def mistral_tokenizer() -> PreTrainedTokenizerFast:
                 chat_template=MISTRAL_TEMPLATE)
 
 
+def base_tokenizer() -> PreTrainedTokenizerFast:
+    """A base model's tokenizer: bos and eos, no chat template."""
+    return _bpe(["<s>", "</s>"], bos_token="<s>", eos_token="</s>")
+
+
+def fallback_tokenizer() -> PreTrainedTokenizerFast:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ensure_chat_template(base_tokenizer())
+
+
 # name -> (tokenizer factory, end-of-turn marker, content as the template renders it, has system)
 TEMPLATES = {
+    "fallback": (fallback_tokenizer, "</s>", lambda c: c, True),
     "toy": (toy_tokenizer, "<|end|>", lambda c: c, True),
     "chatml": (chatml_tokenizer, "<|im_end|>", lambda c: c, True),
     "llama3": (llama3_tokenizer, "<|eot_id|>", str.strip, True),
@@ -251,3 +265,27 @@ def test_history_rewriting_template_falls_back_to_search():
     assert not tokenizer.apply_chat_template(messages, tokenize=False).startswith(prefix)  # rewrites history
     out = assert_exact_mask(tokenizer, messages, "<|im_end|>", lambda c: c)
     assert "<think>" in out.text  # the last answer's empty think block is template text: not masked
+
+
+def test_a_tokenizer_without_template_gets_the_plain_text_fallback_and_one_warning(tmp_path):
+    from specdraft.target import load_tokenizer
+
+    base = base_tokenizer()
+    assert not base.chat_template
+    base.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{}")  # load_tokenizer reads model directories
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        tokenizers = [load_tokenizer(tmp_path), load_tokenizer(tmp_path)]
+    assert [str(w.message) for w in caught if "no chat template" in str(w.message)] == [
+        f"the tokenizer of {tmp_path} has no chat template: using specdraft's plain-text fallback "
+        "('### User:' / '### Assistant:' headers, eos closes an assistant turn)"]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
+                {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye?"}]
+    for tok in tokenizers:
+        assert tok.chat_template == FALLBACK_CHAT_TEMPLATE
+        assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
+            "<s>### System:\nBe brief.\n\n### User:\nHi?\n\n### Assistant:\nHello.</s>\n\n"
+            "### User:\nBye?\n\n### Assistant:\n")
+    # a template the tokenizer ships is kept
+    assert ensure_chat_template(chatml_tokenizer()).chat_template == CHATML_TEMPLATE

@@ -149,3 +149,12 @@ def test_the_floor_can_be_switched_off(toy_target_dir, draft_dir, question_files
     report = run_eval(toy_target_dir, draft_dir, question_files, settings, progress=False)
     assert report["overall"]["tau"] >= 1.0 and report["overall"]["tau_pld"] is None
     assert report["overall"]["tau_over_pld"] is None and "rounds_pld" not in report["records"][0]
+
+
+def test_a_target_without_chat_template_is_prompted_with_the_fallback(templateless_target):
+    from specdraft.decoding.eval import render_prompt
+    from specdraft.target import load_tokenizer
+
+    tokenizer = load_tokenizer(templateless_target)
+    ids = render_prompt(tokenizer, [{"role": "user", "content": "Hi"}])
+    assert tokenizer.decode(ids) == f"{tokenizer.bos_token}### User:\nHi\n\n### Assistant:\n"

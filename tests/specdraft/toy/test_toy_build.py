@@ -12,11 +12,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdraft.toy.build as build_mod
 from specdraft.config import from_dict
+from specdraft.config import to_dict
 from specdraft.toy.build import (
+    BUILD_FORMAT,
+    PREBUILT_DIR,
     REQUIRED_FILES,
     ToyTargetConfig,
     build_toy_target,
+    compare_with_prebuilt,
+    file_digests,
     is_complete_build,
+    prebuilt_config,
     read_build_record,
 )
 
@@ -192,3 +198,76 @@ def test_config_loads_from_yaml_and_rejects_unknown_keys(tmp_path):
     path.write_text("hidden: 64\n")
     with pytest.raises(ConfigError):
         load(ToyTargetConfig, path)
+
+
+# --- the prebuilt default target shipped in the package
+
+
+def test_the_shipped_prebuilt_target_is_intact_and_of_the_default_config():
+    manifest = json.loads((PREBUILT_DIR / "manifest.json").read_text())
+    assert file_digests(PREBUILT_DIR) == manifest["files"]  # sha256 of every shipped file
+    assert set(REQUIRED_FILES) <= set(manifest["files"])
+    # a changed default config (or build) without a new prebuilt would silently train again
+    assert prebuilt_config() == to_dict(ToyTargetConfig())
+    assert read_build_record(PREBUILT_DIR)["build_format"] == BUILD_FORMAT
+    assert sum(p.stat().st_size for p in PREBUILT_DIR.iterdir()) < 2_000_000  # small package data
+
+
+def test_the_default_config_is_copied_from_the_prebuilt_target(monkeypatch, tmp_path):
+    def fail(*args, **kwargs):
+        raise AssertionError("trained instead of copying the prebuilt target")
+
+    monkeypatch.setattr(build_mod, "_build_into", fail)
+    out = build_toy_target(tmp_path / "t", ToyTargetConfig(), progress=False, prebuilt=True)
+    assert is_complete_build(out, ToyTargetConfig())
+    diff = compare_with_prebuilt(out)
+    assert diff["same_config"] and all(diff["identical_files"].values()) and diff["max_abs_weight_diff"] == 0.0
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.chat_template and tokenizer.apply_chat_template([{"role": "user", "content": "hi"}],
+                                                                    tokenize=False).startswith("<|bos|><|user|>")
+
+
+def test_other_configs_and_a_damaged_prebuilt_are_trained(monkeypatch, tmp_path):
+    out = build_toy_target(tmp_path / "short", SHORT, progress=False, prebuilt=True)  # not the shipped config
+    assert read_build_record(out)["config"] == to_dict(SHORT)
+    assert compare_with_prebuilt(out)["same_config"] is False
+
+    damaged = tmp_path / "prebuilt"
+    damaged.mkdir()
+    for f in PREBUILT_DIR.iterdir():
+        (damaged / f.name).write_bytes(f.read_bytes())
+    (damaged / "config.json").write_text((damaged / "config.json").read_text().replace("64", "65", 1))
+    monkeypatch.setattr(build_mod, "PREBUILT_DIR", damaged)
+    assert prebuilt_config() is None
+
+    class Trains(Exception):
+        pass
+
+    def train(tmp, cfg, progress):
+        raise Trains(cfg)
+
+    monkeypatch.setattr(build_mod, "_build_into", train)
+    with pytest.raises(Trains):
+        build_toy_target(tmp_path / "t", ToyTargetConfig(), progress=False, prebuilt=True)
+
+
+def test_the_shipped_tokenizer_is_what_the_build_trains_from_the_seed(tmp_path):
+    """The reproducible part of the build that is quick: conversations + BPE from seed 0."""
+    from specdraft.toy.conversations import generate_conversations
+    from specdraft.toy.tokenizer import train_tokenizer
+
+    cfg = ToyTargetConfig()
+    conversations = generate_conversations(cfg.num_conversations, cfg.seed)
+    train_tokenizer((m["content"] for c in conversations for m in c), cfg.vocab_size).save_pretrained(tmp_path)
+    assert (tmp_path / "tokenizer.json").read_bytes() == (PREBUILT_DIR / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.slow
+def test_rebuilding_from_scratch_reproduces_the_shipped_target(tmp_path):
+    """``specdraft toy-target`` (no --prebuilt) retrains the default: the same bytes on the same torch
+    build and CPU; float kernels of another CPU may differ in the last bits."""
+    out = build_toy_target(tmp_path / "t", ToyTargetConfig(), progress=False)
+    diff = compare_with_prebuilt(out)
+    assert diff["same_config"]
+    assert all(ok for name, ok in diff["identical_files"].items() if name != "model.safetensors"), diff
+    assert diff["max_abs_weight_diff"] is not None and diff["max_abs_weight_diff"] <= 1e-3, diff

@@ -1,0 +1,97 @@
+"""Connecting to Ray (a local cluster or ``address``), the one way every stage does it.
+
+DESIGN.md "Ray": ``ray.init(address=...)`` — none -> a local cluster, a cluster address or a
+``ray://`` URL -> that cluster. Local runs start without the dashboard UI (two cores are precious),
+and some Ray components then log the same harmless lines over and over, tracebacks included:
+
+* Ray Train v2's placement-group cleaner (a detached actor beside every training run) polls the
+  controller's state through the state API about once a second and warns "Failed to query Ray
+  Train Controller actor state" whenever a query times out — on a loaded machine, most of the run;
+* the train controller's autoscaling request times out on a busy CPU ("Failed to send resource
+  request ... safe to ignore", with a traceback) — a local cluster has no autoscaler to ask;
+* Ray Data announces that the progress bars a stage turned off are off; a local start announces
+  that token authentication is on (the warning that it is *off* stays visible); Ray Train reports
+  every checkpoint in two lines.
+
+``KNOWN_HARMLESS`` (and ``KNOWN_HARMLESS_LOCAL``, local clusters only) list such messages per
+logger; ``quiet_known_warnings`` drops exactly those records at their logger — in the driver and,
+as the cluster's ``worker_process_setup_hook``, in every Ray worker process — so nothing else those
+loggers say is hidden. On a local cluster the hook also points the workers' state-API client at
+their own cluster (``RAY_ADDRESS``): with several local Ray instances on one machine (parallel CI
+jobs) its auto-detection fails and kills the cleaner's monitor thread with a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+# logger name -> message prefixes known to be harmless (why: see the module docstring)
+KNOWN_HARMLESS: dict[str, tuple[str, ...]] = {
+    "ray.train.v2._internal.execution.controller.placement_group_cleaner": (
+        "Failed to query Ray Train Controller actor state",
+    ),
+    "ray.data._internal.progress": ("Progress bars disabled",),
+    # two lines per checkpoint (specdraft's own progress lines say where training is)
+    "ray.train.v2._internal.execution.storage": ("Checkpoint successfully created at",),
+    "ray.train.v2._internal.execution.context": ("Reporting training result",),
+    "ray._private.authentication.authentication_token_setup": (
+        "Token authentication is enabled for this Ray cluster",
+    ),
+}
+KNOWN_HARMLESS_LOCAL: dict[str, tuple[str, ...]] = {
+    "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client": (
+        "Failed to send resource request",
+    ),
+}
+
+
+class DropKnownHarmless(logging.Filter):
+    """Drops the records of one logger whose message starts with one of ``prefixes``."""
+
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # the unformatted message: every known line starts with literal text, and a filter must never
+        # raise (an exception here would surface in whatever code logged, Ray's C callbacks included)
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.prefixes))
+
+
+def quiet_known_warnings(local: bool = False) -> None:
+    """Install ``DropKnownHarmless`` on the loggers of ``KNOWN_HARMLESS`` (and ``KNOWN_HARMLESS_LOCAL``
+    with ``local``) in this process; idempotent."""
+    for name, prefixes in {**KNOWN_HARMLESS, **(KNOWN_HARMLESS_LOCAL if local else {})}.items():
+        logger = logging.getLogger(name)
+        for old in [f for f in logger.filters if isinstance(f, DropKnownHarmless)]:
+            logger.removeFilter(old)
+        logger.addFilter(DropKnownHarmless(prefixes))
+
+
+def setup_local_worker() -> None:
+    """``worker_process_setup_hook`` of a local cluster: quiet, and the state API is this cluster's."""
+    import ray
+
+    quiet_known_warnings(local=True)
+    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+
+
+def setup_cluster_worker() -> None:
+    """``worker_process_setup_hook`` on a cluster given by address."""
+    quiet_known_warnings()
+
+
+def connect_ray(address: str | None = None, num_cpus: float | None = None, **kwargs: Any) -> None:
+    """``ray.init`` unless Ray is initialized: ``address`` None (and no ``RAY_ADDRESS``) -> a local
+    cluster of ``num_cpus`` CPUs (default: all) without the dashboard UI; else that cluster."""
+    import ray
+
+    local = address is None and not os.environ.get("RAY_ADDRESS")
+    quiet_known_warnings(local=local)
+    if ray.is_initialized():
+        return
+    hook = setup_local_worker if local else setup_cluster_worker
+    ray.init(address=address, num_cpus=num_cpus if local else None, include_dashboard=False,
+             ignore_reinit_error=True, runtime_env={"worker_process_setup_hook": hook}, **kwargs)

@@ -1,0 +1,60 @@
+"""connect_ray: the known-harmless Ray lines are dropped at their loggers, in the driver and in the
+workers (through the cluster's worker_process_setup_hook); everything else those loggers say stays."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from pathlib import Path
+
+from pipelines.cluster import KNOWN_HARMLESS, KNOWN_HARMLESS_LOCAL, quiet_known_warnings
+
+CLEANER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+AUTOSCALING = "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
+
+
+def session_logs(ray) -> Path:
+    return Path(ray._private.worker._global_node.get_session_dir_path()) / "logs"
+
+
+def test_known_harmless_records_are_dropped_and_the_rest_kept(caplog):
+    quiet_known_warnings(local=True)
+    quiet_known_warnings(local=True)  # idempotent: one filter per logger
+    assert all(len(logging.getLogger(n).filters) == 1 for n in {**KNOWN_HARMLESS, **KNOWN_HARMLESS_LOCAL})
+    for name in (CLEANER, AUTOSCALING):  # Ray's loggers may not propagate to the root (after ray.init)
+        logging.getLogger(name).addHandler(caplog.handler)
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger(CLEANER).warning("Failed to query Ray Train Controller actor state. State API may be "
+                                           "temporarily unavailable. Continuing to monitor.")
+        logging.getLogger(AUTOSCALING).warning("Failed to send resource request for train-1. If this only happens "
+                                               "transiently ... it's safe to ignore this error.", exc_info=True)
+        logging.getLogger(CLEANER).warning("Detected that the Ray Train controller actor (x) is dead.")
+    for name in (CLEANER, AUTOSCALING):
+        logging.getLogger(name).removeHandler(caplog.handler)
+    assert {r.getMessage() for r in caplog.records} == {"Detected that the Ray Train controller actor (x) is dead."}
+
+
+def test_ray_workers_drop_them_too_and_query_their_own_cluster(local_ray):
+    ray = local_ray
+    marker = uuid.uuid4().hex
+
+    @ray.remote(num_cpus=0)
+    def log_both() -> str | None:
+        import os
+
+        logger = logging.getLogger(CLEANER)
+        logger.warning(f"Failed to query Ray Train Controller actor state. {marker}")
+        logger.warning(f"kept {marker}")
+        return os.environ.get("RAY_ADDRESS")
+
+    address = ray.get(log_both.remote())
+    assert address == ray.get_runtime_context().gcs_address  # the state API client's cluster, not "auto"
+    texts = {}
+    for _ in range(50):  # worker output reaches its log file asynchronously
+        texts = {p: p.read_text(errors="ignore") for p in session_logs(ray).glob("worker-*") if p.is_file()}
+        if any(f"kept {marker}" in t for t in texts.values()):
+            break
+        time.sleep(0.2)
+    assert any(f"kept {marker}" in t for t in texts.values())
+    assert not any(f"actor state. {marker}" in t for t in texts.values())
