@@ -1,9 +1,13 @@
 """Draft quality per training recipe on one toy feature store (issue 4 item 8).
 
-Trains the five recipes of ``pipelines.train.RECIPES`` — EAGLE (``eagle``, one plain stage),
+Trains the recipes of ``pipelines.train.RECIPES`` — EAGLE (``eagle``, one plain stage),
 HASS (``hass``, harmonized context alignment), Beagle early stage only (``beagle-early``),
-Beagle two-stage (``beagle``) and Beagle + top-K distillation (``beagle-topk``, a combination
-neither paper tried) — on the SAME feature store of the toy target, for the SAME total number
+Beagle two-stage (``beagle``), Beagle + top-K distillation (``beagle-topk``, a combination
+neither paper tried), and on the EAGLE-3 features (``--aux-layers``, stored beside the last
+hidden state in the same store; draft vocabulary built by the pipeline's ``feature_plan``):
+EAGLE-3 with training-time test (``eagle3``), EAGLE-3 + HASS alignment (``eagle3-hass``) and
+two-stage Beagle over the fused features (``beagle3``) — on the SAME feature store of the toy
+target, for the SAME total number
 of epochs (a two-stage recipe splits them early/late, the early stage taking the odd one), with
 the same optimizer, LR schedule, seed, batches and held-out split. Per recipe it measures:
 
@@ -60,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-RECIPE_ORDER = ("eagle", "hass", "beagle-early", "beagle", "beagle-topk")
+RECIPE_ORDER = ("eagle", "hass", "beagle-early", "beagle", "beagle-topk", "eagle3", "eagle3-hass", "beagle3")
 MT_BENCH = Path("/work/shared/data/mt_bench.jsonl")
 
 
@@ -146,15 +150,18 @@ def split_epochs(total: int, stages: int) -> list[int]:
 
 
 def build_store(store: Path, target: Path, conversations: int, seed: int, max_length: int, topk: int,
-                samples_per_shard: int) -> dict[str, Any]:
-    """A Zarr feature store of ``conversations`` toy chats (reused when already built the same way)."""
+                samples_per_shard: int, aux_layers: list[int]) -> dict[str, Any]:
+    """A Zarr feature store of ``conversations`` toy chats (reused when already built the same way).
+
+    With ``aux_layers`` the store also holds the EAGLE-3 features (``aux_hidden``: the states entering
+    those target layers, ``target.target_features``), so every recipe trains from the same store."""
     from specdraft.quickstart import compute_features
     from specdraft.store import make_manifest, read_manifest, write_manifest, write_shard
-    from specdraft.target import load_target_model, load_tokenizer, target_id
+    from specdraft.target import AUX_CONVENTION, load_target_model, load_tokenizer, target_features, target_id
     from specdraft.toy.conversations import generate_conversations
 
     spec = {"target_id": target_id(target), "conversations": conversations, "seed": seed, "max_length": max_length,
-            "topk": topk, "samples_per_shard": samples_per_shard}
+            "topk": topk, "samples_per_shard": samples_per_shard, "aux_layers": aux_layers}
     marker = store / "bench_store.json"
     if marker.is_file() and json.loads(marker.read_text()).get("spec") == spec:
         return {**json.loads(marker.read_text()), "reused": True}
@@ -167,7 +174,11 @@ def build_store(store: Path, target: Path, conversations: int, seed: int, max_le
     # compute_features returns the samples sorted by length; ids number them in that order and the
     # held-out split is by id hash (FeatureDataset), identical for every recipe
     d = samples[0]["hidden"].shape[-1]
-    attrs = {"d": d, "k": topk, "hidden_codec": "fp16"}
+    attrs = {"d": d, "k": topk, "hidden_codec": "fp16", **({"aux_layers": aux_layers} if aux_layers else {})}
+    if aux_layers:
+        with torch.no_grad():
+            for s in samples:  # one unpadded prefill per sequence: (T, L*d)
+                s["aux_hidden"] = target_features(model, s["input_ids"][None], None, aux_layers)[2][0]
     records = []
     for index, lo in enumerate(range(0, len(samples), samples_per_shard)):
         part = samples[lo : lo + samples_per_shard]
@@ -182,8 +193,11 @@ def build_store(store: Path, target: Path, conversations: int, seed: int, max_le
             "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             "sample_ids": np.array([f"toy-{seed}-{lo + i:06d}" for i in range(len(part))]),
         }
+        if aux_layers:
+            arrays["aux_hidden"] = torch.cat([s["aux_hidden"] for s in part]).numpy().astype(np.float16)
         records.append(write_shard(store, index, arrays, attrs))
-    write_manifest(store, make_manifest(header={"target_id": spec["target_id"], **attrs}, shards=records))
+    header = {"target_id": spec["target_id"], **attrs, **({"aux_convention": AUX_CONVENTION} if aux_layers else {})}
+    write_manifest(store, make_manifest(header=header, shards=records))
     totals = read_manifest(store)["totals"]
     info = {"spec": spec, "seconds": round(time.perf_counter() - started, 1),
             "sequences": totals["sequences"], "tokens": totals["tokens"], "loss_tokens": totals["loss_tokens"],
@@ -250,16 +264,19 @@ def train_config(args: dict[str, Any], recipe: str):
         val_max_batches=10**6,
         log_every=10**9,
         scaling=ScalingSection(num_workers=1, cpus_per_worker=1.0),
+        **({"draft_vocab_size": args["draft_vocab"]} if args.get("draft_vocab") else {}),
     )
 
 
 def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out: str) -> dict[str, Any]:
     """Train ``recipe`` like ``train_loop_per_worker`` does (one rank, no checkpoints); measure it."""
+    from dataclasses import replace
+
     t_enter = time.perf_counter()
     torch.set_num_threads(args["threads"])
     from transformers.utils import logging as hf_logging
 
-    from pipelines.train import EpochBatches, validate_draft
+    from pipelines.train import EpochBatches, feature_plan, validate_draft
     from specdraft.config import to_dict
     from specdraft.models import build_draft, draft_config_from_target, save_draft
     from specdraft.store import FeatureDataset
@@ -274,11 +291,17 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     heads = load_target_heads(target)
+    # the pipeline's own choice of aux layers and draft vocabulary (written to out/draft_vocab.json)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    aux_layers, vocab_ids = feature_plan(cfg, [store], target, Path(out))
+    vocab = torch.tensor(vocab_ids) if vocab_ids is not None else None
     dcfg = draft_config_from_target(load_target_config(target), arch, intermediate_size=cfg.intermediate_size,
-                                    target_id=target_id(target))
-    draft = build_draft(dcfg, heads.embed, heads.lm_head)
-    train_ds = FeatureDataset([store], cfg.reader, split="train")
-    val_ds = FeatureDataset([store], cfg.reader, split="val")
+                                    target_id=target_id(target), aux_layers=aux_layers or None,
+                                    draft_vocab_size=None if vocab is None else vocab.numel())
+    draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab)
+    reader = replace(cfg.reader, aux=bool(aux_layers))
+    train_ds = FeatureDataset([store], reader, split="train")
+    val_ds = FeatureDataset([store], reader, split="val")
     per_epoch = len(train_ds.batches(0))
     trainer = Trainer(draft, stages, cfg.optim, per_epoch, seed=cfg.seed)
     setup_s = time.perf_counter() - t0
@@ -365,6 +388,8 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
         "sim_after": {"sim_tau": round(after.sim_tau, 4), "alpha": [round(a, 4) for a in after.alpha]},
         "history": history,
         "draft": str(draft_dir),
+        "aux_layers": aux_layers,
+        "draft_vocab_size": None if vocab is None else int(vocab.numel()),
         "threads": torch.get_num_threads(),
     }
 
@@ -545,6 +570,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--val-fraction", type=float, default=0.15, help="held-out share of the store (by sample-id hash)")
     ap.add_argument("--max-length", type=int, default=192)
     ap.add_argument("--topk", type=int, default=10, help="stored top-K")
+    ap.add_argument("--aux-layers", default="1,2,3", help="EAGLE-3 features: HF hidden_states indices (the toy "
+                    "target has too few layers for the default triple 2, N/2, N-3); empty: none")
+    ap.add_argument("--draft-vocab", type=int, default=None, help="draft vocabulary of the EAGLE-3 recipes "
+                    "(default: the pipeline's, capped by the target's vocabulary)")
     ap.add_argument("--samples-per-shard", type=int, default=128)
     ap.add_argument("--epochs", type=int, default=6, help="total epochs per recipe (two-stage: split early/late)")
     ap.add_argument("--max-tokens", type=int, default=2048, help="padded tokens per batch")
@@ -599,8 +628,9 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.perf_counter()
         store = work / "store"
+        aux_layers = [int(x) for x in args.aux_layers.split(",") if x.strip()]
         store_info = build_store(store, target, args.conversations, args.data_seed, args.max_length, args.topk,
-                                 args.samples_per_shard)
+                                 args.samples_per_shard, aux_layers)
         phases["store_s"] = round(time.perf_counter() - t0, 1)
 
         files = [write_toy_questions(work / "questions" / "toy.jsonl", args.prompts, args.prompt_seed, args.max_turns)]
@@ -614,7 +644,8 @@ def main(argv: list[str] | None = None) -> int:
                 mt_note = f"{args.mt_bench_path} not found: skipped"
 
         shared = {k: getattr(args, k) for k in ("threads", "seed", "epochs", "max_tokens", "lr", "warmup", "schedule",
-                                                 "min_lr_ratio", "noise_std", "sim_depth", "val_fraction")}
+                                                 "min_lr_ratio", "noise_std", "sim_depth", "val_fraction",
+                                                 "draft_vocab")}
         results: dict[str, Any] = {}
         t0 = time.perf_counter()
         for recipe in recipes:
