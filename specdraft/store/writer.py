@@ -53,8 +53,9 @@ def write_shard(
     """Write shard ``index`` of ``store_dir`` (temp dir, then rename); returns its record.
 
     ``arrays`` holds every array of ``array_schema``; ``attrs`` must carry ``d``, ``k`` and
-    ``hidden_codec``, and ``aux_layers`` when ``aux_hidden`` is stored. The record (``attrs`` plus counts and per-array sha256) is stored as the
-    shard group's ``specdraft_shard`` attribute, written last, and returned for the manifest.
+    ``hidden_codec``, and ``aux_layers`` when ``aux_hidden`` is stored. The record (``attrs`` plus
+    counts and per-array sha256) is stored as the shard group's ``specdraft_shard`` attribute,
+    written last, and returned for the manifest.
     """
     store_dir = Path(store_dir)
     schema = array_schema(attrs["d"], attrs["k"], attrs["hidden_codec"], len(attrs.get("aux_layers") or []))
