@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from pipelines.dump import FeaturesConfig, dump_features
-from pipelines.train import EpochBatches, RECIPES, validate_draft
+from pipelines.train import RECIPES, validate_draft
 from specdraft.models import build_draft, draft_config_from_target
-from specdraft.store import FeatureDataset, ReaderConfig
+from specdraft.store import EpochBatches, FeatureDataset, ReaderConfig
 from specdraft.target import load_target_config, load_target_heads
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations

@@ -276,10 +276,10 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
     torch.set_num_threads(args["threads"])
     from transformers.utils import logging as hf_logging
 
-    from pipelines.train import EpochBatches, feature_plan, validate_draft
+    from pipelines.train import feature_plan, validate_draft
     from specdraft.config import to_dict
     from specdraft.models import build_draft, draft_config_from_target, save_draft
-    from specdraft.store import FeatureDataset
+    from specdraft.store import EpochBatches, FeatureDataset
     from specdraft.target import load_target_config, load_target_heads, target_id
     from specdraft.training import Trainer
 

@@ -155,19 +155,6 @@ class TrainConfig:
         return self.arch == "eagle3" or (recipe is not None and recipe.eagle3_features)
 
 
-class EpochBatches:
-    """An epoch's batches of one rank as a lazy sequence (loads only what is trained)."""
-
-    def __init__(self, dataset: FeatureDataset, epoch: int):
-        self.dataset, self.plan = dataset, dataset.batches(epoch)
-
-    def __len__(self) -> int:
-        return len(self.plan)
-
-    def __getitem__(self, i: int):
-        return self.dataset.load(self.plan[i])
-
-
 def fit_batches(dataset: FeatureDataset, cfg: TrainConfig, stages: list[StageConfig]) -> ReaderConfig:
     """The reader config whose batches give at least ``cfg.min_steps`` optimizer steps per rank.
 
@@ -198,7 +185,7 @@ def validate_draft(draft, dataset: FeatureDataset | None, depth: int, max_batche
     core.eval()
     with gathered(core):  # drafting runs outside the forward: FSDP2 shards must be gathered by hand
         for seqs in dataset.batches(0)[:max_batches]:
-            counts.add(simulated_acceptance(core, dataset.load(seqs).to(device), depth))
+            counts.add(simulated_acceptance(core, dataset.load(seqs, lazy=True).to(device), depth))
     core.train()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         both = torch.stack([counts.accepted, counts.reached]).to(device)
@@ -323,8 +310,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         tr.logger.log_metrics(metrics, tr.state.step)
         report(metrics, with_checkpoint=True)
 
-    def batches(stage: int, epoch: int) -> EpochBatches:
-        return EpochBatches(train_ds, epoch_offsets[stage] + epoch)
+    def batches(stage: int, epoch: int):  # read ahead in the background, decoded on the device (Batch.to)
+        return train_ds.epoch_batches(epoch_offsets[stage] + epoch)
 
     fail_at = int(config.get("fail_at_step") or 0)  # fault injection (tests, failure drills)
     if fail_at:

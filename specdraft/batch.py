@@ -13,7 +13,12 @@ import torch
 
 @dataclass
 class Batch:
-    """A padded batch of dumped features. Positions are 0..T-1 per row (right padding)."""
+    """A padded batch of dumped features. Positions are 0..T-1 per row (right padding).
+
+    The store's reader may hand out a batch still in its stored form — ``hidden`` / ``aux_hidden`` as
+    float16 or bfloat16, or int8 codes with ``hidden_scale`` / ``aux_scale`` — so that only the stored
+    bytes travel to the device; ``to(device)`` decodes them there to float32 (``decoded`` tells which).
+    """
 
     input_ids: torch.Tensor  # (B, T) int64
     hidden: torch.Tensor  # (B, T, d) true states (what lm_head consumes)
@@ -22,15 +27,46 @@ class Batch:
     topk_ids: torch.Tensor | None = None  # (B, T, K) int64
     topk_logp: torch.Tensor | None = None  # (B, T, K) float: target log-probs of topk_ids
     aux_hidden: torch.Tensor | None = None  # (B, T, L*d) auxiliary target layers (EAGLE-3 features)
+    hidden_scale: torch.Tensor | None = None  # (B, T) float32: ``hidden`` holds int8 codes (hidden = codes * scale)
+    aux_scale: torch.Tensor | None = None  # (B, T, L) float32: ``aux_hidden`` holds int8 codes, one scale per layer
 
     @property
     def positions(self) -> torch.Tensor:
         b, t = self.input_ids.shape
         return torch.arange(t, device=self.input_ids.device).expand(b, t)  # (B, T)
 
+    @property
+    def decoded(self) -> bool:
+        """Whether the features are float32 values (not stored codes awaiting ``to``)."""
+        return all(x is None or x.dtype == torch.float32 for x in (self.hidden, self.aux_hidden))
+
     def to(self, device: torch.device | str) -> "Batch":
+        """This batch on ``device``, its features decoded there to float32 (a no-op decode when they are)."""
         move = lambda x: None if x is None else x.to(device, non_blocking=True)  # noqa: E731
-        return Batch(*(move(getattr(self, f)) for f in self.__dataclass_fields__))
+        moved = {f: move(getattr(self, f)) for f in self.__dataclass_fields__}
+        moved["hidden"] = decode_features(moved["hidden"], moved.pop("hidden_scale"))  # (B, T, d)
+        if moved["aux_hidden"] is not None:
+            moved["aux_hidden"] = decode_features(moved["aux_hidden"], moved["aux_scale"])  # (B, T, L*d)
+        moved.pop("aux_scale")
+        return Batch(**moved)
+
+    def pin_memory(self) -> "Batch":
+        """The same batch in page-locked host memory (fast, asynchronous copies to a GPU)."""
+        pin = lambda x: None if x is None else x.pin_memory()  # noqa: E731
+        return Batch(**{f: pin(getattr(self, f)) for f in self.__dataclass_fields__})
+
+
+def decode_features(values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """Stored features -> float32: float16/bfloat16 widened; int8 codes (..., P*w) times their scale
+    (..., P) — one scale per slice of width w (P = 1: ``hidden``; P = L layers: ``aux_hidden``)."""
+    if values.dtype == torch.int8:
+        assert scale is not None, "int8 features need their scale"
+        parts = scale.shape[-1] if scale.dim() == values.dim() else 1
+        scale = scale if scale.dim() == values.dim() else scale[..., None]  # (..., P)
+        shape = values.shape
+        return (values.reshape(*shape[:-1], parts, shape[-1] // parts).float() * scale[..., None]).reshape(shape)
+    assert scale is None, f"a scale only goes with int8 codes, not {values.dtype}"
+    return values.float()
 
 
 def pad_batch(samples: list[dict[str, torch.Tensor]]) -> Batch:

@@ -309,7 +309,9 @@ def target_features(
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap  # (B, T, V)
-    aux = torch.where(valid, aux_states(out.hidden_states, aux_layers, home), zero) if aux_layers else None  # (B, T, L*d)
+    aux = None
+    if aux_layers:
+        aux = torch.where(valid, aux_states(out.hidden_states, aux_layers, home), zero)  # (B, T, L*d)
     return hidden, logits, aux
 
 

@@ -17,7 +17,9 @@ Only this package of ``specdraft`` imports zarr, and it imports no training code
 
 from specdraft.store.manifest import ValidationReport, make_manifest, read_manifest, validate, write_manifest
 from specdraft.store.reader import (
+    EpochBatches,
     FeatureDataset,
+    Prefetcher,
     ReaderConfig,
     balance_batches,
     check_aux_layers,
@@ -49,10 +51,11 @@ from specdraft.store.schema import (
 from specdraft.store.writer import list_shard_dirs, read_shard_record, write_shard
 
 __all__ = [
-    "AUX_ARRAYS", "COMPRESSIONS", "FORMAT_NAME", "HIDDEN_CODECS", "LOSSY_CODECS", "MANIFEST_FILE", "SCHEMA_VERSION",
-    "SEQUENCE_ARRAYS", "SHARD_ATTR", "TOKEN_ARRAYS", "FeatureDataset", "ReaderConfig", "StoreError",
-    "ValidationReport", "array_digest", "array_schema", "balance_batches", "bytes_per_token_reference", "check_aux_layers",
-    "decode_hidden", "encode_hidden", "is_held_out", "list_shard_dirs", "make_manifest", "open_stores",
-    "predicted_token_counts", "read_manifest", "read_shard_record", "shard_index", "shard_name",
-    "temp_shard_name", "validate", "write_manifest", "write_shard",
+    "AUX_ARRAYS", "COMPRESSIONS", "FORMAT_NAME", "HIDDEN_CODECS", "LOSSY_CODECS", "MANIFEST_FILE",
+    "SCHEMA_VERSION", "SEQUENCE_ARRAYS", "SHARD_ATTR", "TOKEN_ARRAYS", "EpochBatches", "FeatureDataset",
+    "Prefetcher", "ReaderConfig", "StoreError", "ValidationReport", "array_digest", "array_schema",
+    "balance_batches", "bytes_per_token_reference", "check_aux_layers", "decode_hidden", "encode_hidden",
+    "is_held_out", "list_shard_dirs", "make_manifest", "open_stores", "predicted_token_counts",
+    "read_manifest", "read_shard_record", "shard_index", "shard_name", "temp_shard_name", "validate",
+    "write_manifest", "write_shard",
 ]

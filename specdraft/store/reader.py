@@ -1,23 +1,29 @@
 """The training reader: ``FeatureDataset`` yields ``batch.Batch`` objects from one or more stores.
 
 Length-bucketed, right-padded, deterministic for (seed, epoch), split into equal batch counts per
-DDP rank, with a held-out split by sample-id hash.
+DDP rank, with a held-out split by sample-id hash. Fast path (issue 12.4): a batch's sequences are
+read shard by shard with one Zarr read per array and run of nearby rows, sliced in numpy; the
+features stay in their stored dtype (float16 / bfloat16 / int8 codes + scales) until
+``Batch.to(device)`` decodes them on the device; a ``Prefetcher`` thread reads the next batches
+(pinned when CUDA is available) while the trainer computes (``EpochBatches``, iteration).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import queue
+import threading
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
 import numpy as np
 import torch
 
-from specdraft.batch import Batch, pad_batch
+from specdraft.batch import Batch
 from specdraft.store import location
 from specdraft.store.manifest import read_manifest
-from specdraft.store.schema import StoreError, decode_hidden
+from specdraft.store.schema import StoreError, array_schema, decode_hidden, stored_tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -30,11 +36,13 @@ class ReaderConfig:
     shuffle: bool = True  # False: batches in length order, same every epoch
     bucket_size: int = 1024  # sequences sorted by length within windows of this many
     aux: bool = False  # fill Batch.aux_hidden (B, T, L*d) from the stores' auxiliary layers (EAGLE-3 features)
+    prefetch: int = 2  # batches read ahead on a background thread (0: read in the consumer's thread)
 
     def __post_init__(self) -> None:
         assert self.max_tokens >= 1 and self.bucket_size >= 1, "max_tokens and bucket_size must be >= 1"
         assert self.max_length is None or self.max_length >= 1, "max_length must be >= 1"
         assert 0.0 <= self.val_fraction < 1.0, f"val_fraction {self.val_fraction} not in [0, 1)"
+        assert self.prefetch >= 0, "prefetch must be >= 0"
 
 
 def is_held_out(sample_id: str, fraction: float) -> bool:
@@ -94,11 +102,13 @@ def balance_batches(batches: list[list[int]], world_size: int) -> list[list[int]
 class FeatureDataset(torch.utils.data.IterableDataset):
     """Batches of stored features for one (rank, world_size) partition and one split.
 
-    Iterate it directly or through ``DataLoader(ds, batch_size=None, num_workers=n,
-    multiprocessing_context="spawn")`` (workers take every n-th batch of this rank; use spawn:
-    zarr's IO thread does not survive a fork). Call ``set_epoch`` before each epoch; the plan depends
-    only on (seed, epoch, split, world_size), so every rank computes the same global plan and
-    takes batches ``rank::world_size`` — equal counts on every rank.
+    Iterate it directly, take an epoch as a sequence (``epoch_batches``, the trainer's way), or go
+    through ``DataLoader(ds, batch_size=None, num_workers=n, multiprocessing_context="spawn")``
+    (workers take every n-th batch of this rank; use spawn: zarr's IO thread does not survive a
+    fork). All three hand out batches in stored form, read ahead; ``load`` decodes unless ``lazy``.
+    Call ``set_epoch`` before each epoch; the plan depends only on (seed, epoch, split, world_size),
+    so every rank computes the same global plan and takes batches ``rank::world_size`` — equal
+    counts on every rank.
     """
 
     def __init__(
@@ -183,34 +193,100 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         return len(self.batches())
 
     def __iter__(self) -> Iterator[Batch]:
+        """This rank's batches for the current epoch in stored form (``Batch.to`` decodes them), read
+        ``cfg.prefetch`` batches ahead on a background thread; under a DataLoader, this worker's share."""
         mine = self.batches()
         info = torch.utils.data.get_worker_info()
         if info is not None:
             mine = mine[info.id :: info.num_workers]
-        for seqs in mine:
-            yield self.load(seqs)
+        with Prefetcher(lambda seqs: self.load(seqs, lazy=True), mine, self.cfg.prefetch) as batches:
+            yield from batches
 
-    def load(self, seqs: list[int]) -> Batch:
-        """Read sequences (indices into this split) into a right-padded ``Batch``."""
-        samples = []
-        for i in seqs:
-            key = int(self._key[i])
-            arrays, codec = self._arrays(key), self._shards[key][1]
-            a, b = int(self._start[i]), int(self._start[i] + self._length[i])
-            scale = arrays["hidden_scale"][a:b] if codec == "int8" else None  # (L,)
-            lse = torch.from_numpy(arrays["logsumexp"][a:b])  # (L,)
-            topk_logits = torch.from_numpy(arrays["topk_logits"][a:b]).float()  # (L, K)
-            samples.append({
-                "input_ids": torch.from_numpy(arrays["input_ids"][a:b].astype(np.int64)),  # (L,)
-                "hidden": decode_hidden(arrays["hidden"][a:b], codec, scale),  # (L, d)
-                "loss_mask": torch.from_numpy(arrays["loss_mask"][a:b].astype(bool)),  # (L,)
-                "topk_ids": torch.from_numpy(arrays["topk_ids"][a:b].astype(np.int64)),  # (L, K)
-                "topk_logp": topk_logits - lse[:, None],  # (L, K)
-            })
-            if self.aux_layers:
-                aux_scale = arrays["aux_hidden_scale"][a:b] if codec == "int8" else None  # (L, A)
-                samples[-1]["aux_hidden"] = decode_hidden(arrays["aux_hidden"][a:b], codec, aux_scale)  # (L, A*d)
-        return pad_batch(samples)
+    def epoch_batches(self, epoch: int) -> "EpochBatches":
+        """This rank's batches of ``epoch`` as a lazy sequence read ahead in the background."""
+        return EpochBatches(self, epoch)
+
+    def load(self, seqs: list[int], lazy: bool = False) -> Batch:
+        """Read sequences (indices into this split) into a right-padded ``Batch``.
+
+        ``lazy``: the features stay in their stored form (float16 / bfloat16 / int8 codes and scales; a
+        batch mixing stores of different codecs is decoded) until ``Batch.to(device)`` decodes them on
+        the device; otherwise they are decoded here to float32.
+
+        Sequences are read shard by shard, each run of nearby rows with one read per array (rows
+        closer than a chunk are read through: the chunk is decompressed anyway), then sliced in numpy.
+        """
+        assert len(seqs) > 0, "cannot load an empty batch"
+        seqs = [int(i) for i in seqs]
+        lengths = self._length[seqs]  # (B,)
+        n, t, d, k = len(seqs), int(lengths.max()), self.d, self.k
+        codecs = {self._shards[int(self._key[i])][1] for i in seqs}
+        codec = codecs.pop() if len(codecs) == 1 else None  # None: mixed codecs, decoded to float32
+        feature_dtype = np.float32 if codec is None else np.dtype(array_schema(d, k, codec)["hidden"][0])
+        aux_width = d * len(self.aux_layers)
+        out = {
+            "input_ids": np.zeros((n, t), np.int64),
+            "loss_mask": np.zeros((n, t), bool),
+            "valid": np.arange(t)[None, :] < lengths[:, None],  # (B, T)
+            "hidden": np.zeros((n, t, d), feature_dtype),
+            "topk_ids": np.zeros((n, t, k), np.int64),
+            "topk_logp": np.full((n, t, k), -1e4, np.float32),
+        }
+        if codec == "int8":
+            out["hidden_scale"] = np.zeros((n, t), np.float32)
+        if aux_width:
+            out["aux_hidden"] = np.zeros((n, t, aux_width), feature_dtype)
+            if codec == "int8":
+                out["aux_scale"] = np.zeros((n, t, len(self.aux_layers)), np.float32)
+        by_shard: dict[int, list[int]] = {}
+        for row, i in enumerate(seqs):
+            by_shard.setdefault(int(self._key[i]), []).append(row)
+        for key, rows in by_shard.items():
+            arrays, shard_codec = self._arrays(key), self._shards[key][1]
+            gap = arrays["hidden"].chunks[0]
+            spans = sorted((int(self._start[seqs[r]]), int(lengths[r]), r) for r in rows)  # (start, length, row)
+            for run in _runs(spans, gap):
+                lo, hi = run[0][0], max(a + m for a, m, _ in run)
+                self._read_run(arrays, shard_codec, codec, lo, hi, [(r, a - lo, m) for a, m, r in run], out)
+        batch = Batch(
+            input_ids=torch.from_numpy(out["input_ids"]),
+            hidden=_features(out["hidden"], codec),
+            loss_mask=torch.from_numpy(out["loss_mask"]),
+            valid=torch.from_numpy(np.ascontiguousarray(out["valid"])),
+            topk_ids=torch.from_numpy(out["topk_ids"]),
+            topk_logp=torch.from_numpy(out["topk_logp"]),
+            aux_hidden=_features(out["aux_hidden"], codec) if aux_width else None,
+            hidden_scale=torch.from_numpy(out["hidden_scale"]) if "hidden_scale" in out else None,
+            aux_scale=torch.from_numpy(out["aux_scale"]) if "aux_scale" in out else None,
+        )
+        return batch if lazy else batch.to("cpu")
+
+    def _read_run(self, arrays: dict[str, Any], shard_codec: str, codec: str | None, lo: int, hi: int,
+                  spans: list[tuple[int, int, int]], out: dict[str, np.ndarray]) -> None:
+        """Read rows [lo, hi) of one shard once per array and copy ``spans`` (batch row, offset, length) out."""
+        ids = arrays["input_ids"][lo:hi]  # (R,)
+        mask = arrays["loss_mask"][lo:hi]  # (R,)
+        topk_ids = arrays["topk_ids"][lo:hi]  # (R, K)
+        topk_logp = arrays["topk_logits"][lo:hi].astype(np.float32) - arrays["logsumexp"][lo:hi][:, None]  # (R, K)
+        features = [("hidden", "hidden_scale", "hidden_scale")]
+        if "aux_hidden" in out:
+            features.append(("aux_hidden", "aux_hidden_scale", "aux_scale"))
+        stored = {}
+        for name, scale_name, out_scale in features:
+            values = arrays[name][lo:hi]  # (R, F)
+            scale = arrays[scale_name][lo:hi] if shard_codec == "int8" else None  # (R,) | (R, L)
+            if codec is None:  # mixed codecs in one batch: decode here
+                values, scale = decode_hidden(values, shard_codec, scale).numpy(), None
+            stored[name] = (values, scale, out_scale)
+        for row, a, m in spans:
+            out["input_ids"][row, :m] = ids[a : a + m]
+            out["loss_mask"][row, :m] = mask[a : a + m]
+            out["topk_ids"][row, :m] = topk_ids[a : a + m]
+            out["topk_logp"][row, :m] = topk_logp[a : a + m]
+            for name, (values, scale, out_scale) in stored.items():
+                out[name][row, :m] = values[a : a + m]
+                if scale is not None:
+                    out[out_scale][row, :m] = scale[a : a + m]
 
     def _arrays(self, key: int) -> dict[str, Any]:
         """Zarr arrays of shard ``key``, opened once per process."""
@@ -218,6 +294,145 @@ class FeatureDataset(torch.utils.data.IterableDataset):
             group = location.open_group(self._shards[key][0], "r")
             self._open[key] = {name: array for name, array in group.arrays()}
         return self._open[key]
+
+
+def _runs(spans: list[tuple[int, int, int]], gap: int) -> list[list[tuple[int, int, int]]]:
+    """Group (start, length, row) spans sorted by start into runs whose holes are shorter than ``gap`` rows."""
+    runs: list[list[tuple[int, int, int]]] = []
+    end = 0
+    for a, m, r in spans:
+        if runs and a - end < gap:
+            runs[-1].append((a, m, r))
+            end = max(end, a + m)
+        else:
+            runs.append([(a, m, r)])
+            end = a + m
+    return runs
+
+
+def _features(values: np.ndarray, codec: str | None) -> torch.Tensor:
+    """A padded feature buffer as a tensor of its stored dtype (bf16 bits viewed as bfloat16)."""
+    return stored_tensor(values, codec) if codec is not None else torch.from_numpy(values)
+
+
+class EpochBatches:
+    """One epoch's batches of one rank as a lazy sequence, in stored form (``Batch.to`` decodes).
+
+    Indexing in order — ``range(start, len)``, as the trainer does, resuming mid-epoch included — is
+    served by a ``Prefetcher`` started at the first index asked for; any other index restarts it there.
+    """
+
+    def __init__(self, dataset: FeatureDataset, epoch: int) -> None:
+        self.dataset, self.plan = dataset, dataset.batches(epoch)
+        self._prefetcher: Prefetcher | None = None
+        self._next = -1
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, i: int) -> Batch:
+        assert 0 <= i < len(self.plan), f"batch {i} outside [0, {len(self.plan)})"
+        if self._prefetcher is None or i != self._next:
+            self.close()
+            self._prefetcher = Prefetcher(lambda seqs: self.dataset.load(seqs, lazy=True), self.plan[i:],
+                                          self.dataset.cfg.prefetch)
+        self._next = i + 1
+        batch = next(self._prefetcher)
+        if self._next == len(self.plan):
+            self.close()
+        return batch
+
+    def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Prefetcher:
+    """``load(item)`` for each item in order, ``depth`` items ahead on a background thread.
+
+    A bounded queue holds the loaded batches (pinned when CUDA is available, so the copy to the GPU
+    is asynchronous); an exception in ``load`` is raised to the consumer at that position; ``close``
+    (or leaving the ``with`` block, or exhausting it) stops and joins the thread. ``depth`` 0 loads in
+    the consumer's thread.
+    """
+
+    _DONE = object()
+
+    def __init__(self, load, items: list, depth: int = 2, pin: bool | None = None) -> None:
+        self.load, self.items, self.depth = load, list(items), depth
+        self.pin = torch.cuda.is_available() if pin is None else pin
+        self._position = 0
+        self._stop = threading.Event()
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._thread = None
+        if depth > 0:
+            self._thread = threading.Thread(target=self._work, name="specdraft-prefetch", daemon=True)
+            self._thread.start()
+
+    def _produce(self, item):
+        batch = self.load(item)
+        return batch.pin_memory() if self.pin else batch
+
+    def _work(self) -> None:
+        for item in self.items:
+            if self._stop.is_set():
+                return
+            try:
+                result = (True, self._produce(item))
+            except BaseException as err:  # noqa: BLE001 - handed to the consumer, raised there
+                result = (False, err)
+            if not self._put(result) or not result[0]:
+                return
+        self._put((True, self._DONE))
+
+    def _put(self, result) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(result, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> "Prefetcher":
+        return self
+
+    def __next__(self):
+        if self._thread is None:  # depth 0: synchronous
+            if self._position >= len(self.items):
+                raise StopIteration
+            self._position += 1
+            return self._produce(self.items[self._position - 1])
+        if self._stop.is_set():
+            raise StopIteration
+        ok, value = self._queue.get()
+        if ok and value is self._DONE:
+            self.close()
+            raise StopIteration
+        if not ok:
+            self.close()
+            raise value
+        return value
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            while self._thread.is_alive():
+                try:
+                    self._queue.get(timeout=0.05)  # unblock a put
+                except queue.Empty:
+                    pass
+            self._thread.join()
+
+    def __enter__(self) -> "Prefetcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def predicted_token_counts(paths: str | Path | list[str | Path], vocab_size: int) -> np.ndarray:

@@ -19,6 +19,8 @@ import uuid
 import numpy as np
 import torch
 
+from specdraft.batch import decode_features
+
 SCHEMA_VERSION = 1
 FORMAT_NAME = "specdraft-features"
 MANIFEST_FILE = "manifest.json"
@@ -111,20 +113,19 @@ def encode_hidden(hidden: torch.Tensor, codec: str, *, name: str = "hidden", par
 
 def decode_hidden(hidden: np.ndarray, codec: str, scale: np.ndarray | None = None) -> torch.Tensor:
     """Stored ``hidden`` (N, F) (+ its int8 scale (N,) or (N, P)) -> float32 (N, F)."""
-    if codec == "fp16":
-        return torch.from_numpy(np.ascontiguousarray(hidden)).float()  # (N, F)
+    if codec not in HIDDEN_CODECS:
+        raise ValueError(f"hidden codec {codec!r} not in {HIDDEN_CODECS}")
+    values = stored_tensor(hidden, codec)  # (N, F)
+    return decode_features(values, None if scale is None else torch.from_numpy(np.ascontiguousarray(scale, np.float32)))
+
+
+def stored_tensor(values: np.ndarray, codec: str) -> torch.Tensor:
+    """A stored ``hidden``/``aux_hidden`` array as a tensor of its torch dtype, without copying:
+    float16 (fp16), bfloat16 (bf16: the uint16 bits viewed) or int8 codes (int8)."""
+    values = np.ascontiguousarray(values)
     if codec == "bf16":
-        bits = torch.from_numpy(np.ascontiguousarray(hidden).view(np.int16))  # (N, F)
-        return bits.view(torch.bfloat16).float()  # (N, F)
-    if codec == "int8":
-        assert scale is not None, "int8 hidden needs its scale"
-        q = torch.from_numpy(np.ascontiguousarray(hidden)).float()  # (N, F)
-        s = torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32))  # (N,) | (N, P)
-        if s.dim() == 1:
-            return q * s[:, None]  # (N, F)
-        n, parts = s.shape
-        return (q.reshape(n, parts, -1) * s[..., None]).reshape(q.shape)  # (N, F)
-    raise ValueError(f"hidden codec {codec!r} not in {HIDDEN_CODECS}")
+        return torch.from_numpy(values.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(values)
 
 
 def array_digest(values: np.ndarray) -> str:

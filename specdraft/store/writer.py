@@ -55,8 +55,9 @@ def write_shard(
     """Write shard ``index`` of ``store_dir`` (temp dir, then rename; at a URL in place); returns its record.
 
     ``arrays`` holds every array of ``array_schema``; ``attrs`` must carry ``d``, ``k`` and
-    ``hidden_codec``, and ``aux_layers`` when ``aux_hidden`` is stored. The record (``attrs`` plus counts and per-array sha256) is stored as the
-    shard group's ``specdraft_shard`` attribute, written last, and returned for the manifest.
+    ``hidden_codec``, and ``aux_layers`` when ``aux_hidden`` is stored. The record (``attrs`` plus
+    counts and per-array sha256) is stored as the shard group's ``specdraft_shard`` attribute,
+    written last, and returned for the manifest.
     """
     url = location.is_url(store_dir)
     store_dir = location.as_location(store_dir)

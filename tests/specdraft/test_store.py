@@ -66,10 +66,11 @@ def synthetic(tmp_path_factory):
 
 
 def rows_of(ds: FeatureDataset, epoch: int = 0):
-    """(sample_id, batch, row) for every sequence the dataset yields, in order."""
+    """(sample_id, batch, row) for every sequence the dataset yields, in order (batches decoded by ``to``)."""
     ds.set_epoch(epoch)
     out = []
-    for seqs, batch in zip(ds.batches(), ds):
+    for seqs, stored in zip(ds.batches(), ds):
+        batch = stored.to("cpu")
         for row, i in enumerate(seqs):
             out.append((ds.sample_ids[i], batch, row))
     return out
@@ -108,6 +109,8 @@ def test_reader_yields_exact_padded_batches(synthetic):
     root, truth = synthetic
     ds = FeatureDataset(root, ReaderConfig(max_tokens=64), split="all")
     assert (ds.d, ds.k) == (D, K)
+    stored = next(iter(ds))  # iteration hands out the stored form; .to(device) decodes
+    assert stored.hidden.dtype == torch.float16 and not stored.decoded and stored.to("cpu").decoded
     seen = set()
     for sid, batch, row in rows_of(ds):
         t = truth[sid]
@@ -136,6 +139,7 @@ def test_reader_is_deterministic_per_seed_and_epoch(synthetic):
     assert a.batches(1) != FeatureDataset(root, ReaderConfig(max_tokens=48, seed=4)).batches(1)
     for x, y in zip(a, b):
         assert torch.equal(x.input_ids, y.input_ids) and torch.equal(x.hidden, y.hidden)
+    assert torch.equal(a.load(a.batches(0)[0]).hidden, next(iter(a)).to("cpu").hidden)
     fixed = FeatureDataset(root, ReaderConfig(max_tokens=48, shuffle=False))
     assert fixed.batches(0) == fixed.batches(5)
 
@@ -333,9 +337,130 @@ def test_aux_hidden_round_trip(tmp_path, codec):
 
 
 def test_reader_asking_for_aux_from_a_store_without_is_a_clear_error(synthetic, tmp_path):
-    with pytest.raises(StoreError, match="has no aux_hidden .dumped without aux_layers.: dump it again with aux_layers=eagle3"):
+    with pytest.raises(StoreError, match="has no aux_hidden .dumped without aux_layers.: dump it again with aux_layers="):
         FeatureDataset(synthetic[0], ReaderConfig(aux=True))
     make_store(tmp_path / "a", shards=1, aux=(0, 1))
     make_store(tmp_path / "b", shards=1, aux=(0, 2), prefix="b")
     with pytest.raises(StoreError, match="different aux layers"):
         FeatureDataset([tmp_path / "a", tmp_path / "b"], ReaderConfig(aux=True))
+
+
+# --- fast reader: grouped reads, lazy decode, prefetch ----------------------------------------------
+
+
+def reference_load(ds: FeatureDataset, seqs: list[int]):
+    """The reader as it was before grouped reads: one read per sequence and array, decoded to float32,
+    padded by ``pad_batch`` — the oracle the fast reader must reproduce bit for bit."""
+    from specdraft.batch import pad_batch
+
+    samples = []
+    for i in seqs:
+        key = int(ds._key[i])
+        arrays, codec = ds._arrays(key), ds._shards[key][1]
+        a, b = int(ds._start[i]), int(ds._start[i] + ds._length[i])
+        scale = arrays["hidden_scale"][a:b] if codec == "int8" else None
+        lse = torch.from_numpy(arrays["logsumexp"][a:b])
+        topk_logits = torch.from_numpy(arrays["topk_logits"][a:b]).float()
+        sample = {
+            "input_ids": torch.from_numpy(arrays["input_ids"][a:b].astype(np.int64)),
+            "hidden": store.decode_hidden(arrays["hidden"][a:b], codec, scale),
+            "loss_mask": torch.from_numpy(arrays["loss_mask"][a:b].astype(bool)),
+            "topk_ids": torch.from_numpy(arrays["topk_ids"][a:b].astype(np.int64)),
+            "topk_logp": topk_logits - lse[:, None],
+        }
+        if ds.aux_layers:
+            aux_scale = arrays["aux_hidden_scale"][a:b] if codec == "int8" else None
+            sample["aux_hidden"] = store.decode_hidden(arrays["aux_hidden"][a:b], codec, aux_scale)
+        samples.append(sample)
+    return pad_batch(samples)
+
+
+def assert_same_batch(x, y):
+    for name in ("input_ids", "hidden", "loss_mask", "valid", "topk_ids", "topk_logp", "aux_hidden"):
+        a, b = getattr(x, name), getattr(y, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16", "int8"])
+def test_fast_reader_gives_the_old_readers_batches(tmp_path, codec):
+    """Grouped reads + lazy decode == one read per sequence decoded on the host, for every batch of two
+    epochs (same plan, same order), truncation, a second store, and a resumed epoch."""
+    make_store(tmp_path / "a", shards=3, per_shard=9, codec=codec, aux=(0, 2))
+    make_store(tmp_path / "b", shards=1, per_shard=5, codec=codec, aux=(0, 2), prefix="b", seed=3)
+    for cfg in (ReaderConfig(max_tokens=96, seed=2, aux=True), ReaderConfig(max_tokens=40, max_length=9, seed=5)):
+        ds = FeatureDataset([tmp_path / "a", tmp_path / "b"], cfg, split="all")
+        for epoch in (0, 1):
+            plan = ds.batches(epoch)
+            ds.set_epoch(epoch)
+            stored = list(ds)
+            assert len(stored) == len(plan) > 3
+            for seqs, lazy in zip(plan, stored):
+                want = reference_load(ds, seqs)
+                assert_same_batch(lazy.to("cpu"), want)
+                assert_same_batch(ds.load(seqs), want)
+                if codec == "int8":
+                    assert lazy.hidden.dtype == torch.int8 and lazy.hidden_scale is not None
+            sequence = ds.epoch_batches(epoch)
+            for index in range(2, len(sequence)):  # a trainer resuming at batch 2
+                assert_same_batch(sequence[index].to("cpu"), reference_load(ds, plan[index]))
+
+
+def test_mixed_codecs_in_one_batch_are_decoded_by_the_reader(tmp_path):
+    make_store(tmp_path / "a", shards=1, per_shard=6)
+    make_store(tmp_path / "b", shards=1, per_shard=6, codec="int8", prefix="b", seed=2)
+    ds = FeatureDataset([tmp_path / "a", tmp_path / "b"], ReaderConfig(max_tokens=10**6), split="all")
+    [seqs] = ds.batches(0)
+    lazy = ds.load(seqs, lazy=True)
+    assert lazy.hidden.dtype == torch.float32 and lazy.hidden_scale is None
+    assert_same_batch(lazy.to("cpu"), reference_load(ds, seqs))
+
+
+def test_grouped_reads_read_each_run_once(synthetic, monkeypatch):
+    """A batch holding every sequence of a shard costs one read per array of that shard."""
+    root, _ = synthetic
+    ds = FeatureDataset(root, ReaderConfig(max_tokens=10**6, shuffle=False), split="all")
+    [seqs] = ds.batches(0)
+    arrays = ds._arrays(0)
+    reads = []
+    for name, array in list(arrays.items()):
+        class Counting:
+            def __init__(self, inner, name):
+                self.inner, self.name, self.chunks = inner, name, inner.chunks
+
+            def __getitem__(self, key):
+                reads.append(self.name)
+                return self.inner[key]
+        arrays[name] = Counting(array, name)
+    ds.load(seqs)
+    assert sorted(reads) == sorted(["input_ids", "loss_mask", "hidden", "topk_ids", "topk_logits", "logsumexp"])
+
+
+def test_prefetcher_propagates_errors_and_stops():
+    import threading
+
+    from specdraft.store.reader import Prefetcher
+
+    def load(i):
+        if i == 3:
+            raise KeyError("boom at 3")
+        return i
+
+    class Item(int):
+        def pin_memory(self):
+            return self
+
+    got = []
+    with pytest.raises(KeyError, match="boom at 3"):
+        with Prefetcher(lambda i: Item(load(i)), list(range(6)), depth=2) as batches:
+            for b in batches:
+                got.append(int(b))
+    assert got == [0, 1, 2]
+    before = threading.active_count()
+    p = Prefetcher(lambda i: Item(i), list(range(100)), depth=2)
+    assert [int(next(p)) for _ in range(3)] == [0, 1, 2]
+    p.close()  # consumer stops early: the producer, blocked on a full queue, is joined
+    assert not p._thread.is_alive() and threading.active_count() <= before
+    assert [int(x) for x in Prefetcher(lambda i: Item(i), [5, 6], depth=0)] == [5, 6]
+    assert list(Prefetcher(lambda i: Item(i), [], depth=2)) == []
