@@ -513,7 +513,7 @@ def print_table(result: dict[str, Any]) -> None:
             f"{'cpu ms/tok':>10s} "
             f"{'peak MB':>7s} {'sim_tau':>13s} {'sim alpha_1..3':>17s}")
     for name in datasets:
-        head += f" | {name[:9] + ' chain':>15s} {'tree':>5s} {'lossless':>8s}"
+        head += f" | {name[:9] + ' chain':>15s} {'tree':>5s} {'pld':>5s} {'lossless':>8s}"
     print(head)
     print("-" * len(head))
     for recipe, r in rows.items():
@@ -528,11 +528,13 @@ def print_table(result: dict[str, Any]) -> None:
             d = r["decode"][name]
             ok = sum(d[m]["lossless_checked"] - d[m]["lossless_mismatches"] for m in d)
             checked = sum(d[m]["lossless_checked"] for m in d)
-            line += f" | {_fmt(d['chain']['tau']):>15s} {_fmt(d['tree']['tau']):>5s} {f'{ok}/{checked}':>8s}"
+            line += (f" | {_fmt(d['chain']['tau']):>15s} {_fmt(d['tree']['tau']):>5s} "
+                     f"{_fmt(d['chain'].get('tau_pld')):>5s} {f'{ok}/{checked}':>8s}")
         print(line)
     print("train s: training loop without validation (data s: store reads within it); tok/s: loss-mask tokens; "
           "sim_tau: simulated greedy chain on held-out features, no bonus token; decode tau: tokens per target "
-          "forward (bonus counted); peak MB: training-loop peak RSS of the training process")
+          "forward (bonus counted); pld: training-free prompt-lookup tau on the same questions (the floor); peak MB: "
+          "training-loop peak RSS of the training process")
     for name in datasets:
         speed = {rec: (r["decode"][name]["chain"]["speedup"], r["decode"][name]["tree"]["speedup"])
                  for rec, r in rows.items()}
