@@ -124,7 +124,7 @@ def build_toy_target(
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
-        if prebuilt and prebuilt_config() == to_dict(cfg):
+        if prebuilt and _is_prebuilt_config(cfg):
             for name in _manifest()["files"]:
                 shutil.copyfile(PREBUILT_DIR / name, tmp / name)
         else:
@@ -185,6 +185,15 @@ def prebuilt_config() -> dict[str, Any] | None:
         return None
 
 
+def _is_prebuilt_config(cfg: ToyTargetConfig) -> bool:
+    """Whether the shipped build is ``cfg``'s (a field added since it was built holds its default)."""
+    shipped = prebuilt_config()
+    try:
+        return shipped is not None and from_dict(ToyTargetConfig, shipped) == cfg
+    except ConfigError:
+        return False
+
+
 def write_prebuilt(source: str | Path | None = None, progress: bool = True) -> Path:
     """Write ``PREBUILT_DIR`` and its manifest (maintainers): a copy of ``source``, a complete build of
     the default config, or else a fresh build of it."""
@@ -209,7 +218,10 @@ def compare_with_prebuilt(out_dir: str | Path) -> dict[str, Any]:
     shipped_config = prebuilt_config()
     if shipped_config is None:
         return {"same_config": False, "identical_files": {}, "max_abs_weight_diff": None}
-    same = read_build_record(out_dir)["config"] == shipped_config
+    try:  # fields added since the shipped build hold their defaults
+        same = from_dict(ToyTargetConfig, read_build_record(out_dir)["config"]) == from_dict(ToyTargetConfig, shipped_config)
+    except ConfigError:
+        same = False
     ours, shipped = file_digests(out_dir), _manifest()["files"]
     a, b = load_file(out_dir / "model.safetensors"), load_file(PREBUILT_DIR / "model.safetensors")
     diff = (max((a[k].float() - b[k].float()).abs().max().item() for k in a) if a.keys() == b.keys()
