@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Any
 
 # logger name -> message prefixes known to be harmless (why: see the module docstring)
@@ -35,7 +36,7 @@ KNOWN_HARMLESS: dict[str, tuple[str, ...]] = {
     "ray.data._internal.progress": ("Progress bars disabled",),
     # two lines per checkpoint (specdraft's own progress lines say where training is)
     "ray.train.v2._internal.execution.storage": ("Checkpoint successfully created at",),
-    "ray.train.v2._internal.execution.context": ("Reporting training result",),
+    "ray/train/v2/_internal/execution/context.py": ("Reporting training result",),  # named by its file
     "ray._private.authentication.authentication_token_setup": (
         "Token authentication is enabled for this Ray cluster",
     ),
@@ -60,11 +61,21 @@ class DropKnownHarmless(logging.Filter):
         return not (isinstance(record.msg, str) and record.msg.startswith(self.prefixes))
 
 
+def _logger_name(name: str) -> str:
+    """A logger name; ``ray/...py`` stands for a module whose logger is ``getLogger(__file__)``."""
+    if not name.endswith(".py"):
+        return name
+    import importlib.util
+
+    spec = importlib.util.find_spec("ray")  # finds the package without importing it
+    return str(Path(spec.origin).parent.parent / name) if spec and spec.origin else name
+
+
 def quiet_known_warnings(local: bool = False) -> None:
     """Install ``DropKnownHarmless`` on the loggers of ``KNOWN_HARMLESS`` (and ``KNOWN_HARMLESS_LOCAL``
     with ``local``) in this process; idempotent."""
     for name, prefixes in {**KNOWN_HARMLESS, **(KNOWN_HARMLESS_LOCAL if local else {})}.items():
-        logger = logging.getLogger(name)
+        logger = logging.getLogger(_logger_name(name))
         for old in [f for f in logger.filters if isinstance(f, DropKnownHarmless)]:
             logger.removeFilter(old)
         logger.addFilter(DropKnownHarmless(prefixes))

@@ -8,7 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
-from pipelines.cluster import KNOWN_HARMLESS, KNOWN_HARMLESS_LOCAL, quiet_known_warnings
+from pipelines.cluster import KNOWN_HARMLESS, KNOWN_HARMLESS_LOCAL, _logger_name, quiet_known_warnings
 
 CLEANER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 AUTOSCALING = "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
@@ -21,7 +21,11 @@ def session_logs(ray) -> Path:
 def test_known_harmless_records_are_dropped_and_the_rest_kept(caplog):
     quiet_known_warnings(local=True)
     quiet_known_warnings(local=True)  # idempotent: one filter per logger
-    assert all(len(logging.getLogger(n).filters) == 1 for n in {**KNOWN_HARMLESS, **KNOWN_HARMLESS_LOCAL})
+    assert all(len(logging.getLogger(_logger_name(n)).filters) == 1 for n in {**KNOWN_HARMLESS, **KNOWN_HARMLESS_LOCAL})
+    import ray.train.v2._internal.execution.context as train_context  # its logger is getLogger(__file__)
+
+    assert train_context.logger.filters and not train_context.logger.filter(logging.LogRecord(
+        train_context.logger.name, logging.INFO, "", 0, "Reporting training result 3: TrainingReport(...)", None, None))
     for name in (CLEANER, AUTOSCALING):  # Ray's loggers may not propagate to the root (after ray.init)
         logging.getLogger(name).addHandler(caplog.handler)
     with caplog.at_level(logging.WARNING):
