@@ -37,7 +37,7 @@ def overrides(root: Path, target: Path, prompts: Path, questions: Path, *extra: 
     return [
         f"workdir={root / 'work'}", f"target.path={target}", f"data.prompts=[{prompts}]",
         "regenerate.max_new_tokens=24", "regenerate.batch_size=24", "features.samples_per_shard=32",
-        "train.epochs=[1,1]", "train.checkpoint_every=2", "train.reader.max_tokens=768", "train.log_every=1000",
+        "train.epochs=[1,1]", "train.checkpoint_every=25", "train.reader.max_tokens=768", "train.log_every=1000",
         f"eval.questions=[{questions}]", "eval.settings.decode.max_new_tokens=16", "eval.settings.decode.depth=3",
         "eval.settings.decode.topk=3", "eval.settings.decode.total_tokens=8",
         f"tracking.uri=sqlite:///{root / 'mlflow.db'}", "tracking.experiment=flow-test",
@@ -53,7 +53,7 @@ def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target,
 
     # 1. the train stage fails once (no retries): stores are complete and valid, nothing registered
     with pytest.raises(Exception, match="injected failure"):
-        regenerate_and_train(config, args + ["retries=0", "fault.train_fail_at_step=3"])
+        regenerate_and_train(config, args + ["retries=0", "fault.train_fail_at_step=26"])
     stores = [p for p in (root / "work" / "features").iterdir() if (p / "DONE").is_file()]
     assert len(stores) == 1 and validate(stores[0]).ok
     assert not client.search_model_versions("name='flow-test-draft'")
@@ -66,8 +66,8 @@ def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target,
     assert not second["train"]["skipped"]
     steps = [json.loads(line)["step"] for line in Path(second["train"]["metrics_file"]).read_text().splitlines()
              if '"kind": "metrics"' in line]
-    # checkpoint at step 2, failure after step 3: the resumed run re-does step 3, never step 1
-    assert steps.count(1) == 1 and steps.count(3) == 2, steps
+    # checkpoint at step 25, failure after step 26: the resumed run re-does step 26, never step 1
+    assert steps.count(1) == 1 and steps.count(26) == 2 and steps.count(25) == 1, steps
     assert second["register"]["version"] == 1 and second["register"]["promoted"]
     assert str(client.get_model_version_by_alias("flow-test-draft", "champion").version) == "1"
     assert second["eval"]["lossless_mismatches"] == 0 and second["eval"]["mean_tau"] >= 1.0

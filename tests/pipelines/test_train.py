@@ -67,7 +67,9 @@ def read_metrics(out: Path) -> list[dict]:
 
 
 def test_training_learns_and_writes_a_loadable_draft(local_ray, tiny_toy_target, toy_store, tmp_path):
-    cfg = small_config(epochs=[3, 1], reader=ReaderConfig(max_tokens=768, val_fraction=0.2, seed=0))
+    # the default min_steps (300): batches shrink until the run has them; few checkpoints (each report waits
+    # for Ray Train's controller to poll)
+    cfg = small_config(epochs=[3, 1], checkpoint_every=100, reader=ReaderConfig(max_tokens=768, val_fraction=0.2, seed=0))
     run = MlflowLogger(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="train-test", run_name="train")
     summary = run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "run",
                            tracking={"uri": run.uri, "run_id": run.run_id})
@@ -164,7 +166,7 @@ def test_fsdp_run_resumes_from_a_checkpoint_after_a_failure(local_ray, tiny_toy_
 
 
 def test_failed_run_resumes_from_checkpoint_with_same_step_count(local_ray, tiny_toy_target, toy_store, tmp_path):
-    cfg = small_config()
+    cfg = small_config(min_steps=1)  # the store's own batches: a few steps, a checkpoint every 4
     with pytest.raises(Exception, match="injected failure"):
         run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "run", fail_at_step=6)
     steps_before = [r["step"] for r in read_metrics(tmp_path / "run") if r["kind"] == "metrics"]
