@@ -95,6 +95,11 @@ def _dump(args: argparse.Namespace) -> int:
         print(f"specdraft: store error: {err}", file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=2))
+    if summary["rows_out"] == 0:  # an empty store trains nothing: say why instead of succeeding quietly
+        hint = (" — the conversations have no assistant turns to learn from: answer the prompts first "
+                "(`specdraft regenerate`) and dump its output" if summary["rejected"].get("no_loss_tokens") else "")
+        print(f"specdraft dump: no conversation was stored (rejected: {summary['rejected']}){hint}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -306,6 +306,16 @@ def test_cli_dump_int8_and_validate_store(toy_store, tmp_path, capsys):
         assert torch.equal(x.topk_ids, y.topk_ids) and torch.equal(x.topk_logp, y.topk_logp)
 
     assert main(["validate-store", str(int8), "--quiet"]) == 0
+
+    # prompts without answers: nothing to learn from, a failing exit with the fix, not a quiet empty store
+    asked = [{**r, "source": "test", "messages": [m for m in r["messages"] if m["role"] != "assistant"][:1]}
+             for r in conversations()[:3]]
+    capsys.readouterr()
+    argv = ["dump", "--target", str(target), "--prompts", str(write_conversations(tmp_path / "asked.parquet", asked)),
+            "--out", str(tmp_path / "asked"), "--quiet", "samples_per_shard=4", "max_length=96"]
+    assert main(argv) == 1
+    assert "specdraft regenerate" in capsys.readouterr().err
+
     chunk = next(p for p in (int8 / store.shard_name(1) / "hidden" / "c").rglob("*") if p.is_file())
     chunk.write_bytes(chunk.read_bytes()[:10])
     capsys.readouterr()
