@@ -132,8 +132,15 @@ class OnlineDataset:
     def __len__(self) -> int:
         return len(self.batches())
 
-    def load(self, seqs: list[int]) -> Batch:
-        """One target forward over sequences ``seqs`` (indices into this split) -> a right-padded ``Batch``."""
+    def epoch_batches(self, epoch: int) -> "OnlineEpoch":
+        """This rank's batches of ``epoch`` as a lazy sequence (the store reader's interface): each is
+        computed when it is asked for, on the training thread — the target runs on the worker's device."""
+        return OnlineEpoch(self, self.batches(epoch))
+
+    def load(self, seqs: list[int], lazy: bool = False) -> Batch:
+        """One target forward over sequences ``seqs`` (indices into this split) -> a right-padded ``Batch``.
+
+        ``lazy`` is accepted for the store reader's interface; online features come out decoded."""
         lengths = self._length[seqs].tolist()
         rows = [int(self._index[i]) for i in seqs]
         tokens = [self.data.input_ids[r][:n] for r, n in zip(rows, lengths)]
@@ -157,3 +164,17 @@ class OnlineDataset:
             lo += n
         assert lo == hidden.shape[0], f"{hidden.shape[0]} feature rows for {lo} tokens"
         return pad_batch(samples)
+
+
+class OnlineEpoch:
+    """One epoch's batches of one rank, each computed by ``OnlineDataset.load`` when indexed (any order)."""
+
+    def __init__(self, dataset: OnlineDataset, plan: list[list[int]]) -> None:
+        self.dataset, self.plan = dataset, plan
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, i: int) -> Batch:
+        assert 0 <= i < len(self.plan), f"batch {i} outside [0, {len(self.plan)})"
+        return self.dataset.load(self.plan[i])
