@@ -15,6 +15,9 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="specdraft-prefect
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_TIMEOUT_S))
 os.environ.setdefault("DO_NOT_TRACK", "1")
+# Ray Train's controller polls its workers every 2 s by default, and a worker's report() (every checkpoint
+# and epoch end) waits for that poll: tiny test runs spent most of their time there
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 import pytest
 
