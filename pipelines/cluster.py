@@ -94,9 +94,11 @@ def setup_cluster_worker() -> None:
     quiet_known_warnings()
 
 
-def connect_ray(address: str | None = None, num_cpus: float | None = None, **kwargs: Any) -> None:
+def connect_ray(address: str | None = None, num_cpus: float | None = None,
+                env_vars: dict[str, str] | None = None, **kwargs: Any) -> None:
     """``ray.init`` unless Ray is initialized: ``address`` None (and no ``RAY_ADDRESS``) -> a local
-    cluster of ``num_cpus`` CPUs (default: all) without the dashboard UI; else that cluster."""
+    cluster of ``num_cpus`` CPUs (default: all) without the dashboard UI; else that cluster.
+    ``env_vars``: set in every worker (e.g. an object store's endpoint) beside the setup hook."""
     import ray
 
     local = address is None and not os.environ.get("RAY_ADDRESS")
@@ -105,4 +107,5 @@ def connect_ray(address: str | None = None, num_cpus: float | None = None, **kwa
         return
     hook = setup_local_worker if local else setup_cluster_worker
     ray.init(address=address, num_cpus=num_cpus if local else None, include_dashboard=False,
-             ignore_reinit_error=True, runtime_env={"worker_process_setup_hook": hook}, **kwargs)
+             ignore_reinit_error=True,
+             runtime_env={"worker_process_setup_hook": hook, **({"env_vars": env_vars} if env_vars else {})}, **kwargs)

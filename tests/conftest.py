@@ -124,6 +124,8 @@ def s3_ray(s3_env) -> dict[str, str]:
     ray.shutdown()
     root = Path(__file__).resolve().parents[1]
     path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path, **s3_env}})
+    from pipelines.cluster import connect_ray
+
+    # the same setup hook as every other local cluster (known-harmless lines dropped in the workers)
+    connect_ray(num_cpus=2, env_vars={"PYTHONPATH": path, **s3_env}, logging_level="WARNING", log_to_driver=False)
     return s3_env
