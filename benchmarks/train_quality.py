@@ -154,10 +154,10 @@ def build_store(store: Path, target: Path, conversations: int, seed: int, max_le
     """A Zarr feature store of ``conversations`` toy chats (reused when already built the same way).
 
     With ``aux_layers`` the store also holds the EAGLE-3 features (``aux_hidden``: the states entering
-    those target layers, ``target.target_features``), so every recipe trains from the same store."""
+    those target layers, from the same forward), so every recipe trains from the same store."""
     from specdraft.quickstart import compute_features
     from specdraft.store import make_manifest, read_manifest, write_manifest, write_shard
-    from specdraft.target import AUX_CONVENTION, load_target_model, load_tokenizer, target_features, target_id
+    from specdraft.target import AUX_CONVENTION, load_target_model, load_tokenizer, target_id
     from specdraft.toy.conversations import generate_conversations
 
     spec = {"target_id": target_id(target), "conversations": conversations, "seed": seed, "max_length": max_length,
@@ -170,15 +170,11 @@ def build_store(store: Path, target: Path, conversations: int, seed: int, max_le
     started = time.perf_counter()
     model, tokenizer = load_target_model(target), load_tokenizer(target)
     samples = compute_features(model, tokenizer, generate_conversations(conversations, seed=seed), max_length, topk,
-                               progress=False)
+                               progress=False, aux_layers=aux_layers)
     # compute_features returns the samples sorted by length; ids number them in that order and the
     # held-out split is by id hash (FeatureDataset), identical for every recipe
     d = samples[0]["hidden"].shape[-1]
     attrs = {"d": d, "k": topk, "hidden_codec": "fp16", **({"aux_layers": aux_layers} if aux_layers else {})}
-    if aux_layers:
-        with torch.no_grad():
-            for s in samples:  # one unpadded prefill per sequence: (T, L*d)
-                s["aux_hidden"] = target_features(model, s["input_ids"][None], None, aux_layers)[2][0]
     records = []
     for index, lo in enumerate(range(0, len(samples), samples_per_shard)):
         part = samples[lo : lo + samples_per_shard]
@@ -194,7 +190,7 @@ def build_store(store: Path, target: Path, conversations: int, seed: int, max_le
             "sample_ids": np.array([f"toy-{seed}-{lo + i:06d}" for i in range(len(part))]),
         }
         if aux_layers:
-            arrays["aux_hidden"] = torch.cat([s["aux_hidden"] for s in part]).numpy().astype(np.float16)
+            arrays["aux_hidden"] = torch.cat([s["aux_hidden"] for s in part]).numpy()
         records.append(write_shard(store, index, arrays, attrs))
     header = {"target_id": spec["target_id"], **attrs, **({"aux_convention": AUX_CONVENTION} if aux_layers else {})}
     write_manifest(store, make_manifest(header=header, shards=records))

@@ -26,7 +26,7 @@ from specdraft.config import to_dict
 from specdraft.loggers import JsonlLogger
 from specdraft.models import build_draft, draft_config_from_target, save_draft
 from specdraft.objectives import LossWeights, StageConfig, pad_batch
-from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_states
+from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_features
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import OptimConfig, Trainer
@@ -58,8 +58,10 @@ class QuickstartConfig:
 
 
 @torch.no_grad()
-def compute_features(model, tokenizer, conversations, max_length: int, topk: int, batch_size: int = 32, progress=True):
-    """Per-sample feature dicts (the same arrays a feature store holds), computed in memory."""
+def compute_features(model, tokenizer, conversations, max_length: int, topk: int, batch_size: int = 32, progress=True,
+                     aux_layers: list[int] | tuple[int, ...] = ()):
+    """Per-sample feature dicts (the same arrays a feature store holds), computed in memory; with
+    ``aux_layers`` also ``aux_hidden`` (T, L*d), the EAGLE-3 features, from the same forward."""
     rendered = [render_with_loss_mask(tokenizer, conv, max_length=max_length) for conv in conversations]
     samples = []
     order = sorted(range(len(rendered)), key=lambda i: len(rendered[i].input_ids))
@@ -72,7 +74,7 @@ def compute_features(model, tokenizer, conversations, max_length: int, topk: int
         for row, r in enumerate(chunk):
             ids[row, : len(r.input_ids)] = torch.tensor(r.input_ids)
             att[row, : len(r.input_ids)] = 1
-        hidden, logits = target_states(model, ids, att)  # (B, T, d), (B, T, V)
+        hidden, logits, aux = target_features(model, ids, att, aux_layers)  # (B, T, d), (B, T, V), (B, T, L*d) | None
         logp = torch.log_softmax(logits.float(), dim=-1)
         top = logp.topk(topk, dim=-1)
         for row, r in enumerate(chunk):
@@ -84,6 +86,7 @@ def compute_features(model, tokenizer, conversations, max_length: int, topk: int
                     "loss_mask": torch.tensor(r.loss_mask, dtype=torch.bool),
                     "topk_ids": top.indices[row, :n].clone(),
                     "topk_logp": top.values[row, :n].clone(),
+                    **({"aux_hidden": aux[row, :n].to(torch.float16)} if aux is not None else {}),
                 }
             )
         bar.update(len(chunk))

@@ -124,7 +124,7 @@ def build_toy_target(
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
-        if prebuilt and _is_prebuilt_config(cfg):
+        if prebuilt and same_config(prebuilt_config(), cfg):
             for name in _manifest()["files"]:
                 shutil.copyfile(PREBUILT_DIR / name, tmp / name)
         else:
@@ -149,10 +149,14 @@ def is_complete_build(out_dir: str | Path, cfg: ToyTargetConfig | None = None) -
         return False
     if record.get("build_format") != BUILD_FORMAT:
         return False
-    if cfg is None:
-        return True
-    try:  # a record written before a field existed holds that field's default
-        return from_dict(ToyTargetConfig, record.get("config")) == cfg
+    return cfg is None or same_config(record.get("config"), cfg)
+
+
+def same_config(recorded: dict[str, Any] | None, cfg: ToyTargetConfig) -> bool:
+    """Whether a build record's config is ``cfg`` (a field added since the record was written holds its
+    default); False for a missing or unreadable one."""
+    try:
+        return recorded is not None and from_dict(ToyTargetConfig, recorded) == cfg
     except ConfigError:
         return False
 
@@ -185,15 +189,6 @@ def prebuilt_config() -> dict[str, Any] | None:
         return None
 
 
-def _is_prebuilt_config(cfg: ToyTargetConfig) -> bool:
-    """Whether the shipped build is ``cfg``'s (a field added since it was built holds its default)."""
-    shipped = prebuilt_config()
-    try:
-        return shipped is not None and from_dict(ToyTargetConfig, shipped) == cfg
-    except ConfigError:
-        return False
-
-
 def write_prebuilt(source: str | Path | None = None, progress: bool = True) -> Path:
     """Write ``PREBUILT_DIR`` and its manifest (maintainers): a copy of ``source``, a complete build of
     the default config, or else a fresh build of it."""
@@ -218,8 +213,8 @@ def compare_with_prebuilt(out_dir: str | Path) -> dict[str, Any]:
     shipped_config = prebuilt_config()
     if shipped_config is None:
         return {"same_config": False, "identical_files": {}, "max_abs_weight_diff": None}
-    try:  # fields added since the shipped build hold their defaults
-        same = from_dict(ToyTargetConfig, read_build_record(out_dir)["config"]) == from_dict(ToyTargetConfig, shipped_config)
+    try:
+        same = same_config(read_build_record(out_dir)["config"], from_dict(ToyTargetConfig, shipped_config))
     except ConfigError:
         same = False
     ours, shipped = file_digests(out_dir), _manifest()["files"]
