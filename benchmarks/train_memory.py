@@ -52,7 +52,12 @@ RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
     "beagle-late-s4": ("beagle", dict(kind="late", steps=4)),
     "beagle-late-s8": ("beagle", dict(kind="late", steps=8)),
     "eagle3-ttt-k7": ("eagle3", dict(kind="ttt", steps=7, step_decay=0.8)),
+    # how TTT memory grows with k (not run by default)
+    "eagle3-ttt-k1": ("eagle3", dict(kind="ttt", steps=1, step_decay=0.8)),
+    "eagle3-ttt-k3": ("eagle3", dict(kind="ttt", steps=3, step_decay=0.8)),
 }
+DEFAULT_RECIPES = ["eagle", "hass-n3", "beagle-early-k5", "beagle-late-s1", "beagle-late-s4", "beagle-late-s8",
+                   "eagle3-ttt-k7"]
 
 
 def _status_mb(field: str) -> float:
@@ -241,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--chunk", type=int, default=1024, help="rows per output-head chunk")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    parser.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, choices=list(RECIPES))
     parser.add_argument("--loss", nargs="+", default=["fused", "materialized"], choices=("fused", "materialized"))
     args = parser.parse_args(argv)
     rows = []
