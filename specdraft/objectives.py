@@ -16,7 +16,8 @@ query sees is described in ``masks.py``:
              u = p-j+1 .. p-1, weight decay^(j-1). Each step is back-propagated on its own.
 * ``ttt``    k steps (EAGLE-3 training-time test, default 7, weights 0.8^(j-1)): the same
              visibility as ``align``, but the fed-back states keep their graph and the whole
-             unrolled chain is back-propagated once (memory grows linearly in k).
+             unrolled chain is back-propagated once; each step's states are encoded once for
+             the whole chain (``layers.Drafted``), so memory grows linearly in k.
 
 The caller back-propagates each sub-step before advancing the generator, except for ``ttt``
 (``train_batch`` does both). Any draft x stage x loss weights combination is one ``StageConfig``.
@@ -35,6 +36,7 @@ import torch
 from specdraft import masks
 from specdraft.batch import Batch, pad_batch  # noqa: F401 - re-exported: objectives.Batch / pad_batch
 from specdraft.losses import HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
+from specdraft.models.layers import Drafted
 
 StageKind = Literal["plain", "early", "late", "align", "ttt"]
 CHAINED = ("late", "align", "ttt")  # stages whose later steps read earlier steps' outputs
@@ -258,12 +260,17 @@ def substeps(
         targets = prepare_targets(core, batch, stage.loss, chunk)
     ids, pos = batch.input_ids, batch.positions
     bsz, t = ids.shape
-    outs: list[torch.Tensor] = []  # outs[v-1] (B, T, d): the draft's states written at sub-step v
+    # the draft's states written at sub-step v, whole: (B, T, d) each. ttt keeps their graph, and the
+    # draft encodes each once for the whole chain (``Drafted``); the detached stages back-propagate
+    # every sub-step on its own, so they hand each sub-step only its queries' states, encoded anew.
+    drafted = Drafted()
     for st in stage_steps(stage, t, offset, ids.device):
         q = st.query_index
-        if st.extras:
-            at = q[:, None] - st.extras + torch.arange(st.extras, device=q.device)  # (Q, E) positions
-            extras = torch.stack([outs[v][:, at[:, v]] for v in range(st.extras)], dim=2)  # (B, Q, E, d)
+        assert len(drafted.states) >= st.extras, "a sub-step reads states no earlier sub-step wrote"
+        if stage.kind == "ttt":
+            extras = drafted
+        elif st.extras:
+            extras = Drafted(drafted.states[: st.extras]).gather(q)  # (B, Q, E, d)
         else:
             extras = features.new_zeros(bsz, q.numel(), 0, core.config.hidden_size)
         h_hat = draft(ids, pos, features, q, st.cutoff, extras)  # (B, Q, d)
@@ -272,7 +279,7 @@ def substeps(
         yield SubStep(st.index, st.weight, q, h_hat, loss, parts, correct, scored, trained)
         if stage.kind in CHAINED:
             fed = h_hat if stage.kind == "ttt" else h_hat.detach()
-            outs.append(fed.new_zeros(bsz, t, fed.shape[-1]).index_copy(1, q, fed))
+            drafted.states.append(fed.new_zeros(bsz, t, fed.shape[-1]).index_copy(1, q, fed))  # (B, T, d)
 
 
 def unwrap(model):

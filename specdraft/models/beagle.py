@@ -27,7 +27,9 @@ from torch import nn
 
 from specdraft.models.config import DraftConfig
 from specdraft.models.heads import Heads
-from specdraft.models.layers import KV, RMSNorm, Rotary, SwiGLU, attention, gather_positions, prefix_visible
+from specdraft.models.layers import (
+    KV, Drafted, RMSNorm, Rotary, SwiGLU, attention, diagonals, gather_positions, prefix_visible, take,
+)
 
 
 class BeagleDraft(nn.Module):
@@ -81,8 +83,7 @@ class BeagleDraft(nn.Module):
         positions: torch.Tensor,
         kv: KV,
         visible: torch.Tensor,
-        extra: KV | None = None,
-        extra_visible: torch.Tensor | None = None,
+        extra: list[KV] | None = None,
     ) -> torch.Tensor:
         """Predicted states for query tokens ``input_ids`` (B, Q) over keys ``kv`` with mask (B, Q, L)
         (plus per-query ``extra`` keys, see ``layers.attention``)."""
@@ -91,7 +92,7 @@ class BeagleDraft(nn.Module):
         e = self.heads.embed(input_ids).to(self.q_proj.weight.dtype)  # (B, Q, d)
         q = self.q_proj(self.norm_query(e)).view(bsz, nq, cfg.num_attention_heads, cfg.head_dim)
         q = self.rotary(q.transpose(1, 2), positions)  # (B, H, Q, Dh)
-        o = attention(q, kv, visible, extra, extra_visible)  # (B, H, Q, Dh)
+        o = attention(q, kv, visible, extra)  # (B, H, Q, Dh)
         y = self.o_proj(o.transpose(1, 2).reshape(bsz, nq, -1)) + e  # (B, Q, d)
         return self.mlp(self.norm_mlp(y)) + y  # (B, Q, d)
 
@@ -102,28 +103,34 @@ class BeagleDraft(nn.Module):
         features: torch.Tensor,
         query_index: torch.Tensor,
         cutoff: torch.Tensor,
-        extras: torch.Tensor,
+        extras: torch.Tensor | Drafted,
     ) -> torch.Tensor:
         """One training sub-step.
 
         input_ids (B, T), positions (B, T); features (B, T, F) the target's (noised) features;
         query_index (Q,) positions to compute; cutoff (Q,): query q sees the true states u < cutoff[q];
         extras (B, Q, E, d): the draft's own states at positions q-E .. q-1 (written at earlier
-        sub-steps), visible to their query only. Returns h_hat (B, Q, d).
+        sub-steps), visible to their query only — or, in a training-time-test chain, the whole
+        ``Drafted`` states of sub-steps 1..E, which this reads the same way. Returns h_hat (B, Q, d).
         """
         bsz, t = input_ids.shape
-        nq, ne = query_index.numel(), extras.shape[2]
+        nq = query_index.numel()
+        ne = len(extras.states) if isinstance(extras, Drafted) else extras.shape[2]
         assert features.shape[:2] == (bsz, t), f"features {tuple(features.shape)} vs input_ids {(bsz, t)}"
-        assert cutoff.shape == (nq,) and extras.shape[:2] == (bsz, nq), "cutoff / extras do not match the queries"
+        assert cutoff.shape == (nq,), "cutoff does not match the queries"
         kv = self.encode_states(self.project(features), positions)  # true states: all T positions
-        extra, extra_vis = None, None
-        if ne:
+        extra = None
+        if isinstance(extras, Drafted):  # whole drafted states, each encoded once per chain
+            encoded = extras.encode(lambda states: self.encode_states(states, positions))  # E x (B, Hkv, T, Dh)
+            at = [query_index - ne + v for v in range(ne)]  # E x (Q,): the state each query reads
+            extra = [KV(take(e.k, 2, u), take(e.v, 2, u)) for e, u in zip(encoded, at)]  # E x (B, Hkv, Q, Dh)
+        elif ne:
+            assert extras.shape[:2] == (bsz, nq), "extras do not match the queries"
             at = query_index[:, None] - ne + torch.arange(ne, device=query_index.device)  # (Q, E)
             pos_e = gather_positions(positions, at).reshape(bsz, nq * ne)  # (B, Q*E)
             kv_e = self.encode_states(extras.reshape(bsz, nq * ne, -1), pos_e)
             k = kv_e.k.reshape(bsz, -1, nq, ne, self.config.head_dim)  # (B, Hkv, Q, E, Dh)
-            extra = KV(k, kv_e.v.reshape(k.shape))
-            extra_vis = torch.ones(bsz, nq, ne, dtype=torch.bool, device=extras.device)
+            extra = diagonals(KV(k, kv_e.v.reshape(k.shape)))
         return self.attend(
-            input_ids[:, query_index], positions[:, query_index], kv, prefix_visible(cutoff, t, bsz), extra, extra_vis
+            input_ids[:, query_index], positions[:, query_index], kv, prefix_visible(cutoff, t, bsz), extra
         )

@@ -24,7 +24,9 @@ from torch import nn
 
 from specdraft.models.config import DraftConfig
 from specdraft.models.heads import Heads
-from specdraft.models.layers import KV, RMSNorm, Rotary, SwiGLU, attention, gather_positions, prefix_visible
+from specdraft.models.layers import (
+    KV, Drafted, RMSNorm, Rotary, SwiGLU, attention, diagonals, gather_positions, prefix_visible, take,
+)
 
 
 class EagleDraft(nn.Module):
@@ -84,15 +86,14 @@ class EagleDraft(nn.Module):
         positions: torch.Tensor,
         kv: KV,
         visible: torch.Tensor,
-        extra: KV | None = None,
-        extra_visible: torch.Tensor | None = None,
+        extra: list[KV] | None = None,
     ) -> torch.Tensor:
         """Decoder layer for query inputs x (B, Q, d) over keys ``kv`` with mask (B, Q, L)."""
         bsz, nq, _ = x.shape
         cfg = self.config
         q = self.q_proj(self._attn_input(x)).view(bsz, nq, cfg.num_attention_heads, cfg.head_dim)
         q = self.rotary(q.transpose(1, 2), positions)  # (B, H, Q, Dh)
-        o = attention(q, kv, visible, extra, extra_visible)  # (B, H, Q, Dh)
+        o = attention(q, kv, visible, extra)  # (B, H, Q, Dh)
         y = x + self.o_proj(o.transpose(1, 2).reshape(bsz, nq, -1))  # (B, Q, d)
         return y + self.mlp(self.post_attention_layernorm(y))  # (B, Q, d)
 
@@ -103,7 +104,7 @@ class EagleDraft(nn.Module):
         features: torch.Tensor,
         query_index: torch.Tensor,
         cutoff: torch.Tensor,
-        extras: torch.Tensor,
+        extras: torch.Tensor | Drafted,
     ) -> torch.Tensor:
         """One training sub-step (same contract as ``BeagleDraft.forward``)."""
         return slot_forward(self, input_ids, positions, features, query_index, cutoff, extras)
@@ -122,15 +123,21 @@ def slot_forward(
 
     True slots c = 1..T-1 are built from (t_c, state c-1) and visible to query q iff state c-1 <
     cutoff[q]; the drafted slots at positions q-E+1 .. q come from (t_c, extras) and are visible to
-    their own query only. A query whose chain has no true root slot (cutoff 0: nothing true before
+    their own query only. With ``Drafted`` extras (a training-time-test chain) each sub-step's
+    drafted states are encoded into slots once, for all positions, and later sub-steps read
+    their queries' diagonals of those slots. A query whose chain has no true root slot (cutoff 0: nothing true before
     it, as never happens in drafting) returns zeros.
     """
     bsz, t = input_ids.shape
-    nq, ne = query_index.numel(), extras.shape[2]
+    nq = query_index.numel()
     assert features.shape[:2] == (bsz, t), f"features {tuple(features.shape)} vs input_ids {(bsz, t)}"
-    assert cutoff.shape == (nq,) and extras.shape[:2] == (bsz, nq), "cutoff / extras do not match the queries"
-    states = draft.project(features)  # (B, T, d)
+    assert cutoff.shape == (nq,), "cutoff does not match the queries"
     legacy = draft.config.legacy
+    if legacy and isinstance(extras, Drafted):
+        extras = (  # (B, Q, E, d): legacy slots are encoded per query
+            extras.gather(query_index) if extras.states else features.new_zeros(bsz, nq, 0, draft.config.hidden_size)
+        )
+    states = draft.project(features)  # (B, T, d)
     if legacy:  # slot c = 0..T-1 from state c-1, slot 0 holding a zero state
         prev = torch.cat([states.new_zeros(bsz, 1, states.shape[-1]), states[:, :-1]], dim=1)  # (B, T, d)
         x_true, kv = draft.encode_inputs(input_ids, prev, positions)
@@ -138,19 +145,30 @@ def slot_forward(
     else:  # slot c = 1..T-1 (index s = c-1 holds state s)
         x_true, kv = draft.encode_inputs(input_ids[:, 1:], states[:, :-1], positions[:, 1:])
         visible = prefix_visible(cutoff, t - 1, bsz)
-    extra, extra_vis = None, None
-    if ne:
-        at = query_index[:, None] - ne + 1 + torch.arange(ne, device=query_index.device)  # (Q, E): slot positions
-        ids_e = gather_positions(input_ids, at).reshape(bsz, nq * ne)  # (B, Q*E)
-        pos_e = gather_positions(positions, at).reshape(bsz, nq * ne)  # (B, Q*E)
-        x_e, kv_e = draft.encode_inputs(ids_e, extras.reshape(bsz, nq * ne, -1), pos_e)
-        k = kv_e.k.reshape(bsz, -1, nq, ne, draft.config.head_dim)  # (B, Hkv, Q, E, Dh)
-        extra = KV(k, kv_e.v.reshape(k.shape))
-        extra_vis = torch.ones(bsz, nq, ne, dtype=torch.bool, device=extras.device)
-        x_q = x_e.reshape(bsz, nq, ne, -1)[:, :, -1]  # (B, Q, X): the query's own slot is its last extra
+    extra = None
+    if isinstance(extras, Drafted):  # whole drafted states, each encoded once per chain
+        ne = len(extras.states)
+        encoded = extras.encode(
+            lambda drafted: draft.encode_inputs(input_ids[:, 1:], drafted[:, :-1], positions[:, 1:])
+        )  # E x (slot inputs (B, T-1, X), their KV (B, Hkv, T-1, Dh))
+        if ne:
+            at = [query_index - ne + v for v in range(ne)]  # E x (Q,): slot index s = c-1 of each query's slot c
+            extra = [KV(take(kv_v.k, 2, s), take(kv_v.v, 2, s)) for (_, kv_v), s in zip(encoded, at)]
+            x_q = take(encoded[-1][0], 1, query_index - 1)  # (B, Q, X): the query's own slot is its last extra
     else:
+        ne = extras.shape[2]
+        assert extras.shape[:2] == (bsz, nq), "extras do not match the queries"
+        if ne:
+            at = query_index[:, None] - ne + 1 + torch.arange(ne, device=query_index.device)  # (Q, E): slot positions
+            ids_e = gather_positions(input_ids, at).reshape(bsz, nq * ne)  # (B, Q*E)
+            pos_e = gather_positions(positions, at).reshape(bsz, nq * ne)  # (B, Q*E)
+            x_e, kv_e = draft.encode_inputs(ids_e, extras.reshape(bsz, nq * ne, -1), pos_e)
+            k = kv_e.k.reshape(bsz, -1, nq, ne, draft.config.head_dim)  # (B, Hkv, Q, E, Dh)
+            extra = diagonals(KV(k, kv_e.v.reshape(k.shape)))
+            x_q = x_e.reshape(bsz, nq, ne, -1)[:, :, -1]  # (B, Q, X): the query's own slot is its last extra
+    if not ne:
         own = query_index if legacy else (query_index - 1).clamp(min=0)  # (Q,)
         x_q = x_true[:, own]  # (B, Q, X)
-    h = draft.attend(x_q, positions[:, query_index], kv, visible, extra, extra_vis)  # (B, Q, d)
+    h = draft.attend(x_q, positions[:, query_index], kv, visible, extra)  # (B, Q, d)
     live = torch.ones_like(cutoff, dtype=torch.bool) if legacy else cutoff >= 1  # the chain has a true root slot
     return h * live[None, :, None].to(h.dtype)

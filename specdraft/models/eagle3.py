@@ -22,7 +22,7 @@ from torch import nn
 from specdraft.models.config import DraftConfig
 from specdraft.models.eagle import slot_forward
 from specdraft.models.heads import Heads
-from specdraft.models.layers import KV, RMSNorm, Rotary, SwiGLU, attention
+from specdraft.models.layers import KV, Drafted, RMSNorm, Rotary, SwiGLU, attention
 
 
 class Eagle3Draft(nn.Module):
@@ -84,8 +84,7 @@ class Eagle3Draft(nn.Module):
         positions: torch.Tensor,
         kv: KV,
         visible: torch.Tensor,
-        extra: KV | None = None,
-        extra_visible: torch.Tensor | None = None,
+        extra: list[KV] | None = None,
     ) -> torch.Tensor:
         """The decoder layer for query slots x (B, Q, 2d) over keys ``kv`` with mask (B, Q, L)."""
         bsz, nq, _ = x.shape
@@ -93,7 +92,7 @@ class Eagle3Draft(nn.Module):
         f = x[..., cfg.hidden_size :]  # (B, Q, d)
         q = self.q_proj(self._attn_input(x)).view(bsz, nq, cfg.num_attention_heads, cfg.head_dim)
         q = self.rotary(q.transpose(1, 2), positions)  # (B, H, Q, Dh)
-        o = attention(q, kv, visible, extra, extra_visible)  # (B, H, Q, Dh)
+        o = attention(q, kv, visible, extra)  # (B, H, Q, Dh)
         residual = self.hidden_norm(f) if cfg.norm_before_residual else f
         y = residual + self.o_proj(o.transpose(1, 2).reshape(bsz, nq, -1))  # (B, Q, d)
         return y + self.mlp(self.post_attention_layernorm(y))  # (B, Q, d)
@@ -105,7 +104,7 @@ class Eagle3Draft(nn.Module):
         features: torch.Tensor,
         query_index: torch.Tensor,
         cutoff: torch.Tensor,
-        extras: torch.Tensor,
+        extras: torch.Tensor | Drafted,
     ) -> torch.Tensor:
         """One training sub-step (same contract as ``BeagleDraft.forward``)."""
         return slot_forward(self, input_ids, positions, features, query_index, cutoff, extras)

@@ -8,11 +8,12 @@ that sees no key returns exactly 0 (DESIGN.md "Index definitions"), never NaN.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
@@ -81,6 +82,47 @@ class KV:
         return KV(torch.cat([self.k, other.k], dim=2), torch.cat([self.v, other.v], dim=2))
 
 
+@dataclass
+class Drafted:
+    """The draft's own states written at the earlier sub-steps of a training-time-test chain, whole.
+
+    ``states[v]`` (B, T, d) holds sub-step v+1's outputs at its query positions (they keep their
+    graph). A draft encodes each state once, into ``encoded[v]`` (its keys/values, and a slot
+    draft's slot inputs), the first time a sub-step reads it; later sub-steps reuse the
+    encoding and read their queries' diagonal of it as views. A chain of k sub-steps so encodes
+    k - 1 states and keeps each once: memory linear in k, not k(k-1)/2 re-encoded copies.
+    """
+
+    states: list[torch.Tensor] = field(default_factory=list)
+    encoded: list = field(default_factory=list)
+
+    def gather(self, query_index: torch.Tensor) -> torch.Tensor:
+        """(B, Q, E, d): query p's drafted states at u = p-E .. p-1 (the ``extras`` tensor layout)."""
+        ne = len(self.states)
+        return torch.stack([take(self.states[v], 1, query_index - ne + v) for v in range(ne)], dim=2)
+
+    def encode(self, fn) -> list:
+        """``encoded``, after encoding every state not yet encoded with ``fn(state)``."""
+        while len(self.encoded) < len(self.states):
+            self.encoded.append(fn(self.states[len(self.encoded)]))
+        return self.encoded
+
+
+def take(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """``x`` at the ascending ``index`` along ``dim``: a view when it is a contiguous run, else a copy."""
+    n = index.numel()
+    if n:
+        first = int(index[0])
+        if int(index[-1]) - first + 1 == n:
+            return x.narrow(dim, first, n)
+    return x.index_select(dim, index)
+
+
+def diagonals(extra: KV) -> list[KV]:
+    """Per-query extra keys (k, v: (B, Hkv, Q, E, Dh)) as E diagonals of (B, Hkv, Q, Dh) views."""
+    return [KV(extra.k[:, :, :, v], extra.v[:, :, :, v]) for v in range(extra.k.shape[3])]
+
+
 class KVCache:
     """Growable key/value cache for incremental drafting.
 
@@ -126,41 +168,62 @@ def masked_attention(q: torch.Tensor, kv: KV, visible: torch.Tensor) -> torch.Te
     return out * any_key[:, None, :, None].to(out.dtype)
 
 
-def attention(
-    q: torch.Tensor,
-    kv: KV,
-    visible: torch.Tensor,
-    extra: KV | None = None,
-    extra_visible: torch.Tensor | None = None,
-    chunk: int | None = None,
-) -> torch.Tensor:
-    """Attention over shared keys plus per-query keys (the training-time-test / late-stage layout).
+def attention(q: torch.Tensor, kv: KV, visible: torch.Tensor, extra: list[KV] | None = None) -> torch.Tensor:
+    """Attention over shared keys plus one own key per query in each of ``extra``'s diagonals.
 
     q (B, H, Q, Dh) sees the shared ``kv`` (B, Hkv, K, Dh) where ``visible`` (B, Q, K) says so, and
-    its own ``extra`` keys (k, v: (B, Hkv, Q, E, Dh)) where ``extra_visible`` (B, Q, E) says so — the
-    draft's own states written at earlier sub-steps, one "diagonal" per step (SpecForge Alg. 1), one
-    softmax over both. Queries are processed in chunks whose extra keys are appended to the shared
-    keys with a block-diagonal mask, so every chunk is one ordinary masked SDPA call (fused kernels
-    on GPU) and memory stays bounded: no (Q, Q*E) score matrix.
+    ``extra[v]`` (k, v: (B, Hkv, Q, Dh)): the key of query q's own drafted state written at an
+    earlier sub-step (the training-time-test / late-stage layout, one "diagonal" per step:
+    SpecForge Alg. 1), one softmax over all of them. The shared part is one masked SDPA call
+    (fused kernels); the diagonals join it through the shared part's log-sum-exp, so nothing
+    grows with the number of diagonals but (B, H, Q) scores, and no key is copied per query.
     """
-    if extra is None or extra.k.shape[3] == 0:
+    if not extra:
         return masked_attention(q, kv, visible)
-    bsz, hkv, nq, ne, dh = extra.k.shape
-    assert q.shape[2] == nq and extra_visible.shape == (bsz, nq, ne), (
-        f"extra keys {tuple(extra.k.shape)} / mask {tuple(extra_visible.shape)} do not match {nq} queries"
-    )
-    step = chunk or max(1, min(nq, max(kv.length, 64) // ne))
-    outs = []
-    for lo in range(0, nq, step):
-        hi = min(nq, lo + step)
-        n = hi - lo
-        ke = extra.k[:, :, lo:hi].reshape(bsz, hkv, n * ne, dh)  # (B, Hkv, n*E, Dh)
-        ve = extra.v[:, :, lo:hi].reshape(bsz, hkv, n * ne, dh)  # (B, Hkv, n*E, Dh)
-        own = torch.eye(n, dtype=torch.bool, device=q.device)[None, :, :, None]  # (1, n, n, 1)
-        vis_e = (own & extra_visible[:, None, lo:hi, :]).reshape(bsz, n, n * ne)  # (B, n, n*E)
-        keys = KV(torch.cat([kv.k, ke], dim=2), torch.cat([kv.v, ve], dim=2))
-        outs.append(masked_attention(q[:, :, lo:hi], keys, torch.cat([visible[:, lo:hi], vis_e], dim=-1)))
-    return torch.cat(outs, dim=2)  # (B, H, Q, Dh)
+    bsz, heads, nq, dh = q.shape
+    hkv = kv.k.shape[1]
+    for d in extra:
+        assert d.k.shape == (bsz, hkv, nq, dh), f"diagonal keys {tuple(d.k.shape)} do not match {nq} queries"
+    shared = masked_attention(q, kv, visible)  # (B, H, Q, Dh), zero rows where no key is visible
+    lse = shared_logsumexp(q, kv, visible)  # (B, H, Q), -inf where no key is visible
+    qg = q.view(bsz, hkv, heads // hkv, nq, dh)  # (B, Hkv, G, Q, Dh)
+    own = [(qg * d.k[:, :, None]).sum(-1).float().view(bsz, heads, nq) * dh**-0.5 for d in extra]  # E x (B, H, Q)
+    w = torch.softmax(torch.stack([lse, *own], dim=-1), dim=-1).to(q.dtype)  # (B, H, Q, 1+E)
+    out = w[..., :1] * shared  # (B, H, Q, Dh)
+    for i, d in enumerate(extra):
+        wi = w[..., 1 + i].view(bsz, hkv, heads // hkv, nq, 1)  # (B, Hkv, G, Q, 1)
+        out = out + (wi * d.v[:, :, None]).view(bsz, heads, nq, dh)
+    return out
+
+
+def shared_logsumexp(q: torch.Tensor, kv: KV, visible: torch.Tensor, budget: int = 1 << 24) -> torch.Tensor:
+    """log sum_k exp(q.k / sqrt(Dh)) over each query's visible shared keys: (B, H, Q) fp32, -inf where none.
+
+    Computed in query chunks of about ``budget`` scores under activation checkpointing: the
+    (Q, K) scores exist one chunk at a time, in the forward and again in the backward, and are
+    never kept between them.
+    """
+    bsz, heads, nq, dh = q.shape
+    if kv.length == 0:
+        return q.new_full((bsz, heads, nq), float("-inf"), dtype=torch.float32)
+    step = max(1, budget // max(1, bsz * heads * kv.length))
+    parts = [
+        checkpoint(_chunk_logsumexp, q[:, :, lo : lo + step], kv.k, visible[:, lo : lo + step], use_reentrant=False)
+        for lo in range(0, nq, step)
+    ]
+    return torch.cat(parts, dim=2)  # (B, H, Q)
+
+
+def _chunk_logsumexp(q: torch.Tensor, k: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    bsz, heads, n, dh = q.shape
+    hkv = k.shape[1]
+    qg = q.reshape(bsz, hkv, heads // hkv, n, dh)  # (B, Hkv, G, n, Dh)
+    scores = (qg @ k[:, :, None].transpose(-1, -2)).float() * dh**-0.5  # (B, Hkv, G, n, K)
+    any_key = visible.any(dim=-1)[:, None, None]  # (B, 1, 1, n)
+    safe = (visible | ~visible.any(dim=-1, keepdim=True))[:, None, None]  # (B, 1, 1, n, K): no NaN grads
+    lse = torch.logsumexp(scores.masked_fill(~safe, float("-inf")), dim=-1)  # (B, Hkv, G, n)
+    lse = torch.where(any_key, lse, torch.full_like(lse, float("-inf")))
+    return lse.reshape(bsz, heads, n)  # fp32
 
 
 def prefix_visible(cutoff: torch.Tensor, length: int, bsz: int) -> torch.Tensor:

@@ -131,7 +131,7 @@ class StubDraft(nn.Module):
         z = torch.zeros(1, 1, states.shape[1], 1)
         return KV(z, z)
 
-    def attend(self, input_ids, positions, kv, visible, extra=None, extra_visible=None):
+    def attend(self, input_ids, positions, kv, visible, extra=None):
         rows = []
         for p in positions[0].tolist():
             right = self.seq[p + 1]

@@ -1,0 +1,113 @@
+"""Attention with per-query diagonals against an explicit softmax loop; what a ttt chain keeps for backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdraft.models.layers import KV, attention, shared_logsumexp, take
+from specdraft.objectives import LossWeights, StageConfig, substeps
+
+TOL = 1e-5
+
+
+def explicit_attention(q, kv, visible, extra):
+    """One query at a time: its visible shared keys then its own diagonal keys, one softmax."""
+    bsz, heads, nq, dh = q.shape
+    groups = heads // kv.k.shape[1]
+    out = torch.zeros_like(q)
+    for b in range(bsz):
+        for h in range(heads):
+            g = h // groups
+            for i in range(nq):
+                keys = [kv.k[b, g, u] for u in range(kv.length) if visible[b, i, u]]
+                vals = [kv.v[b, g, u] for u in range(kv.length) if visible[b, i, u]]
+                keys += [d.k[b, g, i] for d in extra]
+                vals += [d.v[b, g, i] for d in extra]
+                if not keys:
+                    continue
+                s = torch.stack(keys) @ q[b, h, i] / dh**0.5
+                out[b, h, i] = torch.softmax(s, 0) @ torch.stack(vals)
+    return out
+
+
+def case(seed: int = 0, e: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    bsz, heads, hkv, nq, length, dh = 2, 4, 2, 7, 9, 8
+    q = torch.randn(bsz, heads, nq, dh, generator=g, requires_grad=True)
+    kv = KV(torch.randn(bsz, hkv, length, dh, generator=g, requires_grad=True),
+            torch.randn(bsz, hkv, length, dh, generator=g, requires_grad=True))
+    visible = torch.rand(bsz, nq, length, generator=g) > 0.4
+    visible[0, 2] = False  # a query that sees no shared key: only its diagonals
+    extra = [KV(torch.randn(bsz, hkv, nq, dh, generator=g, requires_grad=True),
+                torch.randn(bsz, hkv, nq, dh, generator=g, requires_grad=True)) for _ in range(e)]
+    return q, kv, visible, extra
+
+
+@pytest.mark.parametrize("e", [0, 1, 3])
+def test_attention_with_diagonals_matches_explicit_softmax(e):
+    q, kv, visible, extra = case(e=e)
+    leaves = [q, kv.k, kv.v, *[t for d in extra for t in (d.k, d.v)]]
+    fast = attention(q, kv, visible, extra)
+    w = torch.randn_like(fast)
+    fast_grads = torch.autograd.grad((fast * w).sum(), leaves)
+    slow = explicit_attention(q, kv, visible, extra)
+    slow_grads = torch.autograd.grad((slow * w).sum(), leaves)
+    assert (fast - slow).abs().max() < TOL
+    for a, b in zip(fast_grads, slow_grads):
+        assert torch.isfinite(a).all() and (a - b).abs().max() < TOL
+
+
+def test_shared_logsumexp_in_chunks_equals_one_pass_and_is_minus_inf_without_keys():
+    q, kv, visible, _ = case()
+    full = shared_logsumexp(q, kv, visible)
+    chunked = shared_logsumexp(q, kv, visible, budget=1)  # one query per chunk
+    groups = q.shape[1] // kv.k.shape[1]
+    k = kv.k.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5  # (B, H, Q, K)
+    ref = torch.logsumexp(scores.masked_fill(~visible[:, None], float("-inf")), dim=-1)
+    assert torch.equal(torch.isneginf(full), torch.isneginf(chunked))
+    assert (full - chunked)[torch.isfinite(full)].abs().max() < TOL
+    assert torch.isneginf(full[0, :, 2]).all() and torch.isneginf(ref[0, :, 2]).all()
+    finite = torch.isfinite(ref)
+    assert (full[finite] - ref[finite]).abs().max() < TOL
+
+
+def test_take_is_a_view_for_a_run_and_a_copy_otherwise():
+    x = torch.arange(20.0).view(2, 10)
+    run = take(x, 1, torch.arange(3, 7))
+    assert run.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert torch.equal(run, x[:, 3:7])
+    assert torch.equal(take(x, 1, torch.tensor([1, 4, 5])), x[:, [1, 4, 5]])
+
+
+def saved_bytes(draft, batch, stage) -> int:
+    """Bytes of the distinct storages the autograd graph of one ttt chain keeps for its backward."""
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for _ in substeps(draft, batch, stage):
+            pass
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("draft_kind", ["eagle3", "beagle"])
+def test_ttt_keeps_a_constant_amount_per_step(draft_kind):
+    """Issue 9.4: a ttt chain's memory grows linearly in k. Each step keeps its own activations and
+    the encoding of its fed-back states once; no step re-encodes or copies the earlier steps'."""
+    from tests.specdraft.test_objectives import make_batch, make_draft  # the reference tests' tiny draft
+
+    draft = make_draft(draft_kind)
+    batch = make_batch(with_topk=True, aux=draft_kind == "eagle3")
+    stage = lambda k: StageConfig(kind="ttt", steps=k, noise_std=0.0, loss=LossWeights(ce=1.0))  # noqa: E731
+    kept = [saved_bytes(draft, batch, stage(k)) for k in range(1, 7)]
+    steps = [b - a for a, b in zip(kept, kept[1:])]  # what steps 2..6 add
+    assert all(s > 0 for s in steps), kept
+    # the only per-step growth left: E (B, H, Q) scores and softmax weights per step, a few hundred
+    # bytes here against tens of kilobytes of activations; re-encoding would add a full step per step
+    assert max(steps[1:]) <= 1.05 * steps[0], f"bytes kept for backward by k = 1..6: {kept}"
