@@ -10,7 +10,9 @@ query sees is described in ``masks.py``:
 * ``late``   s steps in windows of s (Beagle Eq. 6 with l = i, beta_i = s - i + 1); step i trains
              only the queries at window position i, which see the true states before their window
              and the draft's own (detached) states written at window positions 1..i-1. Each step
-             computes only its queries, so a batch costs about one early step whatever s is.
+             computes only its queries, the true states' keys/values are encoded once per batch
+             and each drafted state once, and the s weighted losses are back-propagated once, so a
+             batch costs about one early step, in time and memory, whatever s is.
 * ``align``  n steps (HASS harmonized context alignment); step j trains all queries p >= j-1 on
              the true states u <= p-j and the draft's own detached states of steps 1..j-1 at
              u = p-j+1 .. p-1, weight decay^(j-1). Each step is back-propagated on its own.
@@ -19,8 +21,9 @@ query sees is described in ``masks.py``:
              unrolled chain is back-propagated once; each step's states are encoded once for
              the whole chain (``layers.Drafted``), so memory grows linearly in k.
 
-The caller back-propagates each sub-step before advancing the generator, except for ``ttt``
-(``train_batch`` does both). Any draft x stage x loss weights combination is one ``StageConfig``.
+The caller back-propagates each sub-step before advancing the generator, except for ``late`` and
+``ttt`` (chains back-propagated once, whose sub-steps share one ``layers.Drafted``; ``train_batch``
+does both). Any draft x stage x loss weights combination is one ``StageConfig``.
 The target side of the losses (``HeadTargets``) is prepared once per batch, not per sub-step,
 and only the trained rows reach the output head (``losses.head_loss``).
 """
@@ -40,6 +43,7 @@ from specdraft.models.layers import Drafted
 
 StageKind = Literal["plain", "early", "late", "align", "ttt"]
 CHAINED = ("late", "align", "ttt")  # stages whose later steps read earlier steps' outputs
+ONE_BACKWARD = ("late", "ttt")  # chains whose weighted step losses are summed and back-propagated once
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -260,17 +264,18 @@ def substeps(
         targets = prepare_targets(core, batch, stage.loss, chunk)
     ids, pos = batch.input_ids, batch.positions
     bsz, t = ids.shape
-    # the draft's states written at sub-step v, whole: (B, T, d) each. ttt keeps their graph, and the
-    # draft encodes each once for the whole chain (``Drafted``); the detached stages back-propagate
-    # every sub-step on its own, so they hand each sub-step only its queries' states, encoded anew.
-    drafted = Drafted()
+    # The draft's states written at each sub-step. A chain trained by one backward (late, ttt) hands
+    # every sub-step the whole ``Drafted`` chain, whose encodings the sub-steps share; align
+    # back-propagates each sub-step on its own (its graph is gone after), so it hands each sub-step
+    # its queries' states, encoded anew.
+    drafted = Drafted(t)
     for st in stage_steps(stage, t, offset, ids.device):
         q = st.query_index
-        assert len(drafted.states) >= st.extras, "a sub-step reads states no earlier sub-step wrote"
-        if stage.kind == "ttt":
+        assert len(drafted.states) == st.extras, "a sub-step reads states no earlier sub-step wrote"
+        if stage.kind in ONE_BACKWARD:
             extras = drafted
         elif st.extras:
-            extras = Drafted(drafted.states[: st.extras]).gather(q)  # (B, Q, E, d)
+            extras = drafted.gather(q)  # (B, Q, E, d)
         else:
             extras = features.new_zeros(bsz, q.numel(), 0, core.config.hidden_size)
         h_hat = draft(ids, pos, features, q, st.cutoff, extras)  # (B, Q, d)
@@ -279,7 +284,7 @@ def substeps(
         yield SubStep(st.index, st.weight, q, h_hat, loss, parts, correct, scored, trained)
         if stage.kind in CHAINED:
             fed = h_hat if stage.kind == "ttt" else h_hat.detach()
-            drafted.states.append(fed.new_zeros(bsz, t, fed.shape[-1]).index_copy(1, q, fed))  # (B, T, d)
+            drafted.add(fed, q)  # (B, Q, d) at q
 
 
 def unwrap(model):
@@ -313,8 +318,10 @@ def train_batch(
 ) -> dict[str, float]:
     """Forward + backward for one batch; returns scalar metrics. No optimizer step.
 
-    Detached stages back-propagate each sub-step on its own (constant memory in the number of
-    steps); ``ttt`` sums the weighted step losses and back-propagates once. ``grad_sync(enabled)``
+    ``align`` back-propagates each sub-step on its own (constant memory in the number of steps);
+    ``late`` and ``ttt`` sum the weighted step losses and back-propagate once (a late step holds
+    1/s of the queries, so the chain holds about one early step's activations, and the
+    parameters' gradients are accumulated once per batch, not s times). ``grad_sync(enabled)``
     is entered around every forward+backward: a distributed wrapper synchronises gradients only
     where ``enabled`` (the last backward of the batch, and only if ``sync_last``).
     """
@@ -330,7 +337,7 @@ def train_batch(
         with grad_sync(last and sync_last):
             sub = next(steps)
             weighted = scale * sub.weight * sub.loss
-            if stage.kind == "ttt":
+            if stage.kind in ONE_BACKWARD:
                 pending = weighted if pending is None else pending + weighted
                 if last:
                     pending.backward()

@@ -110,21 +110,25 @@ class BeagleDraft(nn.Module):
         input_ids (B, T), positions (B, T); features (B, T, F) the target's (noised) features;
         query_index (Q,) positions to compute; cutoff (Q,): query q sees the true states u < cutoff[q];
         extras (B, Q, E, d): the draft's own states at positions q-E .. q-1 (written at earlier
-        sub-steps), visible to their query only — or, in a training-time-test chain, the whole
-        ``Drafted`` states of sub-steps 1..E, which this reads the same way. Returns h_hat (B, Q, d).
+        sub-steps), visible to their query only — or, in a chain trained by one backward (late, ttt),
+        the ``Drafted`` states of sub-steps 1..E, which this reads the same way. Returns h_hat (B, Q, d).
         """
         bsz, t = input_ids.shape
         nq = query_index.numel()
         ne = len(extras.states) if isinstance(extras, Drafted) else extras.shape[2]
         assert features.shape[:2] == (bsz, t), f"features {tuple(features.shape)} vs input_ids {(bsz, t)}"
         assert cutoff.shape == (nq,), "cutoff does not match the queries"
-        kv = self.encode_states(self.project(features), positions)  # true states: all T positions
         extra = None
-        if isinstance(extras, Drafted):  # whole drafted states, each encoded once per chain
-            encoded = extras.encode(lambda states: self.encode_states(states, positions))  # E x (B, Hkv, T, Dh)
-            at = [query_index - ne + v for v in range(ne)]  # E x (Q,): the state each query reads
-            extra = [KV(take(e.k, 2, u), take(e.v, 2, u)) for e, u in zip(encoded, at)]  # E x (B, Hkv, Q, Dh)
-        elif ne:
+        if isinstance(extras, Drafted):  # one chain, one backward: every state encoded once per batch
+            if extras.true is None:
+                extras.true = self.encode_states(self.project(features), positions)  # true states: all T positions
+            kv = extras.true
+            encoded = extras.encode(lambda states, u: self.encode_states(states, positions[:, u]))  # E x (B, Hkv, Q_v, Dh)
+            rows = [extras.rows(v, query_index - ne + v) for v in range(ne)]  # E x (Q,): the state each query reads
+            extra = [KV(take(e.k, 2, r), take(e.v, 2, r)) for e, r in zip(encoded, rows)]  # E x (B, Hkv, Q, Dh)
+        else:
+            kv = self.encode_states(self.project(features), positions)  # true states: all T positions
+        if not isinstance(extras, Drafted) and ne:
             assert extras.shape[:2] == (bsz, nq), "extras do not match the queries"
             at = query_index[:, None] - ne + torch.arange(ne, device=query_index.device)  # (Q, E)
             pos_e = gather_positions(positions, at).reshape(bsz, nq * ne)  # (B, Q*E)

@@ -123,9 +123,9 @@ def slot_forward(
 
     True slots c = 1..T-1 are built from (t_c, state c-1) and visible to query q iff state c-1 <
     cutoff[q]; the drafted slots at positions q-E+1 .. q come from (t_c, extras) and are visible to
-    their own query only. With ``Drafted`` extras (a training-time-test chain) each sub-step's
-    drafted states are encoded into slots once, for all positions, and later sub-steps read
-    their queries' diagonals of those slots. A query whose chain has no true root slot (cutoff 0: nothing true before
+    their own query only. With ``Drafted`` extras (a chain trained by one backward: late, ttt) the
+    true slots are encoded once per batch and each sub-step's drafted states into slots once, and
+    later sub-steps read their queries' rows of those slots. A query whose chain has no true root slot (cutoff 0: nothing true before
     it, as never happens in drafting) returns zeros.
     """
     bsz, t = input_ids.shape
@@ -137,24 +137,35 @@ def slot_forward(
         extras = (  # (B, Q, E, d): legacy slots are encoded per query
             extras.gather(query_index) if extras.states else features.new_zeros(bsz, nq, 0, draft.config.hidden_size)
         )
-    states = draft.project(features)  # (B, T, d)
+    chain = isinstance(extras, Drafted)  # one chain, one backward: every state encoded once per batch
     if legacy:  # slot c = 0..T-1 from state c-1, slot 0 holding a zero state
+        states = draft.project(features)  # (B, T, d)
         prev = torch.cat([states.new_zeros(bsz, 1, states.shape[-1]), states[:, :-1]], dim=1)  # (B, T, d)
         x_true, kv = draft.encode_inputs(input_ids, prev, positions)
         visible = prefix_visible(cutoff + 1, t, bsz)  # slot s holds state s-1
     else:  # slot c = 1..T-1 (index s = c-1 holds state s)
-        x_true, kv = draft.encode_inputs(input_ids[:, 1:], states[:, :-1], positions[:, 1:])
+        if not chain or extras.true is None:
+            states = draft.project(features)  # (B, T, d)
+            true = draft.encode_inputs(input_ids[:, 1:], states[:, :-1], positions[:, 1:])
+            if chain:
+                extras.true = true
+        x_true, kv = extras.true if chain else true
         visible = prefix_visible(cutoff, t - 1, bsz)
     extra = None
-    if isinstance(extras, Drafted):  # whole drafted states, each encoded once per chain
+    if chain:
         ne = len(extras.states)
-        encoded = extras.encode(
-            lambda drafted: draft.encode_inputs(input_ids[:, 1:], drafted[:, :-1], positions[:, 1:])
-        )  # E x (slot inputs (B, T-1, X), their KV (B, Hkv, T-1, Dh))
+
+        def encode_slots(drafted: torch.Tensor, u: torch.Tensor):
+            """Slots c = u+1 of drafted states (B, Q_v, d) at u (the state at T-1 feeds no slot: its
+            row is encoded at a clamped position and never read)."""
+            c = (u + 1).clamp(max=t - 1)  # (Q_v,)
+            return draft.encode_inputs(input_ids[:, c], drafted, positions[:, c])  # (B, Q_v, X), KV (B, Hkv, Q_v, Dh)
+
+        encoded = extras.encode(encode_slots)
         if ne:
-            at = [query_index - ne + v for v in range(ne)]  # E x (Q,): slot index s = c-1 of each query's slot c
-            extra = [KV(take(kv_v.k, 2, s), take(kv_v.v, 2, s)) for (_, kv_v), s in zip(encoded, at)]
-            x_q = take(encoded[-1][0], 1, query_index - 1)  # (B, Q, X): the query's own slot is its last extra
+            rows = [extras.rows(v, query_index - ne + v) for v in range(ne)]  # E x (Q,): the slot each query reads
+            extra = [KV(take(kv_v.k, 2, r), take(kv_v.v, 2, r)) for (_, kv_v), r in zip(encoded, rows)]
+            x_q = take(encoded[-1][0], 1, rows[-1])  # (B, Q, X): the query's own slot is its last extra
     else:
         ne = extras.shape[2]
         assert extras.shape[:2] == (bsz, nq), "extras do not match the queries"

@@ -84,27 +84,49 @@ class KV:
 
 @dataclass
 class Drafted:
-    """The draft's own states written at the earlier sub-steps of a training-time-test chain, whole.
+    """One batch's chain of sub-steps trained by a single backward (late, training-time test): the
+    draft's own states written so far, and the encodings every sub-step shares.
 
-    ``states[v]`` (B, T, d) holds sub-step v+1's outputs at its query positions (they keep their
-    graph). A draft encodes each state once, into ``encoded[v]`` (its keys/values, and a slot
-    draft's slot inputs), the first time a sub-step reads it; later sub-steps reuse the
-    encoding and read their queries' diagonal of it as views. A chain of k sub-steps so encodes
-    k - 1 states and keeps each once: memory linear in k, not k(k-1)/2 re-encoded copies.
+    ``states[v]`` (B, Q_v, d) holds sub-step v+1's outputs at its query positions ``written[v]``
+    (Q_v,). A draft encodes the true states once, into ``true``, at the chain's first sub-step, and
+    each drafted state once, into ``encoded[v]`` (its keys/values, and a slot draft's slot inputs,
+    row for row with ``written[v]``), the first time a sub-step reads it; later sub-steps reuse both
+    and read their queries' rows (views where the rows are a run). A chain of k sub-steps so
+    encodes every state once: memory linear in k, not k(k-1)/2 re-encoded copies.
     """
 
+    length: int  # T
     states: list[torch.Tensor] = field(default_factory=list)
+    written: list[torch.Tensor] = field(default_factory=list)
     encoded: list = field(default_factory=list)
+    true: object = None
+    _lookup: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, states: torch.Tensor, written: torch.Tensor) -> None:
+        """Record a sub-step's outputs (B, Q, d) at positions ``written`` (Q,)."""
+        assert states.shape[1] == written.numel(), f"{states.shape[1]} states for {written.numel()} positions"
+        lookup = torch.full((self.length,), -1, dtype=torch.long, device=written.device)
+        lookup[written] = torch.arange(written.numel(), device=written.device)
+        self.states.append(states)
+        self.written.append(written)
+        self._lookup.append(lookup)
+
+    def rows(self, v: int, positions: torch.Tensor) -> torch.Tensor:
+        """Rows of ``states[v]`` (and ``encoded[v]``) holding the states at ``positions`` (Q,)."""
+        rows = self._lookup[v][positions]  # (Q,)
+        assert bool((rows >= 0).all()), f"a sub-step reads positions sub-step {v + 1} did not write"
+        return rows
 
     def gather(self, query_index: torch.Tensor) -> torch.Tensor:
         """(B, Q, E, d): query p's drafted states at u = p-E .. p-1 (the ``extras`` tensor layout)."""
         ne = len(self.states)
-        return torch.stack([take(self.states[v], 1, query_index - ne + v) for v in range(ne)], dim=2)
+        return torch.stack([take(self.states[v], 1, self.rows(v, query_index - ne + v)) for v in range(ne)], dim=2)
 
     def encode(self, fn) -> list:
-        """``encoded``, after encoding every state not yet encoded with ``fn(state)``."""
+        """``encoded``, after encoding each state not yet encoded with ``fn(states (B, Q_v, d), written (Q_v,))``."""
         while len(self.encoded) < len(self.states):
-            self.encoded.append(fn(self.states[len(self.encoded)]))
+            v = len(self.encoded)
+            self.encoded.append(fn(self.states[v], self.written[v]))
         return self.encoded
 
 
