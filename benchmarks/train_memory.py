@@ -17,7 +17,8 @@ measurement runs in its own process so peaks do not mix:
   recomputed at every sub-step — to measure what the fused loss saves, in the same run.
 
 Recipes: eagle (plain), hass (align n=3), beagle early (k=5), beagle late (s=1, 4, 8), eagle3
-(training-time test k=7, aux features 3·d, draft vocabulary 32,000).
+(training-time test k=7, aux features 3·d, draft vocabulary 32,000; also with ``recompute``:
+activation checkpointing of each sub-step's decoder layer).
 
     python -m benchmarks.train_memory OUT.json [--device cpu] [--dtype bf16] [--seq 2048] [--d 4096]
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
 import resource
 import sys
@@ -52,12 +54,14 @@ RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
     "beagle-late-s4": ("beagle", dict(kind="late", steps=4)),
     "beagle-late-s8": ("beagle", dict(kind="late", steps=8)),
     "eagle3-ttt-k7": ("eagle3", dict(kind="ttt", steps=7, step_decay=0.8)),
+    # the same with each sub-step's decoder layer recomputed in the backward (train.recompute=true)
+    "eagle3-ttt-k7-recompute": ("eagle3", dict(kind="ttt", steps=7, step_decay=0.8, recompute=True)),
     # how TTT memory grows with k (not run by default)
     "eagle3-ttt-k1": ("eagle3", dict(kind="ttt", steps=1, step_decay=0.8)),
     "eagle3-ttt-k3": ("eagle3", dict(kind="ttt", steps=3, step_decay=0.8)),
 }
 DEFAULT_RECIPES = ["eagle", "hass-n3", "beagle-early-k5", "beagle-late-s1", "beagle-late-s4", "beagle-late-s8",
-                   "eagle3-ttt-k7"]
+                   "eagle3-ttt-k7", "eagle3-ttt-k7-recompute"]
 
 
 def _status_mb(field: str) -> float:
@@ -228,6 +232,10 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "late_s8_over_s1_peak": ratio(("beagle-late-s8", loss), ("beagle-late-s1", loss), "peak_mb"),
             "max_peak_over_baseline": max((r["peak_over_baseline"] for (rec, lo), r in by.items()
                                            if lo == loss and r["peak_over_baseline"]), default=None),
+            "ttt_k7_recompute_over_ttt_k7_peak": ratio(("eagle3-ttt-k7-recompute", loss), ("eagle3-ttt-k7", loss),
+                                                       "peak_mb"),
+            "ttt_k7_recompute_over_ttt_k7_time": ratio(("eagle3-ttt-k7-recompute", loss), ("eagle3-ttt-k7", loss),
+                                                       "step_s"),
         }
     out["materialized_over_fused_peak"] = {rec: ratio((rec, "materialized"), (rec, "fused"), "peak_mb")
                                            for rec in RECIPES}
@@ -263,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "train_memory",
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "torch": torch.__version__,
                     "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
-                    "threads": args.threads},
+                    "threads": args.threads, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
         "shapes": {"d": args.d, "vocab": args.vocab, "draft_vocab": args.draft_vocab, "seq": args.seq,
                    "batch": args.batch, "dtype": args.dtype, **geometry(args.d)},
         "rows": rows,

@@ -120,6 +120,9 @@ class TrainConfig:
     draft_vocab_size: int = DEFAULT_DRAFT_VOCAB  # EAGLE-3 features: the most frequent predicted tokens
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPU (fp32 master weights)
     loss_chunk: int = 1024  # rows per output-head chunk
+    # late/ttt stages: recompute each sub-step's decoder layer in the backward (activation checkpointing):
+    # ~one more layer forward per sub-step for a chain that keeps only its states' encodings per step
+    recompute: bool = False
     seed: int = 0
     checkpoint_every: int = 500  # optimizer steps between checkpoints (epoch ends always checkpoint)
     keep_checkpoints: int = 2
@@ -146,6 +149,8 @@ class TrainConfig:
         if self.epochs is not None:
             assert len(self.epochs) == len(stages), f"epochs {self.epochs} must give one count per stage ({len(stages)})"
             stages = [replace(s, epochs=e) for s, e in zip(stages, self.epochs)]
+        if self.recompute:
+            stages = [replace(s, recompute=True) for s in stages]
         return arch, stages
 
     @property

@@ -19,10 +19,10 @@ query sees is described in ``masks.py``:
 * ``ttt``    k steps (EAGLE-3 training-time test, default 7, weights 0.8^(j-1)): the same
              visibility as ``align``, but the fed-back states keep their graph and the whole
              unrolled chain is back-propagated once; each step's states are encoded once for
-             the whole chain (``layers.Drafted``), so memory grows linearly in k.
+             the whole chain (``layers.Chain``), so memory grows linearly in k.
 
 The caller back-propagates each sub-step before advancing the generator, except for ``late`` and
-``ttt`` (chains back-propagated once, whose sub-steps share one ``layers.Drafted``; ``train_batch``
+``ttt`` (chains back-propagated once, whose sub-steps share one ``layers.Chain``; ``train_batch``
 does both). Any draft x stage x loss weights combination is one ``StageConfig``.
 The target side of the losses (``HeadTargets``) is prepared once per batch, not per sub-step,
 and only the trained rows reach the output head (``losses.head_loss``).
@@ -39,7 +39,7 @@ import torch
 from specdraft import masks
 from specdraft.batch import Batch, pad_batch  # noqa: F401 - re-exported: objectives.Batch / pad_batch
 from specdraft.losses import HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
-from specdraft.models.layers import Drafted
+from specdraft.models.layers import Chain
 
 StageKind = Literal["plain", "early", "late", "align", "ttt"]
 CHAINED = ("late", "align", "ttt")  # stages whose later steps read earlier steps' outputs
@@ -61,6 +61,10 @@ class StageConfig:
     window: int = 5  # early: k
     steps: int = 4  # late: s (windows of s); align: n; ttt: k
     step_decay: float = 1.0  # align/ttt: weight of step j is step_decay ** (j - 1)
+    # late/ttt: recompute each sub-step's decoder layer in the backward instead of keeping its
+    # activations (activation checkpointing): one more layer forward per sub-step, and a chain then
+    # keeps per step only its states' encodings and head inputs
+    recompute: bool = False
     noise_std: float = 0.2  # Gaussian noise on the true input states (0 disables)
     loss: LossWeights = field(default_factory=LossWeights)
 
@@ -265,17 +269,17 @@ def substeps(
     ids, pos = batch.input_ids, batch.positions
     bsz, t = ids.shape
     # The draft's states written at each sub-step. A chain trained by one backward (late, ttt) hands
-    # every sub-step the whole ``Drafted`` chain, whose encodings the sub-steps share; align
+    # every sub-step the whole ``Chain``, whose encodings the sub-steps share; align
     # back-propagates each sub-step on its own (its graph is gone after), so it hands each sub-step
     # its queries' states, encoded anew.
-    drafted = Drafted(t)
+    chain = Chain(t, recompute=stage.recompute)
     for st in stage_steps(stage, t, offset, ids.device):
         q = st.query_index
-        assert len(drafted.states) == st.extras, "a sub-step reads states no earlier sub-step wrote"
+        assert len(chain.states) == st.extras, "a sub-step reads states no earlier sub-step wrote"
         if stage.kind in ONE_BACKWARD:
-            extras = drafted
+            extras = chain
         elif st.extras:
-            extras = drafted.gather(q)  # (B, Q, E, d)
+            extras = chain.gather(q)  # (B, Q, E, d)
         else:
             extras = features.new_zeros(bsz, q.numel(), 0, core.config.hidden_size)
         h_hat = draft(ids, pos, features, q, st.cutoff, extras)  # (B, Q, d)
@@ -284,7 +288,7 @@ def substeps(
         yield SubStep(st.index, st.weight, q, h_hat, loss, parts, correct, scored, trained)
         if stage.kind in CHAINED:
             fed = h_hat if stage.kind == "ttt" else h_hat.detach()
-            drafted.add(fed, q)  # (B, Q, d) at q
+            chain.add(fed, q)  # (B, Q, d) at q
 
 
 def unwrap(model):

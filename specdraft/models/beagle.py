@@ -28,7 +28,7 @@ from torch import nn
 from specdraft.models.config import DraftConfig
 from specdraft.models.heads import Heads
 from specdraft.models.layers import (
-    KV, Drafted, RMSNorm, Rotary, SwiGLU, attention, diagonals, gather_positions, prefix_visible, take,
+    KV, Chain, RMSNorm, Rotary, SwiGLU, attention, diagonals, gather_positions, prefix_visible, take,
 )
 
 
@@ -103,7 +103,7 @@ class BeagleDraft(nn.Module):
         features: torch.Tensor,
         query_index: torch.Tensor,
         cutoff: torch.Tensor,
-        extras: torch.Tensor | Drafted,
+        extras: torch.Tensor | Chain,
     ) -> torch.Tensor:
         """One training sub-step.
 
@@ -111,15 +111,15 @@ class BeagleDraft(nn.Module):
         query_index (Q,) positions to compute; cutoff (Q,): query q sees the true states u < cutoff[q];
         extras (B, Q, E, d): the draft's own states at positions q-E .. q-1 (written at earlier
         sub-steps), visible to their query only — or, in a chain trained by one backward (late, ttt),
-        the ``Drafted`` states of sub-steps 1..E, which this reads the same way. Returns h_hat (B, Q, d).
+        the ``Chain`` states of sub-steps 1..E, which this reads the same way. Returns h_hat (B, Q, d).
         """
         bsz, t = input_ids.shape
         nq = query_index.numel()
-        ne = len(extras.states) if isinstance(extras, Drafted) else extras.shape[2]
+        ne = len(extras.states) if isinstance(extras, Chain) else extras.shape[2]
         assert features.shape[:2] == (bsz, t), f"features {tuple(features.shape)} vs input_ids {(bsz, t)}"
         assert cutoff.shape == (nq,), "cutoff does not match the queries"
         extra = None
-        if isinstance(extras, Drafted):  # one chain, one backward: every state encoded once per batch
+        if isinstance(extras, Chain):  # one chain, one backward: every state encoded once per batch
             if extras.true is None:
                 extras.true = self.encode_states(self.project(features), positions)  # true states: all T positions
             kv = extras.true
@@ -128,13 +128,12 @@ class BeagleDraft(nn.Module):
             extra = [KV(take(e.k, 2, r), take(e.v, 2, r)) for e, r in zip(encoded, rows)]  # E x (B, Hkv, Q, Dh)
         else:
             kv = self.encode_states(self.project(features), positions)  # true states: all T positions
-        if not isinstance(extras, Drafted) and ne:
+        if not isinstance(extras, Chain) and ne:
             assert extras.shape[:2] == (bsz, nq), "extras do not match the queries"
             at = query_index[:, None] - ne + torch.arange(ne, device=query_index.device)  # (Q, E)
             pos_e = gather_positions(positions, at).reshape(bsz, nq * ne)  # (B, Q*E)
             kv_e = self.encode_states(extras.reshape(bsz, nq * ne, -1), pos_e)
             k = kv_e.k.reshape(bsz, -1, nq, ne, self.config.head_dim)  # (B, Hkv, Q, E, Dh)
             extra = diagonals(KV(k, kv_e.v.reshape(k.shape)))
-        return self.attend(
-            input_ids[:, query_index], positions[:, query_index], kv, prefix_visible(cutoff, t, bsz), extra
-        )
+        args = (input_ids[:, query_index], positions[:, query_index], kv, prefix_visible(cutoff, t, bsz), extra)
+        return extras.attend(self.attend, *args) if isinstance(extras, Chain) else self.attend(*args)

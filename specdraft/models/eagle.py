@@ -25,7 +25,7 @@ from torch import nn
 from specdraft.models.config import DraftConfig
 from specdraft.models.heads import Heads
 from specdraft.models.layers import (
-    KV, Drafted, RMSNorm, Rotary, SwiGLU, attention, diagonals, gather_positions, prefix_visible, take,
+    KV, Chain, RMSNorm, Rotary, SwiGLU, attention, diagonals, gather_positions, prefix_visible, take,
 )
 
 
@@ -104,7 +104,7 @@ class EagleDraft(nn.Module):
         features: torch.Tensor,
         query_index: torch.Tensor,
         cutoff: torch.Tensor,
-        extras: torch.Tensor | Drafted,
+        extras: torch.Tensor | Chain,
     ) -> torch.Tensor:
         """One training sub-step (same contract as ``BeagleDraft.forward``)."""
         return slot_forward(self, input_ids, positions, features, query_index, cutoff, extras)
@@ -123,7 +123,7 @@ def slot_forward(
 
     True slots c = 1..T-1 are built from (t_c, state c-1) and visible to query q iff state c-1 <
     cutoff[q]; the drafted slots at positions q-E+1 .. q come from (t_c, extras) and are visible to
-    their own query only. With ``Drafted`` extras (a chain trained by one backward: late, ttt) the
+    their own query only. With ``Chain`` extras (a chain trained by one backward: late, ttt) the
     true slots are encoded once per batch and each sub-step's drafted states into slots once, and
     later sub-steps read their queries' rows of those slots. A query whose chain has no true root slot (cutoff 0: nothing true before
     it, as never happens in drafting) returns zeros.
@@ -133,11 +133,11 @@ def slot_forward(
     assert features.shape[:2] == (bsz, t), f"features {tuple(features.shape)} vs input_ids {(bsz, t)}"
     assert cutoff.shape == (nq,), "cutoff does not match the queries"
     legacy = draft.config.legacy
-    if legacy and isinstance(extras, Drafted):
+    if legacy and isinstance(extras, Chain):
         extras = (  # (B, Q, E, d): legacy slots are encoded per query
             extras.gather(query_index) if extras.states else features.new_zeros(bsz, nq, 0, draft.config.hidden_size)
         )
-    chain = isinstance(extras, Drafted)  # one chain, one backward: every state encoded once per batch
+    chain = isinstance(extras, Chain)  # one chain, one backward: every state encoded once per batch
     if legacy:  # slot c = 0..T-1 from state c-1, slot 0 holding a zero state
         states = draft.project(features)  # (B, T, d)
         prev = torch.cat([states.new_zeros(bsz, 1, states.shape[-1]), states[:, :-1]], dim=1)  # (B, T, d)
@@ -180,6 +180,7 @@ def slot_forward(
     if not ne:
         own = query_index if legacy else (query_index - 1).clamp(min=0)  # (Q,)
         x_q = x_true[:, own]  # (B, Q, X)
-    h = draft.attend(x_q, positions[:, query_index], kv, visible, extra)  # (B, Q, d)
+    args = (x_q, positions[:, query_index], kv, visible, extra)
+    h = extras.attend(draft.attend, *args) if chain else draft.attend(*args)  # (B, Q, d)
     live = torch.ones_like(cutoff, dtype=torch.bool) if legacy else cutoff >= 1  # the chain has a true root slot
     return h * live[None, :, None].to(h.dtype)

@@ -22,7 +22,7 @@ from torch import nn
 from specdraft.models.config import DraftConfig
 from specdraft.models.eagle import slot_forward
 from specdraft.models.heads import Heads
-from specdraft.models.layers import KV, Drafted, RMSNorm, Rotary, SwiGLU, attention
+from specdraft.models.layers import KV, Chain, RMSNorm, Rotary, SwiGLU, attention
 
 
 class Eagle3Draft(nn.Module):
@@ -104,7 +104,7 @@ class Eagle3Draft(nn.Module):
         features: torch.Tensor,
         query_index: torch.Tensor,
         cutoff: torch.Tensor,
-        extras: torch.Tensor | Drafted,
+        extras: torch.Tensor | Chain,
     ) -> torch.Tensor:
         """One training sub-step (same contract as ``BeagleDraft.forward``)."""
         return slot_forward(self, input_ids, positions, features, query_index, cutoff, extras)

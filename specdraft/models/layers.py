@@ -83,7 +83,7 @@ class KV:
 
 
 @dataclass
-class Drafted:
+class Chain:
     """One batch's chain of sub-steps trained by a single backward (late, training-time test): the
     draft's own states written so far, and the encodings every sub-step shares.
 
@@ -92,10 +92,12 @@ class Drafted:
     each drafted state once, into ``encoded[v]`` (its keys/values, and a slot draft's slot inputs,
     row for row with ``written[v]``), the first time a sub-step reads it; later sub-steps reuse both
     and read their queries' rows (views where the rows are a run). A chain of k sub-steps so
-    encodes every state once: memory linear in k, not k(k-1)/2 re-encoded copies.
+    encodes every state once: memory linear in k, not k(k-1)/2 re-encoded copies. With
+    ``recompute`` each sub-step's decoder layer is recomputed in the backward (``attend``).
     """
 
     length: int  # T
+    recompute: bool = False  # the sub-steps' decoder layers run under activation checkpointing
     states: list[torch.Tensor] = field(default_factory=list)
     written: list[torch.Tensor] = field(default_factory=list)
     encoded: list = field(default_factory=list)
@@ -121,6 +123,13 @@ class Drafted:
         """(B, Q, E, d): query p's drafted states at u = p-E .. p-1 (the ``extras`` tensor layout)."""
         ne = len(self.states)
         return torch.stack([take(self.states[v], 1, self.rows(v, query_index - ne + v)) for v in range(ne)], dim=2)
+
+    def attend(self, fn, *args) -> torch.Tensor:
+        """``fn(*args)`` (a draft's decoder layer over its queries), recomputed in the backward when
+        ``recompute`` (its inputs are kept, its activations are not)."""
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
 
     def encode(self, fn) -> list:
         """``encoded``, after encoding each state not yet encoded with ``fn(states (B, Q_v, d), written (Q_v,))``."""

@@ -165,13 +165,13 @@ CASES = [
     ("beagle", "late", 0),
     ("beagle", "late", 2),
     ("beagle", "align", 0),
-    ("beagle", "ttt", 0),  # Beagle reads a ttt chain's drafted states through the same Drafted encodings
+    ("beagle", "ttt", 0),  # Beagle reads a ttt chain's drafted states through the same Chain encodings
     ("eagle", "plain", 0),
     ("eagle", "late", 1),
     ("eagle", "align", 0),
     ("eagle", "ttt", 0),
     ("legacy", "align", 0),
-    ("legacy", "ttt", 0),  # legacy slots: the Drafted states gathered per query
+    ("legacy", "ttt", 0),  # legacy slots: the chain's states gathered per query
     ("eagle3", "plain", 0),
     ("eagle3", "ttt", 0),  # the eagle3 recipe
     ("eagle3", "align", 0),  # the eagle3-hass recipe: HASS alignment + top-K distillation
