@@ -120,7 +120,7 @@ class TrainConfig:
     draft_vocab_size: int = DEFAULT_DRAFT_VOCAB  # EAGLE-3 features: the most frequent predicted tokens
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPU (fp32 master weights)
     loss_chunk: int = 1024  # rows per output-head chunk
-    # late/ttt stages: recompute each sub-step's decoder layer in the backward (activation checkpointing):
+    # ttt stages: recompute each sub-step's decoder layer in the backward (activation checkpointing):
     # ~one more layer forward per sub-step for a chain that keeps only its states' encodings per step
     recompute: bool = False
     seed: int = 0

@@ -110,7 +110,7 @@ class BeagleDraft(nn.Module):
         input_ids (B, T), positions (B, T); features (B, T, F) the target's (noised) features;
         query_index (Q,) positions to compute; cutoff (Q,): query q sees the true states u < cutoff[q];
         extras (B, Q, E, d): the draft's own states at positions q-E .. q-1 (written at earlier
-        sub-steps), visible to their query only — or, in a chain trained by one backward (late, ttt),
+        sub-steps), visible to their query only — or, in a chain trained by one backward (ttt),
         the ``Chain`` states of sub-steps 1..E, which this reads the same way. Returns h_hat (B, Q, d).
         """
         bsz, t = input_ids.shape

@@ -123,10 +123,10 @@ def slot_forward(
 
     True slots c = 1..T-1 are built from (t_c, state c-1) and visible to query q iff state c-1 <
     cutoff[q]; the drafted slots at positions q-E+1 .. q come from (t_c, extras) and are visible to
-    their own query only. With ``Chain`` extras (a chain trained by one backward: late, ttt) the
-    true slots are encoded once per batch and each sub-step's drafted states into slots once, and
-    later sub-steps read their queries' rows of those slots. A query whose chain has no true root slot (cutoff 0: nothing true before
-    it, as never happens in drafting) returns zeros.
+    their own query only. With ``Chain`` extras (a chain trained by one backward: ttt) the true
+    slots are encoded once per batch and each sub-step's drafted states into slots once, and later
+    sub-steps read their queries' rows of those slots. A query whose chain has no true root slot
+    (cutoff 0: nothing true before it, as never happens in drafting) returns zeros.
     """
     bsz, t = input_ids.shape
     nq = query_index.numel()

@@ -84,8 +84,8 @@ class KV:
 
 @dataclass
 class Chain:
-    """One batch's chain of sub-steps trained by a single backward (late, training-time test): the
-    draft's own states written so far, and the encodings every sub-step shares.
+    """One batch's chain of sub-steps trained by a single backward (training-time test): the draft's
+    own states written so far, and the encodings every sub-step shares.
 
     ``states[v]`` (B, Q_v, d) holds sub-step v+1's outputs at its query positions ``written[v]``
     (Q_v,). A draft encodes the true states once, into ``true``, at the chain's first sub-step, and
@@ -191,11 +191,15 @@ def masked_attention(q: torch.Tensor, kv: KV, visible: torch.Tensor) -> torch.Te
         return torch.zeros_like(q)
     assert visible.shape == (bsz, nq, kv.length), f"mask {tuple(visible.shape)} != {(bsz, nq, kv.length)}"
     groups = heads // kv.k.shape[1]
-    k = kv.k.repeat_interleave(groups, dim=1) if groups > 1 else kv.k  # (B, H, K, Dh)
-    v = kv.v.repeat_interleave(groups, dim=1) if groups > 1 else kv.v  # (B, H, K, Dh)
+    # CPU's fused kernel takes the KV heads as they are with a mask; CUDA's masked (memory-efficient)
+    # kernel does not (it would fall back to the math path), so there they are repeated per query head
+    gqa = groups > 1 and q.device.type == "cpu"
+    expand = groups > 1 and not gqa
+    k = kv.k.repeat_interleave(groups, dim=1) if expand else kv.k  # (B, H or Hkv, K, Dh)
+    v = kv.v.repeat_interleave(groups, dim=1) if expand else kv.v  # (B, H or Hkv, K, Dh)
     any_key = visible.any(dim=-1)  # (B, Q)
     safe = visible | ~any_key[..., None]  # rows with no key attend everywhere, then get zeroed
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe[:, None])  # (B, H, Q, Dh)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe[:, None], enable_gqa=gqa)  # (B, H, Q, Dh)
     return out * any_key[:, None, :, None].to(out.dtype)
 
 
