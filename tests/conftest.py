@@ -1,7 +1,7 @@
 """Session-wide fixtures: one tiny toy target and one local Ray for the whole run; the ephemeral
 Prefect API set up as ``specdraft run`` sets it up (``flows/local_api.py``) and stopped at the end.
 
-The suite runs on pytest-xdist workers (``-n 2`` in pyproject's addopts): each worker is its own
+The README's test command runs the suite on two pytest-xdist workers (``-n 2``): each worker is its own
 session, with its own Prefect home (database), Ray cluster, S3 server (free port) and temp dirs, and
 its share of the cores for torch; the tests run longest first (``pytest_collection_modifyitems``)."""
 
@@ -43,8 +43,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Longest first, so that the last test on one worker does not start while the other is idle:
     the end-to-end (``slow``) tests ahead of the rest. Stable, and by module (a module's tests stay
     together: its module-scoped fixtures are built once per worker)."""
-    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.module.__name__ not in slow_modules)
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(scope="session", autouse=True)
