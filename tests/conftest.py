@@ -87,13 +87,21 @@ def templateless_target(tiny_toy_target, tmp_path_factory) -> Path:
     return out
 
 
+def worker_pythonpath() -> str:
+    """PYTHONPATH for Ray workers: this tree first (the editable install may point at another)."""
+    root = Path(__file__).resolve().parents[1]
+    return os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+
+
 @pytest.fixture(scope="session")
 def local_ray():
+    """The local Ray of every test that needs one, started by ``connect_ray`` (its worker setup hook
+    points the state API at this cluster: an xdist worker's cluster is never alone on the machine)."""
     import ray
 
     from pipelines.cluster import connect_ray
 
-    connect_ray(num_cpus=2, log_to_driver=False)
+    connect_ray(num_cpus=2, env_vars={"PYTHONPATH": worker_pythonpath()}, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -147,10 +155,9 @@ def s3_ray(s3_env) -> dict[str, str]:
     import ray
 
     ray.shutdown()
-    root = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
     from pipelines.cluster import connect_ray
 
     # the same setup hook as every other local cluster (known-harmless lines dropped in the workers)
-    connect_ray(num_cpus=2, env_vars={"PYTHONPATH": path, **s3_env}, logging_level="WARNING", log_to_driver=False)
+    connect_ray(num_cpus=2, env_vars={"PYTHONPATH": worker_pythonpath(), **s3_env}, logging_level="WARNING",
+                log_to_driver=False)
     return s3_env
