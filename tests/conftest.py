@@ -1,5 +1,9 @@
 """Session-wide fixtures: one tiny toy target and one local Ray for the whole run; the ephemeral
-Prefect API set up as ``specdraft run`` sets it up (``flows/local_api.py``) and stopped at the end."""
+Prefect API set up as ``specdraft run`` sets it up (``flows/local_api.py``) and stopped at the end.
+
+The README's test command runs the suite on two pytest-xdist workers (``-n 2``): each worker is its own
+session, with its own Prefect home (database), Ray cluster, S3 server (free port) and temp dirs, and
+its share of the cores for torch; the tests run longest first (``pytest_collection_modifyitems``)."""
 
 from __future__ import annotations
 
@@ -9,17 +13,38 @@ from pathlib import Path
 
 from flows.local_api import STARTUP_TIMEOUT_S
 
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ... on an xdist worker, else None
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
 # Isolate Prefect's local state (ephemeral API database) and keep it quiet, before prefect is imported;
-# a loaded CI machine needs more than Prefect's 20 s to start the API on a new database.
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="specdraft-prefect-"))
+# a loaded CI machine needs more than Prefect's 20 s to start the API on a new database. The workers
+# inherit the controller's environment: a home this file made there is replaced by one per worker (two
+# ephemeral APIs on one SQLite database lock it); a home the user set is kept.
+_OWN_HOME = "SPECDRAFT_TESTS_PREFECT_HOME"
+if "PREFECT_HOME" not in os.environ or os.environ.get(_OWN_HOME) == os.environ["PREFECT_HOME"]:
+    os.environ["PREFECT_HOME"] = os.environ[_OWN_HOME] = tempfile.mkdtemp(prefix=f"specdraft-prefect-{WORKER or ''}")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_TIMEOUT_S))
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # Ray Train's controller polls its workers every 2 s by default, and a worker's report() (every checkpoint
 # and epoch end) waits for that poll: tiny test runs spent most of their time there
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+# each xdist worker its share of the cores, for torch here and in the processes it starts (CLI
+# subprocesses, a Prefect worker's flow run): two workers each spinning two OpenMP threads on two cores
+# slow each other down
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
 
 import pytest
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first, so that the last test on one worker does not start while the other is idle:
+    the end-to-end (``slow``) tests ahead of the rest. Stable, and by module (a module's tests stay
+    together: its module-scoped fixtures are built once per worker)."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -62,13 +87,21 @@ def templateless_target(tiny_toy_target, tmp_path_factory) -> Path:
     return out
 
 
+def worker_pythonpath() -> str:
+    """PYTHONPATH for Ray workers: this tree first (the editable install may point at another)."""
+    root = Path(__file__).resolve().parents[1]
+    return os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+
+
 @pytest.fixture(scope="session")
 def local_ray():
+    """The local Ray of every test that needs one, started by ``connect_ray`` (its worker setup hook
+    points the state API at this cluster: an xdist worker's cluster is never alone on the machine)."""
     import ray
 
     from pipelines.cluster import connect_ray
 
-    connect_ray(num_cpus=2, log_to_driver=False)
+    connect_ray(num_cpus=2, env_vars={"PYTHONPATH": worker_pythonpath()}, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -122,10 +155,9 @@ def s3_ray(s3_env) -> dict[str, str]:
     import ray
 
     ray.shutdown()
-    root = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
     from pipelines.cluster import connect_ray
 
     # the same setup hook as every other local cluster (known-harmless lines dropped in the workers)
-    connect_ray(num_cpus=2, env_vars={"PYTHONPATH": path, **s3_env}, logging_level="WARNING", log_to_driver=False)
+    connect_ray(num_cpus=2, env_vars={"PYTHONPATH": worker_pythonpath(), **s3_env}, logging_level="WARNING",
+                log_to_driver=False)
     return s3_env

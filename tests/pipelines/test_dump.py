@@ -1,13 +1,12 @@
 """Tests for pipelines.dump: features vs an independent forward, accounting, resume, CLI.
 
 Tiny random Llama / Qwen2 / Mistral models (hidden 64, 2 layers) sharing a small toy-style
-tokenizer, plus a tiny toy target; one local Ray session for the module.
+tokenizer, plus a tiny toy target; the session's local Ray (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,6 @@ from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations
 from specdraft.toy.tokenizer import train_tokenizer
 
-ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
@@ -58,16 +56,6 @@ def conversations(n: int = 18, seed: int = 7) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, logging_level="WARNING",
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield
-
-
-@pytest.fixture(scope="module")
 def targets(tmp_path_factory):
     """family -> target directory (random tiny models + one tiny toy target)."""
     root = tmp_path_factory.mktemp("targets")
@@ -91,13 +79,13 @@ def dump_into(tmp_path_factory, target: Path, name: str):
 
 
 @pytest.fixture(scope="module")
-def toy_store(ray_session, targets, tmp_path_factory):
+def toy_store(local_ray, targets, tmp_path_factory):
     """The toy target's store: checked like the others, and the reference for resume and CLI."""
     return dump_into(tmp_path_factory, targets["toy"], "toy")
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "mistral", "toy"])
-def dumped(request, ray_session, targets, tmp_path_factory):
+def dumped(request, local_ray, targets, tmp_path_factory):
     if request.param == "toy":
         return request.getfixturevalue("toy_store")
     return dump_into(tmp_path_factory, targets[request.param], request.param)
@@ -356,7 +344,7 @@ def deep_llama(targets, tmp_path_factory) -> Path:
 
 
 @torch.no_grad()
-def test_cli_dump_eagle3_aux_layers(ray_session, deep_llama, tmp_path, capsys):
+def test_cli_dump_eagle3_aux_layers(local_ray, deep_llama, tmp_path, capsys):
     """``specdraft dump ... aux_layers=eagle3``: the manifest records the layer ids and their convention,
     aux_hidden equals decoding's target features, validate checks it, resume refuses other layers."""
     from dataclasses import replace

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -24,13 +23,6 @@ from specdraft.toy.tokenizer import END, train_tokenizer
 
 TIMING = {"wall_s", "draft_s", "verify_s", "baseline_wall_s", "tokens_per_s", "baseline_tokens_per_s", "speedup",
           "stage_wall_s", "ray", "wall_s_pld", "draft_s_pld", "verify_s_pld", "tokens_per_s_pld", "speedup_pld"}
-
-
-@pytest.fixture(scope="session")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +87,7 @@ def without_timings(obj):
     ],
     ids=["greedy-tree", "sampled-chain"],
 )
-def test_ray_path_equals_single_process(ray_local, one_thread, models, question_files, tmp_path, decode):
+def test_ray_path_equals_single_process(local_ray, one_thread, models, question_files, tmp_path, decode):
     target, draft = models
     settings = EvalSettings(decode=decode, seed=3)
     local = evaluate(target, draft, question_files, tmp_path / "local.json", settings, progress=False)
