@@ -11,7 +11,8 @@ part and written by rank 0, is reported; a rerun with the same output directory,
 failure, resumes from the latest one mid-stage, whatever the strategy. ``features: online`` (SpecForge's
 online mode) reads no store: each worker loads the frozen target and computes every batch's features
 from the tokenized conversations (``specdraft.online``), the same batches and values a store of them
-would give. Validation runs the
+would give — for the EAGLE-3 recipes too (``train.online.aux_layers``, default ``eagle3``; the draft
+vocabulary counted from the conversations, see ``feature_plan``). Validation runs the
 simulated chain acceptance on held-out sequences (alpha_i, sim_tau) after each epoch. Rank 0
 logs to the configured logger.
 """
@@ -132,7 +133,8 @@ class TrainConfig:
     features: Literal["offline", "online"] = "offline"
     conversations: list[str] = field(default_factory=list)  # online: conversation files/dirs, as `specdraft dump` reads
     # online: tokenization and target forward, as a dump with these settings would store them (max_length,
-    # overlong, topk, hidden_codec rounding, dtype, logits_chunk, attn_implementation, trust_remote_code)
+    # overlong, topk, hidden_codec rounding, aux_layers — EAGLE-3 recipes: None means eagle3 —, dtype,
+    # logits_chunk, attn_implementation, trust_remote_code)
     online: FeaturesConfig = field(default_factory=FeaturesConfig)
 
     def __post_init__(self) -> None:
