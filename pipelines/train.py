@@ -11,7 +11,8 @@ part and written by rank 0, is reported; a rerun with the same output directory,
 failure, resumes from the latest one mid-stage, whatever the strategy. ``features: online`` (SpecForge's
 online mode) reads no store: each worker loads the frozen target and computes every batch's features
 from the tokenized conversations (``specdraft.online``), the same batches and values a store of them
-would give. Validation runs the
+would give — for the EAGLE-3 recipes too (``train.online.aux_layers``, default ``eagle3``; the draft
+vocabulary counted from the conversations, see ``feature_plan``). Validation runs the
 simulated chain acceptance on held-out sequences (alpha_i, sim_tau) after each epoch. Rank 0
 logs to the configured logger.
 """
@@ -30,14 +31,14 @@ from typing import Any, Literal
 import torch
 
 from pipelines.cluster import connect_ray
-from pipelines.dump import FeaturesConfig, load_conversations
+from pipelines.dump import FeaturesConfig, aux_layers_of, load_conversations
 from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
 from specdraft.config import flatten, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import build_draft, draft_config_from_target, save_draft, set_frozen_dtype
 from specdraft.models.heads import FROZEN
 from specdraft.objectives import LossWeights, StageConfig, no_grad_sync_needed, unwrap
-from specdraft.online import OnlineDataset, tokenize_conversations
+from specdraft.online import OnlineDataset, TokenizedConversations, tokenize_conversations
 from specdraft.store import (
     FeatureDataset,
     ReaderConfig,
@@ -47,7 +48,7 @@ from specdraft.store import (
     read_manifest,
 )
 from specdraft.store import location
-from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_id
+from specdraft.target import EAGLE3, load_target_config, load_target_heads, load_target_model, load_tokenizer, target_id
 from specdraft.training import OptimConfig, Trainer, resolve_precision, warmup_of
 from specdraft.vocab import DEFAULT_DRAFT_VOCAB, coverage, select_vocab
 
@@ -135,7 +136,8 @@ class TrainConfig:
     features: Literal["offline", "online"] = "offline"
     conversations: list[str] = field(default_factory=list)  # online: conversation files/dirs, as `specdraft dump` reads
     # online: tokenization and target forward, as a dump with these settings would store them (max_length,
-    # overlong, topk, hidden_codec rounding, dtype, logits_chunk, attn_implementation, trust_remote_code)
+    # overlong, topk, hidden_codec rounding, aux_layers — EAGLE-3 recipes: None means eagle3 —, dtype,
+    # logits_chunk, attn_implementation, trust_remote_code)
     online: FeaturesConfig = field(default_factory=FeaturesConfig)
 
     def __post_init__(self) -> None:
@@ -256,7 +258,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     model, grad_sync = distribute(draft, cfg.scaling.strategy, world, device)
 
     reader = replace(cfg.reader, aux=True) if dcfg.aux_layers else cfg.reader
-    open_split = (online_features(cfg, config["target"], device, rank, world) if cfg.features == "online"
+    open_split = (online_features(cfg, config["target"], device, rank, world, dcfg.aux_layers)
+                  if cfg.features == "online"
                   else lambda split, rd: FeatureDataset(config["stores"], rd, split=split, rank=rank, world_size=world))
     train_ds = open_split("train", reader)
     reader = fit_batches(train_ds, cfg, stages)  # small stores get smaller batches, hence enough steps
@@ -336,27 +339,34 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     ray.train.report({"done": 1.0, **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
 
 
-def online_features(cfg: TrainConfig, target: str, device, rank: int, world: int):
+def online_conversations(cfg: TrainConfig, target: str | Path) -> tuple[TokenizedConversations, int]:
+    """(``cfg.conversations`` tokenized as a dump with ``cfg.online`` would tokenize them, rows read)."""
+    tokenizer = load_tokenizer(target, trust_remote_code=cfg.online.trust_remote_code)
+    rows, _ = load_conversations(cfg.conversations)
+    return tokenize_conversations(tokenizer, rows, cfg.online.max_length, cfg.online.overlong), len(rows)
+
+
+def online_features(cfg: TrainConfig, target: str, device, rank: int, world: int, aux_layers: list[int] | None = None):
     """``features: online``: a function ``(split, reader) -> OnlineDataset`` over this worker's target.
 
     The conversations are tokenized as a dump with ``cfg.online`` would tokenize them, and the frozen
     target is loaded once on the worker's device in ``cfg.online.dtype`` (auto: bf16 on GPU, fp32 on
-    CPU); both splits share them.
+    CPU); both splits share them. ``aux_layers``: the resolved auxiliary layers the draft reads
+    (``feature_plan``), computed in the same forward.
     """
-    tokenizer = load_tokenizer(target, trust_remote_code=cfg.online.trust_remote_code)
-    rows, _ = load_conversations(cfg.conversations)
-    data = tokenize_conversations(tokenizer, rows, cfg.online.max_length, cfg.online.overlong)
+    data, num_rows = online_conversations(cfg, target)
     with torch.random.fork_rng(devices=[]):  # loading the target must not move the draft's random stream
         model = load_target_model(target, cfg.online.dtype, device, trust_remote_code=cfg.online.trust_remote_code,
                                   attn_implementation=cfg.online.attn_implementation)
     if rank == 0:
-        print(f"[specdraft] online features: {len(data)} of {len(rows)} conversations kept (rejected {data.rejected}, "
+        print(f"[specdraft] online features: {len(data)} of {num_rows} conversations kept (rejected {data.rejected}, "
               f"truncated {data.truncated}, duplicate ids {data.duplicates}); target on {device} in "
               f"{next(model.parameters()).dtype}", flush=True)
 
     def open_split(split: str, reader: ReaderConfig) -> OnlineDataset:
         return OnlineDataset(model, data, reader, topk=cfg.online.topk, hidden_codec=cfg.online.hidden_codec,
-                             logits_chunk=cfg.online.logits_chunk, split=split, rank=rank, world_size=world)
+                             logits_chunk=cfg.online.logits_chunk, split=split, rank=rank, world_size=world,
+                             aux_layers=aux_layers or ())
 
     return open_split
 
@@ -470,24 +480,36 @@ def _rank0_logger(config: dict[str, Any]):
 def feature_plan(cfg: TrainConfig, stores: list[str], target: str | Path, out: Path) -> tuple[list[int], list[int] | None]:
     """(aux layer ids, draft vocabulary ids) for a recipe reading the EAGLE-3 features, else ([], None).
 
-    The aux layers are the stores' (they must all hold the same ones); the draft vocabulary is built
-    once on the driver from the stores' predicted tokens and written to ``out/draft_vocab.json``
-    (reused on resume, so a resumed run keeps its vocabulary).
+    The aux layers are the stores' (they must all hold the same ones), or with online features
+    ``cfg.online.aux_layers`` resolved for the target as the dump resolves them (``run_training``
+    defaults them to ``eagle3``). The draft vocabulary is built once on the driver from the predicted
+    tokens — the stores', or online the tokenized conversations' (the same tokens a dump of them
+    stores) — and written to ``out/draft_vocab.json`` (reused on resume, so a resumed run keeps its
+    vocabulary).
     """
     if not cfg.eagle3_features:
         return [], None
+    where = f"recipe {cfg.recipe!r} (arch {cfg.resolved()[0]!r}) reads the EAGLE-3 features"
     if cfg.features == "online":
-        raise ValueError(f"recipe {cfg.recipe!r} reads the EAGLE-3 features (auxiliary target layers), which "
-                         "online features do not compute yet: dump a store with aux_layers and train offline")
-    try:
-        layers = check_aux_layers([(Path(s), read_manifest(s)) for s in stores])
-    except StoreError as err:
-        raise StoreError(f"recipe {cfg.recipe!r} (arch {cfg.resolved()[0]!r}) reads the EAGLE-3 features: {err}") from None
+        try:
+            layers = aux_layers_of(cfg.online, load_target_config(target))
+        except ValueError as err:
+            raise ValueError(f"{where} (train.online.aux_layers={cfg.online.aux_layers!r}): {err}") from None
+        if not layers:
+            raise ValueError(f"{where}: set train.online.aux_layers (eagle3 or a list of layers)")
+    else:
+        try:
+            layers = check_aux_layers([(Path(s), read_manifest(s)) for s in stores])
+        except StoreError as err:
+            raise StoreError(f"{where}: {err}") from None
     path = out / "draft_vocab.json"
     if path.is_file():
         return list(layers), json.loads(path.read_text())["target_ids"]
     vocab_size = int(load_target_config(target).get_text_config().vocab_size)
-    counts = predicted_token_counts(stores, vocab_size)
+    if cfg.features == "online":
+        counts = online_conversations(cfg, target)[0].predicted_token_counts(vocab_size)
+    else:
+        counts = predicted_token_counts(stores, vocab_size)
     ids = select_vocab(counts, cfg.draft_vocab_size)
     record = {"size": ids.numel(), "coverage": coverage(counts, ids), "counted_tokens": int(counts.sum()),
               "target_ids": ids.tolist()}
@@ -532,6 +554,10 @@ def run_training(
         assert not missing, f"conversations not found: {missing}"
         assert not stores, f"features: online reads no store; got {stores}"
         cfg = replace(cfg, conversations=[str(Path(c).resolve()) for c in cfg.conversations])  # workers' cwd differs
+        if cfg.eagle3_features and cfg.online.aux_layers is None:
+            cfg = replace(cfg, online=replace(cfg.online, aux_layers=EAGLE3))
+            print(f"[specdraft] recipe {cfg.recipe!r} reads auxiliary target layers: online features compute "
+                  f"train.online.aux_layers={EAGLE3} (set it to a list of layers to choose others)", flush=True)
     else:
         assert stores, "features: offline needs at least one feature store (or features=online with conversations)"
     aux_layers, vocab = feature_plan(cfg, stores, target, out)

@@ -12,10 +12,15 @@ Online and offline training see the same batches and the same values:
   plan of ``pipelines.dump.plan_shards``), each through ``chat.tokenize_conversation`` (the dump's
   chat template, loss mask, ``max_length`` and ``overlong`` rule), rejected rows left out;
 * ``OnlineDataset``: ``FeatureDataset``'s interface (``cfg``, ``batches``, ``load``) and its batch
-  planner (length buckets, seeded order, held-out split by sample-id hash, ``balance_batches``
-  across ranks); ``load`` runs ``target.token_features`` (the dump's forward, top-K and float32
-  logsumexp) and rounds the values exactly as the store does (the hidden codec, float16 top-K
-  logits), then pads with ``objectives.pad_batch`` like the store reader.
+  planner (``store.plan_batches``: length buckets, seeded order, ``balance_batches`` across ranks;
+  held-out split by sample-id hash); ``load`` runs ``target.token_features`` (the dump's forward,
+  top-K and float32 logsumexp, and with ``aux_layers`` the auxiliary layers' states of the same
+  forward: the EAGLE-3 features) and rounds the values exactly as the store does (the hidden codec
+  for ``hidden`` and ``aux_hidden`` — int8 with one scale per token and layer —, float16 top-K
+  logits), then pads with ``objectives.pad_batch`` like the store reader;
+* ``TokenizedConversations.predicted_token_counts``: the draft-vocabulary statistics
+  (``vocab.count_predicted_tokens``) of these tokens, as ``store.predicted_token_counts`` counts a
+  store of them.
 
 The one difference is the forward's batch shape (the dump prefills its own length groups, online
 the training batch): the same tokens in another padded batch can differ in the last float bits,
@@ -32,8 +37,9 @@ import torch
 
 from specdraft.chat import REJECT_REASONS, tokenize_conversation, unique_conversations
 from specdraft.objectives import Batch, pad_batch
-from specdraft.store import HIDDEN_CODECS, FeatureDataset, ReaderConfig, decode_hidden, encode_hidden, is_held_out
+from specdraft.store import HIDDEN_CODECS, ReaderConfig, decode_hidden, encode_hidden, is_held_out, plan_batches
 from specdraft.target import pad_sequences, token_features
+from specdraft.vocab import count_predicted_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +55,15 @@ class TokenizedConversations:
 
     def __len__(self) -> int:
         return len(self.sample_ids)
+
+    def predicted_token_counts(self, vocab_size: int) -> np.ndarray:
+        """Counts (vocab_size,) of the tokens following loss-masked positions: what
+        ``store.predicted_token_counts`` counts in a store of these sequences."""
+        lengths = [len(ids) for ids in self.input_ids]
+        offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)  # (S+1,)
+        ids = np.fromiter((t for seq in self.input_ids for t in seq), np.int64, int(offsets[-1]))  # (N,)
+        mask = np.fromiter((m for seq in self.loss_mask for m in seq), np.int64, int(offsets[-1]))  # (N,)
+        return count_predicted_tokens(ids, mask, offsets, vocab_size)
 
 
 def tokenize_conversations(
@@ -82,6 +97,9 @@ class OnlineDataset:
     device under ``no_grad`` in the model's dtype; the returned ``Batch`` is on the CPU, as the store
     reader's. ``hidden_codec`` (``fp16`` | ``bf16`` | ``int8``) is the store codec whose rounding the
     hidden states go through, so a run trains on the values its dump would have stored.
+    ``aux_layers``: the resolved auxiliary layers (HF ``output_hidden_states`` indices, as a dump's
+    manifest records them); with ``cfg.aux`` every batch carries their states as ``aux_hidden``
+    (B, T, L*d), as the store reader fills it from a store dumped with them.
     """
 
     def __init__(
@@ -96,6 +114,7 @@ class OnlineDataset:
         split: Literal["train", "val", "all"] = "train",
         rank: int = 0,
         world_size: int = 1,
+        aux_layers: list[int] | tuple[int, ...] = (),
     ) -> None:
         assert split in ("train", "val", "all"), f"split {split!r} not in train/val/all"
         assert 0 <= rank < world_size, f"rank {rank} not in [0, {world_size})"
@@ -104,6 +123,10 @@ class OnlineDataset:
         self.model, self.data, self.cfg = model, data, cfg
         self.topk, self.hidden_codec, self.logits_chunk = topk, hidden_codec, logits_chunk
         self.split, self.rank, self.world_size, self.epoch = split, rank, world_size, 0
+        assert not cfg.aux or aux_layers, (
+            "the reader asks for auxiliary hidden states (EAGLE-3 features) but no aux_layers were given: "
+            "set train.online.aux_layers (eagle3 or a list of layers)")
+        self.aux_layers: list[int] = [int(i) for i in aux_layers] if cfg.aux else []  # as FeatureDataset's
         self.pad_id = model.config.pad_token_id or 0  # as the dump pads (padding is masked out anyway)
         keep = [split == "all" or is_held_out(s, cfg.val_fraction) == (split == "val") for s in data.sample_ids]
         self._index = np.flatnonzero(np.asarray(keep, bool)).astype(np.int64)  # (S,) rows of ``data`` in this split
@@ -123,7 +146,7 @@ class OnlineDataset:
     def global_batches(self, epoch: int | None = None) -> list[list[int]]:
         """All batches (sequence indices) of the split for ``epoch``: the store reader's own planner, run
         on these lengths, so a store of the same conversations gives the same batches in the same order."""
-        return FeatureDataset.global_batches(self, epoch)  # reads cfg, epoch, world_size and _length only
+        return plan_batches(self._length, self.cfg, self.epoch if epoch is None else epoch, self.world_size)
 
     def batches(self, epoch: int | None = None) -> list[list[int]]:
         """This rank's batches for ``epoch``."""
@@ -145,10 +168,14 @@ class OnlineDataset:
         rows = [int(self._index[i]) for i in seqs]
         tokens = [self.data.input_ids[r][:n] for r, n in zip(rows, lengths)]
         ids, att = pad_sequences(tokens, self.pad_id)  # (B, T), (B, T)
-        # (M, d), (M, K), (M, K), (M,): the M valid positions, row by row
-        h, top_i, top_v, lse, _ = token_features(self.model, ids, att, self.topk, self.logits_chunk)
+        # (M, d), (M, K), (M, K), (M,), (M, L*d): the M valid positions, row by row
+        h, top_i, top_v, lse, aux = token_features(self.model, ids, att, self.topk, self.logits_chunk,
+                                                   self.aux_layers)
         stored = encode_hidden(h, self.hidden_codec)  # what the dump writes ...
         hidden = decode_hidden(stored["hidden"], self.hidden_codec, stored.get("hidden_scale"))  # (M, d) ... and reads
+        if self.aux_layers:  # the dump's aux encoding: one int8 scale per token and layer
+            stored = encode_hidden(aux, self.hidden_codec, name="aux_hidden", parts=len(self.aux_layers))
+            aux = decode_hidden(stored["aux_hidden"], self.hidden_codec, stored.get("aux_hidden_scale"))  # (M, L*d)
         topk_logits = top_v.cpu().to(torch.float16).float()  # (M, K): stored as float16
         topk_logp = topk_logits - lse.cpu().float()[:, None]  # (M, K)
         topk_ids = top_i.cpu().long()  # (M, K)
@@ -160,6 +187,7 @@ class OnlineDataset:
                 "loss_mask": torch.as_tensor(self.data.loss_mask[r][:n], dtype=torch.bool),  # (L,)
                 "topk_ids": topk_ids[lo : lo + n],  # (L, K)
                 "topk_logp": topk_logp[lo : lo + n],  # (L, K)
+                **({"aux_hidden": aux[lo : lo + n]} if self.aux_layers else {}),  # (L, A*d), A aux layers
             })
             lo += n
         assert lo == hidden.shape[0], f"{hidden.shape[0]} feature rows for {lo} tokens"

@@ -73,6 +73,20 @@ def tiny_toy_target(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def deep_toy_target(tmp_path_factory) -> Path:
+    """A 7-layer toy target (about 1 s to build, barely trained): deep enough for ``aux_layers=eagle3``
+    (the states entering layers 2, N/2 = 3 and N-3 = 4) — the EAGLE-3 recipes' default."""
+    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+
+    cfg = ToyTargetConfig(
+        num_conversations=200, vocab_size=320, hidden_size=64, num_layers=7, num_heads=2, num_kv_heads=1,
+        intermediate_size=128, max_seq_len=128, train_steps=20, batch_size=8, lr=1e-2, warmup_steps=2,
+        num_eval_conversations=8,
+    )
+    return build_toy_target(tmp_path_factory.mktemp("deep-toy") / "target", cfg, progress=False)
+
+
+@pytest.fixture(scope="session")
 def templateless_target(tiny_toy_target, tmp_path_factory) -> Path:
     """The tiny toy target as a base model would ship it: no chat template."""
     import json

@@ -25,6 +25,7 @@ from specdraft.store.reader import (
     check_aux_layers,
     is_held_out,
     open_stores,
+    plan_batches,
     predicted_token_counts,
 )
 from specdraft.store.schema import (
@@ -55,7 +56,7 @@ __all__ = [
     "SCHEMA_VERSION", "SEQUENCE_ARRAYS", "SHARD_ATTR", "TOKEN_ARRAYS", "EpochBatches", "FeatureDataset",
     "Prefetcher", "ReaderConfig", "StoreError", "ValidationReport", "array_digest", "array_schema",
     "balance_batches", "bytes_per_token_reference", "check_aux_layers", "decode_hidden", "encode_hidden",
-    "is_held_out", "list_shard_dirs", "make_manifest", "open_stores", "predicted_token_counts",
+    "is_held_out", "list_shard_dirs", "make_manifest", "open_stores", "plan_batches", "predicted_token_counts",
     "read_manifest", "read_shard_record", "shard_index", "shard_name", "temp_shard_name", "validate",
     "write_manifest", "write_shard",
 ]

@@ -99,6 +99,39 @@ def balance_batches(batches: list[list[int]], world_size: int) -> list[list[int]
     return out
 
 
+def plan_batches(lengths: np.ndarray, cfg: ReaderConfig, epoch: int, world_size: int) -> list[list[int]]:
+    """All batches (indices into ``lengths`` (S,)) of one split for ``epoch``, balanced for ``world_size``.
+
+    Shuffled (seeded by ``cfg.seed`` and ``epoch``) in windows of ``cfg.bucket_size`` sequences, each
+    window sorted by length and cut into batches of at most ``cfg.max_tokens`` padded tokens (and
+    ``cfg.max_batch_size`` sequences); the batches are shuffled again. The plan depends only on the
+    lengths, (seed, epoch) and world_size, so every rank computes the same one; the store reader and
+    the online features (``specdraft.online``) both plan with it.
+    """
+    rng = np.random.default_rng([cfg.seed, epoch])
+    n = len(lengths)
+    order = rng.permutation(n) if cfg.shuffle else np.arange(n)
+    window = cfg.bucket_size if cfg.shuffle else max(n, 1)
+    batches: list[list[int]] = []
+    for lo in range(0, n, window):
+        part = order[lo : lo + window]
+        part = part[np.argsort(lengths[part], kind="stable")]
+        current, longest = [], 0
+        for i in part.tolist():
+            wider = max(longest, int(lengths[i]))
+            full = cfg.max_batch_size is not None and len(current) >= cfg.max_batch_size
+            if current and (wider * (len(current) + 1) > cfg.max_tokens or full):
+                batches.append(current)
+                current, wider = [], int(lengths[i])
+            current.append(i)
+            longest = wider
+        if current:
+            batches.append(current)
+    if cfg.shuffle:
+        batches = [batches[j] for j in rng.permutation(len(batches))]
+    return balance_batches(batches, world_size)
+
+
 class FeatureDataset(torch.utils.data.IterableDataset):
     """Batches of stored features for one (rank, world_size) partition and one split.
 
@@ -161,29 +194,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
 
     def global_batches(self, epoch: int | None = None) -> list[list[int]]:
         """All batches (sequence indices) of the split for ``epoch``, balanced for world_size."""
-        cfg = self.cfg
-        rng = np.random.default_rng([cfg.seed, self.epoch if epoch is None else epoch])
-        n = len(self._length)
-        order = rng.permutation(n) if cfg.shuffle else np.arange(n)
-        window = cfg.bucket_size if cfg.shuffle else max(n, 1)
-        batches: list[list[int]] = []
-        for lo in range(0, n, window):
-            part = order[lo : lo + window]
-            part = part[np.argsort(self._length[part], kind="stable")]
-            current, longest = [], 0
-            for i in part.tolist():
-                wider = max(longest, int(self._length[i]))
-                full = cfg.max_batch_size is not None and len(current) >= cfg.max_batch_size
-                if current and (wider * (len(current) + 1) > cfg.max_tokens or full):
-                    batches.append(current)
-                    current, wider = [], int(self._length[i])
-                current.append(i)
-                longest = wider
-            if current:
-                batches.append(current)
-        if cfg.shuffle:
-            batches = [batches[j] for j in rng.permutation(len(batches))]
-        return balance_batches(batches, self.world_size)
+        return plan_batches(self._length, self.cfg, self.epoch if epoch is None else epoch, self.world_size)
 
     def batches(self, epoch: int | None = None) -> list[list[int]]:
         """This rank's batches for ``epoch``."""

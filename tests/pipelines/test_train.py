@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -204,6 +205,90 @@ def test_eagle3_recipe_trains_on_a_store_dumped_with_aux_layers(local_ray, tiny_
     with pytest.raises(StoreError, match="recipe 'eagle3' .* has no aux_hidden .* aux_layers=eagle3"):
         run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "bare")
 
+
+
+def test_online_eagle3_trains_like_the_store_dumped_with_aux_layers(local_ray, deep_toy_target, tmp_path):
+    """``specdraft train --recipe eagle3 --conversations`` (online features, no aux layers configured: they
+    default to eagle3) runs end to end with the aux layers and draft vocabulary of the dump stage's store of
+    the same conversations with aux_layers=eagle3; on that store and online, the same batch plan and the same
+    first-step loss of the eagle3 stage (in process: two more Ray Train runs would double the test's time)."""
+    import yaml
+
+    from flows.cli import main
+    from pipelines.conversations import write_conversations
+    from pipelines.dump import FeaturesConfig, dump_features
+    from pipelines.train import RECIPES, online_conversations
+    from specdraft.config import to_dict
+    from specdraft.online import OnlineDataset
+    from specdraft.store import predicted_token_counts, read_manifest
+    from specdraft.training import Trainer
+    from specdraft.vocab import select_vocab
+
+    rows = [{"id": f"c{i:03d}", "source": "toy", "messages": m} for i, m in enumerate(generate_conversations(24, 4))]
+    conversations = write_conversations(tmp_path / "conversations" / "part-00000.parquet", rows)
+    features = FeaturesConfig(max_length=96, samples_per_shard=12, batch_tokens=1024)
+    store = tmp_path / "store"
+    dump_features(deep_toy_target, rows, store, replace(features, aux_layers="eagle3"), progress=False)
+    cfg = small_config(recipe="eagle3", epochs=[1], min_steps=1, checkpoint_every=0, val_max_batches=1,
+                       draft_vocab_size=64, online=features, conversations=[str(conversations.parent)],
+                       reader=ReaderConfig(max_tokens=512, val_fraction=0.2, seed=0))
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(to_dict(replace(cfg, conversations=[]))))
+    argv = ["train", "--recipe", "eagle3", "--conversations", str(conversations.parent), "--target",
+            str(deep_toy_target), "--out", str(tmp_path / "online"), "--config", str(tmp_path / "train.yaml")]
+    assert main(argv) == 0
+
+    layers = read_manifest(store)["aux_layers"]
+    draft = load_draft(tmp_path / "online" / "draft", target=deep_toy_target)
+    assert layers == [2, 3, 4] and draft.config.arch == "eagle3" and draft.config.aux_layers == layers
+    vocab = torch.tensor(json.loads((tmp_path / "online" / "draft_vocab.json").read_text())["target_ids"])
+    assert torch.equal(vocab, select_vocab(predicted_token_counts(store, 320), 64))
+    records = read_metrics(tmp_path / "online")
+    assert next(r for r in records if r["kind"] == "params")["train.online.aux_layers"] == "eagle3"
+    assert all(np.isfinite([r["loss"] for r in records if r["kind"] == "metrics" and "loss" in r]))
+
+    model = load_target_model(deep_toy_target)
+    reader = ReaderConfig(max_tokens=512, seed=0, aux=True)
+    datasets = [FeatureDataset(store, reader),
+                OnlineDataset(model, online_conversations(cfg, deep_toy_target)[0], reader, topk=features.topk,
+                              aux_layers=layers)]
+    assert datasets[0].sample_ids == datasets[1].sample_ids and datasets[0].batches(0) == datasets[1].batches(0)
+    heads, losses = load_target_heads(deep_toy_target), []
+    for dataset in datasets:
+        torch.manual_seed(0)
+        dcfg = draft_config_from_target(load_target_config(deep_toy_target), "eagle3", aux_layers=layers,
+                                        draft_vocab_size=64)
+        stages = [replace(stage, epochs=1) for stage in RECIPES["eagle3"].stages]  # one step: k=7 test-time steps
+        trainer = Trainer(build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab), stages,
+                          OptimConfig(lr=1e-3, warmup_steps=0), 1, seed=0)
+        trainer.run(lambda s, e: [dataset.load(dataset.batches(e)[0])],
+                    on_step=lambda tr, metrics: losses.append(metrics["loss"]))
+    assert losses[0] > 0 and losses[1] == pytest.approx(losses[0], abs=1e-5, rel=0)
+
+
+def test_online_feature_plan_resolves_the_aux_layers_and_counts_the_vocabulary(tiny_toy_target, tmp_path):
+    """On the driver, no Ray: train.online.aux_layers resolved as the dump resolves it (eagle3 does not fit a
+    2-layer target: the error names the setting), the draft vocabulary counted from the tokenized
+    conversations, written to out/draft_vocab.json and reused from there on resume."""
+    from pipelines.conversations import write_conversations
+    from pipelines.dump import FeaturesConfig
+    from pipelines.train import feature_plan, online_conversations
+    from specdraft.vocab import select_vocab
+
+    rows = [{"id": f"c{i:03d}", "source": "toy", "messages": m} for i, m in enumerate(generate_conversations(12, 2))]
+    conversations = write_conversations(tmp_path / "conversations.parquet", rows)
+    cfg = small_config(recipe="eagle3", epochs=[1], features="online", conversations=[str(conversations)],
+                       draft_vocab_size=32,
+                       online=FeaturesConfig(max_length=96, aux_layers="eagle3"))
+    with pytest.raises(ValueError, match=r"train.online.aux_layers='eagle3'.*N=2 layers"):
+        feature_plan(cfg, [], tiny_toy_target, tmp_path)
+    cfg = replace(cfg, online=replace(cfg.online, aux_layers=[0, 1]))
+    layers, ids = feature_plan(cfg, [], tiny_toy_target, tmp_path)
+    counts = online_conversations(cfg, tiny_toy_target)[0].predicted_token_counts(320)
+    assert layers == [0, 1] and ids == select_vocab(counts, 32).tolist()
+    record = json.loads((tmp_path / "draft_vocab.json").read_text())
+    assert record["target_ids"] == ids and record["counted_tokens"] == counts.sum() > 0
+    (tmp_path / "draft_vocab.json").write_text(json.dumps({**record, "target_ids": list(range(32))}))
+    assert feature_plan(cfg, [], tiny_toy_target, tmp_path) == ([0, 1], list(range(32)))  # resumed: kept
 
 # -- gradient sync and sharding inside real Ray Train workers (gloo), on tiny drafts without a target --
 TV, TD = 53, 32

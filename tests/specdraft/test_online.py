@@ -1,7 +1,8 @@
-"""Online features (specdraft.online) against the store reader: same sequences, same batches, same values,
-same first-step loss. The store is written with the store's own writer from the tiny toy target's
-features, one forward per sequence (what a dump with one-sequence prefill batches stores); the dump
-stage itself (Ray Data) is compared in tests/pipelines/test_train.py."""
+"""Online features (specdraft.online) against the store reader: same sequences, same batches, same values
+(auxiliary layers included), same draft-vocabulary counts, same first-step loss (EAGLE-3 too). The store is
+written with the store's own writer from the toy targets' features, one forward per sequence (what a dump
+with one-sequence prefill batches stores); the dump stage itself (Ray Data) is compared in
+tests/pipelines/test_train.py."""
 
 from __future__ import annotations
 
@@ -13,10 +14,26 @@ from specdraft.chat import render_with_loss_mask
 from specdraft.models import build_draft, draft_config_from_target
 from specdraft.objectives import LossWeights, StageConfig
 from specdraft.online import OnlineDataset, tokenize_conversations
-from specdraft.store import FeatureDataset, ReaderConfig, encode_hidden, make_manifest, write_manifest, write_shard
-from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, token_features
+from specdraft.store import (
+    FeatureDataset,
+    ReaderConfig,
+    encode_hidden,
+    make_manifest,
+    predicted_token_counts,
+    write_manifest,
+    write_shard,
+)
+from specdraft.target import (
+    load_target_config,
+    load_target_heads,
+    load_target_model,
+    load_tokenizer,
+    resolve_aux_layers,
+    token_features,
+)
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import OptimConfig, Trainer
+from specdraft.vocab import select_vocab
 
 TOPK = 6
 
@@ -39,19 +56,21 @@ def toy(tiny_toy_target):
     return tiny_toy_target, model, tokenizer, tokenize_conversations(tokenizer, rows(), max_length=96)
 
 
-def write_store(path, model, data, codec: str):
-    """A two-shard store of ``data``, each sequence's features from its own forward (as the dump stores them)."""
+def write_store(path, model, data, codec: str, aux_layers: list[int] = ()):
+    """A two-shard store of ``data``, each sequence's features from its own forward (as the dump stores them),
+    with ``aux_layers`` their states as ``aux_hidden`` (int8: one scale per token and layer)."""
     records = []
     halves = [range(0, len(data) // 2), range(len(data) // 2, len(data))]
     for index, part in enumerate(halves):
-        hidden, top_i, top_v, lse = [], [], [], []
+        hidden, top_i, top_v, lse, aux = [], [], [], [], []
         for i in part:
             ids = torch.tensor([data.input_ids[i]])  # (1, L)
-            h, ti, tv, ls, _ = token_features(model, ids, torch.ones_like(ids), TOPK)
-            hidden.append(h), top_i.append(ti), top_v.append(tv), lse.append(ls)
+            h, ti, tv, ls, ax = token_features(model, ids, torch.ones_like(ids), TOPK, aux_layers=aux_layers)
+            hidden.append(h), top_i.append(ti), top_v.append(tv), lse.append(ls), aux.append(ax)
         lengths = [len(data.input_ids[i]) for i in part]
         arrays = {
             **encode_hidden(torch.cat(hidden), codec),
+            **(encode_hidden(torch.cat(aux), codec, name="aux_hidden", parts=len(aux_layers)) if aux_layers else {}),
             "input_ids": np.concatenate([data.input_ids[i] for i in part]).astype(np.int32),
             "loss_mask": np.concatenate([data.loss_mask[i] for i in part]).astype(np.uint8),
             "topk_ids": torch.cat(top_i).numpy().astype(np.int32),
@@ -60,9 +79,10 @@ def write_store(path, model, data, codec: str):
             "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             "sample_ids": np.array([data.sample_ids[i] for i in part]),
         }
-        attrs = {"d": model.config.hidden_size, "k": TOPK, "hidden_codec": codec}
+        attrs = {"d": model.config.hidden_size, "k": TOPK, "hidden_codec": codec, "aux_layers": list(aux_layers)}
         records.append(write_shard(path, index, arrays, attrs))
-    header = {"target_id": "toy", "d": model.config.hidden_size, "k": TOPK, "hidden_codec": codec}
+    header = {"target_id": "toy", "d": model.config.hidden_size, "k": TOPK, "hidden_codec": codec,
+              "aux_layers": list(aux_layers)}
     write_manifest(path, make_manifest(header=header, shards=records))
     return path
 
@@ -78,7 +98,7 @@ def assert_same_batch(offline, online, exact: bool, codec: str) -> None:
         else:  # another batch shape moves float32 results by a few ulp: a float16/bf16 hidden absorbs nearly all
             # of it (int8's float32 scale does not); topk_logp = float16 logit - float32 logsumexp moves by those
             # ulp (or, rarely, by one float16 ulp of the logit: 2**-10 relative)
-            if name == "hidden" and codec != "int8":
+            if name in ("hidden", "aux_hidden") and codec != "int8":
                 assert (a == b).float().mean() > 0.99, name
             torch.testing.assert_close(b, a, rtol=2**-10, atol=1e-2)
 
@@ -98,17 +118,19 @@ def test_tokenize_conversations_orders_and_rejects_as_the_dump(toy):
 
 @pytest.mark.parametrize("codec", ["fp16", "bf16", "int8"])
 def test_online_batches_equal_the_stored_ones(toy, tmp_path, codec):
+    """Auxiliary layers included (both of the toy's: 0 = the embeddings, 1), in the store's codec."""
     _, model, _, data = toy
-    store = write_store(tmp_path / "store", model, data, codec)
+    store = write_store(tmp_path / "store", model, data, codec, aux_layers=[0, 1])
     for max_tokens, exact in ((1, True), (500, False)):  # one sequence per batch: the store's forward shapes
         for split in ("train", "val"):
             for world in (1, 2):
                 for rank in range(world):
-                    cfg = ReaderConfig(max_tokens=max_tokens, val_fraction=0.25, seed=3, max_length=80)
+                    cfg = ReaderConfig(max_tokens=max_tokens, val_fraction=0.25, seed=3, max_length=80, aux=True)
                     offline = FeatureDataset(store, cfg, split=split, rank=rank, world_size=world)
                     online = OnlineDataset(model, data, cfg, topk=TOPK, hidden_codec=codec, split=split, rank=rank,
-                                           world_size=world)
+                                           world_size=world, aux_layers=[0, 1])
                     assert online.sample_ids == offline.sample_ids
+                    assert online.load(online.batches(0)[0]).aux_hidden.shape[-1] == 2 * model.config.hidden_size
                     for epoch in (0, 1):
                         assert online.batches(epoch) == offline.batches(epoch) and len(online) == len(offline)
                     for seqs in offline.batches(0):
@@ -141,9 +163,48 @@ def test_first_step_loss_is_the_same_online_and_offline(toy, tmp_path, arch, sta
     assert losses[1] == pytest.approx(losses[0], abs=1e-6 if max_tokens == 1 else 1e-5, rel=0)
 
 
+@pytest.fixture(scope="module")
+def deep(deep_toy_target):
+    torch.set_num_threads(1)
+    model, tokenizer = load_target_model(deep_toy_target), load_tokenizer(deep_toy_target)
+    return deep_toy_target, model, tokenize_conversations(tokenizer, rows(), max_length=96)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 400])
+def test_eagle3_first_step_loss_is_the_same_online_and_offline(deep, tmp_path, max_tokens):
+    """recipe eagle3's stage (training-time test) on the aux layers ``eagle3`` picks for a 7-layer target, over
+    a draft vocabulary counted from the store and from the tokenized conversations (the same counts)."""
+    target, model, data = deep
+    layers = resolve_aux_layers("eagle3", model.config.num_hidden_layers)
+    assert layers == [2, 3, 4]
+    store = write_store(tmp_path / "store", model, data, "int8", aux_layers=layers)
+    vocab_size = model.config.vocab_size
+    counts = data.predicted_token_counts(vocab_size)
+    assert counts.sum() > 0 and np.array_equal(counts, predicted_token_counts(store, vocab_size))
+    vocab = select_vocab(counts, 48)
+    heads, tconf = load_target_heads(target), load_target_config(target)
+    stage = StageConfig(kind="ttt", epochs=1, steps=3, step_decay=0.8, noise_std=0.0, loss=LossWeights(ce=1.0))
+    reader = ReaderConfig(max_tokens=max_tokens, seed=0, aux=True)
+    losses = []
+    for dataset in (FeatureDataset(store, reader),
+                    OnlineDataset(model, data, reader, topk=TOPK, hidden_codec="int8", aux_layers=layers)):
+        torch.manual_seed(0)
+        dcfg = draft_config_from_target(tconf, "eagle3", aux_layers=layers, draft_vocab_size=vocab.numel())
+        draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab)
+        trainer = Trainer(draft, [stage], OptimConfig(lr=1e-3, warmup_steps=0), len(dataset.batches(0)), seed=0)
+        steps = []
+        trainer.run(lambda s, e: [dataset.load(b) for b in dataset.batches(e)[:2]],
+                    on_step=lambda tr, metrics: steps.append(metrics["loss"]))
+        losses.append(steps)
+    assert len(losses[0]) == 2 and losses[0][0] > 0
+    assert losses[1] == pytest.approx(losses[0], abs=1e-6 if max_tokens == 1 else 1e-5, rel=0)
+
+
 def test_online_dataset_checks_its_arguments(toy):
     _, model, _, data = toy
     with pytest.raises(AssertionError, match="hidden codec"):
         OnlineDataset(model, data, topk=TOPK, hidden_codec="fp8")
     with pytest.raises(AssertionError, match="rank"):
         OnlineDataset(model, data, topk=TOPK, rank=2, world_size=2)
+    with pytest.raises(AssertionError, match="train.online.aux_layers"):
+        OnlineDataset(model, data, ReaderConfig(aux=True), topk=TOPK)
