@@ -154,13 +154,18 @@ def test_first_step_loss_is_the_same_online_and_offline(toy, tmp_path, arch, sta
     for dataset in (FeatureDataset(store, reader), OnlineDataset(model, data, reader, topk=TOPK)):
         torch.manual_seed(0)
         draft = build_draft(draft_config_from_target(tconf, arch), heads.embed, heads.lm_head)
-        trainer = Trainer(draft, [stage], OptimConfig(lr=1e-3, warmup_steps=0), len(dataset.batches(0)), seed=0)
-        steps = []
-        trainer.run(lambda s, e: [dataset.load(b) for b in dataset.batches(e)[:2]],
-                    on_step=lambda tr, metrics: steps.append(metrics["loss"]))
-        losses.append(steps)
+        losses.append(first_two_losses(draft, stage, dataset))
     assert len(losses[0]) == 2 and losses[0][0] > 0
     assert losses[1] == pytest.approx(losses[0], abs=1e-6 if max_tokens == 1 else 1e-5, rel=0)
+
+
+def first_two_losses(draft, stage, dataset) -> list[float]:
+    """The losses of the first two optimizer steps of ``stage`` on ``dataset``'s first two batches."""
+    trainer = Trainer(draft, [stage], OptimConfig(lr=1e-3, warmup_steps=0), len(dataset.batches(0)), seed=0)
+    steps = []
+    trainer.run(lambda s, e: [dataset.load(b) for b in dataset.batches(e)[:2]],
+                on_step=lambda tr, metrics: steps.append(metrics["loss"]))
+    return steps
 
 
 @pytest.fixture(scope="module")
@@ -191,11 +196,7 @@ def test_eagle3_first_step_loss_is_the_same_online_and_offline(deep, tmp_path, m
         torch.manual_seed(0)
         dcfg = draft_config_from_target(tconf, "eagle3", aux_layers=layers, draft_vocab_size=vocab.numel())
         draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab)
-        trainer = Trainer(draft, [stage], OptimConfig(lr=1e-3, warmup_steps=0), len(dataset.batches(0)), seed=0)
-        steps = []
-        trainer.run(lambda s, e: [dataset.load(b) for b in dataset.batches(e)[:2]],
-                    on_step=lambda tr, metrics: steps.append(metrics["loss"]))
-        losses.append(steps)
+        losses.append(first_two_losses(draft, stage, dataset))
     assert len(losses[0]) == 2 and losses[0][0] > 0
     assert losses[1] == pytest.approx(losses[0], abs=1e-6 if max_tokens == 1 else 1e-5, rel=0)
 
