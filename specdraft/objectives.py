@@ -12,7 +12,7 @@ query sees is described in ``masks.py``:
              and the draft's own (detached) states written at window positions 1..i-1. Each step
              computes only its queries, so a batch costs about one early step whatever s is; each
              step is back-propagated on its own. (Summing the s losses into one backward, with the
-             true keys/values encoded once, measured worse: d=4096 CPU peak s8/s1 1.67 vs 1.22.)
+             true keys/values encoded once, measured worse: d=4096 CPU peak s8/s1 1.67 vs 1.20.)
 * ``align``  n steps (HASS harmonized context alignment); step j trains all queries p >= j-1 on
              the true states u <= p-j and the draft's own detached states of steps 1..j-1 at
              u = p-j+1 .. p-1, weight decay^(j-1). Each step is back-propagated on its own.
@@ -22,7 +22,8 @@ query sees is described in ``masks.py``:
              the whole chain (``layers.Chain``), so memory grows linearly in k.
 
 The caller back-propagates each sub-step before advancing the generator, except for ``ttt`` (a
-chain back-propagated once, whose sub-steps share one ``layers.Chain``; ``train_batch`` does both). Any draft x stage x loss weights combination is one ``StageConfig``.
+chain back-propagated once, whose sub-steps share one ``layers.Chain``; ``train_batch`` does both).
+Any draft x stage x loss weights combination is one ``StageConfig``.
 The target side of the losses (``HeadTargets``) is prepared once per batch, not per sub-step,
 and only the trained rows reach the output head (``losses.head_loss``).
 """
@@ -42,7 +43,6 @@ from specdraft.models.layers import Chain
 
 StageKind = Literal["plain", "early", "late", "align", "ttt"]
 CHAINED = ("late", "align", "ttt")  # stages whose later steps read earlier steps' outputs
-ONE_BACKWARD = ("ttt",)  # chains whose weighted step losses are summed and back-propagated once
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -275,7 +275,7 @@ def substeps(
     for st in stage_steps(stage, t, offset, ids.device):
         q = st.query_index
         assert len(chain.states) == st.extras, "a sub-step reads states no earlier sub-step wrote"
-        if stage.kind in ONE_BACKWARD:
+        if stage.kind == "ttt":
             extras = chain
         elif st.extras:
             extras = chain.gather(q)  # (B, Q, E, d)
@@ -322,8 +322,8 @@ def train_batch(
     """Forward + backward for one batch; returns scalar metrics. No optimizer step.
 
     Detached stages (late, align) back-propagate each sub-step on its own (constant memory in the
-    number of steps); ``ttt`` sums the weighted step losses and back-propagates once. ``grad_sync(enabled)``
-    is entered around every forward+backward: a distributed wrapper synchronises gradients only
+    number of steps); ``ttt`` sums the weighted step losses and back-propagates once.
+    ``grad_sync(enabled)`` is entered around every forward+backward: a distributed wrapper synchronises gradients only
     where ``enabled`` (the last backward of the batch, and only if ``sync_last``).
     """
     offset = draw_offset(stage, generator) if offset is None else offset
@@ -338,7 +338,7 @@ def train_batch(
         with grad_sync(last and sync_last):
             sub = next(steps)
             weighted = scale * sub.weight * sub.loss
-            if stage.kind in ONE_BACKWARD:
+            if stage.kind == "ttt":
                 pending = weighted if pending is None else pending + weighted
                 if last:
                     pending.backward()

@@ -28,7 +28,7 @@ from torch import nn
 from specdraft.models.config import DraftConfig
 from specdraft.models.heads import Heads
 from specdraft.models.layers import (
-    KV, Chain, RMSNorm, Rotary, SwiGLU, attention, diagonals, gather_positions, prefix_visible, take,
+    KV, Chain, RMSNorm, Rotary, SwiGLU, attention, diagonals, gather_positions, prefix_visible,
 )
 
 
@@ -118,22 +118,22 @@ class BeagleDraft(nn.Module):
         ne = len(extras.states) if isinstance(extras, Chain) else extras.shape[2]
         assert features.shape[:2] == (bsz, t), f"features {tuple(features.shape)} vs input_ids {(bsz, t)}"
         assert cutoff.shape == (nq,), "cutoff does not match the queries"
+        chain = isinstance(extras, Chain)  # one chain, one backward: every state encoded once per batch
         extra = None
-        if isinstance(extras, Chain):  # one chain, one backward: every state encoded once per batch
+        if chain:
             if extras.true is None:
                 extras.true = self.encode_states(self.project(features), positions)  # true states: all T positions
             kv = extras.true
             encoded = extras.encode(lambda states, u: self.encode_states(states, positions[:, u]))  # E x (B, Hkv, Q_v, Dh)
-            rows = [extras.rows(v, query_index - ne + v) for v in range(ne)]  # E x (Q,): the state each query reads
-            extra = [KV(take(e.k, 2, r), take(e.v, 2, r)) for e, r in zip(encoded, rows)]  # E x (B, Hkv, Q, Dh)
+            extra = [e.rows(r) for e, r in zip(encoded, extras.diagonal(query_index))]  # E x (B, Hkv, Q, Dh)
         else:
             kv = self.encode_states(self.project(features), positions)  # true states: all T positions
-        if not isinstance(extras, Chain) and ne:
-            assert extras.shape[:2] == (bsz, nq), "extras do not match the queries"
-            at = query_index[:, None] - ne + torch.arange(ne, device=query_index.device)  # (Q, E)
-            pos_e = gather_positions(positions, at).reshape(bsz, nq * ne)  # (B, Q*E)
-            kv_e = self.encode_states(extras.reshape(bsz, nq * ne, -1), pos_e)
-            k = kv_e.k.reshape(bsz, -1, nq, ne, self.config.head_dim)  # (B, Hkv, Q, E, Dh)
-            extra = diagonals(KV(k, kv_e.v.reshape(k.shape)))
+            if ne:
+                assert extras.shape[:2] == (bsz, nq), "extras do not match the queries"
+                at = query_index[:, None] - ne + torch.arange(ne, device=query_index.device)  # (Q, E)
+                pos_e = gather_positions(positions, at).reshape(bsz, nq * ne)  # (B, Q*E)
+                kv_e = self.encode_states(extras.reshape(bsz, nq * ne, -1), pos_e)
+                k = kv_e.k.reshape(bsz, -1, nq, ne, self.config.head_dim)  # (B, Hkv, Q, E, Dh)
+                extra = diagonals(KV(k, kv_e.v.reshape(k.shape)))
         args = (input_ids[:, query_index], positions[:, query_index], kv, prefix_visible(cutoff, t, bsz), extra)
-        return extras.attend(self.attend, *args) if isinstance(extras, Chain) else self.attend(*args)
+        return extras.attend(self.attend, *args) if chain else self.attend(*args)

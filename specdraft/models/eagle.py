@@ -144,12 +144,13 @@ def slot_forward(
         x_true, kv = draft.encode_inputs(input_ids, prev, positions)
         visible = prefix_visible(cutoff + 1, t, bsz)  # slot s holds state s-1
     else:  # slot c = 1..T-1 (index s = c-1 holds state s)
-        if not chain or extras.true is None:
+        true = extras.true if chain else None
+        if true is None:
             states = draft.project(features)  # (B, T, d)
             true = draft.encode_inputs(input_ids[:, 1:], states[:, :-1], positions[:, 1:])
             if chain:
                 extras.true = true
-        x_true, kv = extras.true if chain else true
+        x_true, kv = true
         visible = prefix_visible(cutoff, t - 1, bsz)
     extra = None
     if chain:
@@ -163,8 +164,8 @@ def slot_forward(
 
         encoded = extras.encode(encode_slots)
         if ne:
-            rows = [extras.rows(v, query_index - ne + v) for v in range(ne)]  # E x (Q,): the slot each query reads
-            extra = [KV(take(kv_v.k, 2, r), take(kv_v.v, 2, r)) for (_, kv_v), r in zip(encoded, rows)]
+            rows = extras.diagonal(query_index)  # E x (Q,): the slot each query reads
+            extra = [kv_v.rows(r) for (_, kv_v), r in zip(encoded, rows)]  # E x (B, Hkv, Q, Dh)
             x_q = take(encoded[-1][0], 1, rows[-1])  # (B, Q, X): the query's own slot is its last extra
     else:
         ne = extras.shape[2]

@@ -78,6 +78,10 @@ class KV:
     def length(self) -> int:
         return self.k.shape[2]
 
+    def rows(self, index: torch.Tensor) -> "KV":
+        """Keys/values at the ascending positions ``index`` (views where they are a run, see ``take``)."""
+        return KV(take(self.k, 2, index), take(self.v, 2, index))
+
     def cat(self, other: "KV") -> "KV":
         return KV(torch.cat([self.k, other.k], dim=2), torch.cat([self.v, other.v], dim=2))
 
@@ -119,10 +123,15 @@ class Chain:
         assert bool((rows >= 0).all()), f"a sub-step reads positions sub-step {v + 1} did not write"
         return rows
 
+    def diagonal(self, query_index: torch.Tensor) -> list[torch.Tensor]:
+        """E x (Q,): for each sub-step v, the rows of ``states[v]`` holding query p's state at p-E+v."""
+        ne = len(self.states)
+        return [self.rows(v, query_index - ne + v) for v in range(ne)]
+
     def gather(self, query_index: torch.Tensor) -> torch.Tensor:
         """(B, Q, E, d): query p's drafted states at u = p-E .. p-1 (the ``extras`` tensor layout)."""
-        ne = len(self.states)
-        return torch.stack([take(self.states[v], 1, self.rows(v, query_index - ne + v)) for v in range(ne)], dim=2)
+        rows = self.diagonal(query_index)
+        return torch.stack([take(s, 1, r) for s, r in zip(self.states, rows)], dim=2)
 
     def attend(self, fn, *args) -> torch.Tensor:
         """``fn(*args)`` (a draft's decoder layer over its queries), recomputed in the backward when
@@ -254,10 +263,10 @@ def _chunk_logsumexp(q: torch.Tensor, k: torch.Tensor, visible: torch.Tensor) ->
     hkv = k.shape[1]
     qg = q.reshape(bsz, hkv, heads // hkv, n, dh)  # (B, Hkv, G, n, Dh)
     scores = (qg @ k[:, :, None].transpose(-1, -2)).float() * dh**-0.5  # (B, Hkv, G, n, K)
-    any_key = visible.any(dim=-1)[:, None, None]  # (B, 1, 1, n)
-    safe = (visible | ~visible.any(dim=-1, keepdim=True))[:, None, None]  # (B, 1, 1, n, K): no NaN grads
+    any_key = visible.any(dim=-1, keepdim=True)  # (B, n, 1)
+    safe = (visible | ~any_key)[:, None, None]  # (B, 1, 1, n, K): rows with no key stay finite (no NaN grads)
     lse = torch.logsumexp(scores.masked_fill(~safe, float("-inf")), dim=-1)  # (B, Hkv, G, n)
-    lse = torch.where(any_key, lse, torch.full_like(lse, float("-inf")))
+    lse = torch.where(any_key[:, None, None, :, 0], lse, torch.full_like(lse, float("-inf")))
     return lse.reshape(bsz, heads, n)  # fp32
 
 
