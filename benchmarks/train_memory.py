@@ -101,7 +101,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def materialized_score(core, batch, targets, query_index, h_hat, weights, chunk=1024, live=None):
+def materialized_score(core, batch, targets, query_index, h_hat, weights, chunk=1024, live=None,
+                       defer_weight_grad=False):  # noqa: ARG001 - score's signature
     """The loss as computed before the fused head: full fp32 logits of every scored row, and the
     target's logits recomputed from the stored hidden state at every sub-step."""
     from specdraft.losses import soft_ce, topk_ce

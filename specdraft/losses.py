@@ -11,8 +11,10 @@ fp32 tensor. ``head_loss`` never materialises them: it walks the rows in chunks,
 chunk's logits, log-sum-exp, the loss values and — since the loss is linear in the per-row
 coefficients, which are known up front — the gradients with respect to h and the head weight,
 then drops the chunk (SpecForge §4.2.2 reuses the logits buffer for the same reason). The
-backward pass only scales the stored gradients. Values and gradients equal the materialised
-formulas (``soft_ce``/``topk_ce``, kept as the reference).
+backward pass only scales the stored gradients (a chain trained by one backward, ``ttt``, asks for
+a trainable head's weight gradient there instead, from the chunks' logits computed again, so that
+its k forwards do not each keep a vocabulary x d buffer). Values and gradients equal the
+materialised formulas (``soft_ce``/``topk_ce``, kept as the reference).
 
 The target side is prepared once per batch (``HeadTargets``). With the target's own frozen head
 (Beagle, EAGLE) the loss needs only d-wide vectors per row: sum_x P(x) z_x = (W^T P)·h, so
@@ -93,68 +95,98 @@ class HeadTargets:
         return HeadTargets(**picked)
 
 
+def _chunk_terms(hc: torch.Tensor, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, t: HeadTargets,
+                 use_topk: bool):
+    """One chunk of ``head_loss``: rows hc (n, d) in the head's dtype, coefficients a, b (n, 1).
+
+    Returns (ce (n,), topk (n,), draft argmax (n,), g (n, V), lin): ``g`` is d loss / d logits (with
+    the shared frozen head, beyond the terms linear in h, which are ``lin`` (n, d); else ``lin`` is None).
+    """
+    z = (hc @ weight.T).float()  # (n, V)
+    zmax, top = z.max(dim=-1)  # (n,)
+    p = torch.exp(z - zmax[:, None])  # (n, V), normalised in place below: one exp pass
+    total = p.sum(-1)  # (n,)
+    lse = zmax + total.log()  # (n,)
+    p.div_(total[:, None])  # the draft's distribution
+    tk = torch.zeros_like(lse)  # (n,)
+    if t.shared:
+        hf = hc.float()
+        ce = lse - (t.m_ce * hf).sum(-1)
+        lin = a * t.m_ce  # (n, d): d/dh of -(a * m_ce . h)
+        mass = 0.0
+        if use_topk:
+            tk = t.topk_mass * lse - (t.m_topk * hf).sum(-1)
+            lin = lin + b * t.m_topk
+            mass = b * t.topk_mass[:, None]
+        return ce, tk, top, p.mul_(a + mass), lin  # p is not needed after
+    zt = (t.teacher_h.to(t.teacher_w.dtype) @ t.teacher_w.T).float()  # (n, V) teacher logits
+    target_p = torch.exp(zt - t.teacher_lse[:, None])  # (n, V)
+    ce = lse - (target_p * z).sum(-1)
+    g = a * (p - target_p)  # (n, V)
+    if use_topk:
+        pk = t.topk_logp.float().exp()  # (n, K)
+        tk = pk.sum(-1) * lse - (pk * z.gather(-1, t.topk_ids)).sum(-1)
+        g = g + b * (pk.sum(-1, keepdim=True) * p - torch.zeros_like(p).scatter_add_(-1, t.topk_ids, pk))
+    return ce, tk, top, g, None
+
+
 class _HeadLoss(torch.autograd.Function):
-    """sum_n ce_coef[n] * ce_n + topk_coef[n] * topk_n, in row chunks, gradients computed forward."""
+    """sum_n ce_coef[n] * ce_n + topk_coef[n] * topk_n, in row chunks, gradients computed forward.
+
+    With ``defer_weight_grad`` a trainable head's weight gradient is not computed forward but in the
+    backward, from the chunks' logits computed again: a (V, d) fp32 buffer is then not kept from the
+    forward to the backward. That is for a caller that keeps several forwards' graphs for one backward
+    (training-time test: k of them, 7 x 0.5 GB at a 32k x 4096 draft head), at the price of the
+    chunks' logits twice."""
 
     @staticmethod
-    def forward(ctx, h, weight, ce_coef, topk_coef, targets: HeadTargets, chunk: int):
+    def forward(ctx, h, weight, ce_coef, topk_coef, targets: HeadTargets, chunk: int, defer_weight_grad: bool):
         n_rows = h.shape[0]
         want_w = weight.requires_grad
         assert not (want_w and targets.shared), "a trainable head needs the teacher's rows (HeadTargets.teacher_w)"
         use_topk = bool((topk_coef != 0).any()) and (targets.m_topk is not None or targets.topk_ids is not None)
+        now_w = want_w and not defer_weight_grad
         grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device)  # (N, d)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None  # (V, d)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if now_w else None  # (V, d)
         ce = torch.zeros(n_rows, dtype=torch.float32, device=h.device)  # (N,)
         tk = torch.zeros(n_rows, dtype=torch.float32, device=h.device)  # (N,)
         correct = torch.zeros(n_rows, dtype=torch.bool, device=h.device)  # (N,)
-        for lo in range(0, n_rows, chunk):
-            hi = min(n_rows, lo + chunk)
-            t = targets.rows(torch.arange(lo, hi, device=h.device))
-            hc = h[lo:hi].to(weight.dtype)  # (n, d)
-            a, b = ce_coef[lo:hi].float()[:, None], topk_coef[lo:hi].float()[:, None]  # (n, 1)
-            z = (hc @ weight.T).float()  # (n, V)
-            zmax, top = z.max(dim=-1)  # (n,)
-            p = torch.exp(z - zmax[:, None])  # (n, V), normalised in place below: one exp pass
-            total = p.sum(-1)  # (n,)
-            lse = zmax + total.log()  # (n,)
-            p.div_(total[:, None])  # the draft's distribution
+        for lo, hc, a, b, t in _chunks(h, weight, ce_coef, topk_coef, targets, chunk):
+            hi = lo + hc.shape[0]
+            ce[lo:hi], tk[lo:hi], top, g, lin = _chunk_terms(hc, weight, a, b, t, use_topk)
             correct[lo:hi] = top == t.top1
-            if targets.shared:
-                hf = hc.float()
-                ce[lo:hi] = lse - (t.m_ce * hf).sum(-1)
-                lin = a * t.m_ce  # (n, d): d/dh of -(a * m_ce . h)
-                mass = 0.0
-                if use_topk:
-                    tk[lo:hi] = t.topk_mass * lse - (t.m_topk * hf).sum(-1)
-                    lin = lin + b * t.m_topk
-                    mass = b * t.topk_mass[:, None]
-                g = p.mul_(a + mass)  # (n, V) d loss / d z, beyond the linear terms (p is not needed after)
-                grad_h[lo:hi] = (g.to(weight.dtype) @ weight).float() - lin
-            else:
-                zt = (t.teacher_h.to(t.teacher_w.dtype) @ t.teacher_w.T).float()  # (n, V) teacher logits
-                target_p = torch.exp(zt - t.teacher_lse[:, None])  # (n, V)
-                ce[lo:hi] = lse - (target_p * z).sum(-1)
-                g = a * (p - target_p)  # (n, V)
-                if use_topk:
-                    pk = t.topk_logp.float().exp()  # (n, K)
-                    tk[lo:hi] = pk.sum(-1) * lse - (pk * z.gather(-1, t.topk_ids)).sum(-1)
-                    g = g + b * (pk.sum(-1, keepdim=True) * p - torch.zeros_like(p).scatter_add_(-1, t.topk_ids, pk))
-                grad_h[lo:hi] = (g.to(weight.dtype) @ weight).float()
-            if want_w:
+            grad_h[lo:hi] = (g.to(weight.dtype) @ weight).float() - (0.0 if lin is None else lin)
+            if now_w:
                 grad_w += g.T @ hc.float()  # (V, d)
         loss = (ce_coef.float() * ce).sum() + ((topk_coef.float() * tk).sum() if use_topk else 0.0)
-        ctx.save_for_backward(grad_h, grad_w if want_w else torch.empty(0))
-        ctx.want_w = want_w
-        ctx.h_dtype = h.dtype
+        deferred = want_w and defer_weight_grad
+        ctx.save_for_backward(grad_h, grad_w if now_w else torch.empty(0), *((h, weight, ce_coef, topk_coef)
+                                                                           if deferred else ()))
+        ctx.want_w, ctx.deferred, ctx.h_dtype = want_w, deferred, h.dtype
+        ctx.targets, ctx.chunk, ctx.use_topk = (targets, chunk, use_topk) if deferred else (None, chunk, use_topk)
         ctx.mark_non_differentiable(ce, tk, correct)
         return loss, ce, tk, correct
 
     @staticmethod
     def backward(ctx, grad_loss, *_):
-        grad_h, grad_w = ctx.saved_tensors
+        grad_h, grad_w, *inputs = ctx.saved_tensors
         gh = (grad_loss * grad_h).to(ctx.h_dtype)
+        if ctx.deferred:  # the weight gradient from the chunks' logits again (see the class docstring)
+            h, weight, ce_coef, topk_coef = inputs
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # (V, d)
+            for _, hc, a, b, t in _chunks(h, weight, ce_coef, topk_coef, ctx.targets, ctx.chunk):
+                g = _chunk_terms(hc, weight, a, b, t, ctx.use_topk)[3]  # (n, V)
+                grad_w += g.T @ hc.float()
         gw = (grad_loss * grad_w) if ctx.want_w else None
-        return gh, gw, None, None, None, None
+        return gh, gw, None, None, None, None, None
+
+
+def _chunks(h, weight, ce_coef, topk_coef, targets: HeadTargets, chunk: int):
+    """(first row, rows (n, d) in the head's dtype, ce and top-K coefficients (n, 1), their targets) per chunk."""
+    for lo in range(0, h.shape[0], chunk):
+        hi = min(h.shape[0], lo + chunk)
+        yield (lo, h[lo:hi].to(weight.dtype), ce_coef[lo:hi].float()[:, None], topk_coef[lo:hi].float()[:, None],
+               targets.rows(torch.arange(lo, hi, device=h.device)))
 
 
 def head_loss(
@@ -164,6 +196,7 @@ def head_loss(
     ce_coef: torch.Tensor,
     topk_coef: torch.Tensor,
     chunk: int = 1024,
+    defer_weight_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused output head + losses for N rows.
 
@@ -171,6 +204,7 @@ def head_loss(
     trainable), per-row coefficients (N,) of the ce and top-K losses. Returns the scalar
     sum(ce_coef * ce + topk_coef * topk) (differentiable in h and weight) and, detached, the
     per-row ce (N,), topk (N,) and whether the head's argmax equals the teacher's top-1 (N,).
+    ``defer_weight_grad``: a trainable head's weight gradient computed in the backward (see ``_HeadLoss``).
     """
     assert h.dim() == 2 and weight.dim() == 2 and h.shape[1] == weight.shape[1], (
         f"head input {tuple(h.shape)} and weight {tuple(weight.shape)} do not match"
@@ -181,4 +215,4 @@ def head_loss(
         zero = h.new_zeros((), dtype=torch.float32) + 0.0 * h.sum() + (0.0 * weight.sum() if weight.requires_grad else 0.0)
         empty = torch.zeros(0, device=h.device)
         return zero, empty, empty, torch.zeros(0, dtype=torch.bool, device=h.device)
-    return _HeadLoss.apply(h, weight, ce_coef, topk_coef, targets, chunk)
+    return _HeadLoss.apply(h, weight, ce_coef, topk_coef, targets, chunk, defer_weight_grad)

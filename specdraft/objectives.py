@@ -183,10 +183,11 @@ def prepare_targets(core, batch: Batch, weights: LossWeights, chunk: int = 1024)
 
 
 def score(core, batch: Batch, targets: Targets, query_index: torch.Tensor, h_hat: torch.Tensor,
-          weights: LossWeights, chunk: int = 1024, live: torch.Tensor | None = None):
+          weights: LossWeights, chunk: int = 1024, live: torch.Tensor | None = None, defer_weight_grad: bool = False):
     """Losses of predicted states ``h_hat`` (B, Q, d) at ``query_index`` against the target.
 
-    ``live`` (Q,): queries that have an input at all (see ``DraftConfig.needs_root_state``)."""
+    ``live`` (Q,): queries that have an input at all (see ``DraftConfig.needs_root_state``).
+    ``defer_weight_grad``: a trainable head's weight gradient computed in the backward (``losses.head_loss``)."""
     live = torch.ones_like(query_index, dtype=torch.bool) if live is None else live
     scored = targets.scored[:, query_index] & live[None]  # (B, Q)
     trained = targets.trainable[:, query_index] & live[None]  # (B, Q)
@@ -198,7 +199,7 @@ def score(core, batch: Batch, targets: Targets, query_index: torch.Tensor, h_hat
     head = core.heads
     loss, ce, tk, correct_rows = head_loss(
         head.head_input(h), head.weight, targets.head.rows(rows),
-        weights.ce * learn / count, weights.topk * learn / count, chunk,
+        weights.ce * learn / count, weights.topk * learn / count, chunk, defer_weight_grad,
     )
     parts: dict[str, torch.Tensor] = {}
     if weights.ce:
@@ -283,7 +284,9 @@ def substeps(
             extras = features.new_zeros(bsz, q.numel(), 0, core.config.hidden_size)
         h_hat = draft(ids, pos, features, q, st.cutoff, extras)  # (B, Q, d)
         live = st.cutoff >= 1 if core.config.needs_root_state else None
-        loss, parts, correct, scored, trained = score(core, batch, targets, q, h_hat, stage.loss, chunk, live)
+        # a chain kept for one backward (ttt) keeps no per-step weight gradient of a trainable head
+        loss, parts, correct, scored, trained = score(core, batch, targets, q, h_hat, stage.loss, chunk, live,
+                                                      defer_weight_grad=stage.kind == "ttt")
         yield SubStep(st.index, st.weight, q, h_hat, loss, parts, correct, scored, trained)
         if stage.kind in CHAINED:
             fed = h_hat if stage.kind == "ttt" else h_hat.detach()

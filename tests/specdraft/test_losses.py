@@ -50,16 +50,22 @@ def test_shared_frozen_head_matches_reference(chunk):
     assert torch.equal(correct, (h @ w.T).argmax(-1) == zt.argmax(-1))
 
 
-@pytest.mark.parametrize("chunk", [3, 1024])
-def test_trainable_head_with_teacher_rows_matches_reference(chunk):
-    h, w, teacher_h, a, b = data(1)
-    teacher_w = torch.randn(V, D) / D**0.5
+def teacher_targets(teacher_h):
+    teacher_w = torch.randn(V, D, generator=torch.Generator().manual_seed(2)) / D**0.5
     zt = teacher_h @ teacher_w.T
     top = torch.log_softmax(zt, -1).topk(K, dim=-1)
     targets = HeadTargets(top1=zt.argmax(-1), teacher_h=teacher_h, teacher_w=teacher_w,
                           teacher_lse=torch.logsumexp(zt, -1), topk_ids=top.indices, topk_logp=top.values)
+    return targets, teacher_w, top
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["weight-grad-forward", "weight-grad-deferred"])
+@pytest.mark.parametrize("chunk", [3, 1024])
+def test_trainable_head_with_teacher_rows_matches_reference(chunk, defer):
+    h, w, teacher_h, a, b = data(1)
+    targets, teacher_w, top = teacher_targets(teacher_h)
     h1, w1 = h.clone().requires_grad_(), w.clone().requires_grad_()
-    loss, ce, tk, _ = head_loss(h1, w1, targets, a, b, chunk)
+    loss, ce, tk, _ = head_loss(h1, w1, targets, a, b, chunk, defer_weight_grad=defer)
     (2.0 * loss).backward()
     h2, w2 = h.clone().requires_grad_(), w.clone().requires_grad_()
     ref, ref_ce, ref_tk = reference(h2, w2, teacher_h, teacher_w, top.indices, top.values, a, b)
@@ -68,6 +74,26 @@ def test_trainable_head_with_teacher_rows_matches_reference(chunk):
     assert (ce - ref_ce).abs().max() < 1e-5 and (tk - ref_tk).abs().max() < 1e-5
     assert (h1.grad - h2.grad).abs().max() < 1e-5
     assert (w1.grad - w2.grad).abs().max() < 1e-5
+
+
+def test_a_deferred_weight_gradient_is_not_kept_from_the_forward():
+    """``defer_weight_grad`` (ttt's k forwards before one backward): no (V, d) gradient buffer is kept
+    for the backward, only what the forward had already (the rows, the weight itself, d-wide rows)."""
+    h, w, teacher_h, a, b = data(1)
+    targets, _, _ = teacher_targets(teacher_h)
+    kept = {}
+    for defer in (False, True):
+        sizes = []
+
+        def pack(t, sizes=sizes):
+            sizes.append(t.untyped_storage().nbytes() if t.untyped_storage().data_ptr() != w1.data_ptr() else 0)
+            return t
+
+        w1 = w.clone().requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            head_loss(h.clone().requires_grad_(), w1, targets, a, b, 7, defer_weight_grad=defer)
+        kept[defer] = sizes
+    assert V * D * 4 in kept[False] and max(kept[True]) < V * D * 4, kept
 
 
 def test_no_rows_gives_a_zero_loss_that_back_propagates():
