@@ -59,6 +59,23 @@ def stop_prefect_api_at_the_end():
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """``build(out)`` run once per test run, not once per xdist worker: the workers share the run's
+    base temp directory, and the first to take the lock builds ``name`` there (the toy build writes a
+    temp directory and moves it into place, so a finished directory is a complete one)."""
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if WORKER else root  # xdist: <run>/popen-gw0 -> <run>, shared by the workers
+    out = root / f"shared-{name}" / "target"
+    with open(root / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.is_dir():
+            out.parent.mkdir(exist_ok=True)
+            build(out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_toy_target(tmp_path_factory) -> Path:
     """A toy target small enough to build in seconds (same recipe as the default, scaled down)."""
@@ -69,7 +86,7 @@ def tiny_toy_target(tmp_path_factory) -> Path:
         num_kv_heads=1, intermediate_size=128, max_seq_len=128, train_steps=120, batch_size=16,
         lr=1e-2, warmup_steps=5, num_eval_conversations=32,
     )
-    return build_toy_target(tmp_path_factory.mktemp("toy") / "target", cfg, progress=False)
+    return built_once(tmp_path_factory, "tiny-toy", lambda out: build_toy_target(out, cfg, progress=False))
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +100,7 @@ def deep_toy_target(tmp_path_factory) -> Path:
         intermediate_size=128, max_seq_len=128, train_steps=20, batch_size=8, lr=1e-2, warmup_steps=2,
         num_eval_conversations=8,
     )
-    return build_toy_target(tmp_path_factory.mktemp("deep-toy") / "target", cfg, progress=False)
+    return built_once(tmp_path_factory, "deep-toy", lambda out: build_toy_target(out, cfg, progress=False))
 
 
 @pytest.fixture(scope="session")
