@@ -101,6 +101,8 @@ RECIPES: dict[str, Recipe] = {
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScalingSection:
+    # 0: Ray Train's local mode — the training loop runs in this process, without worker actors (a
+    # laptop, a debugger, a quick check); its checkpoints are not kept for a rerun, which starts over
     num_workers: int = 1
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
@@ -546,6 +548,10 @@ def run_training(
     out.mkdir(parents=True, exist_ok=True)
     connect_ray(ray_address)
     sc = cfg.scaling
+    assert sc.num_workers >= 0, f"train.scaling.num_workers={sc.num_workers}: 0 (in this process) or more workers"
+    if sc.num_workers == 0:
+        print("[specdraft] train.scaling.num_workers=0: training in this process (Ray Train's local mode); "
+              "a rerun starts over, it does not resume", flush=True)
     resources = {"CPU": sc.cpus_per_worker, **({"GPU": sc.gpus_per_worker} if sc.use_gpu else {})}
     stores = [str(location.as_location(s)) if location.is_url(s) else str(Path(s).resolve()) for s in stores]
     if cfg.features == "online":
