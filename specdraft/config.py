@@ -85,6 +85,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if origin in (list, tuple):
         if isinstance(value, str):
             value = [v for v in value.split(",") if v != ""]
+        elif isinstance(value, (int, float)):  # one item, as a string without a comma is (train.epochs=1)
+            value = [value]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
         if origin is tuple and len(args) == 2 and args[1] is Ellipsis:

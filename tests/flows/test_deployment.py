@@ -76,7 +76,10 @@ def test_nightly_deployment_runs_to_completion(tiny_toy_target, tmp_path):
     # lists as a,b: Prefect's CLI prints parameters through rich, which reads "[/path]" as markup
     overrides = [
         f"workdir={tmp_path / 'work'}", f"target.path={tiny_toy_target}", f"data.prompts={prompts}",
-        "regenerate.max_new_tokens=16", "train.epochs=1,1", "train.reader.max_tokens=1024",
+        "regenerate.max_new_tokens=16", "train.reader.max_tokens=1024",
+        # the cheapest training (one epoch of plain EAGLE, in the flow's process): the Ray Train workers
+        # and the Beagle recipe are the flow test's and the train tests' job, this one is the deployment's
+        "train.recipe=eagle", "train.epochs=1", "train.scaling.num_workers=0",
         f"eval.questions={questions}", "eval.settings.decode.max_new_tokens=12", "eval.settings.decode.depth=3",
         "eval.settings.decode.topk=3", "eval.settings.decode.total_tokens=6", "tracking.experiment=deploy-test",
         "register.model_name=deploy-test-draft", "ray.num_cpus=2",

@@ -89,9 +89,10 @@ def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target,
     assert third["train"]["skipped"] and third["eval"]["skipped"]
     assert len(client.search_model_versions("name='flow-test-draft'")) == 1
 
-    # 4. a changed training config (here the cheapest: one epoch of the plain EAGLE recipe) reuses the
-    # feature store and goes through the champion gate
-    fourth = regenerate_and_train(config, args[:] + ["train.recipe=eagle", "train.epochs=[1]"])
+    # 4. a changed training config (here the cheapest: one epoch of the plain EAGLE recipe, trained in this
+    # process) reuses the feature store and goes through the champion gate
+    fourth = regenerate_and_train(config, args[:] + ["train.recipe=eagle", "train.epochs=[1]",
+                                                     "train.scaling.num_workers=0"])
     assert all(r["skipped"] for r in fourth["features"]) and not fourth["train"]["skipped"]
     decision = fourth["register"]
     assert decision["version"] == 2

@@ -46,6 +46,22 @@ def test_unknown_keys_and_bad_types_are_errors():
         parse_overrides(["nonsense"])
 
 
+def test_a_list_is_given_as_a_b_or_brackets_or_one_item():
+    @dataclass(frozen=True, kw_only=True, slots=True)
+    class Lists:
+        epochs: list[int] | None = None
+        paths: list[str] = field(default_factory=list)
+
+    for given, want in (("epochs=1,2", [1, 2]), ("epochs=[1, 2]", [1, 2]), ("epochs=3", [3]), ("epochs=[3]", [3])):
+        assert load(Lists, None, [given]).epochs == want, given
+    assert load(Lists, None, ["paths=a.jsonl"]).paths == ["a.jsonl"]
+    assert load(Lists, None, ["paths=a.jsonl,b.jsonl"]).paths == ["a.jsonl", "b.jsonl"]
+    with pytest.raises(ConfigError, match="expected 2 items"):
+        from_dict(Outer, {"inner": {"betas": 0.9}})
+    with pytest.raises(ConfigError, match="expected a list"):
+        from_dict(Lists, {"epochs": {"a": 1}})
+
+
 def test_flatten_and_hash_are_stable():
     cfg = Outer(inner=Inner(lr=0.5))
     flat = flatten(cfg)
