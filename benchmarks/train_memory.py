@@ -12,6 +12,12 @@ measurement runs in its own process so peaks do not mix:
 * ``baseline_mb``: in another process, the peak for the draft's forward activations with
   gradients plus its weights (a plain forward + backward of the draft body without the output
   head), so ``peak / baseline`` tells how much the losses and the stage's sub-steps add;
+* ``--malloc-mmap-threshold BYTES`` (CPU): glibc serves blocks from that size up with their own
+  mappings and returns them on free (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` in the
+  measuring processes). By default glibc raises its threshold up to 32 MB as large blocks are
+  freed and keeps freed blocks below it cached, so the RSS peak also counts freed memory (TTT
+  k=7 at d=4096: about 1.35x the live peak); 131072 makes the RSS follow the live tensors
+  (for a few per cent of step time);
 * ``--loss materialized`` swaps the fused chunked head (``losses.head_loss``) for the previous
   formulation — full (tokens x vocab) fp32 logits, log-softmax, and the target's logits
   recomputed at every sub-step — to measure what the fused loss saves, in the same run.
@@ -255,9 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--chunk", type=int, default=1024, help="rows per output-head chunk")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--malloc-mmap-threshold", type=int, default=None,
+                        help="CPU: glibc mmap/trim threshold in the measuring processes (RSS follows live memory)")
     parser.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, choices=list(RECIPES))
     parser.add_argument("--loss", nargs="+", default=["fused", "materialized"], choices=("fused", "materialized"))
     args = parser.parse_args(argv)
+    if args.malloc_mmap_threshold is not None:  # read by glibc when the spawned measuring processes start
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = os.environ["MALLOC_TRIM_THRESHOLD_"] = str(args.malloc_mmap_threshold)
     rows = []
     for loss in args.loss:
         for recipe in args.recipes:
@@ -272,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "train_memory",
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "torch": torch.__version__,
                     "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
-                    "threads": args.threads, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
+                    "threads": args.threads, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+                    "malloc_mmap_threshold": args.malloc_mmap_threshold},
         "shapes": {"d": args.d, "vocab": args.vocab, "draft_vocab": args.draft_vocab, "seq": args.seq,
                    "batch": args.batch, "dtype": args.dtype, **geometry(args.d)},
         "rows": rows,

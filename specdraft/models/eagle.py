@@ -25,7 +25,7 @@ from torch import nn
 from specdraft.models.config import DraftConfig
 from specdraft.models.heads import Heads
 from specdraft.models.layers import (
-    KV, Chain, RMSNorm, Rotary, SwiGLU, attention, diagonals, gather_positions, prefix_visible, take,
+    KV, Chain, RMSNorm, Rotary, SwiGLU, attention, diagonals, gather_positions, matmul_input, prefix_visible, take,
 )
 
 
@@ -75,7 +75,7 @@ class EagleDraft(nn.Module):
         cfg = self.config
         e = self.heads.embed(input_ids).to(prev_states.dtype)  # (B, S, d)
         x = self.fc(torch.cat([e, prev_states], dim=-1))  # (B, S, d)
-        a = self._attn_input(x)
+        a = matmul_input(self._attn_input(x))  # one cast copy for k and v
         k = self.k_proj(a).view(bsz, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
         v = self.v_proj(a).view(bsz, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
         return x, KV(self.rotary(k, positions), v)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdraft.models.layers import KV, attention, shared_logsumexp, take
+from specdraft.models.layers import KV, RMSNorm, SwiGLU, attention, shared_logsumexp, take
 from specdraft.objectives import LossWeights, StageConfig, substeps
 
 TOL = 1e-5
@@ -133,3 +133,75 @@ def test_recompute_gives_the_same_gradients_and_keeps_less(draft_kind, kind):
     for name, g in grads[False][1].items():
         assert (grads[True][1][name] - g).abs().max() <= 1e-6 * max(1.0, float(g.abs().max())), name
     assert kept[True] < 0.7 * kept[False], kept
+
+
+def plain_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm as written, differentiated by autograd."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype, tol", [(torch.float32, torch.float32, 1e-6),
+                                                   (torch.bfloat16, torch.float32, 1e-2),
+                                                   (torch.bfloat16, torch.bfloat16, 1e-2)])
+def test_rms_norm_has_the_plain_formulas_values_and_gradients(x_dtype, w_dtype, tol):
+    g = torch.Generator().manual_seed(3)
+    norm = RMSNorm(48, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(48, generator=g) + 0.5)
+    norm = norm.to(w_dtype)
+    x = (torch.randn(2, 5, 48, generator=g) * 3).to(x_dtype).requires_grad_()
+    up = torch.randn(2, 5, 48, generator=g)
+    y = norm(x)
+    (y.float() * up).sum().backward()
+    got = (y.detach(), x.grad.clone(), norm.weight.grad.clone())
+    x.grad, norm.weight.grad = None, None
+    ref = plain_rms_norm(x, norm.weight, 1e-5)
+    (ref.float() * up).sum().backward()
+    assert y.dtype == ref.dtype
+    for a, b in zip(got, (ref.detach(), x.grad, norm.weight.grad)):
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def test_rms_norm_keeps_its_input_and_the_reciprocal_rms_only():
+    norm, x = RMSNorm(64, 1e-6), torch.randn(3, 10, 64, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        norm(x)
+    sizes = sorted(tuple(t.shape) for t in saved)
+    assert sizes == [(3, 10, 1), (3, 10, 64), (64,)], sizes  # rstd, x itself, the weight
+    assert any(t.data_ptr() == x.data_ptr() for t in saved)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_swiglu_has_the_plain_formulas_values_and_gradients_and_keeps_less(autocast):
+    g = torch.Generator().manual_seed(4)
+    mlp = SwiGLU(32, 80)
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    x = torch.randn(2, 6, 32, generator=g, requires_grad=True)
+    up = torch.randn(2, 6, 32, generator=g)
+
+    def run(forward):
+        saved = []
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+                y = forward(x * 1.0)  # an activation, not a leaf: autocast caches casts of leaves only
+        (y.float() * up).sum().backward()
+        grads = [x.grad.clone()] + [p.grad.clone() for p in mlp.parameters()]
+        x.grad = None
+        mlp.zero_grad(set_to_none=True)
+        activations = {t.untyped_storage().data_ptr() for t in saved  # all but the weights (or their casts)
+                       if tuple(t.shape) not in ((32, 80), (80, 32))}
+        return y.detach(), grads, len(activations)
+
+    plain = run(lambda v: mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(v)) * mlp.up_proj(v)))
+    lean = run(mlp)
+    tol = 1e-2 if autocast else 1e-6
+    torch.testing.assert_close(lean[0], plain[0], rtol=tol, atol=tol)
+    for a, b in zip(lean[1], plain[1]):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    # kept for the backward: gate and up outputs and their product (plus, under autocast, one cast of x
+    # shared by gate and up); the plain formula also keeps silu(gate) (and a second cast of x)
+    assert lean[2] == plain[2] - (2 if autocast else 1), (lean[2], plain[2])
