@@ -194,7 +194,10 @@ def test_swiglu_has_the_plain_formulas_values_and_gradients_and_keeps_less(autoc
         mlp.zero_grad(set_to_none=True)
         activations = {t.untyped_storage().data_ptr() for t in saved  # all but the weights (or their casts)
                        if tuple(t.shape) not in ((32, 80), (80, 32))}
-        return y.detach(), grads, len(activations)
+        down = mlp.down_proj.weight.detach().to(torch.bfloat16)  # (32, 80)
+        weight_casts = [t for t in saved if t.dtype == torch.bfloat16
+                        and any(v.shape == down.shape and torch.equal(v, down) for v in (t, t.T))]
+        return y.detach(), grads, len(activations), len(weight_casts)
 
     plain = run(lambda v: mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(v)) * mlp.up_proj(v)))
     lean = run(mlp)
@@ -202,6 +205,8 @@ def test_swiglu_has_the_plain_formulas_values_and_gradients_and_keeps_less(autoc
     torch.testing.assert_close(lean[0], plain[0], rtol=tol, atol=tol)
     for a, b in zip(lean[1], plain[1]):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
-    # kept for the backward: gate and up outputs and their product (plus, under autocast, one cast of x
-    # shared by gate and up); the plain formula also keeps silu(gate) (and a second cast of x)
-    assert lean[2] == plain[2] - (2 if autocast else 1), (lean[2], plain[2])
+    # kept for the backward: gate and up outputs (plus, under autocast, one cast of x shared by gate
+    # and up) and the fp32 down weight; the plain formula also keeps silu(gate), down's input (and a
+    # second cast of x, and a bf16 copy of the down weight)
+    assert lean[2] == plain[2] - (3 if autocast else 2), (lean[2], plain[2])
+    assert (lean[3], plain[3]) == (0, 1 if autocast else 0), (lean[3], plain[3])
