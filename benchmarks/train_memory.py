@@ -16,8 +16,8 @@ measurement runs in its own process so peaks do not mix:
   mappings and returns them on free (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` in the
   measuring processes). By default glibc raises its threshold up to 32 MB as large blocks are
   freed and keeps freed blocks below it cached, so the RSS peak also counts freed memory (TTT
-  k=7 at d=4096, T=2048 bf16: 1.25x the peak with 131072, 1.41x with recompute); 131072 makes
-  the RSS follow the live tensors (for a few per cent of step time);
+  k=7 at d=4096, T=2048 bf16: the default peak is 1.25x the one measured with 131072, 1.41x
+  with recompute); 131072 makes the RSS follow the live tensors (for a few per cent of step time);
 * ``--loss materialized`` swaps the fused chunked head (``losses.head_loss``) for the previous
   formulation — full (tokens x vocab) fp32 logits, log-softmax, and the target's logits
   recomputed at every sub-step — to measure what the fused loss saves, in the same run.
