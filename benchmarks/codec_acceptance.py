@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from pipelines.dump import FeaturesConfig, dump_features
+from pipelines.dump import dump_features
+from specdraft.features import FeaturesConfig
 from pipelines.train import RECIPES, validate_draft
 from specdraft.models import build_draft, draft_config_from_target
 from specdraft.store import EpochBatches, FeatureDataset, ReaderConfig

@@ -31,7 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.dump import FeaturesConfig, dump_features, pad_sequences, plan_shards, prefill_batches  # noqa: E402
+from pipelines.dump import dump_features, pad_sequences, plan_shards, prefill_batches  # noqa: E402
+from specdraft.features import FeaturesConfig  # noqa: E402
 from specdraft.chat import render_with_loss_mask  # noqa: E402
 from specdraft.store import read_manifest  # noqa: E402
 from specdraft.target import load_target_model, load_tokenizer  # noqa: E402

@@ -23,7 +23,7 @@ from flows.options import CommandParser, ConfigSpec, add_config_options, load_co
 RUN = ConfigSpec(root="pipelines.stages:RunConfig")
 TOY_TARGET = ConfigSpec(root="specdraft.toy.build:ToyTargetConfig")
 QUICKSTART = ConfigSpec(root="specdraft.quickstart:QuickstartConfig")
-DUMP = ConfigSpec(root="pipelines.dump:FeaturesConfig")
+DUMP = ConfigSpec(root="specdraft.features:FeaturesConfig")
 REGENERATE = ConfigSpec(root="pipelines.regenerate:RegenerateConfig")
 EVAL = ConfigSpec(root="specdraft.decoding.eval:EvalSettings", sections=(("ray", "pipelines.evaluate:RayEvalConfig"),))
 # train logs to MLflow only when asked (--mlflow or tracking.enabled=true)
@@ -82,7 +82,8 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 
 def _dump(args: argparse.Namespace) -> int:
-    from pipelines.dump import dump_features, load_conversations
+    from pipelines.dump import dump_features
+    from pipelines.ingest import load_conversations
     from specdraft.store import StoreError
 
     cfg, _ = command_config(args)

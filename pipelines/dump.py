@@ -25,9 +25,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any
 
 import numpy as np
 import ray
@@ -40,7 +39,8 @@ from pipelines.cluster import connect_ray
 from specdraft import store
 from specdraft.chat import REJECT_REASONS, tokenize_conversation, unique_conversations
 from specdraft.config import config_hash, to_dict
-from specdraft.placement import ATTN_IMPLEMENTATIONS, describe_placement, spread_gpus
+from specdraft.features import FeaturesConfig, aux_layers_of, features_hash
+from specdraft.placement import describe_placement, spread_gpus
 from specdraft.store import location
 from specdraft.target import (
     AUX_CONVENTION,
@@ -48,66 +48,9 @@ from specdraft.target import (
     load_target_model,
     load_tokenizer,
     pad_sequences,
-    resolve_aux_layers,
     target_id,
     token_features,
 )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FeaturesConfig:
-    """What the dump stores and how it runs."""
-
-    max_length: int = 2048  # tokens per conversation
-    overlong: Literal["truncate", "reject"] = "truncate"
-    topk: int = 10
-    hidden_codec: Literal["fp16", "bf16", "int8"] = "fp16"  # int8: per-token absmax scale, lossy
-    # auxiliary target layers stored as aux_hidden [N, L*d] (EAGLE-3 features), same codec as hidden:
-    # None (none), "eagle3" (states entering layers 2, N/2, N-3) or HF hidden_states indices
-    aux_layers: Literal["eagle3"] | list[int] | None = None
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # inference; auto: bf16 on GPU, fp32 on CPU
-    samples_per_shard: int = 64  # a shard is one Ray row: ~ samples * tokens * (2d + 6K + 5) bytes
-    batch_tokens: int = 8192  # padded tokens per prefill batch
-    max_batch_size: int = 64
-    logits_chunk: int = 2048  # tokens per float32 top-K / logsumexp chunk
-    num_actors: int = 1
-    # GPUs per actor (GPU clusters only): the Ray request AND the target's spread — a fraction shares
-    # one GPU, a whole N > 1 splits the target's layers over the actor's N GPUs (device_map)
-    gpus_per_actor: float = 1.0
-    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"  # flash: CUDA + flash-attn only
-    cpus_per_actor: float = 1.0
-    torch_threads: int | None = None  # CPU threads per actor (default: cpus_per_actor)
-    chunk_tokens: int = 1024  # Zarr chunk length along the token axis
-    compression: Literal["zstd", "blosc", "none"] = "zstd"
-    compression_level: int = 3
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        assert self.max_length >= 1 and self.topk >= 1 and self.samples_per_shard >= 1, "sizes must be >= 1"
-        assert self.batch_tokens >= 1 and self.max_batch_size >= 1 and self.num_actors >= 1, "sizes must be >= 1"
-        assert self.attn_implementation in ATTN_IMPLEMENTATIONS, f"unknown attn_implementation {self.attn_implementation!r}"
-        spread_gpus(self.gpus_per_actor)  # a fraction or a whole number
-
-
-# not in features_hash (placement and kernel: the same features up to rounding)
-RUNTIME_FIELDS = ("num_actors", "gpus_per_actor", "cpus_per_actor", "torch_threads", "attn_implementation")
-
-
-def features_hash(cfg: FeaturesConfig, aux_layers: list[int] | None = None) -> str:
-    """Hash of the fields that decide what is stored (resume refuses shards of another hash).
-
-    ``aux_layers``: the resolved layer ids (``"eagle3"`` and its explicit list store the same arrays);
-    without auxiliary layers the hash is that of a config predating the field."""
-    fields = {k: v for k, v in to_dict(cfg).items() if k not in RUNTIME_FIELDS and k != "aux_layers"}
-    if aux_layers:
-        fields["aux_layers"] = list(aux_layers)
-    return config_hash(fields)
-
-
-def aux_layers_of(cfg: FeaturesConfig, target_config) -> list[int]:
-    """``cfg.aux_layers`` resolved for this target (HF ``output_hidden_states`` indices)."""
-    text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
-    return resolve_aux_layers(cfg.aux_layers, int(text.num_hidden_layers))
 
 
 class InjectedFault(RuntimeError):
@@ -115,35 +58,6 @@ class InjectedFault(RuntimeError):
 
 
 # --- conversations and the shard plan ----------------------------------------------------------
-
-
-def load_conversations(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """Rows ``{id, source, messages}`` and the ingest summary (None when nothing needed ingesting).
-
-    Conversation Parquet (regenerate's output, ``pipelines.conversations``) is read as is; any
-    other file (ShareGPT / OpenAI JSON(L), raw Parquet) goes through ``pipelines.ingest``, whose
-    summary counts what it rejected. An object-store URL must hold conversation Parquet (regenerate's
-    output written there).
-    """
-    from pipelines.conversations import read_conversations as read_parquet
-    from pipelines.ingest import ingest
-
-    rows, raw = [], []
-    for path in map(location.as_location, paths):
-        if isinstance(path, str):  # a URL
-            rows += read_parquet([path])
-            continue
-        if path.suffix == ".parquet" or path.is_dir():
-            try:
-                rows += read_parquet([path])
-                continue
-            except ValueError:  # not in the conversation schema: ingest it
-                pass
-        raw.append(path)
-    if not raw:
-        return rows, None
-    ingested, summary = ingest(raw)
-    return rows + ingested, summary
 
 
 def plan_shards(conversations: list[dict[str, Any]], samples_per_shard: int) -> tuple[list[dict[str, Any]], int]:

@@ -277,3 +277,31 @@ def ingest(
 def write_rejects(path: str | Path, rejects: list[dict[str, Any]]) -> Path | str:
     """Write reject records as JSONL (temp name, then rename; at an object-store URL one PUT)."""
     return location.write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
+
+
+def load_conversations(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Rows ``{id, source, messages}`` and the ingest summary (None when nothing needed ingesting).
+
+    Conversation Parquet (regenerate's output, ``pipelines.conversations``) is read as is; any
+    other file (ShareGPT / OpenAI JSON(L), raw Parquet) goes through ``pipelines.ingest``, whose
+    summary counts what it rejected. An object-store URL must hold conversation Parquet (regenerate's
+    output written there).
+    """
+    from pipelines.conversations import read_conversations as read_parquet
+
+    rows, raw = [], []
+    for path in map(location.as_location, paths):
+        if isinstance(path, str):  # a URL
+            rows += read_parquet([path])
+            continue
+        if path.suffix == ".parquet" or path.is_dir():
+            try:
+                rows += read_parquet([path])
+                continue
+            except ValueError:  # not in the conversation schema: ingest it
+                pass
+        raw.append(path)
+    if not raw:
+        return rows, None
+    ingested, summary = ingest(raw)
+    return rows + ingested, summary

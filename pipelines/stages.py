@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.cluster import connect_ray
-from pipelines.dump import FeaturesConfig, dump_features
+from pipelines.dump import dump_features
 from pipelines.regenerate import RegenerateConfig, regenerate
 from pipelines.conversations import read_conversations
 from pipelines.tracking import TrackingConfig
@@ -30,6 +30,7 @@ from pipelines.train import TrainConfig, run_training
 from specdraft import __version__ as CODE_VERSION
 from specdraft.config import config_hash, to_dict
 from specdraft.decoding.eval import EvalSettings
+from specdraft.features import FeaturesConfig
 from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for
 from specdraft.models import read_draft_config
 from specdraft.target import target_id

@@ -31,9 +31,10 @@ from typing import Any, Literal
 import torch
 
 from pipelines.cluster import connect_ray
-from pipelines.dump import FeaturesConfig, aux_layers_of, load_conversations
+from pipelines.ingest import load_conversations
 from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
 from specdraft.config import flatten, from_dict, to_dict
+from specdraft.features import FeaturesConfig, aux_layers_of
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import build_draft, draft_config_from_target, save_draft, set_frozen_dtype
 from specdraft.models.heads import FROZEN

@@ -21,7 +21,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from pipelines.dump import FeaturesConfig, dump_features, load_conversations, plan_shards, prefill_batches
+from pipelines.dump import dump_features, plan_shards, prefill_batches
+from pipelines.ingest import load_conversations
+from specdraft.features import FeaturesConfig
 from specdraft import store
 from specdraft.chat import render_with_loss_mask
 from specdraft.store import FeatureDataset, ReaderConfig, StoreError
@@ -318,7 +320,7 @@ def test_cli_dump_int8_and_validate_store(toy_store, tmp_path, capsys):
 def test_manifest_records_the_attention_kernel_and_placement(toy_store):
     """The requested kernel is in the manifest's features, the one each actor used (with its
     dtype and devices) in every shard record; kernel and GPU spread are not part of features_hash."""
-    from pipelines.dump import features_hash
+    from specdraft.features import features_hash
 
     _, out, _ = toy_store
     manifest = store.read_manifest(out)

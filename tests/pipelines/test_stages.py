@@ -11,7 +11,7 @@ import pytest
 
 import specdraft.toy.build as build_mod
 from pipelines.conversations import write_conversations
-from pipelines.dump import FeaturesConfig
+from specdraft.features import FeaturesConfig
 from pipelines.stages import DataSection, RunConfig, TargetSection, prepare, train
 from pipelines.train import TrainConfig
 from specdraft.store import ReaderConfig

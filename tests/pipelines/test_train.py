@@ -223,7 +223,8 @@ def test_eagle3_recipe_trains_on_a_store_dumped_with_aux_layers(local_ray, tiny_
     """recipe eagle3 end to end: the dump stores aux_hidden, the reader fills Batch.aux_hidden (reader
     aux=True, set by the train loop for an aux draft), training runs and writes an EAGLE-3 draft; a store
     without aux states is refused up front with the fix."""
-    from pipelines.dump import FeaturesConfig, dump_features
+    from pipelines.dump import dump_features
+    from specdraft.features import FeaturesConfig
     from pipelines.train import StoreError
 
     rows = [{"id": f"c{i}", "messages": m} for i, m in enumerate(generate_conversations(24, seed=9))]
@@ -252,7 +253,8 @@ def test_online_eagle3_trains_like_the_store_dumped_with_aux_layers(local_ray, d
 
     from flows.cli import main
     from pipelines.conversations import write_conversations
-    from pipelines.dump import FeaturesConfig, dump_features
+    from pipelines.dump import dump_features
+    from specdraft.features import FeaturesConfig
     from pipelines.train import RECIPES, online_conversations
     from specdraft.config import to_dict
     from specdraft.online import OnlineDataset
@@ -307,7 +309,7 @@ def test_online_feature_plan_resolves_the_aux_layers_and_counts_the_vocabulary(t
     2-layer target: the error names the setting), the draft vocabulary counted from the tokenized
     conversations, written to out/draft_vocab.json and reused from there on resume."""
     from pipelines.conversations import write_conversations
-    from pipelines.dump import FeaturesConfig
+    from specdraft.features import FeaturesConfig
     from pipelines.train import feature_plan, online_conversations
     from specdraft.vocab import select_vocab
 
@@ -516,7 +518,8 @@ def test_online_features_train_like_the_dumped_store(local_ray, tiny_toy_target,
 
     from flows.cli import main
     from pipelines.conversations import write_conversations
-    from pipelines.dump import FeaturesConfig, dump_features
+    from pipelines.dump import dump_features
+    from specdraft.features import FeaturesConfig
     from pipelines.train import online_conversations
     from specdraft.config import to_dict
     from specdraft.online import OnlineDataset
