@@ -1,4 +1,5 @@
-"""Benchmark the dump stage (pipelines/dump.py): tokens/s vs pure target prefill, bytes/token.
+"""Benchmark the dump stage (``pipelines/dump.py`` over ``specdraft.features``): tokens/s vs pure target
+prefill, bytes/token.
 
 One run measures, on the same random Llama (default hidden 512, 4 layers, vocab 8k) and the
 same padded length-grouped batches (``prefill_batches`` per shard):
@@ -13,7 +14,8 @@ Wall-clock rates depend on what else the host runs (its load average is recorded
 time per token of each step (process CPU time: tokenize task, prefill actor, writer; and the
 pure forward) is the comparison that survives a shared machine.
 
-Usage: ``python benchmarks/dump.py OUT.json [--conversations 384 --hidden 512 ...]``.
+Usage (from a checkout with the package installed, ``pip install -e .``):
+``python benchmarks/dump.py OUT.json [--conversations 384 --hidden 512 ...]``.
 """
 
 from __future__ import annotations
@@ -22,22 +24,19 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipelines.dump import dump_features, pad_sequences, plan_shards, prefill_batches  # noqa: E402
-from specdraft.features import FeaturesConfig  # noqa: E402
-from specdraft.chat import render_with_loss_mask  # noqa: E402
-from specdraft.store import read_manifest  # noqa: E402
-from specdraft.target import load_target_model, load_tokenizer  # noqa: E402
-from specdraft.toy.conversations import generate_conversations  # noqa: E402
-from specdraft.toy.tokenizer import train_tokenizer  # noqa: E402
+from pipelines.dump import dump_features
+from specdraft.chat import render_with_loss_mask
+from specdraft.features import FeaturesConfig, pad_sequences, prefill_batches
+from specdraft.store import plan_shards, read_manifest
+from specdraft.target import load_target_model, load_tokenizer
+from specdraft.toy.conversations import generate_conversations
+from specdraft.toy.tokenizer import train_tokenizer
 
 
 def build_target(root: Path, hidden: int, layers: int, vocab: int) -> Path:

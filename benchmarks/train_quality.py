@@ -37,7 +37,7 @@ recipe through ``pipelines.train.run_training`` (Ray Train, one worker) and repo
 overhead and how far its draft is from the single-process one.
 
 The toy target is built (or reused) under ``--work``; the store is built there in process from
-``specdraft.quickstart.compute_features`` and written with ``specdraft.store.write_shard``.
+``specdraft.features.compute_features`` and written with ``specdraft.store.write_shard``.
 Wall-clock numbers depend on what else the host runs: the load average is sampled during the
 run and recorded.
 
@@ -155,9 +155,9 @@ def build_store(store: Path, target: Path, conversations: int, seed: int, max_le
 
     With ``aux_layers`` the store also holds the EAGLE-3 features (``aux_hidden``: the states entering
     those target layers, from the same forward), so every recipe trains from the same store."""
-    from specdraft.quickstart import compute_features
+    from specdraft.features import AUX_CONVENTION, compute_features
     from specdraft.store import make_manifest, read_manifest, write_manifest, write_shard
-    from specdraft.target import AUX_CONVENTION, load_target_model, load_tokenizer, target_id
+    from specdraft.target import load_target_model, load_tokenizer, target_id
     from specdraft.toy.conversations import generate_conversations
 
     spec = {"target_id": target_id(target), "conversations": conversations, "seed": seed, "max_length": max_length,

@@ -33,13 +33,14 @@ import torch
 from pipelines.cluster import connect_ray
 from pipelines.ingest import load_conversations
 from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
+from specdraft.chat import TokenizedConversations, tokenize_conversations
 from specdraft.config import flatten, from_dict, to_dict
-from specdraft.features import FeaturesConfig, aux_layers_of
+from specdraft.features import EAGLE3, FeaturesConfig, aux_layers_of
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import build_draft, draft_config_from_target, save_draft, set_frozen_dtype
 from specdraft.models.heads import FROZEN
 from specdraft.objectives import LossWeights, StageConfig, no_grad_sync_needed, unwrap
-from specdraft.online import OnlineDataset, TokenizedConversations, tokenize_conversations
+from specdraft.online import OnlineDataset
 from specdraft.store import (
     FeatureDataset,
     ReaderConfig,
@@ -49,7 +50,7 @@ from specdraft.store import (
     read_manifest,
 )
 from specdraft.store import location
-from specdraft.target import EAGLE3, load_target_config, load_target_heads, load_target_model, load_tokenizer, target_id
+from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_id
 from specdraft.training import OptimConfig, Trainer, resolve_precision, warmup_of
 from specdraft.vocab import DEFAULT_DRAFT_VOCAB, coverage, select_vocab
 

@@ -27,8 +27,12 @@ plain-text format with the eos token closing each assistant turn::
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from specdraft.vocab import count_predicted_tokens
 
 KNOWN_END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "</s>", "<|endoftext|>")
 
@@ -225,7 +229,7 @@ def tokenize_conversation(
 ) -> TrainingTokens:
     """The tokens and loss mask the dump stores for one conversation, or the reason it stores nothing.
 
-    The one tokenization of training data (the dump's ``tokenize_shard`` and the online features):
+    The one tokenization of training data (``tokenize_conversations``: the dump's shards, online features):
     a conversation the template cannot render is ``unrenderable``; one longer than ``max_length``
     is truncated (``overlong="truncate"``) or ``too_long``; one without assistant tokens (after
     truncation) is ``no_loss_tokens``.
@@ -243,3 +247,65 @@ def tokenize_conversation(
     if not any(mask):
         return TrainingTokens([], [], truncated=truncated, rejected="no_loss_tokens")
     return TrainingTokens(ids, mask, truncated=truncated)
+
+
+REJECTED_EXAMPLES = 5  # sample ids kept per reject reason, for the dump's shard records
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedConversations:
+    """Conversations as the dump stores their tokens: kept rows in store order, and what was left out."""
+
+    sample_ids: list[str]
+    input_ids: list[list[int]]
+    loss_mask: list[list[int]]
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
+    truncated: int = 0
+    duplicates: int = 0
+    # the first REJECTED_EXAMPLES sample ids of each reject reason that occurred
+    rejected_examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.sample_ids)
+
+    def concatenated(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All sequences in a row, as a store shard holds them: ``input_ids`` int32 (N,), ``loss_mask``
+        uint8 (N,) and ``offsets`` int64 (S+1,) (sequence i is ``[offsets[i], offsets[i+1])``)."""
+        lengths = [len(ids) for ids in self.input_ids]
+        offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)  # (S+1,)
+        ids = np.asarray([t for seq in self.input_ids for t in seq], np.int32)  # (N,)
+        mask = np.asarray([m for seq in self.loss_mask for m in seq], np.uint8)  # (N,)
+        return ids, mask, offsets
+
+    def predicted_token_counts(self, vocab_size: int) -> np.ndarray:
+        """Counts (vocab_size,) of the tokens following loss-masked positions: what
+        ``store.predicted_token_counts`` counts in a store of these sequences."""
+        ids, mask, offsets = self.concatenated()
+        return count_predicted_tokens(ids, mask, offsets, vocab_size)
+
+
+def tokenize_conversations(
+    tokenizer, rows: list[dict[str, Any]], max_length: int, overlong: Literal["truncate", "reject"] = "truncate"
+) -> TokenizedConversations:
+    """Rows ``{id, messages}`` -> the sequences a store of them holds, in its order.
+
+    ``unique_conversations`` orders them as a dump's shard plan (``store.plan_shards``) orders a store's
+    sequences; every row goes through ``tokenize_conversation``. The dump tokenizes each shard's rows
+    with it, online features all rows at once: the same sequences either way."""
+    ordered, duplicates = unique_conversations(rows)
+    sample_ids, input_ids, loss_mask = [], [], []
+    rejected = dict.fromkeys(REJECT_REASONS, 0)
+    examples: dict[str, list[str]] = {}
+    truncated = 0
+    for sample_id, messages in ordered:
+        tokens = tokenize_conversation(tokenizer, messages, max_length, overlong)
+        truncated += tokens.truncated
+        if tokens.rejected is not None:
+            rejected[tokens.rejected] += 1
+            examples[tokens.rejected] = (examples.get(tokens.rejected, []) + [sample_id])[:REJECTED_EXAMPLES]
+            continue
+        sample_ids.append(sample_id)
+        input_ids.append(tokens.input_ids)
+        loss_mask.append(tokens.loss_mask)
+    examples = {k: examples[k] for k in REJECT_REASONS if k in examples}  # in REJECT_REASONS order
+    return TokenizedConversations(sample_ids, input_ids, loss_mask, rejected, truncated, duplicates, examples)

@@ -1,23 +1,21 @@
 """Online features: the target computes each training batch's features on the fly (no store).
 
-SpecForge's online mode (papers/specforge-training-framework.txt §3 "Sub-optimal Prefill
-Performance", §4.1): the trainer runs the target's prefill on every batch instead of reading the
-features a dump stored. For users who cannot store them (DESIGN.md "The target and its features":
-2d + 6K + 5 bytes per token), at the cost of one target forward per batch and the target's weights
-in every training worker's memory.
+SpecForge's online mode (the SpecForge paper, §3 "Sub-optimal Prefill Performance", §4.1): the
+trainer runs the target's prefill on every batch instead of reading the features a dump stored. For users who cannot store them (2d + 6K + 5 bytes per token), at the cost
+of one target forward per batch and the target's weights in every training worker's memory.
 
 Online and offline training see the same batches and the same values:
 
-* ``tokenize_conversations``: the dump's rows in the dump's order (unique ids, sorted — the shard
-  plan of ``pipelines.dump.plan_shards``), each through ``chat.tokenize_conversation`` (the dump's
-  chat template, loss mask, ``max_length`` and ``overlong`` rule), rejected rows left out;
+* ``chat.tokenize_conversations``: the dump's rows in the dump's order (unique ids, sorted — the shard
+  plan of ``store.plan_shards``), each through ``chat.tokenize_conversation`` (the dump's chat
+  template, loss mask, ``max_length`` and ``overlong`` rule), rejected rows left out;
 * ``OnlineDataset``: ``FeatureDataset``'s interface (``cfg``, ``batches``, ``load``) and its batch
   planner (``store.plan_batches``: length buckets, seeded order, ``balance_batches`` across ranks;
-  held-out split by sample-id hash); ``load`` runs ``target.token_features`` (the dump's forward,
+  held-out split by sample-id hash); ``load`` runs ``features.prefill_features`` (the dump's forward,
   top-K and float32 logsumexp, and with ``aux_layers`` the auxiliary layers' states of the same
-  forward: the EAGLE-3 features) and rounds the values exactly as the store does (the hidden codec
-  for ``hidden`` and ``aux_hidden`` — int8 with one scale per token and layer —, float16 top-K
-  logits), then pads with ``objectives.pad_batch`` like the store reader;
+  forward: the EAGLE-3 features) and rounds the values through ``features.encode_features`` and
+  ``features.decode_features`` exactly as the dump stores them and the reader reads them back, then
+  pads with ``batch.pad_batch`` like the store reader;
 * ``TokenizedConversations.predicted_token_counts``: the draft-vocabulary statistics
   (``vocab.count_predicted_tokens``) of these tokens, as ``store.predicted_token_counts`` counts a
   store of them.
@@ -29,65 +27,15 @@ which the float16 rounding almost always absorbs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 
-from specdraft.chat import REJECT_REASONS, tokenize_conversation, unique_conversations
-from specdraft.objectives import Batch, pad_batch
-from specdraft.store import HIDDEN_CODECS, ReaderConfig, decode_hidden, encode_hidden, is_held_out, plan_batches
-from specdraft.target import pad_sequences, token_features
-from specdraft.vocab import count_predicted_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class TokenizedConversations:
-    """Conversations as the dump stores their tokens: kept rows in store order, and what was left out."""
-
-    sample_ids: list[str]
-    input_ids: list[list[int]]
-    loss_mask: list[list[int]]
-    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0))
-    truncated: int = 0
-    duplicates: int = 0
-
-    def __len__(self) -> int:
-        return len(self.sample_ids)
-
-    def predicted_token_counts(self, vocab_size: int) -> np.ndarray:
-        """Counts (vocab_size,) of the tokens following loss-masked positions: what
-        ``store.predicted_token_counts`` counts in a store of these sequences."""
-        lengths = [len(ids) for ids in self.input_ids]
-        offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)  # (S+1,)
-        ids = np.fromiter((t for seq in self.input_ids for t in seq), np.int64, int(offsets[-1]))  # (N,)
-        mask = np.fromiter((m for seq in self.loss_mask for m in seq), np.int64, int(offsets[-1]))  # (N,)
-        return count_predicted_tokens(ids, mask, offsets, vocab_size)
-
-
-def tokenize_conversations(
-    tokenizer, rows: list[dict[str, Any]], max_length: int, overlong: Literal["truncate", "reject"] = "truncate"
-) -> TokenizedConversations:
-    """Rows ``{id, messages}`` -> the sequences a dump of them would store, in its order.
-
-    ``chat.unique_conversations`` orders them as ``pipelines.dump.plan_shards`` orders a store's
-    sequences; every row goes through ``chat.tokenize_conversation``.
-    """
-    ordered, duplicates = unique_conversations(rows)
-    out = TokenizedConversations([], [], [])
-    truncated = 0
-    for sample_id, messages in ordered:
-        tokens = tokenize_conversation(tokenizer, messages, max_length, overlong)
-        truncated += tokens.truncated
-        if tokens.rejected is not None:
-            out.rejected[tokens.rejected] += 1
-            continue
-        out.sample_ids.append(sample_id)
-        out.input_ids.append(tokens.input_ids)
-        out.loss_mask.append(tokens.loss_mask)
-    return TokenizedConversations(out.sample_ids, out.input_ids, out.loss_mask, out.rejected, truncated,
-                                  duplicates)
+from specdraft.batch import Batch, pad_batch
+from specdraft.chat import TokenizedConversations
+from specdraft.features import decode_features, encode_features, pad_sequences, prefill_features
+from specdraft.store import HIDDEN_CODECS, ReaderConfig, is_held_out, plan_batches
 
 
 class OnlineDataset:
@@ -168,17 +116,11 @@ class OnlineDataset:
         rows = [int(self._index[i]) for i in seqs]
         tokens = [self.data.input_ids[r][:n] for r, n in zip(rows, lengths)]
         ids, att = pad_sequences(tokens, self.pad_id)  # (B, T), (B, T)
-        # (M, d), (M, K), (M, K), (M,), (M, L*d): the M valid positions, row by row
-        h, top_i, top_v, lse, aux = token_features(self.model, ids, att, self.topk, self.logits_chunk,
-                                                   self.aux_layers)
-        stored = encode_hidden(h, self.hidden_codec)  # what the dump writes ...
-        hidden = decode_hidden(stored["hidden"], self.hidden_codec, stored.get("hidden_scale"))  # (M, d) ... and reads
-        if self.aux_layers:  # the dump's aux encoding: one int8 scale per token and layer
-            stored = encode_hidden(aux, self.hidden_codec, name="aux_hidden", parts=len(self.aux_layers))
-            aux = decode_hidden(stored["aux_hidden"], self.hidden_codec, stored.get("aux_hidden_scale"))  # (M, L*d)
-        topk_logits = top_v.cpu().to(torch.float16).float()  # (M, K): stored as float16
-        topk_logp = topk_logits - lse.cpu().float()[:, None]  # (M, K)
-        topk_ids = top_i.cpu().long()  # (M, K)
+        # the M valid positions, row by row, as the dump stores them and the reader reads them back
+        features = prefill_features(self.model, ids, att, self.topk, self.logits_chunk, self.aux_layers)
+        stored = decode_features(encode_features(features, self.hidden_codec, len(self.aux_layers)), self.hidden_codec)
+        hidden, topk_ids, topk_logp = stored["hidden"], stored["topk_ids"], stored["topk_logp"]  # (M, d), (M, K), (M, K)
+        aux = stored.get("aux_hidden")  # (M, L*d) | None
         samples, lo = [], 0
         for r, n, seq in zip(rows, lengths, tokens):
             samples.append({

@@ -21,12 +21,12 @@ import torch
 from tqdm.auto import tqdm
 
 from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
-from specdraft.chat import render_with_loss_mask
 from specdraft.config import to_dict
+from specdraft.features import compute_features
 from specdraft.loggers import JsonlLogger
 from specdraft.models import build_draft, draft_config_from_target, save_draft
 from specdraft.objectives import LossWeights, StageConfig, pad_batch
-from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_features
+from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import OptimConfig, Trainer
@@ -55,43 +55,6 @@ class QuickstartConfig:
     optim: OptimConfig = field(
         default_factory=lambda: OptimConfig(lr=2e-3, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1)
     )
-
-
-@torch.no_grad()
-def compute_features(model, tokenizer, conversations, max_length: int, topk: int, batch_size: int = 32, progress=True,
-                     aux_layers: list[int] | tuple[int, ...] = ()):
-    """Per-sample feature dicts (the same arrays a feature store holds), computed in memory; with
-    ``aux_layers`` also ``aux_hidden`` (T, L*d), the EAGLE-3 features, from the same forward."""
-    rendered = [render_with_loss_mask(tokenizer, conv, max_length=max_length) for conv in conversations]
-    samples = []
-    order = sorted(range(len(rendered)), key=lambda i: len(rendered[i].input_ids))
-    bar = tqdm(total=len(order), desc="features", disable=not progress, leave=False)
-    for start in range(0, len(order), batch_size):
-        chunk = [rendered[i] for i in order[start : start + batch_size]]
-        t = max(len(r.input_ids) for r in chunk)
-        ids = torch.full((len(chunk), t), tokenizer.pad_token_id or 0, dtype=torch.int64)
-        att = torch.zeros(len(chunk), t, dtype=torch.int64)
-        for row, r in enumerate(chunk):
-            ids[row, : len(r.input_ids)] = torch.tensor(r.input_ids)
-            att[row, : len(r.input_ids)] = 1
-        hidden, logits, aux = target_features(model, ids, att, aux_layers)  # (B, T, d), (B, T, V), (B, T, L*d) | None
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        top = logp.topk(topk, dim=-1)
-        for row, r in enumerate(chunk):
-            n = len(r.input_ids)
-            samples.append(
-                {
-                    "input_ids": ids[row, :n].clone(),
-                    "hidden": hidden[row, :n].to(torch.float16),
-                    "loss_mask": torch.tensor(r.loss_mask, dtype=torch.bool),
-                    "topk_ids": top.indices[row, :n].clone(),
-                    "topk_logp": top.values[row, :n].clone(),
-                    **({"aux_hidden": aux[row, :n].to(torch.float16)} if aux is not None else {}),
-                }
-            )
-        bar.update(len(chunk))
-    bar.close()
-    return samples
 
 
 def batches_of(samples, batch_size: int, seed: int):

@@ -1,4 +1,5 @@
-"""The target and its features (DESIGN.md, "The target and its features").
+"""The target: the served LLM a draft learns to predict ("EAGLE: Speculative Sampling Requires Rethinking
+Feature Uncertainty", §3: the draft reads the target's features and reuses its embedding and lm_head).
 
 Everything the system needs from the served LLM (the *target*), as plain functions:
 
@@ -6,15 +7,12 @@ Everything the system needs from the served LLM (the *target*), as plain functio
   ``specdraft.chat``'s plain-text fallback when it has none);
 * ``load_target_heads``: its frozen token embedding ``e`` and ``lm_head``, read straight from the
   safetensors files (single or sharded, tied or not) without instantiating the model — the
-  drafts reuse both (DESIGN.md, "Draft models");
+  drafts reuse both;
 * ``load_target_model`` / ``target_states``: the full model and, for a batch, its last hidden
-  state (the tensor its lm_head consumes, i.e. after the final norm) and its logits — what the
-  dump stage stores per token; ``target_features`` adds the auxiliary states of chosen layers
-  (EAGLE-3 features, ``aux_states``, the same capture decoding's ``verify.target_forward`` uses);
-* ``resolve_aux_layers``: ``"eagle3"`` or an explicit list -> HF ``output_hidden_states`` indices;
-* ``token_features``: from those, what the dump stage stores per token (hidden, top-K, logsumexp,
-  aux states) — the one target forward behind both the dump and the online features
-  (``specdraft/online.py``);
+  state (the tensor its lm_head consumes, i.e. after the final norm) and its logits;
+  ``target_features`` adds the auxiliary states of chosen layers (EAGLE-3 features, ``aux_states``,
+  the same capture decoding's ``verify.target_forward`` uses). What is stored per token from one
+  prefill, and the auxiliary layers' resolution, is ``specdraft.features``';
 * ``target_id``: a stable identity string for a target directory, for store manifests.
 
 Only local directories are read here; fetching a hub id is the caller's job.
@@ -27,7 +25,6 @@ import hashlib
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
@@ -50,8 +47,6 @@ EMBED_NAME = "model.embed_tokens.weight"
 LM_HEAD_NAME = "lm_head.weight"
 EMBED_SUFFIX = "embed_tokens.weight"
 LM_HEAD_SUFFIX = "lm_head.weight"
-EAGLE3 = "eagle3"  # aux_layers: the EAGLE-3 default triple
-AUX_CONVENTION = "hf_hidden_states_index: state entering decoder layer i; 0 = embeddings"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -204,43 +199,12 @@ def load_target_heads(path: str | Path, dtype: torch.dtype = torch.float32) -> T
 # --- hidden states and logits ---------------------------------------------------------------
 
 
-def resolve_aux_layers(aux_layers: str | list[int] | tuple[int, ...] | None, num_layers: int) -> list[int]:
-    """Auxiliary target layers as HF ``output_hidden_states`` indices (i = the state entering decoder
-    layer i, 0 = the embeddings), strictly increasing in ``[0, num_layers)``.
-
-    ``None`` -> [] (no auxiliary states); ``"eagle3"`` -> the EAGLE-3 default triple, the states
-    entering layers 2, N/2 and N-3 (vLLM's and SpecForge's default); a list is checked and kept.
-    Index N (the final normed state) is refused: it is the stored ``hidden`` already, and serving
-    engines never hand it to a draft.
-    """
-    if aux_layers is None:
-        return []
-    if isinstance(aux_layers, str):
-        if aux_layers != EAGLE3:
-            raise ValueError(f"aux_layers {aux_layers!r}: expected {EAGLE3!r} or a list of layer indices")
-        layers = [2, num_layers // 2, num_layers - 3]
-        if not 2 < num_layers // 2 < num_layers - 3:
-            raise ValueError(
-                f"aux_layers={EAGLE3} picks the states entering layers 2, N/2 and N-3, which are not three distinct "
-                f"layers for a target of N={num_layers} layers ({layers}); give an explicit list instead"
-            )
-        return layers
-    layers = [int(i) for i in aux_layers]
-    if not layers or layers != sorted(set(layers)) or not all(0 <= i < num_layers for i in layers):
-        raise ValueError(
-            f"aux_layers {layers} must be strictly increasing HF hidden_states indices in [0, {num_layers}) "
-            f"(i = the state entering decoder layer i, 0 = the embeddings) for this {num_layers}-layer target"
-        )
-    return layers
-
-
 def aux_states(hidden_states: tuple[torch.Tensor, ...], aux_layers: list[int] | tuple[int, ...],
                device: torch.device | str) -> torch.Tensor:
     """The EAGLE-3 features: the states ``hidden_states[i]`` (a decoder's ``output_hidden_states``)
     for ``i`` in ``aux_layers``, concatenated on ``device`` -> (B, T, L*d)."""
     assert aux_layers, "aux_states needs at least one layer"
     return torch.cat([hidden_states[i].to(device) for i in aux_layers], dim=-1)  # (B, T, L*d)
-
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -313,52 +277,6 @@ def target_features(
     if aux_layers:
         aux = torch.where(valid, aux_states(out.hidden_states, aux_layers, home), zero)  # (B, T, L*d)
     return hidden, logits, aux
-
-
-def pad_sequences(seqs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids`` and ``attention_mask`` (B, T) of token sequences (arrays or lists)."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # (B, T)
-    att = torch.zeros((len(seqs), width), dtype=torch.long)  # (B, T)
-    for row, s in enumerate(seqs):
-        ids[row, : len(s)] = torch.as_tensor(np.asarray(s, dtype=np.int64))  # (L,)
-        att[row, : len(s)] = 1
-    return ids, att
-
-
-@torch.no_grad()
-def token_features(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    topk: int,
-    chunk: int = 2048,
-    aux_layers: list[int] | tuple[int, ...] = (),
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The per-token features the store holds, for the valid positions of a padded batch.
-
-    Returns ``hidden`` (M, d) in the model's dtype, ``topk_ids`` (M, K) int64, ``topk_logits``
-    (M, K) float32, ``logsumexp`` (M,) float32 of the full logit row and the auxiliary states
-    (M, L*d) of ``aux_layers`` (M, 0 without), the M valid rows
-    concatenated row by row (each sequence's tokens in order). Top-K and logsumexp are taken in
-    float32, ``chunk`` rows at a time (a (chunk, V) float32 block). On the model's output device.
-    """
-    # (B, T, d), (B, T, V), (B, T, L*d) | None on the lm_head's device
-    hidden, logits, aux = target_features(model, input_ids, attention_mask, aux_layers)
-    valid = attention_mask.to(hidden.device).bool()  # (B, T)
-    h, lg = hidden[valid], logits[valid]  # (M, d), (M, V): rows concatenated in order
-    aux = aux[valid] if aux is not None else h.new_zeros(h.shape[0], 0)  # (M, L*d)
-    lse, top_v, top_i = [], [], []
-    for lo in range(0, lg.shape[0], chunk):
-        part = lg[lo : lo + chunk].float()  # (m, V)
-        lse.append(torch.logsumexp(part, dim=-1))  # (m,)
-        top = part.topk(topk, dim=-1)
-        top_v.append(top.values)  # (m, K)
-        top_i.append(top.indices)  # (m, K)
-    if not lse:  # no valid position
-        empty = lg.new_zeros((0, topk), dtype=torch.float32)  # (0, K)
-        return h, empty.long(), empty, lg.new_zeros(0, dtype=torch.float32), aux
-    return h, torch.cat(top_i), torch.cat(top_v), torch.cat(lse), aux
 
 
 # --- identity -------------------------------------------------------------------------------

@@ -10,12 +10,14 @@ directory (a local path or an fsspec URL such as ``s3://bucket/prefix``) of Zarr
 * ``writer``    ``write_shard``: one shard into a temporary directory, renamed into place
                 (at a URL: in place, its record written last);
 * ``manifest``  the manifest (header, shard records, totals) and ``validate``;
+* ``plan``      a dump's shard plan, its resume (which shards are kept), its shard records and summary;
 * ``reader``    ``FeatureDataset``: ``batch.Batch`` objects for training.
 
 Only this package of ``specdraft`` imports zarr, and it imports no training code.
 """
 
 from specdraft.store.manifest import ValidationReport, make_manifest, read_manifest, validate, write_manifest
+from specdraft.store.plan import dump_summary, plan_digest, plan_shards, resume_shards, shard_attrs
 from specdraft.store.reader import (
     EpochBatches,
     FeatureDataset,
@@ -49,14 +51,14 @@ from specdraft.store.schema import (
     shard_name,
     temp_shard_name,
 )
-from specdraft.store.writer import list_shard_dirs, read_shard_record, write_shard
+from specdraft.store.writer import ZARR_VERSION, list_shard_dirs, read_shard_record, write_shard
 
 __all__ = [
     "AUX_ARRAYS", "COMPRESSIONS", "FORMAT_NAME", "HIDDEN_CODECS", "LOSSY_CODECS", "MANIFEST_FILE",
-    "SCHEMA_VERSION", "SEQUENCE_ARRAYS", "SHARD_ATTR", "TOKEN_ARRAYS", "EpochBatches", "FeatureDataset",
-    "Prefetcher", "ReaderConfig", "StoreError", "ValidationReport", "array_digest", "array_schema",
-    "balance_batches", "bytes_per_token_reference", "check_aux_layers", "decode_hidden", "encode_hidden",
-    "is_held_out", "list_shard_dirs", "make_manifest", "open_stores", "plan_batches", "predicted_token_counts",
-    "read_manifest", "read_shard_record", "shard_index", "shard_name", "temp_shard_name", "validate",
-    "write_manifest", "write_shard",
+    "SCHEMA_VERSION", "SEQUENCE_ARRAYS", "SHARD_ATTR", "TOKEN_ARRAYS", "ZARR_VERSION", "EpochBatches",
+    "FeatureDataset", "Prefetcher", "ReaderConfig", "StoreError", "ValidationReport", "array_digest", "array_schema",
+    "balance_batches", "bytes_per_token_reference", "check_aux_layers", "decode_hidden", "dump_summary",
+    "encode_hidden", "is_held_out", "list_shard_dirs", "make_manifest", "open_stores", "plan_batches",
+    "plan_digest", "plan_shards", "predicted_token_counts", "read_manifest", "read_shard_record", "resume_shards",
+    "shard_attrs", "shard_index", "shard_name", "temp_shard_name", "validate", "write_manifest", "write_shard",
 ]

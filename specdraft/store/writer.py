@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from specdraft.store import location
@@ -30,6 +31,8 @@ from specdraft.store.schema import (
     shard_name,
     temp_shard_name,
 )
+
+ZARR_VERSION = zarr.__version__  # recorded in a dumped store's manifest
 
 
 def _compressors(compression: str, level: int):

@@ -21,12 +21,12 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from pipelines.dump import dump_features, plan_shards, prefill_batches
+from pipelines.dump import dump_features
 from pipelines.ingest import load_conversations
-from specdraft.features import FeaturesConfig
 from specdraft import store
 from specdraft.chat import render_with_loss_mask
-from specdraft.store import FeatureDataset, ReaderConfig, StoreError
+from specdraft.features import FeaturesConfig, prefill_batches
+from specdraft.store import FeatureDataset, ReaderConfig, StoreError, plan_shards
 from specdraft.target import load_target_model, load_tokenizer
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations

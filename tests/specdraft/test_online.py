@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from specdraft.chat import render_with_loss_mask
+from specdraft.chat import render_with_loss_mask, tokenize_conversations
+from specdraft.features import prefill_features, resolve_aux_layers
 from specdraft.models import build_draft, draft_config_from_target
 from specdraft.objectives import LossWeights, StageConfig
-from specdraft.online import OnlineDataset, tokenize_conversations
+from specdraft.online import OnlineDataset
 from specdraft.store import (
     FeatureDataset,
     ReaderConfig,
@@ -23,14 +24,7 @@ from specdraft.store import (
     write_manifest,
     write_shard,
 )
-from specdraft.target import (
-    load_target_config,
-    load_target_heads,
-    load_target_model,
-    load_tokenizer,
-    resolve_aux_layers,
-    token_features,
-)
+from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import OptimConfig, Trainer
 from specdraft.vocab import select_vocab
@@ -65,8 +59,9 @@ def write_store(path, model, data, codec: str, aux_layers: list[int] = ()):
         hidden, top_i, top_v, lse, aux = [], [], [], [], []
         for i in part:
             ids = torch.tensor([data.input_ids[i]])  # (1, L)
-            h, ti, tv, ls, ax = token_features(model, ids, torch.ones_like(ids), TOPK, aux_layers=aux_layers)
-            hidden.append(h), top_i.append(ti), top_v.append(tv), lse.append(ls), aux.append(ax)
+            f = prefill_features(model, ids, torch.ones_like(ids), TOPK, aux_layers=aux_layers)
+            hidden.append(f.hidden), top_i.append(f.topk_ids), top_v.append(f.topk_logits), lse.append(f.logsumexp)
+            aux.append(f.aux_hidden)
         lengths = [len(data.input_ids[i]) for i in part]
         arrays = {
             **encode_hidden(torch.cat(hidden), codec),

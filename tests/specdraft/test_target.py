@@ -21,6 +21,7 @@ from transformers import (
 )
 
 from specdraft import target
+from specdraft.features import resolve_aux_layers
 
 FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
@@ -556,18 +557,18 @@ def test_eval_loads_a_mask_kernel_puts_the_draft_at_the_output_and_records_it(ti
 
 
 def test_resolve_aux_layers():
-    assert target.resolve_aux_layers(None, 32) == []
-    assert target.resolve_aux_layers("eagle3", 32) == [2, 16, 29]  # states entering layers 2, N/2, N-3
-    assert target.resolve_aux_layers("eagle3", 8) == [2, 4, 5]
-    assert target.resolve_aux_layers([0, 1], 2) == [0, 1]
+    assert resolve_aux_layers(None, 32) == []
+    assert resolve_aux_layers("eagle3", 32) == [2, 16, 29]  # states entering layers 2, N/2, N-3
+    assert resolve_aux_layers("eagle3", 8) == [2, 4, 5]
+    assert resolve_aux_layers([0, 1], 2) == [0, 1]
     with pytest.raises(ValueError, match="not three distinct layers for a target of N=6"):
-        target.resolve_aux_layers("eagle3", 6)
+        resolve_aux_layers("eagle3", 6)
     with pytest.raises(ValueError, match=r"strictly increasing HF hidden_states indices in \[0, 2\)"):
-        target.resolve_aux_layers([0, 2], 2)  # index N is the final normed state: refused
+        resolve_aux_layers([0, 2], 2)  # index N is the final normed state: refused
     with pytest.raises(ValueError, match="strictly increasing"):
-        target.resolve_aux_layers([1, 0], 2)
+        resolve_aux_layers([1, 0], 2)
     with pytest.raises(ValueError, match="expected 'eagle3'"):
-        target.resolve_aux_layers("eagle", 32)
+        resolve_aux_layers("eagle", 32)
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
@@ -575,7 +576,7 @@ def test_dump_aux_features_equal_decodings_target_forward(side):
     """The dump's prefill (``target_features``, padded batch) and decoding's ``target_forward`` (one
     sequence, KV cache) give the same auxiliary features and logits — one capture for both."""
     model = tiny_target("llama", seed=3, num_hidden_layers=4)
-    aux = target.resolve_aux_layers([0, 2, 3], 4)
+    aux = resolve_aux_layers([0, 2, 3], 4)
     ids, mask = padded_batch([9, 4, 6], side)
     hidden, logits, features = target.target_features(model, ids, mask, aux)
     assert features.shape == (3, 9, 3 * TINY["hidden_size"]) and torch.all(features[mask == 0] == 0)
