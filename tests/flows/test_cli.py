@@ -182,7 +182,7 @@ def test_flow_stages_run_on_a_null_tracking_run(tiny_toy_target, tiny_draft, que
     from prefect.logging import disable_run_logger
 
     from flows.regenerate_and_train import eval_stage, open_parent_run, prepare_stage, register_stage
-    from pipelines.stages import RunConfig
+    from pipelines.stages import RunConfig, Trained
     from pipelines.tracking import NullRun
     from specdraft.config import load, to_dict
 
@@ -195,16 +195,17 @@ def test_flow_stages_run_on_a_null_tracking_run(tiny_toy_target, tiny_draft, que
     data = to_dict(cfg)
     parent, tr = open_parent_run(cfg)
     assert isinstance(parent, NullRun) and parent.run_id is None and not parent.enabled
-    trained = {"draft": str(tiny_draft), "key": "random-beagle"}
+    trained = Trained(key="random-beagle", draft=str(tiny_draft), metrics={}, metrics_file="", wall_s=0.0)
     with disable_run_logger():  # the stage bodies, outside a Prefect flow
         prepared = prepare_stage(data, tr)
         evaluated = eval_stage(data, tr, prepared, trained)
         registered = register_stage(data, tr, prepared, trained, evaluated)
-    parent.set_tags({"target_id": prepared["target_id"]})
+    parent.set_tags({"target_id": prepared.target_id})
     parent.close()
-    assert prepared["target"] == str(tiny_toy_target.resolve())
-    assert evaluated["mean_tau"] >= 1.0 and evaluated["lossless_mismatches"] == 0
-    assert registered == {"registered": False, "reason": "tracking disabled", "wall_s": 0.0}
+    assert prepared.target == str(tiny_toy_target.resolve())
+    assert evaluated.mean_tau >= 1.0 and evaluated.lossless_mismatches == 0
+    assert (registered.registered, registered.reason, registered.wall_s) == (False, "tracking disabled", 0.0)
+    assert registered.version is None  # nothing for `specdraft run` to print
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
 
 
