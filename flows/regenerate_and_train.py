@@ -16,7 +16,7 @@ import json
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -59,13 +59,16 @@ def _close(run: MlflowLogger | NullRun, record: Prepared | Regenerated | Dumped 
     run.close()
 
 
-def _stage_task(name: str):
-    """Decorate a stage: a Prefect task with retries, a child MLflow run, a one-line summary."""
+def _stage_task(name: str, section: Callable[..., Any] | None = None):
+    """Decorate a stage: a Prefect task with retries, a child MLflow run, a one-line summary. The child run's
+    params are the stage's config section (``section(cfg, *args)``; default: the ``RunConfig`` field named
+    like the stage, none when there is none)."""
 
     def wrap(fn):
         def body(cfg_data: dict, tr: dict, *args, **kwargs):
             cfg = from_dict(RunConfig, cfg_data)
-            run = _child(tr, name, flatten(getattr(cfg, fn.__name__.removesuffix("_stage"), {}) or {}, name))
+            params = section(cfg, *args) if section else getattr(cfg, fn.__name__.removesuffix("_stage"), {})
+            run = _child(tr, name, flatten(params or {}, name))
             try:
                 record = fn(cfg, run, *args, **kwargs)
             except BaseException:
@@ -97,7 +100,9 @@ def features_stage(cfg: RunConfig, run, prepared: Prepared, regenerated: Regener
     return stages.dump_file(cfg, prepared, regenerated)
 
 
-@_stage_task("train")
+# params: the config training runs with (online: the run's features section as train.online), which the
+# worker logs again into the same run — MLflow refuses a param logged twice with different values
+@_stage_task("train", section=lambda cfg, prepared, stores, *rest: stages.train_config(cfg, stores))
 def train_stage(cfg: RunConfig, run, prepared: Prepared, stores: list[Dumped] | list[Regenerated],
                 fail_at_step: int | None = None) -> Trained:
     record = stages.train(cfg, prepared, stores, tracking=run.ref(), fail_at_step=fail_at_step)

@@ -11,6 +11,12 @@ by the stage itself (regeneration skips written conversations, the dump keeps co
 shards, training restarts from its latest checkpoint). Prompts are handled per file, so
 a nightly run on a grown prompt directory only regenerates and dumps the new files, and
 a changed training config reuses the existing feature stores.
+
+Features are configured in one place, the run's ``features`` section: the dump stores them with
+it and online training (``train.features: online``) computes them with it, so switching modes
+never changes the features. ``train.online`` and ``train.conversations`` (``specdraft train``'s
+online settings) are set by the train stage; a run config that sets them is refused, naming
+the key to set instead.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +38,7 @@ from pipelines.tracking import TrackingConfig
 from pipelines.train import TrainConfig, run_training
 from specdraft import __version__ as CODE_VERSION
 from specdraft import config
-from specdraft.config import config_hash, to_dict
+from specdraft.config import ConfigError, config_hash, to_dict
 from specdraft.decoding.eval import EvalSettings
 from specdraft.features import FeaturesConfig
 from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for
@@ -103,6 +109,20 @@ class RunConfig:
     ray: RaySection = field(default_factory=RaySection)
     retries: int = 2  # per task, with backoff (10 s, 60 s, 180 s)
     fault: FaultSection = field(default_factory=FaultSection)
+
+    def __post_init__(self) -> None:
+        """Refuse the ``train`` keys the train stage sets itself (they would be silently replaced)."""
+        default = TrainConfig()
+        online = [f.name for f in fields(self.train.online)
+                  if getattr(self.train.online, f.name) != getattr(default.online, f.name)]
+        if online:
+            raise ConfigError(
+                f"train.online: specdraft run computes features with its features section, for the dump and for "
+                f"online training alike; set {', '.join(f'features.{k}' for k in online)} instead of "
+                f"{', '.join(f'train.online.{k}' for k in online)}")
+        if self.train.conversations:
+            raise ConfigError("train.conversations: specdraft run trains on the conversations it regenerates from "
+                              "data.prompts; set data.prompts instead")
 
 
 # The stage records. ``to_dict()`` is the dict the flow, MLflow and the DONE file see (keys in this order);

@@ -1,7 +1,7 @@
 """Stage functions outside the flow: prepare resolves the toy target from the shipped prebuilt build;
 the stage records are frozen dataclasses whose dicts are the DONE files' and the flow's; the train stage
 with online features trains on the regenerated conversations (no store), with the run's ``features``
-section as the online feature settings."""
+section as the online feature settings, and a run config setting ``train.online`` is refused."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ from pipelines.stages import (
     Trained,
     prepare,
     train,
+    train_config,
 )
-from specdraft.config import ConfigError
+from specdraft.config import ConfigError, load
 from pipelines.train import TrainConfig
 from specdraft.store import ReaderConfig
 from specdraft.target import target_id
@@ -89,6 +90,27 @@ def test_train_stage_with_online_features_reads_the_regenerated_conversations(lo
     assert again.skipped and again == Trained.from_dict({**record.to_dict(), "skipped": True})
     done = json.loads((Path(cfg.workdir) / "train" / record.key / "DONE").read_text())
     assert done == json.loads(json.dumps({k: v for k, v in record.to_dict().items() if k != "skipped"}))
+
+
+def test_run_config_refuses_train_online_naming_the_features_section():
+    """``specdraft run`` configures features in one place: a ``train.online.*`` it would replace is refused."""
+    toy = ROOT / "configs" / "toy.yaml"
+    with pytest.raises(ConfigError, match=r"set features\.max_length, features\.topk instead of "
+                                          r"train\.online\.max_length, train\.online\.topk"):
+        load(RunConfig, toy, ["train.features=online", "train.online.topk=4", "train.online.max_length=80"])
+    with pytest.raises(ConfigError, match=r"train\.online: .*set features\.aux_layers"):  # offline too: never read
+        load(RunConfig, toy, ["train.online.aux_layers=eagle3"])
+    with pytest.raises(ConfigError, match=r"train\.conversations: .*set data\.prompts"):
+        load(RunConfig, toy, ["train.conversations=[c.jsonl]"])
+
+    cfg = load(RunConfig, toy, ["train.features=online", "features.topk=4", "features.aux_layers=eagle3"])
+    records = [Regenerated(key=k, prompt=f"{k}.jsonl", conversations=f"/c/{k}", summary={}, wall_s=0.0)
+               for k in ("b", "a")]
+    online = train_config(cfg, records)  # what the worker trains with, and what MLflow's train run logs
+    assert online.online == cfg.features and online.online.topk == 4 and online.online.aux_layers == "eagle3"
+    assert online.conversations == ["/c/a", "/c/b"]  # ordered by key
+    offline = load(RunConfig, toy, ["features.topk=4"])
+    assert train_config(offline, []) is offline.train
 
 
 def test_records_are_frozen_pickle_and_give_the_flow_dicts():
