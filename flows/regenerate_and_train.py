@@ -1,9 +1,13 @@
-"""The ``regenerate-and-train`` Prefect flow: prepare -> regenerate -> dump -> train -> evaluate -> register.
+"""The ``regenerate-and-train`` Prefect flow: prepare -> regenerate -> dump -> train -> evaluate -> register
+(README "Commands", ``specdraft run``; "The nightly deployment").
 
 Tasks are thin: each loads the config, calls one ``pipelines.stages`` function and returns
-a small record (paths, keys, metrics); tensors never cross a task boundary. Stage outputs
-are keyed by their inputs, so a rerun skips finished stages and resumes partial ones.
-MLflow gets one parent run per flow run and one child run per stage.
+its record (a frozen dataclass of paths, keys, metrics: ``pipelines.stages.Prepared`` ...
+``Registered``); tensors never cross a task boundary. Stage outputs are keyed by their
+inputs, so a rerun skips finished stages and resumes partial ones. MLflow gets one parent
+run per flow run and one child run per stage, with the stage's config section as params and
+the numbers of its record (``to_dict()``) as metrics. The flow returns the records as plain
+dicts (``to_dict()``), what ``specdraft run`` prints.
 """
 
 from __future__ import annotations
@@ -12,14 +16,14 @@ import json
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from pipelines import stages
-from pipelines.stages import RunConfig
+from pipelines.stages import Dumped, Evaluated, Prepared, PromptFile, Regenerated, Registered, RunConfig, Trained
 from pipelines.tracking import MlflowLogger, NullRun, TrackingConfig, open_run
 from specdraft.config import config_hash, flatten, from_dict, load, to_dict
 
@@ -47,27 +51,32 @@ def _child(tr: dict, stage: str, params: dict[str, Any]) -> MlflowLogger | NullR
     return run
 
 
-def _close(run: MlflowLogger | NullRun, record: dict[str, Any]) -> None:
-    run.set_tags({"skipped": str(record.get("skipped", False))})
-    run.log_metrics(_numbers({k: v for k, v in record.items() if k != "metrics"}), step=0)
+def _close(run: MlflowLogger | NullRun, record: Prepared | Regenerated | Dumped | Trained | Evaluated | Registered
+           ) -> None:
+    skipped = getattr(record, "skipped", False)  # prepare and register always run
+    run.set_tags({"skipped": str(skipped)})
+    run.log_metrics(_numbers({k: v for k, v in record.to_dict().items() if k != "metrics"}), step=0)
     run.close()
 
 
-def _stage_task(name: str):
-    """Decorate a stage: a Prefect task with retries, a child MLflow run, a one-line summary."""
+def _stage_task(name: str, section: Callable[..., Any] | None = None):
+    """Decorate a stage: a Prefect task with retries, a child MLflow run, a one-line summary. The child run's
+    params are the stage's config section (``section(cfg, *args)``; default: the ``RunConfig`` field named
+    like the stage, none when there is none)."""
 
     def wrap(fn):
         def body(cfg_data: dict, tr: dict, *args, **kwargs):
             cfg = from_dict(RunConfig, cfg_data)
-            run = _child(tr, name, flatten(getattr(cfg, fn.__name__.removesuffix("_stage"), {}) or {}, name))
+            params = section(cfg, *args) if section else getattr(cfg, fn.__name__.removesuffix("_stage"), {})
+            run = _child(tr, name, flatten(params or {}, name))
             try:
                 record = fn(cfg, run, *args, **kwargs)
             except BaseException:
                 run.close("FAILED")
                 raise
             _close(run, record)
-            get_run_logger().info("%s: %s", name, "skipped (done)" if record.get("skipped") else
-                                  f"done in {record.get('wall_s', 0):.1f}s")
+            get_run_logger().info("%s: %s", name, "skipped (done)" if getattr(record, "skipped", False) else
+                                  f"done in {record.wall_s:.1f}s")
             return record
 
         body.__name__ = fn.__name__
@@ -77,30 +86,33 @@ def _stage_task(name: str):
 
 
 @_stage_task("prepare")
-def prepare_stage(cfg: RunConfig, run):
+def prepare_stage(cfg: RunConfig, run) -> Prepared:
     return stages.prepare(cfg)
 
 
 @_stage_task("regenerate")
-def regenerate_stage(cfg: RunConfig, run, prepared: dict, prompt: dict):
+def regenerate_stage(cfg: RunConfig, run, prepared: Prepared, prompt: PromptFile) -> Regenerated:
     return stages.regenerate_file(cfg, prepared, prompt)
 
 
 @_stage_task("features")
-def features_stage(cfg: RunConfig, run, prepared: dict, regenerated: dict):
+def features_stage(cfg: RunConfig, run, prepared: Prepared, regenerated: Regenerated) -> Dumped:
     return stages.dump_file(cfg, prepared, regenerated)
 
 
-@_stage_task("train")
-def train_stage(cfg: RunConfig, run, prepared: dict, stores: list[dict], fail_at_step: int | None = None):
+# params: the config training runs with (online: the run's features section as train.online), which the
+# worker logs again into the same run — MLflow refuses a param logged twice with different values
+@_stage_task("train", section=lambda cfg, prepared, stores, *rest: stages.train_config(cfg, stores))
+def train_stage(cfg: RunConfig, run, prepared: Prepared, stores: list[Dumped] | list[Regenerated],
+                fail_at_step: int | None = None) -> Trained:
     record = stages.train(cfg, prepared, stores, tracking=run.ref(), fail_at_step=fail_at_step)
-    if Path(record["metrics_file"]).is_file():
+    if Path(record.metrics_file).is_file():
         from pipelines.plots import plot_training
 
         with tempfile.TemporaryDirectory() as tmp:
-            run.log_artifact(plot_training(record["metrics_file"], Path(tmp) / "training_curves.png"), "plots")
-        if record.get("skipped"):  # a finished run logged nothing this time: replay its metrics
-            for line in Path(record["metrics_file"]).read_text().splitlines():
+            run.log_artifact(plot_training(record.metrics_file, Path(tmp) / "training_curves.png"), "plots")
+        if record.skipped:  # a finished run logged nothing this time: replay its metrics
+            for line in Path(record.metrics_file).read_text().splitlines():
                 item = json.loads(line)
                 if item.get("kind") == "metrics":
                     run.log_metrics({k: v for k, v in item.items() if k not in ("kind", "step", "time")}, item["step"])
@@ -108,12 +120,12 @@ def train_stage(cfg: RunConfig, run, prepared: dict, stores: list[dict], fail_at
 
 
 @_stage_task("eval")
-def eval_stage(cfg: RunConfig, run, prepared: dict, trained: dict):
+def eval_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained) -> Evaluated:
     from pipelines.plots import plot_alpha
 
-    record = stages.evaluate_draft(cfg, prepared, trained["draft"], trained["key"])
-    report = json.loads(Path(record["report"]).read_text())
-    run.log_artifact(record["report"], "eval")
+    record = stages.evaluate_draft(cfg, prepared, trained.draft, trained.key)
+    report = json.loads(Path(record.report).read_text())
+    run.log_artifact(record.report, "eval")
     with tempfile.TemporaryDirectory() as tmp:
         run.log_artifact(plot_alpha(report, Path(tmp) / "alpha_per_depth.png"), "plots")
     for name, d in report["datasets"].items():
@@ -129,13 +141,13 @@ def eval_stage(cfg: RunConfig, run, prepared: dict, trained: dict):
 
 
 @_stage_task("register")
-def register_stage(cfg: RunConfig, run, prepared: dict, trained: dict, evaluated: dict):
+def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evaluated: Evaluated) -> Registered:
     from pipelines.registry import champion_exports, log_exports, register_draft
     from specdraft.export import serve_commands
 
     if not run.enabled:  # the registry lives in MLflow: nothing to register into
-        return {"registered": False, "reason": "tracking disabled", "wall_s": 0.0}
-    if evaluated["mean_tau"] is None:
+        return Registered(registered=False, reason="tracking disabled", wall_s=0.0)
+    if evaluated.mean_tau is None:
         raise RuntimeError("evaluation produced no tau: nothing to compare, refusing to register")
 
     def evaluate_champion(uri: str) -> float | None:
@@ -143,24 +155,24 @@ def register_stage(cfg: RunConfig, run, prepared: dict, trained: dict, evaluated
 
         with tempfile.TemporaryDirectory() as tmp:
             local = mlflow.artifacts.download_artifacts(uri, dst_path=tmp, tracking_uri=run.uri)
-            return stages.evaluate_draft(cfg, prepared, local, f"champion:{uri}")["mean_tau"]
+            return stages.evaluate_draft(cfg, prepared, local, f"champion:{uri}").mean_tau
 
-    exported = stages.export_formats(cfg, prepared, trained["draft"], trained["key"])
-    tags = {"specdraft.arch": exported["arch"], "specdraft.target": prepared["target"],
-            "specdraft.target_id": prepared["target_id"]}
-    decision = register_draft(run.client, run_id=run.run_id, draft_dir=trained["draft"],
+    exported = stages.export_formats(cfg, prepared, trained.draft, trained.key)
+    tags = {"specdraft.arch": exported.arch, "specdraft.target": prepared.target,
+            "specdraft.target_id": prepared.target_id}
+    decision = register_draft(run.client, run_id=run.run_id, draft_dir=trained.draft,
                               model_name=cfg.register.model_name, alias=cfg.register.alias,
-                              eval_key=evaluated["eval_key"], mean_tau=evaluated["mean_tau"],
-                              taus=evaluated["tau"], train_key=trained["key"], evaluate_champion=evaluate_champion,
-                              mean_tau_pld=evaluated.get("mean_tau_pld"), tags=tags)
-    log_exports(run.client, decision["run_id"], exported["exports"])
+                              eval_key=evaluated.eval_key, mean_tau=evaluated.mean_tau,
+                              taus=evaluated.tau, train_key=trained.key, evaluate_champion=evaluate_champion,
+                              mean_tau_pld=evaluated.mean_tau_pld, tags=tags)
+    log_exports(run.client, decision["run_id"], exported.exports)
     champion = champion_exports(run.client, cfg.register.model_name, cfg.register.alias,
                                 Path(cfg.workdir) / "export" / "champion",
-                                local={decision["version"]: exported["exports"]})
+                                local={decision["version"]: exported.exports})
     serve = serve_commands(champion.get("exports", {}), champion.get("arch", ""),
-                           champion.get("target") or prepared["target"], cfg.register.serving.speculative_tokens)
-    return {**decision, "exports": exported["exports"], "export_note": exported["note"],
-            "serving_champion": champion.get("version"), "serve": serve, "wall_s": 0.0}
+                           champion.get("target") or prepared.target, cfg.register.serving.speculative_tokens)
+    return Registered(**decision, exports=exported.exports, export_note=exported.note,
+                      serving_champion=champion.get("version"), serve=serve, wall_s=0.0)
 
 
 def open_parent_run(cfg: RunConfig) -> tuple[MlflowLogger | NullRun, dict[str, Any]]:
@@ -181,27 +193,28 @@ def _task(fn, retries: int):
 
 @flow(name="regenerate-and-train", log_prints=True)
 def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
-    """Run every stage for ``config`` (+ ``key=value`` overrides); returns the stage records."""
+    """Run every stage for ``config`` (+ ``key=value`` overrides); returns the stage records as dicts."""
     cfg = load(RunConfig, config, list(overrides or []))
     data = to_dict(cfg)
     retries = cfg.retries
     parent, tr = open_parent_run(cfg)
     try:
         prepared = _task(prepare_stage, retries)(data, tr)
-        parent.set_tags({"target_id": prepared["target_id"]})
-        regenerated = [_task(regenerate_stage, retries)(data, tr, prepared, p) for p in prepared["prompts"]]
+        parent.set_tags({"target_id": prepared.target_id})
+        regenerated = [_task(regenerate_stage, retries)(data, tr, prepared, p) for p in prepared.prompts]
         online = cfg.train.features == "online"  # no store: training runs the target on every batch
         stores = [] if online else [_task(features_stage, retries)(data, tr, prepared, r) for r in regenerated]
         trained = _task(train_stage, retries)(data, tr, prepared, regenerated if online else stores,
                                               cfg.fault.train_fail_at_step)
         evaluated = _task(eval_stage, retries)(data, tr, prepared, trained)
         registered = (_task(register_stage, retries)(data, tr, prepared, trained, evaluated)
-                      if cfg.register.enabled else {"registered": False})
+                      if cfg.register.enabled else Registered(registered=False, reason="register.enabled=false"))
     except BaseException:
         parent.close("FAILED")
         raise
     parent.log_metrics({f"{metric}.{k}": v for metric in ("tau", "tau_pld", "tau_over_pld")
-                        for k, v in evaluated.get(metric, {}).items()}, step=0)
+                        for k, v in getattr(evaluated, metric).items()}, step=0)
     parent.close()
-    return {"prepare": prepared, "regenerate": regenerated, "features": stores, "train": trained,
-            "eval": evaluated, "register": registered, "mlflow_parent_run": parent.run_id}
+    return {"prepare": prepared.to_dict(), "regenerate": [r.to_dict() for r in regenerated],
+            "features": [s.to_dict() for s in stores], "train": trained.to_dict(), "eval": evaluated.to_dict(),
+            "register": registered.to_dict(), "mlflow_parent_run": parent.run_id}

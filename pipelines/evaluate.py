@@ -1,4 +1,10 @@
-"""Evaluate stage: acceptance length of a draft against its target (issue 5; DESIGN.md "Evaluation").
+"""Evaluate stage: acceptance length of a draft against its target, spread over Ray Data replicas.
+
+The metrics are those of "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty"
+(Li et al., 2024), Section 4 ("Experiments": average acceptance length tau, acceptance rate alpha
+per depth, speedup), measured by lossless speculative decoding ("Fast Inference from Transformers
+via Speculative Decoding", Leviathan et al., 2023, Section 2), beside the prompt-lookup floor
+(README "Evaluation and the prompt-lookup floor").
 
     questions (driver)   MT-Bench-format files -> globally numbered questions
                          (``specdraft.decoding.eval.load_question_sets``)

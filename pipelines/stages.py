@@ -1,13 +1,22 @@
-"""The stages of ``regenerate-and-train`` as plain functions over a run config (DESIGN.md "Orchestration").
+"""The stages of ``regenerate-and-train`` as plain functions over a run config (README "Commands",
+``specdraft run``; "The nightly deployment").
 
 Each stage writes under ``<workdir>/<stage>/<key>/`` where ``key`` hashes the stage's
 inputs (its config section, upstream output keys, and the code version where it
-matters), and returns a small record (paths, keys, metrics). A finished stage is
+matters), and returns a small record (paths, keys, metrics): a frozen dataclass whose
+``to_dict()`` is what the stage's ``DONE`` file (less ``skipped``), MLflow and the flow's
+summary see, and whose ``from_dict`` reads a ``DONE`` file back. A finished stage is
 recognised by its ``DONE`` file (written last) and skipped; an unfinished one is resumed
 by the stage itself (regeneration skips written conversations, the dump keeps complete
 shards, training restarts from its latest checkpoint). Prompts are handled per file, so
 a nightly run on a grown prompt directory only regenerates and dumps the new files, and
 a changed training config reuses the existing feature stores.
+
+Features are configured in one place, the run's ``features`` section: the dump stores them with
+it and online training (``train.features: online``) computes them with it, so switching modes
+never changes the features. ``train.online`` and ``train.conversations`` (``specdraft train``'s
+online settings) are set by the train stage; a run config that sets them is refused, naming
+the key to set instead.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +37,8 @@ from pipelines.conversations import read_conversations
 from pipelines.tracking import TrackingConfig
 from pipelines.train import TrainConfig, run_training
 from specdraft import __version__ as CODE_VERSION
-from specdraft.config import config_hash, to_dict
+from specdraft import config
+from specdraft.config import ConfigError, config_hash, to_dict
 from specdraft.decoding.eval import EvalSettings
 from specdraft.features import FeaturesConfig
 from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for
@@ -100,6 +110,190 @@ class RunConfig:
     retries: int = 2  # per task, with backoff (10 s, 60 s, 180 s)
     fault: FaultSection = field(default_factory=FaultSection)
 
+    def __post_init__(self) -> None:
+        """Refuse the ``train`` keys the train stage sets itself (they would be silently replaced)."""
+        default = TrainConfig()
+        online = [f.name for f in fields(self.train.online)
+                  if getattr(self.train.online, f.name) != getattr(default.online, f.name)]
+        if online:
+            raise ConfigError(
+                f"train.online: specdraft run computes features with its features section, for the dump and for "
+                f"online training alike; set {', '.join(f'features.{k}' for k in online)} instead of "
+                f"{', '.join(f'train.online.{k}' for k in online)}")
+        if self.train.conversations:
+            raise ConfigError("train.conversations: specdraft run trains on the conversations it regenerates from "
+                              "data.prompts; set data.prompts instead")
+
+
+# The stage records. ``to_dict()`` is the dict the flow, MLflow and the DONE file see (keys in this order);
+# ``from_dict`` reads one back (a DONE file, unknown keys refused). They cross Prefect task boundaries, so they
+# hold plain values only (paths as strings): no tensors, nothing that does not pickle.
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PromptFile:
+    path: str  # resolved
+    digest: str  # file_digest: a grown or edited file is a new input
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PromptFile:
+        return config.from_dict(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prepared:
+    """``prepare``: the resolved target and the prompt files, each regenerated on its own."""
+
+    target: str  # the target's model directory, resolved
+    target_id: str  # specdraft.target.target_id: part of every downstream key
+    prompts: list[PromptFile]
+    wall_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Prepared:
+        return config.from_dict(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Regenerated:
+    """``regenerate``: one prompt file's conversations (the target's own answers, or the file's)."""
+
+    key: str
+    prompt: str  # the prompt file
+    conversations: str  # directory of Parquet conversation files
+    summary: dict[str, Any]  # regenerate's (or ingest's) counts
+    wall_s: float
+    skipped: bool = False  # finished by an earlier run (read from its DONE file)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Regenerated:
+        return config.from_dict(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Dumped:
+    """``features``: one regenerated file's feature store."""
+
+    key: str
+    store: str  # the feature store directory
+    summary: dict[str, Any]  # the dump's counts
+    wall_s: float
+    skipped: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Dumped:
+        return config.from_dict(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trained:
+    """``train``: the draft trained on every store (or, online, every regenerated file)."""
+
+    key: str
+    draft: str  # the draft directory (config.json + model.safetensors)
+    metrics: dict[str, Any]  # the final held-out metrics
+    metrics_file: str  # metrics.jsonl: params, then every logged step
+    wall_s: float
+    skipped: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trained:
+        return config.from_dict(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Evaluated:
+    """``eval``: tau per eval set and the prompt-lookup floor measured beside it (README "Evaluation and
+    the prompt-lookup floor")."""
+
+    key: str
+    eval_key: str  # the eval sets + settings: tau is only compared between equal eval keys
+    report: str  # report.json
+    tau: dict[str, float]  # eval set -> mean accepted length (sets with a tau only)
+    mean_tau: float | None  # None: no set gave a tau
+    tau_pld: dict[str, float] = field(default_factory=dict)  # the floor per set; empty when not measured
+    tau_over_pld: dict[str, float] = field(default_factory=dict)
+    mean_tau_pld: float | None = None
+    lossless_mismatches: int = 0
+    wall_s: float = 0.0
+    skipped: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Evaluated:
+        return config.from_dict(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Exported:
+    """The draft's serving exports (part of ``register``); none, and why (``note``), when no format fits or
+    exports are disabled (then ``key`` is empty: nothing was written)."""
+
+    key: str = ""
+    arch: str
+    exports: dict[str, str]  # format -> directory
+    note: str
+    wall_s: float
+    skipped: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Exported:
+        return config.from_dict(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Registered:
+    """``register``: the registry's decision (``pipelines.registry.register_draft``: fields ``model_name`` to
+    ``reason``), the exports logged beside the version and how to serve the champion. Not registered
+    (``registered`` false, tracking or the stage disabled): the decision fields stay empty and ``reason``
+    says why."""
+
+    registered: bool = True
+    model_name: str = ""
+    version: int | None = None
+    run_id: str | None = None
+    mean_tau: float | None = None
+    champion_version: int | None = None
+    champion_mean_tau: float | None = None
+    mean_tau_pld: float | None = None
+    tau_over_pld: float | None = None  # None: no floor measured, or the draft was registered by an earlier run
+    above_floor: bool | None = None
+    promoted: bool = False
+    alias: str = ""
+    reason: str = ""
+    exports: dict[str, str] = field(default_factory=dict)
+    export_note: str = ""
+    serving_champion: int | None = None  # the version holding the alias now
+    serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Registered:
+        return config.from_dict(cls, data)
+
 
 def stage_key(*parts: Any) -> str:
     return config_hash([to_dict(p) for p in parts])
@@ -147,7 +341,7 @@ def ensure_ray(cfg: RunConfig) -> None:
     connect_ray(cfg.ray.address, cfg.ray.num_cpus)
 
 
-def prepare(cfg: RunConfig) -> dict[str, Any]:
+def prepare(cfg: RunConfig) -> Prepared:
     """Resolve the target (building the toy one if asked) and the prompt files."""
     started = time.perf_counter()
     if cfg.target.path:
@@ -157,73 +351,86 @@ def prepare(cfg: RunConfig) -> dict[str, Any]:
     else:
         target = build_toy_target(Path(cfg.workdir) / "targets" / f"toy-{config_hash(cfg.target.toy)}",
                                   cfg.target.toy, progress=False, prebuilt=cfg.target.prebuilt).resolve()
-    prompts = [{"path": str(p), "digest": file_digest(p)} for p in expand_prompts(cfg.data.prompts)]
-    return {"target": str(target), "target_id": target_id(target), "prompts": prompts,
-            "wall_s": time.perf_counter() - started}
+    prompts = [PromptFile(path=str(p), digest=file_digest(p)) for p in expand_prompts(cfg.data.prompts)]
+    return Prepared(target=str(target), target_id=target_id(target), prompts=prompts,
+                    wall_s=time.perf_counter() - started)
 
 
-def regenerate_file(cfg: RunConfig, prepared: dict[str, Any], prompt: dict[str, str]) -> dict[str, Any]:
+def _done(record: Regenerated | Dumped | Trained | Evaluated | Exported) -> dict[str, Any]:
+    """What the DONE file holds: the record less ``skipped`` (a property of the run reading it)."""
+    data = record.to_dict()
+    del data["skipped"]
+    return data
+
+
+def regenerate_file(cfg: RunConfig, prepared: Prepared, prompt: PromptFile) -> Regenerated:
     """Regenerate the answers of one prompt file (or pass its own answers through)."""
-    key = stage_key(prepared["target_id"], prompt["digest"], cfg.regenerate, cfg.data.regenerate)
+    key = stage_key(prepared.target_id, prompt.digest, cfg.regenerate, cfg.data.regenerate)
     out = Path(cfg.workdir) / "regenerate" / key
-    if (record := _finished(out)) is not None:
-        return {**record, "skipped": True}
+    if (done := _finished(out)) is not None:
+        return Regenerated.from_dict({**done, "skipped": True})
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     if cfg.data.regenerate:
         ensure_ray(cfg)
-        summary = regenerate(prepared["target"], [prompt["path"]], out, cfg.regenerate, progress=False)
+        summary = regenerate(prepared.target, [prompt.path], out, cfg.regenerate, progress=False)
         conversations = str(out)
     else:
         from pipelines.conversations import write_conversations
         from pipelines.ingest import ingest
 
-        rows, summary = ingest([prompt["path"]], cfg.regenerate.ingest, rejects_path=out / "rejects.jsonl")
+        rows, summary = ingest([prompt.path], cfg.regenerate.ingest, rejects_path=out / "rejects.jsonl")
         write_conversations(out / "part-00000.parquet", rows)
         conversations = str(out)
-    record = {"key": key, "prompt": prompt["path"], "conversations": conversations, "summary": summary,
-              "wall_s": time.perf_counter() - started}
-    return {**_finish(out, record), "skipped": False}
+    record = Regenerated(key=key, prompt=prompt.path, conversations=conversations, summary=summary,
+                         wall_s=time.perf_counter() - started)
+    _finish(out, _done(record))
+    return record
 
 
-def dump_file(cfg: RunConfig, prepared: dict[str, Any], regenerated: dict[str, Any]) -> dict[str, Any]:
+def dump_file(cfg: RunConfig, prepared: Prepared, regenerated: Regenerated) -> Dumped:
     """Dump one regenerated prompt file to its own feature store."""
-    key = stage_key(prepared["target_id"], regenerated["key"], cfg.features)
+    key = stage_key(prepared.target_id, regenerated.key, cfg.features)
     out = Path(cfg.workdir) / "features" / key
-    if (record := _finished(out)) is not None:
-        return {**record, "skipped": True}
+    if (done := _finished(out)) is not None:
+        return Dumped.from_dict({**done, "skipped": True})
     ensure_ray(cfg)
     started = time.perf_counter()
-    rows = read_conversations([regenerated["conversations"]])
-    summary = dump_features(prepared["target"], rows, out, cfg.features, progress=False)
-    record = {"key": key, "store": str(out), "summary": summary, "wall_s": time.perf_counter() - started}
-    return {**_finish(out, record), "skipped": False}
+    rows = read_conversations([regenerated.conversations])
+    summary = dump_features(prepared.target, rows, out, cfg.features, progress=False)
+    record = Dumped(key=key, store=str(out), summary=summary, wall_s=time.perf_counter() - started)
+    _finish(out, _done(record))
+    return record
 
 
-def train(cfg: RunConfig, prepared: dict[str, Any], stores: list[dict[str, Any]],
-          tracking: dict[str, str] | None = None, fail_at_step: int | None = None) -> dict[str, Any]:
-    """Train the draft on all stores (resumes a partial run of the same inputs).
+def train_config(cfg: RunConfig, stores: list[Dumped] | list[Regenerated]) -> TrainConfig:
+    """The config training runs with: ``cfg.train``, and with online features (``train.features: online``,
+    ``stores`` are then the regenerate records: no dump ran) the run's ``features`` section as
+    ``train.online`` and the regenerated conversations (ordered by key) as ``train.conversations``."""
+    if cfg.train.features != "online":
+        return cfg.train
+    assert all(isinstance(s, Regenerated) for s in stores), "online features train on the regenerate records"
+    return replace(cfg.train, online=cfg.features,
+                   conversations=[s.conversations for s in sorted(stores, key=lambda s: s.key)])
 
-    Online features (``train.features: online``): ``stores`` are the regenerate records instead (no
-    dump ran); training reads their conversations and computes the features with the run's
-    ``features`` section (``train.online`` is replaced by it), so both modes use one feature config.
-    """
-    keys = sorted(s["key"] for s in stores)
-    train_cfg = cfg.train
-    if train_cfg.features == "online":
-        train_cfg = replace(train_cfg, online=cfg.features,
-                            conversations=[s["conversations"] for s in sorted(stores, key=lambda s: s["key"])])
-    key = stage_key(prepared["target_id"], keys, train_cfg, CODE_VERSION)
+
+def train(cfg: RunConfig, prepared: Prepared, stores: list[Dumped] | list[Regenerated],
+          tracking: dict[str, str] | None = None, fail_at_step: int | None = None) -> Trained:
+    """Train the draft on all stores (resumes a partial run of the same inputs), with ``train_config``."""
+    keys = sorted(s.key for s in stores)
+    train_cfg = train_config(cfg, stores)
+    key = stage_key(prepared.target_id, keys, train_cfg, CODE_VERSION)
     out = Path(cfg.workdir) / "train" / key
-    if (record := _finished(out)) is not None:
-        return {**record, "skipped": True}
+    if (done := _finished(out)) is not None:
+        return Trained.from_dict({**done, "skipped": True})
     ensure_ray(cfg)
     started = time.perf_counter()
-    summary = run_training(train_cfg, [s["store"] for s in stores if "store" in s], prepared["target"], out,
+    summary = run_training(train_cfg, [s.store for s in stores if isinstance(s, Dumped)], prepared.target, out,
                            tracking=tracking, ray_address=cfg.ray.address, fail_at_step=fail_at_step)
-    record = {"key": key, "draft": summary["draft"], "metrics": summary["metrics"],
-              "metrics_file": str(out / "metrics.jsonl"), "wall_s": time.perf_counter() - started}
-    return {**_finish(out, record), "skipped": False}
+    record = Trained(key=key, draft=summary["draft"], metrics=summary["metrics"],
+                     metrics_file=str(out / "metrics.jsonl"), wall_s=time.perf_counter() - started)
+    _finish(out, _done(record))
+    return record
 
 
 def eval_key(cfg: RunConfig) -> str:
@@ -232,7 +439,7 @@ def eval_key(cfg: RunConfig) -> str:
     return stage_key(files, cfg.eval.settings)
 
 
-def evaluate_draft(cfg: RunConfig, prepared: dict[str, Any], draft_dir: str, draft_key: str) -> dict[str, Any]:
+def evaluate_draft(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key: str) -> Evaluated:
     """Speculative decoding of the target with ``draft_dir`` on the eval sets, with the prompt-lookup
     floor (``tau_pld``, ``mean_tau_pld``: over the same datasets as ``tau``; empty / None when off)."""
     from pipelines.evaluate import RayEvalConfig, evaluate
@@ -240,47 +447,49 @@ def evaluate_draft(cfg: RunConfig, prepared: dict[str, Any], draft_dir: str, dra
     evals = eval_key(cfg)
     key = stage_key(draft_key, evals)
     out = Path(cfg.workdir) / "eval" / key
-    if (record := _finished(out)) is not None:
-        return {**record, "skipped": True}
+    if (done := _finished(out)) is not None:
+        return Evaluated.from_dict({**done, "skipped": True})
     out.mkdir(parents=True, exist_ok=True)
     if cfg.eval.use_ray:
         ensure_ray(cfg)
     started = time.perf_counter()
-    report = evaluate(prepared["target"], draft_dir, cfg.eval.questions, out / "report.json", cfg.eval.settings,
+    report = evaluate(prepared.target, draft_dir, cfg.eval.questions, out / "report.json", cfg.eval.settings,
                       use_ray=cfg.eval.use_ray, ray_cfg=RayEvalConfig(replicas=cfg.eval.replicas), progress=False)
     taus = {name: d["tau"] for name, d in report["datasets"].items() if d["tau"] is not None}
     floors = {name: report["datasets"][name].get("tau_pld") for name in taus}  # the prompt-lookup floor
     floors = floors if taus and all(v is not None for v in floors.values()) else {}
-    record = {"key": key, "eval_key": evals, "report": str(out / "report.json"), "tau": taus,
-              "mean_tau": sum(taus.values()) / len(taus) if taus else None,
-              "tau_pld": floors, "tau_over_pld": {name: taus[name] / v for name, v in floors.items()},
-              "mean_tau_pld": sum(floors.values()) / len(floors) if floors else None,
-              "lossless_mismatches": sum(d.get("lossless_mismatches") or 0 for d in report["datasets"].values()),
-              "wall_s": time.perf_counter() - started}
-    return {**_finish(out, record), "skipped": False}
+    record = Evaluated(key=key, eval_key=evals, report=str(out / "report.json"), tau=taus,
+                       mean_tau=sum(taus.values()) / len(taus) if taus else None,
+                       tau_pld=floors, tau_over_pld={name: taus[name] / v for name, v in floors.items()},
+                       mean_tau_pld=sum(floors.values()) / len(floors) if floors else None,
+                       lossless_mismatches=sum(d.get("lossless_mismatches") or 0 for d in report["datasets"].values()),
+                       wall_s=time.perf_counter() - started)
+    _finish(out, _done(record))
+    return record
 
 
-def export_formats(cfg: RunConfig, prepared: dict[str, Any], draft_dir: str, draft_key: str) -> dict[str, Any]:
+def export_formats(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key: str) -> Exported:
     """Export the draft in every serving format that fits its architecture (``specdraft.export``) under
     ``<workdir>/export/<key>/<format>``. A draft no engine serves exactly (Beagle, a 0.1 EAGLE draft) gets no
     export and the reason (``note``); it stays registered and evaluable."""
-    config = read_draft_config(draft_dir)
+    arch = read_draft_config(draft_dir).arch
     if not cfg.register.export:
-        return {"arch": config.arch, "exports": {}, "note": "export disabled (register.export=false)", "wall_s": 0.0}
+        return Exported(arch=arch, exports={}, note="export disabled (register.export=false)", wall_s=0.0)
     serving = cfg.register.serving
-    key = stage_key(draft_key, prepared["target_id"], serving, CODE_VERSION)
+    key = stage_key(draft_key, prepared.target_id, serving, CODE_VERSION)
     out = Path(cfg.workdir) / "export" / key
-    if (record := _finished(out)) is not None:
-        return {**record, "skipped": True}
+    if (done := _finished(out)) is not None:
+        return Exported.from_dict({**done, "skipped": True})
     started = time.perf_counter()
     exports, note = {}, ""
     try:
-        for fmt in formats_for(config.arch) or FORMATS[:1]:  # no format: the refusal says why
-            exports[fmt] = str(export_draft(draft_dir, fmt, out / fmt, target=prepared["target"],
+        for fmt in formats_for(arch) or FORMATS[:1]:  # no format: the refusal says why
+            exports[fmt] = str(export_draft(draft_dir, fmt, out / fmt, target=prepared.target,
                                             dtype=serving.dtype, speculative_tokens=serving.speculative_tokens,
                                             verifier=serving.verifier))
     except ExportError as err:
         exports, note = {}, str(err)
-    record = {"key": key, "arch": config.arch, "exports": exports, "note": note, "wall_s": time.perf_counter() - started}
+    record = Exported(key=key, arch=arch, exports=exports, note=note, wall_s=time.perf_counter() - started)
     out.mkdir(parents=True, exist_ok=True)
-    return {**_finish(out, record), "skipped": False}
+    _finish(out, _done(record))
+    return record

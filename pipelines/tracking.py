@@ -5,7 +5,8 @@ create a run — possibly a child of a flow's parent run — and hand its id to 
 Train rank-0 worker, which attaches and logs into it. Params are flattened config
 values; keys that look like secrets are never logged. With tracking disabled, ``open_run``
 returns a ``NullRun``: the same methods, doing nothing, so callers never branch on
-whether tracking is on (STYLE.md, "Null-object instead of flags").
+whether tracking is on (a null object instead of a flag). The flow's runs and the registry that
+reads them: README "Commands" (``specdraft run``) and "The nightly deployment".
 """
 
 from __future__ import annotations

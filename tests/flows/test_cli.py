@@ -79,6 +79,9 @@ def test_config_errors_exit_2_with_one_line_naming_the_key(capsys, tmp_path):
         (["train", "--store", "s", "--target", "t", "--out", out, "--recipe", "nope"], ["unknown recipe 'nope'"]),
         (["train", "--target", "t", "--out", out, "features=onlin"], ["features: 'onlin' is not one of"]),
         (["run", "--config", str(tmp_path / "missing.yaml")], ["missing.yaml: cannot read the config file"]),
+        (["run", "--config", str(REPO / "configs" / "toy.yaml"), "train.features=online", "train.online.topk=4"],
+         ["train.online: specdraft run computes features with its features section",
+          "set features.topk instead of train.online.topk"]),
         (["dump", "--target", "t", "--prompts", "p.jsonl", "--out", out, "max_lenght=9"],
          ["FeaturesConfig: unknown key(s) ['max_lenght']", "'max_length'"]),
     ]
@@ -182,7 +185,7 @@ def test_flow_stages_run_on_a_null_tracking_run(tiny_toy_target, tiny_draft, que
     from prefect.logging import disable_run_logger
 
     from flows.regenerate_and_train import eval_stage, open_parent_run, prepare_stage, register_stage
-    from pipelines.stages import RunConfig
+    from pipelines.stages import RunConfig, Trained
     from pipelines.tracking import NullRun
     from specdraft.config import load, to_dict
 
@@ -195,17 +198,53 @@ def test_flow_stages_run_on_a_null_tracking_run(tiny_toy_target, tiny_draft, que
     data = to_dict(cfg)
     parent, tr = open_parent_run(cfg)
     assert isinstance(parent, NullRun) and parent.run_id is None and not parent.enabled
-    trained = {"draft": str(tiny_draft), "key": "random-beagle"}
+    trained = Trained(key="random-beagle", draft=str(tiny_draft), metrics={}, metrics_file="", wall_s=0.0)
     with disable_run_logger():  # the stage bodies, outside a Prefect flow
         prepared = prepare_stage(data, tr)
         evaluated = eval_stage(data, tr, prepared, trained)
         registered = register_stage(data, tr, prepared, trained, evaluated)
-    parent.set_tags({"target_id": prepared["target_id"]})
+    parent.set_tags({"target_id": prepared.target_id})
     parent.close()
-    assert prepared["target"] == str(tiny_toy_target.resolve())
-    assert evaluated["mean_tau"] >= 1.0 and evaluated["lossless_mismatches"] == 0
-    assert registered == {"registered": False, "reason": "tracking disabled", "wall_s": 0.0}
+    assert prepared.target == str(tiny_toy_target.resolve())
+    assert evaluated.mean_tau >= 1.0 and evaluated.lossless_mismatches == 0
+    assert (registered.registered, registered.reason, registered.wall_s) == (False, "tracking disabled", 0.0)
+    assert registered.version is None  # nothing for `specdraft run` to print
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
+def test_online_train_stage_logs_the_config_it_trains_with(tmp_path, monkeypatch):
+    """With online features the train stage's MLflow run gets the run's ``features`` section as ``train.online``
+    and the regenerated conversations: the values the worker trains with and logs again into the same run."""
+    from mlflow.tracking import MlflowClient
+    from prefect.logging import disable_run_logger
+
+    from flows.regenerate_and_train import open_parent_run, train_stage
+    from pipelines import stages
+    from pipelines.stages import Prepared, Regenerated, RunConfig, Trained
+    from specdraft.config import load, to_dict
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load(RunConfig, REPO / "configs" / "toy.yaml", [
+        "train.features=online", "features.topk=4", "features.max_length=80", f"workdir={tmp_path / 'work'}",
+        f"tracking.uri={uri}", "tracking.experiment=online-params"])
+    seen = {}
+
+    def train(cfg, prepared, stores, tracking=None, fail_at_step=None):  # the worker, without Ray
+        seen["cfg"] = stages.train_config(cfg, stores)
+        return Trained(key="k", draft="d", metrics={}, metrics_file=str(tmp_path / "none.jsonl"), wall_s=0.0)
+
+    monkeypatch.setattr(stages, "train", train)
+    parent, tr = open_parent_run(cfg)
+    regenerated = [Regenerated(key="r", prompt="p.jsonl", conversations=str(tmp_path / "r"), summary={}, wall_s=0.0)]
+    with disable_run_logger():
+        train_stage(to_dict(cfg), tr, Prepared(target="t", target_id="i", prompts=[], wall_s=0.0), regenerated)
+    parent.close()
+    client = MlflowClient(uri)
+    (child,) = client.search_runs([client.get_experiment_by_name("online-params").experiment_id],
+                                  f"tags.mlflow.parentRunId = '{parent.run_id}'")
+    params = child.data.params
+    assert (params["train.online.topk"], params["train.online.max_length"]) == ("4", "80")
+    assert params["train.conversations"] == str([str(tmp_path / "r")]) and seen["cfg"].online == cfg.features
 
 
 def test_aux_layers_overrides_for_dump_and_run():

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from flows.cli import main
 from pipelines import stages
 from pipelines.registry import champion_exports, download_draft, log_exports, register_draft, resolve_version
-from pipelines.stages import RunConfig
+from pipelines.stages import Prepared, RunConfig
 from specdraft.config import load
 from specdraft.export import check_export, export_spec, serve_commands
 from specdraft.models import save_draft
@@ -39,8 +39,8 @@ def register(client, run_config, prepared, draft, key, tau):
     exported = stages.export_formats(run_config, prepared, draft, key)
     decision = register_draft(client, run_id=run_id, draft_dir=draft, model_name="drafts", alias="champion",
                               eval_key="e", mean_tau=tau, taus={"toy": tau}, train_key=key,
-                              tags={"specdraft.arch": exported["arch"], "specdraft.target": prepared["target"]})
-    log_exports(client, decision["run_id"], exported["exports"])
+                              tags={"specdraft.arch": exported.arch, "specdraft.target": prepared.target})
+    log_exports(client, decision["run_id"], exported.exports)
     return exported, decision
 
 
@@ -48,18 +48,18 @@ def test_exports_are_logged_beside_the_version_and_the_champion_is_served(world,
     root, target, drafts, uri = world
     client = MlflowClient(uri)
     cfg = load(RunConfig, None, [f"workdir={tmp_path / 'work'}", "register.serving.speculative_tokens=4"])
-    prepared = {"target": str(target), "target_id": target_id(target)}
+    prepared = Prepared(target=str(target), target_id=target_id(target), prompts=[], wall_s=0.0)
 
     exported, first = register(client, cfg, prepared, drafts["eagle3"], "k-eagle3", 2.0)
-    assert first["promoted"] and sorted(exported["exports"]) == ["sglang", "speculators"]
+    assert first["promoted"] and sorted(exported.exports) == ["sglang", "speculators"]
     logged = {a.path for a in client.list_artifacts(first["run_id"], "export")}
     assert logged == {"export/sglang", "export/speculators"}
-    assert log_exports(client, first["run_id"], exported["exports"]) == []  # a retried stage logs nothing twice
+    assert log_exports(client, first["run_id"], exported.exports) == []  # a retried stage logs nothing twice
     assert client.get_model_version("drafts", "1").tags["specdraft.arch"] == "eagle3"
 
     hass, second = register(client, cfg, prepared, drafts["eagle"], "k-hass", 1.5)  # worse: not promoted
-    assert not second["promoted"] and sorted(hass["exports"]) == ["eagle", "sglang"]
-    assert stages.export_formats(cfg, prepared, drafts["eagle"], "k-hass")["skipped"]  # keyed, done once
+    assert not second["promoted"] and sorted(hass.exports) == ["eagle", "sglang"]
+    assert stages.export_formats(cfg, prepared, drafts["eagle"], "k-hass").skipped  # keyed, done once
 
     champion = champion_exports(client, "drafts", "champion", tmp_path / "served")
     assert champion["version"] == 1 and champion["arch"] == "eagle3" and champion["target"] == str(target)
@@ -74,7 +74,7 @@ def test_exports_are_logged_beside_the_version_and_the_champion_is_served(world,
     assert again["exports"] == {"sglang": "/elsewhere/sglang"}  # this run's own export: no download
 
     beagle, third = register(client, cfg, prepared, drafts["beagle"], "k-beagle", 1.0)
-    assert beagle["exports"] == {} and "no serving engine runs Beagle drafts yet" in beagle["note"]
+    assert beagle.exports == {} and "no serving engine runs Beagle drafts yet" in beagle.note
     assert not list(client.list_artifacts(third["run_id"], "export"))
     assert third["version"] == 3 and client.get_model_version("drafts", "3").tags["specdraft.arch"] == "beagle"
 
