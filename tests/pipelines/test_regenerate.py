@@ -202,7 +202,7 @@ def test_a_part_killed_mid_write_leaves_nothing_that_looks_complete(tmp_path, mo
     rows = [{"id": "a", "source": "s", "messages": [{"role": "user", "content": "q"}]}]
 
     def dying_write(table, where):
-        Path(where).write_bytes(b"PAR1 half a file")
+        where.write(b"PAR1 half a file")  # the part is serialized in memory, then written whole
         raise KeyboardInterrupt
 
     monkeypatch.setattr(conversations.pq, "write_table", dying_write)
