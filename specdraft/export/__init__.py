@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from specdraft.decoding.eval import resolve_dtype
 from specdraft.export.check import check_export
 from specdraft.export.commands import serve_commands, sglang_command, vllm_command
 from specdraft.export.llama import engine_tensors
@@ -43,6 +42,7 @@ from specdraft.export.spec import (
 from specdraft.export.writers import write_export
 from specdraft.files import write_directory
 from specdraft.models import ARCHS, read_draft_config
+from specdraft.placement import resolve_dtype
 
 
 def export_spec(
