@@ -86,12 +86,18 @@ def remove_dead_temps(path: str | Path) -> list[Path]:
         except ValueError:
             continue
         if pid != os.getpid() and not _pid_alive(pid):
-            if tmp.is_dir():
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                tmp.unlink(missing_ok=True)
+            remove(tmp)
             removed.append(tmp)
     return removed
+
+
+def remove(path: str | Path) -> None:
+    """Delete a file or a whole directory; nothing when absent."""
+    path = Path(path)
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _pid_alive(pid: int) -> bool:

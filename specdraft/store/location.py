@@ -23,7 +23,6 @@ Only this module imports fsspec, and only for URLs.
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -113,10 +112,7 @@ def remove(location: Location) -> None:
     """Delete a file or a whole directory/prefix; nothing when absent."""
     location = as_location(location)
     if isinstance(location, Path):
-        if location.is_dir():
-            shutil.rmtree(location, ignore_errors=True)
-        else:
-            location.unlink(missing_ok=True)
+        files.remove(location)
         return
     fs, path = _fs(location)
     keys = fs.find(path) + ([path] if fs.isfile(path) else [])

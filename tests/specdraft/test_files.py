@@ -1,18 +1,13 @@
 """Files and directories written whole: a path holds the old content or the new one, never a mix or a temporary."""
 
 import os
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
 from specdraft import files
 
-
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
+DEAD_PID = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process can have it
 
 
 def test_write_bytes_replaces_whole_and_leaves_no_temporary(tmp_path, monkeypatch):
@@ -62,12 +57,12 @@ def test_write_directory_keeps_what_a_concurrent_writer_finished(tmp_path):
 
 def test_remove_dead_temps_spares_live_writers_and_other_names(tmp_path):
     out = tmp_path / "target"
-    dead = files.temp_path(out).with_name(f".target.tmp-{_dead_pid()}-deadbeef")
+    dead = tmp_path / f".target.tmp-{DEAD_PID}-deadbeef"
     dead.mkdir()
     (dead / "half.bin").write_bytes(b"x")
     mine = files.temp_path(out)  # this process: alive
     mine.write_text("writing")
-    other = tmp_path / f".other.tmp-{_dead_pid()}-deadbeef"
+    other = tmp_path / f".other.tmp-{DEAD_PID}-deadbeef"
     other.write_text("not ours")
     assert files.remove_dead_temps(out) == [dead]
     assert not dead.exists() and mine.exists() and other.exists()
