@@ -48,9 +48,9 @@ def write_directory(out_dir: str | Path, *, keep: Callable[[Path], bool] | None 
     it replaces ``out_dir``, on any error it is removed and ``out_dir`` is left as it was.
 
     An existing ``out_dir`` is renamed aside (to another temporary name) before the temporary is
-    renamed in, then deleted, so ``out_dir`` is never a mix of old and new files. ``keep(out_dir)``, asked when the block ends
-    and ``out_dir`` exists: True keeps that directory and drops the new one (a concurrent writer
-    finished the same work first).
+    renamed in, then deleted, so ``out_dir`` is never a mix of old and new files. ``keep(out_dir)``,
+    asked when the block ends and ``out_dir`` exists: True keeps that directory and drops the new
+    one (a concurrent writer finished the same work first).
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
