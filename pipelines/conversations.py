@@ -17,14 +17,13 @@ strictly alternate user/assistant starting with a user turn. Two shapes are vali
   yet, regenerate writes them).
 
 Files and directories may be local paths or object-store URLs (``s3://bucket/prefix``; see
-``specdraft/store/location.py``): a part at a URL is serialized in memory and written in one PUT,
-so, like a local part renamed into place, it is either absent or complete.
+``specdraft/store/location.py``; README "Object stores"): a part is serialized in memory and
+written whole — locally under a temporary name renamed into place, at a URL in one PUT — so it
+is either absent or complete.
 """
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -70,27 +69,16 @@ def check_messages(messages: list[dict[str, str]], complete: bool = False) -> tu
 
 
 def write_conversations(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path | str:
-    """Write ``rows`` to one Parquet file atomically (temp name in the same dir, then rename; at a URL
-    one PUT of the whole file)."""
+    """Write ``rows`` to one Parquet file, serialized in memory and written whole (``location.write_bytes``:
+    locally a temporary name in the same directory, then a rename; at a URL one PUT)."""
     rows = [
         {"id": r["id"], "source": r["source"],
          "messages": [{"role": m["role"], "content": m["content"]} for m in r["messages"]]}
         for r in rows
     ]
-    table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    if location.is_url(path):
-        buffer = pa.BufferOutputStream()
-        pq.write_table(table, buffer)
-        return location.write_bytes(path, buffer.getvalue().to_pybytes())
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    buffer = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), buffer)
+    return location.write_bytes(path, buffer.getvalue().to_pybytes())
 
 
 def conversation_files(paths: str | Path | Iterable[str | Path]) -> list[Path | str]:

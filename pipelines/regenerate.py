@@ -1,8 +1,10 @@
 """Regenerate stage: the target answers every prompt conversation itself (issue 3, part A).
 
-DESIGN.md "regenerate": the draft must learn the *target's* distribution, so the dataset's
-assistant turns are dropped and each user turn is answered by the target conditioned on its
-own earlier answers (turn t sees the target's answers to turns 1..t-1).
+The draft must learn the *target's* distribution (self-distillation: "Medusa: Simple LLM Inference
+Acceleration Framework with Multiple Decoding Heads", §3.3.2), so the dataset's assistant turns are
+dropped and each user turn is answered by the target conditioned on its own earlier answers (turn t
+sees the target's answers to turns 1..t-1). README "Commands" (``specdraft regenerate``) and
+"Object stores".
 
     ingest (driver)      prompt files -> normalized rows + rejects.jsonl (pipelines/ingest.py);
                          ids already in the output dir are skipped (resume)
@@ -45,6 +47,7 @@ from pipelines.conversations import SCHEMA, conversation_files, read_table, writ
 from pipelines.ingest import IngestConfig, ingest
 from specdraft.chat import assistant_spans
 from specdraft.config import config_hash, from_dict, to_dict
+from specdraft.decoding.sampling import keep_top_p
 from specdraft.placement import ATTN_IMPLEMENTATIONS, input_device, spread_gpus
 from specdraft.store import location
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id
@@ -128,7 +131,7 @@ def conversation_seed(seed: int, conv_id: str, turn: int) -> int:
 
 
 class RowSampler(LogitsProcessor):
-    """Temperature / top-p sampling with one ``torch.Generator`` per row.
+    """Temperature / top-p sampling (``keep_top_p``, the decoders' top-p) with one ``torch.Generator`` per row.
 
     Returns scores that are -inf everywhere but the sampled token, so greedy decoding picks
     it: each row's draw depends only on its own seed and its own logits.
@@ -143,10 +146,7 @@ class RowSampler(LogitsProcessor):
             self.generators = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
         probs = torch.softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
         if self.top_p < 1.0:
-            sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V)
-            outside = sorted_probs.cumsum(-1) - sorted_probs > self.top_p  # (B, V) mass before > top_p
-            sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)  # (B, V)
+            probs = probs.masked_fill(~keep_top_p(probs, self.top_p), 0.0)  # (B, V)
         picks = torch.cat([
             torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(self.generators)
         ])  # (B,)

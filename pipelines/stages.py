@@ -24,7 +24,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -37,7 +36,7 @@ from pipelines.conversations import read_conversations
 from pipelines.tracking import TrackingConfig
 from pipelines.train import TrainConfig, run_training
 from specdraft import __version__ as CODE_VERSION
-from specdraft import config
+from specdraft import config, files
 from specdraft.config import ConfigError, config_hash, to_dict
 from specdraft.decoding.eval import EvalSettings
 from specdraft.features import FeaturesConfig
@@ -331,9 +330,7 @@ def _finished(directory: Path) -> dict[str, Any] | None:
 
 
 def _finish(directory: Path, record: dict[str, Any]) -> dict[str, Any]:
-    tmp = directory / f".{DONE}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(record, indent=2, default=str))
-    os.replace(tmp, directory / DONE)
+    files.write_text(directory / DONE, json.dumps(record, indent=2, default=str))
     return record
 
 

@@ -1,10 +1,12 @@
-"""Where the target runs: device, dtype, attention kernel and its spread over GPUs (issue 12, item 6).
+"""Where the target runs: device, dtype, attention kernel and its spread over GPUs (README "Targets
+larger than one GPU").
 
 The placement decisions of every stage that runs the target (dump prefill, HF regeneration,
 evaluation), in one place; ``target.load_target_model`` applies them:
 
 * ``resolve_device`` / ``resolve_dtype``: ``"auto"`` means CUDA when present (bf16 there), else
-  the CPU (fp32);
+  the CPU (fp32); ``resolve_dtype`` is the one place a dtype name (``DTYPES``) becomes a dtype,
+  ``dtype_name`` the way back;
 * ``resolve_attn_implementation``: ``sdpa`` (default), ``flash_attention_2`` when requested on
   CUDA with ``flash_attn`` importable (otherwise ``sdpa``), or ``eager``;
 * ``spread_gpus``: the GPUs a Ray actor asks for (``num_gpus``) read as the number of GPUs its
@@ -57,6 +59,11 @@ def resolve_dtype(name: str | torch.dtype, device: str | torch.device = "cpu") -
         return torch.bfloat16 if resolve_device(device).type == "cuda" else torch.float32
     assert name in DTYPES, f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {name!r}"
     return DTYPES[name]
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """The name ``resolve_dtype`` takes for a dtype (``torch.bfloat16`` -> ``"bfloat16"``); a name as given."""
+    return str(dtype).removeprefix("torch.")
 
 
 def resolve_attn_implementation(requested: str, device: str | torch.device) -> str:
@@ -162,7 +169,7 @@ def describe_placement(model: torch.nn.Module) -> dict[str, Any]:
     params = list(model.parameters())
     return {
         "attn_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None),
-        "dtype": str(params[0].dtype).removeprefix("torch."),
+        "dtype": dtype_name(params[0].dtype),
         "devices": sorted({str(p.device) for p in params}),
         "input_device": str(input_device(model)),
         "output_device": str(output_device(model)),

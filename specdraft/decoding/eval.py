@@ -1,4 +1,6 @@
-"""Acceptance-length evaluation on MT-Bench-format question sets (DESIGN.md "Evaluation").
+"""Acceptance-length evaluation on MT-Bench-format question sets (README "Evaluation and the
+prompt-lookup floor"; τ as in "EAGLE-2: Faster Inference of Language Models with Dynamic Draft
+Trees", §5; the question format of "Judging LLM-as-a-Judge with MT-Bench and Chatbot Arena").
 
 A question file is JSON Lines (or a JSON list) of ``{"question_id", "category", "turns"}``;
 its dataset name is the file stem (the parent folder's name for a file called
@@ -32,6 +34,7 @@ from typing import Any, Literal
 import torch
 from transformers.utils.logging import tqdm
 
+from specdraft import files
 from specdraft.config import to_dict
 from specdraft.decoding.metrics import first_mismatch, summarize
 from specdraft.decoding.prompt_lookup import PromptLookupConfig, prompt_lookup_generate
@@ -272,9 +275,5 @@ def run_eval(
 
 
 def write_report(report: dict[str, Any], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    """Write the report as JSON, whole (temporary name, then rename)."""
+    return files.write_text(path, json.dumps(report, indent=2) + "\n")

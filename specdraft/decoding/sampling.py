@@ -1,9 +1,13 @@
-"""Token choice shared by vanilla and speculative decoding (papers/eagle2-… §2, "speculative sampling").
+"""Token choice shared by vanilla and speculative decoding ("EAGLE-2: Faster Inference of Language
+Models with Dynamic Draft Trees", §2, speculative sampling).
 
 Speculative sampling is lossless only when the target distribution it preserves is the one
 vanilla decoding samples from, so both paths call the same ``target_probs``: temperature,
 then top-k, then top-p (the order of ``transformers`` ``generate``), then softmax. A
 temperature of 0 means greedy (argmax of the raw logits; the warpers cannot change it).
+
+Top-p is nucleus sampling ("The Curious Case of Neural Text Degeneration", §3.1):
+``keep_top_p`` is its one implementation, also used by the regenerate stage's sampler.
 
 Randomness always comes from an explicit ``torch.Generator`` (no global RNG state).
 """
@@ -39,13 +43,23 @@ def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         kth = x.topk(cfg.top_k, dim=-1).values[..., -1:]  # (..., 1)
         x = x.masked_fill(x < kth, float("-inf"))
     if cfg.top_p < 1.0:
-        sorted_x, order = x.sort(dim=-1, descending=True)  # (..., V)
-        cum = sorted_x.softmax(-1).cumsum(-1)  # (..., V)
-        # drop a token when the mass strictly before it already reaches top_p (the top token stays)
-        drop_sorted = (cum - sorted_x.softmax(-1)) >= cfg.top_p  # (..., V)
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
+        x = x.masked_fill(~keep_top_p(x.softmax(-1), cfg.top_p), float("-inf"))  # (..., V)
     return x
+
+
+def keep_top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The tokens top-p keeps, as a mask (..., V) over ``probs`` (..., V): the smallest set, taken by
+    descending probability, whose mass reaches ``top_p``.
+
+    A token stays when the mass of the tokens ranked above it is still below ``top_p``, so the top
+    token always stays and a set that reaches ``top_p`` exactly takes no further token (the same
+    set as ``transformers``' ``TopPLogitsWarper``). Equal probabilities are ranked by the sort.
+    """
+    assert 0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}"
+    sorted_probs, order = probs.sort(dim=-1, descending=True)  # (..., V)
+    above = sorted_probs.cumsum(-1) - sorted_probs  # (..., V) mass ranked above each token
+    keep_sorted = above < top_p  # (..., V)
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # (..., V)
 
 
 def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from specdraft.decoding.eval import resolve_dtype
 from specdraft.export.check import check_export
 from specdraft.export.commands import serve_commands, sglang_command, vllm_command
 from specdraft.export.llama import engine_tensors
@@ -41,7 +40,9 @@ from specdraft.export.spec import (
     refuse_unservable,
 )
 from specdraft.export.writers import write_export
-from specdraft.models import ARCHS, atomic_directory, read_draft_config
+from specdraft.files import write_directory
+from specdraft.models import ARCHS, read_draft_config
+from specdraft.placement import resolve_dtype
 
 
 def export_spec(
@@ -85,7 +86,7 @@ def export_draft(
         ARCHS[spec.draft.arch](spec.draft).load_state_dict(state, strict=True)
     except RuntimeError as err:
         raise ExportError(f"{draft_dir}: weights do not match its config.json: {err}") from None
-    with atomic_directory(out_dir) as tmp:
+    with write_directory(out_dir) as tmp:
         write_export(state, spec, tmp)
         reference = engine_tensors(state, LAYOUTS[(fmt, spec.draft.arch)].layer_prefix,
                                    resolve_dtype(spec.dtype, torch.device("cpu")))

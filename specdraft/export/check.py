@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from specdraft.decoding.eval import resolve_dtype
 from specdraft.export.llama import expected_shapes
 from specdraft.export.spec import LAYOUTS, ExportError, ExportSpec
+from specdraft.placement import dtype_name, resolve_dtype
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
@@ -165,7 +165,7 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
         if want_dtype is not None and tensor.dtype != want_dtype:
             problems.append(f"{name} is {tensor.dtype}, the engines read {want_dtype}")
         if want_dtype is None and tensor.dtype != resolve_dtype(spec.dtype, torch.device("cpu")):
-            problems.append(f"{name} is {str(tensor.dtype).removeprefix('torch.')}, not the requested/target dtype "
+            problems.append(f"{name} is {dtype_name(tensor.dtype)}, not the requested/target dtype "
                             f"{spec.dtype}")
     if c.arch == "eagle3":
         problems += _vocab_problems(tensors, spec)

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from specdraft import placement
 from specdraft.models.config import DraftConfig
 from specdraft.target import load_target_config, target_id
 
 FORMATS = ("speculators", "sglang", "eagle")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = tuple(placement.DTYPES)  # the dtype names an export writes
 ARCH_FORMATS = {"eagle3": ("speculators", "sglang"), "eagle": ("sglang", "eagle"), "beagle": ()}
 
 
@@ -92,7 +93,7 @@ def read_target_facts(path: str | Path) -> TargetFacts:
     cfg = load_target_config(path)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     dtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
-    dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
+    dtype = placement.dtype_name(dtype) if dtype is not None else None
     return TargetFacts(
         path=str(Path(path).resolve()),
         target_id=target_id(path),

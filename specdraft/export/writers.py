@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from specdraft.decoding.eval import resolve_dtype
 from specdraft.export.llama import engine_tensors, layer_config
 from specdraft.export.spec import LAYOUTS, ExportSpec
+from specdraft.placement import resolve_dtype
 
 
 def aux_fields(spec: ExportSpec) -> dict[str, Any]:

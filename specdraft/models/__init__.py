@@ -10,11 +10,6 @@ self-contained directory for tools that cannot reach the target.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -23,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specdraft.config import from_dict, to_dict
+from specdraft.files import write_directory
 from specdraft.models.beagle import BeagleDraft
 from specdraft.models.config import DraftConfig, draft_config_from_target
 from specdraft.models.eagle import EagleDraft
@@ -79,23 +75,6 @@ def build_draft(
     return draft
 
 
-@contextmanager
-def atomic_directory(out_dir: str | Path) -> Iterator[Path]:
-    """Yield a temporary sibling of ``out_dir`` to fill; on success it replaces ``out_dir`` (rename),
-    on any error it is removed and ``out_dir`` is left as it was."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
 def save_draft(
     draft, out_dir: str | Path, include_heads: bool = False, weights: dict[str, torch.Tensor] | None = None
 ) -> Path:
@@ -104,7 +83,7 @@ def save_draft(
     ``weights``: the draft's state dict when ``draft`` does not hold it in full (a sharded draft's
     gathered weights, ``Trainer.draft_state_dict``); by default ``draft.state_dict()``.
     """
-    with atomic_directory(out_dir) as tmp:
+    with write_directory(out_dir) as tmp:
         (tmp / "config.json").write_text(json.dumps(to_dict(draft.config), indent=2, sort_keys=True))
         weights = draft.state_dict() if weights is None else weights
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
@@ -182,7 +161,6 @@ __all__ = [
     "Eagle3Draft",
     "EagleDraft",
     "KVCache",
-    "atomic_directory",
     "build_draft",
     "draft_config_from_target",
     "load_draft",

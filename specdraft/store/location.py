@@ -1,12 +1,13 @@
 """Where a store lives: a local directory, or an object-store URL (fsspec: ``s3://bucket/prefix``, ``gs://``).
 
-DESIGN.md "The target and its features": "A store lives at a local path or an object-store URL
-(fsspec ...) so every node of a cluster reads the same store." This module is the one seam between
-the store's logic and its storage; it also serves the regenerate stage's output directory.
+README "Object stores": a store lives at a local path or an object-store URL so that every node of
+a cluster reads the same store. This module is the one seam between the store's logic and its
+storage; it also serves the regenerate stage's output directory.
 
 Commit rules (what makes a write visible as complete):
 
-* local path: write a temporary name, then rename it into place (POSIX rename is atomic);
+* local path: write a temporary name, then rename it into place (POSIX rename is atomic;
+  ``specdraft/files.py`` holds the two writers, a file and a directory);
 * URL: object stores have no rename. One object is published only when its upload completes
   (a single PUT, or a completed multipart upload), so a file written here in one ``pipe_file``
   call is its own commit. Anything made of several objects (a Zarr shard, a store) is complete
@@ -21,14 +22,15 @@ Only this module imports fsspec, and only for URLs.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Union
 
 import zarr
+
+from specdraft import files
 
 Location = Union[str, Path]
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://")
@@ -110,10 +112,7 @@ def remove(location: Location) -> None:
     """Delete a file or a whole directory/prefix; nothing when absent."""
     location = as_location(location)
     if isinstance(location, Path):
-        if location.is_dir():
-            shutil.rmtree(location, ignore_errors=True)
-        else:
-            location.unlink(missing_ok=True)
+        files.remove(location)
         return
     fs, path = _fs(location)
     keys = fs.find(path) + ([path] if fs.isfile(path) else [])
@@ -142,18 +141,26 @@ def write_bytes(location: Location, data: bytes) -> Path | str:
         fs, path = _fs(location)
         fs.pipe_file(path, data)  # the object appears only once its upload completes
         return location
-    location.parent.mkdir(parents=True, exist_ok=True)
-    tmp = location.with_name(f".{location.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, location)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return location
+    return files.write_bytes(location, data)
 
 
 def write_text(location: Location, text: str) -> Path | str:
     return write_bytes(location, text.encode())
+
+
+@contextmanager
+def write_directory(location: Location) -> Iterator[Path | str]:
+    """Yield where to write the directory ``location``: locally a temporary sibling renamed into place
+    when the block ends without an error (``files.write_directory``); at a URL, which has no rename,
+    ``location`` itself, emptied first of what a killed writer left there — complete only once the
+    caller's last write, its marker object, is there."""
+    location = as_location(location)
+    if isinstance(location, Path):
+        with files.write_directory(location) as tmp:
+            yield tmp
+        return
+    remove(location)
+    yield location
 
 
 def tree_bytes(location: Location) -> int:

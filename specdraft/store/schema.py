@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import uuid
 
 import numpy as np
 import torch
 
 from specdraft.batch import decode_features
+from specdraft.files import temp_path
 
 SCHEMA_VERSION = 1
 FORMAT_NAME = "specdraft-features"
@@ -51,7 +50,7 @@ def shard_index(name: str) -> int | None:
 
 def temp_shard_name(index: int) -> str:
     """A unique hidden name to write shard ``index`` into before the rename."""
-    return f".{shard_name(index)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return temp_path(shard_name(index)).name
 
 
 def array_schema(d: int, k: int, codec: str, num_aux: int = 0) -> dict[str, tuple[str, tuple[int, ...]]]:

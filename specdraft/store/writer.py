@@ -1,5 +1,7 @@
 """Shard writing: one writer per shard, into a temporary directory renamed into place when complete.
 
+README "Object stores" gives the commit rules; ``location.write_directory`` applies them.
+
 Locally a ``shard-XXXXX.zarr`` name always holds a complete shard (temporaries are never read). At
 an object-store URL there is no rename: the shard is written under its final prefix (a killed
 writer's leftover keys removed first) and is complete only once its record is there. Either way the
@@ -9,8 +11,6 @@ directories and reads a shard's record.
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,6 @@ from specdraft.store.schema import (
     array_schema,
     shard_index,
     shard_name,
-    temp_shard_name,
 )
 
 ZARR_VERSION = zarr.__version__  # recorded in a dumped store's manifest
@@ -62,7 +61,6 @@ def write_shard(
     counts and per-array sha256) is stored as the shard group's ``specdraft_shard`` attribute,
     written last, and returned for the manifest.
     """
-    url = location.is_url(store_dir)
     store_dir = location.as_location(store_dir)
     schema = array_schema(attrs["d"], attrs["k"], attrs["hidden_codec"], len(attrs.get("aux_layers") or []))
     missing = sorted(set(schema) - set(arrays))
@@ -73,14 +71,10 @@ def write_shard(
         f"shard {index}: offsets {offsets[:3]}..{offsets[-1:]} do not match {n_seqs} sequences / {n_tokens} tokens"
     )
     assert chunk_tokens >= 1, "chunk_tokens must be >= 1"
-    final = location.join(store_dir, shard_name(index))
-    # no rename at a URL: write under the final prefix, emptied of an incomplete earlier attempt
-    tmp = final if url else location.join(store_dir, temp_shard_name(index))
-    if url:
-        location.remove(final)
     checksums = {}
-    try:
-        group = location.open_group(tmp, "w")
+    # locally a temporary directory renamed into place; at a URL the final prefix, emptied of an earlier attempt
+    with location.write_directory(location.join(store_dir, shard_name(index))) as out:
+        group = location.open_group(out, "w")
         for name, (dtype, tail) in schema.items():
             values = np.asarray(arrays[name])
             if name == "sample_ids":
@@ -109,15 +103,10 @@ def write_shard(
             "num_loss_tokens": int(np.asarray(arrays["loss_mask"]).sum()),
             "checksums": checksums,
         }
-        record["bytes"] = location.tree_bytes(tmp)
-        group.attrs[SHARD_ATTR] = record  # last write: a shard without it is incomplete
-        if not url:
-            if final.exists():  # a retried writer finished this shard first: same plan, same bytes
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-    finally:
-        if not url and tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        record["bytes"] = location.tree_bytes(out)
+        # last write: a shard without it is incomplete. A retried writer that finished this shard
+        # first is replaced on the rename (same plan, same bytes)
+        group.attrs[SHARD_ATTR] = record
     return record
 
 

@@ -1,6 +1,6 @@
 """Build the toy target: a small Llama chat model trained on synthetic conversations.
 
-DESIGN.md, "Embedded default": the laptop demo needs a real Hugging Face model directory
+README "What the first run does": the laptop demo needs a real Hugging Face model directory
 to stand in for a served LLM. ``build_toy_target`` generates conversations
 (``conversations.py``; GSM8K-style word problems, ``word_problems.py``, with
 ``data=word_problems``), trains a byte-level BPE tokenizer with a chat template
@@ -9,9 +9,9 @@ assistant tokens of the rendered chats for a fixed number of AdamW steps, and wr
 complete directory: ``config.json``, ``model.safetensors``, ``generation_config.json``,
 tokenizer files and ``toy_target.json`` (build config, losses, wall time).
 
-The directory is assembled under a temporary sibling name and renamed into place, so a
-directory at ``out_dir`` is always complete; a complete build with the same config is
-returned as is. Same config (and thread count) -> bitwise-identical weights.
+The directory is assembled under a temporary sibling name and renamed into place
+(``specdraft/files.py``), so a directory at ``out_dir`` is always complete; a complete build
+with the same config is returned as is. Same config (and thread count) -> bitwise-identical weights.
 
 Prebuilt: training the default config is most of a first ``specdraft run`` on a 2-core machine,
 so the package ships that build in ``prebuilt/`` (about 1 MB; ``manifest.json`` holds each file's
@@ -28,12 +28,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -45,6 +43,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 from transformers.utils import logging as hf_logging
 
 from specdraft.config import ConfigError, config_hash, from_dict, load, to_dict
+from specdraft.files import remove_dead_temps, write_directory
 from specdraft.toy import conversations, word_problems
 from specdraft.toy.tokenizer import END, train_tokenizer
 
@@ -119,22 +118,14 @@ def build_toy_target(
         return out_dir
     if out_dir.exists() and not _replaceable(out_dir):
         raise FileExistsError(f"{out_dir} exists and is not a toy target build; refusing to replace it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temp_dirs(out_dir)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
+    remove_dead_temps(out_dir)  # left by killed builds
+    # a concurrent builder that finished first keeps its build
+    with write_directory(out_dir, keep=lambda done: is_complete_build(done, cfg)) as tmp:
         if prebuilt and same_config(prebuilt_config(), cfg):
             for name in _manifest()["files"]:
                 shutil.copyfile(PREBUILT_DIR / name, tmp / name)
         else:
             _build_into(tmp, cfg, progress)
-        if is_complete_build(out_dir, cfg):  # a concurrent builder finished first
-            return out_dir
-        _move_into_place(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
@@ -424,39 +415,6 @@ def evaluate_loss(
 def _replaceable(out_dir: Path) -> bool:
     """An existing ``out_dir`` may be replaced when empty or when it is a previous toy build."""
     return out_dir.is_dir() and (not any(out_dir.iterdir()) or (out_dir / RECORD_FILE).is_file())
-
-
-def _move_into_place(tmp: Path, out_dir: Path) -> None:
-    if out_dir.exists():
-        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        out_dir.rename(old)
-        try:
-            tmp.rename(out_dir)
-        finally:
-            shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out_dir)
-
-
-def _remove_stale_temp_dirs(out_dir: Path) -> None:
-    """Delete temp dirs of builds of ``out_dir`` whose process is gone (killed builds)."""
-    for path in out_dir.parent.glob(f".{out_dir.name}.tmp-*"):
-        try:
-            pid = int(path.name.rsplit(".tmp-", 1)[1].split("-")[0])
-        except ValueError:
-            continue
-        if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main(argv: list[str] | None = None) -> None:

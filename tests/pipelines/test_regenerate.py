@@ -23,6 +23,7 @@ from pipelines import conversations
 from pipelines.conversations import check_messages, read_conversations
 from pipelines.regenerate import (
     RegenerateConfig,
+    RowSampler,
     conversation_seed,
     done_ids,
     generate_batch,
@@ -154,6 +155,14 @@ def test_sampling_is_deterministic_per_row_and_seed(loaded):
     assert conversation_seed(0, "a", 1) != conversation_seed(0, "a", 0) != conversation_seed(1, "a", 0)
 
 
+def test_row_sampler_draws_from_the_decoders_top_p_set():
+    """The regenerate sampler keeps the decoders' top-p set (``keep_top_p``): at an exact boundary no further token."""
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.125])  # (V,) the top two reach 0.75 exactly
+    sampler = RowSampler(seeds=list(range(64)), temperature=1.0, top_p=0.75)
+    scores = sampler(None, probs.log().expand(64, -1).clone())  # (64, V): -inf but the sampled token
+    assert set(scores.argmax(-1).tolist()) == {0, 1}  # were a third token kept, 64 draws would miss it w.p. 0.75**64
+
+
 def test_multi_turn_answers_are_the_targets_own(loaded):
     model, tokenizer = loaded
     rows = dataset_rows(8)
@@ -202,7 +211,7 @@ def test_a_part_killed_mid_write_leaves_nothing_that_looks_complete(tmp_path, mo
     rows = [{"id": "a", "source": "s", "messages": [{"role": "user", "content": "q"}]}]
 
     def dying_write(table, where):
-        Path(where).write_bytes(b"PAR1 half a file")
+        where.write(b"PAR1 half a file")  # the part is serialized in memory, then written whole
         raise KeyboardInterrupt
 
     monkeypatch.setattr(conversations.pq, "write_table", dying_write)

@@ -11,8 +11,7 @@ import torch
 
 from specdraft import store
 from specdraft.store import FeatureDataset, ReaderConfig, StoreError
-
-D, K, V = 8, 4, 50
+from tests.specdraft.store_helpers import D, K, V, synthetic_shard
 
 
 def make_store(root, *, shards=3, per_shard=7, codec="fp16", seed=0, prefix="s", target="t@1", d=D, aux=()):
@@ -22,25 +21,9 @@ def make_store(root, *, shards=3, per_shard=7, codec="fp16", seed=0, prefix="s",
     truth, records = {}, []
     root.mkdir(parents=True, exist_ok=True)
     for idx in range(shards):
-        lengths = rng.integers(1, 24, size=per_shard)
-        n = int(lengths.sum())
-        hidden = torch.randn(n, d, generator=gen) * 3  # (N, d)
-        logits = torch.randn(n, V, generator=gen) * 4  # (N, V)
-        top = logits.topk(K, dim=-1)
-        arrays = store.encode_hidden(hidden, codec)
-        aux_hidden = torch.randn(n, len(aux) * d, generator=gen) * torch.arange(1, len(aux) + 1).repeat_interleave(d)
-        if aux:  # (N, L*d), layer l scaled by l + 1
-            arrays.update(store.encode_hidden(aux_hidden, codec, name="aux_hidden", parts=len(aux)))
-        ids = [f"{prefix}{idx}-{j}" for j in range(per_shard)]
-        arrays.update(
-            input_ids=rng.integers(0, V, size=n).astype(np.int32),
-            loss_mask=rng.integers(0, 2, size=n).astype(np.uint8),
-            topk_ids=top.indices.to(torch.int32).numpy(),
-            topk_logits=top.values.to(torch.float16).numpy(),
-            logsumexp=torch.logsumexp(logits, -1).numpy(),
-            offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            sample_ids=np.asarray(ids, dtype=str),
-        )
+        arrays, values = synthetic_shard(idx, rng, gen, per_shard=per_shard, codec=codec, d=d, aux=aux, prefix=prefix)
+        hidden, aux_hidden, logits, top = values["hidden"], values["aux_hidden"], values["logits"], values["top"]
+        ids = arrays["sample_ids"].tolist()
         attrs = {"d": d, "k": K, "hidden_codec": codec, "target_id": target, "aux_layers": list(aux)}
         records.append(store.write_shard(root, idx, arrays, attrs, chunk_tokens=16))
         off = arrays["offsets"]

@@ -12,32 +12,18 @@ import torch
 
 from specdraft import store
 from specdraft.store import FeatureDataset, ReaderConfig, StoreError, location
+from tests.specdraft.store_helpers import D, K, V, synthetic_shard
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-D, K, V = 8, 4, 50
 HEADER = {"target_id": "t@1", "d": D, "k": K, "hidden_codec": "int8"}
 
 
 def shard_arrays(idx: int, per_shard: int = 4) -> tuple[dict[str, np.ndarray], dict]:
     """Deterministic arrays of shard ``idx`` (int8 codec: hidden + hidden_scale)."""
-    rng = np.random.default_rng(idx)
-    gen = torch.Generator().manual_seed(idx)
-    lengths = rng.integers(1, 20, size=per_shard)
-    n = int(lengths.sum())
-    logits = torch.randn(n, V, generator=gen) * 4  # (N, V)
-    top = logits.topk(K, dim=-1)
-    arrays = store.encode_hidden(torch.randn(n, D, generator=gen), "int8")
-    arrays.update(
-        input_ids=rng.integers(0, V, size=n).astype(np.int32),
-        loss_mask=rng.integers(0, 2, size=n).astype(np.uint8),
-        topk_ids=top.indices.to(torch.int32).numpy(),
-        topk_logits=top.values.to(torch.float16).numpy(),
-        logsumexp=torch.logsumexp(logits, -1).numpy(),
-        offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        sample_ids=np.asarray([f"s{idx}-{j}" for j in range(per_shard)], dtype=str),
-    )
+    rng, gen = np.random.default_rng(idx), torch.Generator().manual_seed(idx)
+    arrays, _ = synthetic_shard(idx, rng, gen, per_shard=per_shard, codec="int8", max_len=20)
     return arrays, {"d": D, "k": K, "hidden_codec": "int8", "target_id": "t@1"}
 
 

@@ -1,4 +1,5 @@
-"""Temperature > 0: speculative sampling preserves the target distribution (papers/eagle2-… §2).
+"""Temperature > 0: speculative sampling preserves the target distribution ("EAGLE-2: Faster Inference
+of Language Models with Dynamic Draft Trees", §2), and the one top-p (nucleus) filter.
 
 On a 6-token vocabulary the exact joint distribution of the first three generated tokens under
 the warped target is enumerated; speculative samples (chain with sampled proposals, and a
@@ -17,7 +18,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 import specdraft.decoding.speculative as speculative
 from specdraft.decoding import DecodeConfig, speculative_generate, vanilla_generate
-from specdraft.decoding.sampling import SamplingConfig, sample, target_probs
+from specdraft.decoding.sampling import SamplingConfig, keep_top_p, sample, target_probs
 from specdraft.decoding.verify import Acceptance
 from tests.specdraft.decoding.decoding_helpers import chi2_gof, chi2_sf, exact_joint, tiny_draft, tiny_target
 
@@ -45,6 +46,23 @@ def test_warpers_match_transformers(temperature, top_k, top_p):
     if top_p < 1:
         x = TopPLogitsWarper(top_p)(None, x)
     assert torch.allclose(ours, x.softmax(-1), atol=1e-6)
+
+
+@pytest.mark.parametrize("top_p,kept", [
+    (0.75, [1, 1, 0, 0, 0]),  # exactly reached by the top two: no third token
+    (0.7, [1, 1, 0, 0, 0]),
+    (0.76, [1, 1, 1, 0, 0]),  # just past it: the third token is needed
+    (0.3, [1, 0, 0, 0, 0]),  # the top token always stays
+    (1.0, [1, 1, 1, 1, 1]),
+])
+def test_top_p_keeps_the_smallest_set_whose_mass_reaches_p(top_p, kept):
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625])  # (V,) exact in binary: no rounding at the boundary
+    mask = keep_top_p(torch.stack([probs, probs.flip(0)]), top_p)  # (2, V): by probability, not position
+    want = torch.tensor(kept, dtype=torch.bool)
+    assert mask[0].tolist() == want.tolist() and mask[1].tolist() == want.flip(0).tolist()
+    if top_p < 1:  # the same set as transformers' warper
+        hf = TopPLogitsWarper(top_p)(None, probs.log()[None])[0].isfinite()  # (V,)
+        assert mask[0].tolist() == hf.tolist()
 
 
 def sampled_counts(target, draft, cfg: DecodeConfig, n: int, seed: int) -> Counter:
