@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdraft.objectives import Batch, LossWeights, StageConfig, prepare_targets, substeps, unwrap
+from specdraft.batch import Batch
+from specdraft.objectives import LossWeights, StageConfig, prepare_targets, substeps, unwrap
 
 
 @dataclass

@@ -37,7 +37,7 @@ from typing import Callable, ContextManager, Iterator, Literal
 import torch
 
 from specdraft import masks
-from specdraft.batch import Batch, pad_batch  # noqa: F401 - re-exported: objectives.Batch / pad_batch
+from specdraft.batch import Batch
 from specdraft.losses import HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
 from specdraft.models.layers import Chain
 

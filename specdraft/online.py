@@ -17,7 +17,7 @@ Online and offline training see the same batches and the same values:
   top-K and float32 logsumexp, and with ``aux_layers`` the auxiliary layers' states of the same
   forward: the EAGLE-3 features) and rounds the values exactly as the store does (the hidden codec
   for ``hidden`` and ``aux_hidden`` — int8 with one scale per token and layer —, float16 top-K
-  logits), then pads with ``objectives.pad_batch`` like the store reader;
+  logits), then pads with ``batch.pad_batch`` like the store reader;
 * ``TokenizedConversations.predicted_token_counts``: the draft-vocabulary statistics
   (``vocab.count_predicted_tokens``) of these tokens, as ``store.predicted_token_counts`` counts a
   store of them.
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from specdraft.chat import REJECT_REASONS, tokenize_conversation, unique_conversations
-from specdraft.objectives import Batch, pad_batch
+from specdraft.batch import Batch, pad_batch
 from specdraft.store import HIDDEN_CODECS, ReaderConfig, decode_hidden, encode_hidden, is_held_out, plan_batches
 from specdraft.target import pad_sequences, token_features
 from specdraft.vocab import count_predicted_tokens

@@ -25,7 +25,8 @@ from specdraft.chat import render_with_loss_mask
 from specdraft.config import to_dict
 from specdraft.loggers import JsonlLogger
 from specdraft.models import build_draft, draft_config_from_target, save_draft
-from specdraft.objectives import LossWeights, StageConfig, pad_batch
+from specdraft.batch import pad_batch
+from specdraft.objectives import LossWeights, StageConfig
 from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_features
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations
