@@ -1,4 +1,6 @@
-"""Training stages as sequences of sub-steps (Beagle §4.2; HASS §3.2 and App. A.1; SpecForge §2.4).
+"""Training stages as sequences of sub-steps ("Cross-Attention Speculative Decoding" (Beagle) §4.2;
+"Learning Harmonized Representations for Speculative Sampling" (HASS) §3.2 and App. A.1; "EAGLE-3:
+Scaling up Inference Acceleration of Large Language Models via Training-Time Test" §3).
 
 ``substeps(draft, batch, stage)`` yields one ``SubStep`` per forward the stage needs; what each
 query sees is described in ``masks.py``:

@@ -95,7 +95,8 @@ class BeagleDraft(nn.Module):
         encoded = chain.encode(lambda states, u: self.encode_states(states, positions[:, u]))  # E x (B, Hkv, Q_v, Dh)
         extra = [kv.rows(r) for kv, r in zip(encoded, chain.diagonal(query_index))]  # E x (B, Hkv, Q, Dh)
         visible = prefix_visible(cutoff, t, bsz)  # (B, Q, T)
-        return chain.attend(self.attend, input_ids[:, query_index], positions[:, query_index], chain.true, visible, extra)
+        ids, pos = input_ids[:, query_index], positions[:, query_index]  # (B, Q)
+        return chain.attend(self.attend, ids, pos, chain.true, visible, extra)  # (B, Q, d)
 
     # -- drafting (decoding/drafting.py): the cache holds keys/values of states ------------------
     def encode_committed(self, tokens: torch.Tensor, states: torch.Tensor, start: int) -> tuple[torch.Tensor, KV]:

@@ -205,7 +205,7 @@ class Chain:
     def of(cls, extras: torch.Tensor, query_index: torch.Tensor, length: int) -> "Chain":
         """The per-query layout ``extras`` (B, Q, E, d) — query p's own drafted states at u = p-E .. p-1 —
         as the chain of E sub-steps that wrote them (views of ``extras``; nothing encoded yet)."""
-        bsz, nq, ne, _ = extras.shape
+        _, nq, ne, _ = extras.shape
         assert nq == query_index.numel(), f"extras for {nq} queries, {query_index.numel()} queries"
         chain = cls(length)
         for v in range(ne):
