@@ -132,8 +132,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """One (recipe, loss) measurement; runs in a fresh process."""
     torch.set_num_threads(spec["threads"])
     import specdraft.objectives as objectives
+    from specdraft.batch import Batch
     from specdraft.models import DraftConfig, build_draft, set_frozen_dtype
-    from specdraft.objectives import Batch, LossWeights, StageConfig, train_batch
+    from specdraft.objectives import LossWeights, StageConfig, train_batch
 
     device = torch.device(spec["device"])
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[spec["dtype"]]

@@ -1,10 +1,12 @@
-"""Offline acceptance estimate from stored target states (DESIGN.md "Evaluation", last part).
+"""Offline acceptance estimate from stored target states (acceptance rates as in "EAGLE-2: Faster
+Inference of Language Models with Dynamic Draft Trees" §5; README "Evaluation and the prompt-lookup
+floor").
 
 Chain drafting is simulated against the stored features with the late-stage machinery
-(Beagle §4.2: windows of ``depth`` from every offset, the draft's own states fed back —
-exactly what drafting sees, with the data tokens as inputs): the draft's top-1 at
-window position i must equal the target's top-1 at that position for every earlier
-position of the window to count as accepted. Greedy, so
+("Cross-Attention Speculative Decoding" (Beagle) §4.2: windows of ``depth`` from every offset,
+the draft's own states fed back — exactly what drafting sees, with the data tokens as inputs):
+the draft's top-1 at window position i must equal the target's top-1 at that position for every
+earlier position of the window to count as accepted. Greedy, so
 
     alpha_i  = P(top-1 match at depth i | depths 1..i-1 matched)
     sim_tau  = alpha_1 + alpha_1*alpha_2 + ...  (no bonus token)
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdraft.objectives import Batch, LossWeights, StageConfig, prepare_targets, substeps, unwrap
+from specdraft.batch import Batch
+from specdraft.objectives import LossWeights, StageConfig, prepare_targets, substeps, unwrap
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""What every training sub-step lets each query see (DESIGN.md "Index definitions").
+"""What every training sub-step lets each query see ("Cross-Attention Speculative Decoding" (Beagle)
+§4.2; "Learning Harmonized Representations for Speculative Sampling" (HASS) §3.2).
 
 Every stage is a sequence of sub-steps, and every sub-step has the same shape: a set of
 trained queries p, a cutoff c(p) below which the query sees the target's *true* states
@@ -12,7 +13,8 @@ exactly this: the true prefix up to the chain's root, then its own predictions �
 * early (Beagle §4.2, Eq. 4): windows of k from offset eps; c(p) = w(p), E = 0.
 * late step i (Beagle §4.2, Eq. 6, l = i): queries {p : i(p) = i}; c(p) = w(p) = p - i + 1,
   E = i - 1 (the drafts written at window positions 1..i-1); weight beta_i = k - i + 1.
-* align step j (HASS §3.2, App. A.1) and training-time test step j (EAGLE-3; SpecForge §2.4):
+* align step j (HASS §3.2, App. A.1) and training-time test step j ("EAGLE-3: Scaling up Inference
+  Acceleration of Large Language Models via Training-Time Test" §3):
   queries p >= j-1; c(p) = p - j + 1, E = j - 1 (state u from version u - p + j); weight
   decay^(j-1). The two differ in the objective, not in what a query sees: HASS detaches the
   fed-back states and back-propagates each step, training-time test back-propagates through

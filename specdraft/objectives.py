@@ -1,4 +1,6 @@
-"""Training stages as sequences of sub-steps (Beagle §4.2; HASS §3.2 and App. A.1; SpecForge §2.4).
+"""Training stages as sequences of sub-steps ("Cross-Attention Speculative Decoding" (Beagle) §4.2;
+"Learning Harmonized Representations for Speculative Sampling" (HASS) §3.2 and App. A.1; "EAGLE-3:
+Scaling up Inference Acceleration of Large Language Models via Training-Time Test" §3).
 
 ``substeps(draft, batch, stage)`` yields one ``SubStep`` per forward the stage needs; what each
 query sees is described in ``masks.py``:
@@ -37,7 +39,7 @@ from typing import Callable, ContextManager, Iterator, Literal
 import torch
 
 from specdraft import masks
-from specdraft.batch import Batch, pad_batch  # noqa: F401 - re-exported: objectives.Batch / pad_batch
+from specdraft.batch import Batch
 from specdraft.losses import HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
 from specdraft.models.layers import Chain
 
@@ -267,21 +269,16 @@ def substeps(
     if targets is None:
         targets = prepare_targets(core, batch, stage.loss, chunk)
     ids, pos = batch.input_ids, batch.positions
-    bsz, t = ids.shape
+    t = ids.shape[1]
     # The draft's states written at each sub-step. A chain trained by one backward (ttt) hands every
-    # sub-step the whole ``Chain``, whose encodings the sub-steps share; late and align back-propagate
-    # each sub-step on its own (its graph is gone after), so they hand each sub-step its queries'
-    # states, encoded anew.
+    # sub-step the whole ``Chain``, whose encodings the sub-steps share; the other stages back-propagate
+    # each sub-step on its own (its graph is gone after), so they hand each sub-step a fresh chain of
+    # its queries' states, encoded anew.
     chain = Chain(t, recompute=stage.recompute)
     for st in stage_steps(stage, t, offset, ids.device):
         q = st.query_index
         assert len(chain.states) == st.extras, "a sub-step reads states no earlier sub-step wrote"
-        if stage.kind == "ttt":
-            extras = chain
-        elif st.extras:
-            extras = chain.gather(q)  # (B, Q, E, d)
-        else:
-            extras = features.new_zeros(bsz, q.numel(), 0, core.config.hidden_size)
+        extras = chain if stage.kind == "ttt" else chain.read(q)
         h_hat = draft(ids, pos, features, q, st.cutoff, extras)  # (B, Q, d)
         live = st.cutoff >= 1 if core.config.needs_root_state else None
         # a chain kept for one backward (ttt) keeps no per-step weight gradient of a trainable head

@@ -25,7 +25,8 @@ from specdraft.config import to_dict
 from specdraft.features import compute_features
 from specdraft.loggers import JsonlLogger
 from specdraft.models import build_draft, draft_config_from_target, save_draft
-from specdraft.objectives import LossWeights, StageConfig, pad_batch
+from specdraft.batch import pad_batch
+from specdraft.objectives import LossWeights, StageConfig
 from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations

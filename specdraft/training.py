@@ -30,7 +30,8 @@ from typing import Callable, Literal, Sequence
 import torch
 
 from specdraft.loggers import MetricLogger, NullLogger
-from specdraft.objectives import Batch, GradSync, StageConfig, no_grad_sync_needed, train_batch
+from specdraft.batch import Batch
+from specdraft.objectives import GradSync, StageConfig, no_grad_sync_needed, train_batch
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,13 +1,21 @@
 """The draft's side of speculative decoding: a cache of true states plus tree-attention queries.
 
-Beagle drafting (papers/beagle-… §4.1): the cache holds keys/values of the target's true
-states; a query token at position p sees states u < p; with "concate" each drafted state is
-appended and seen by its descendants only. EAGLE / EAGLE-3 drafting (papers/eagle2-… §4.1,
-tree attention): slot c pairs t_c with the state of c-1 (slots start at position 1); the
-root slot uses the true state before it, drafted slots use their parent's predicted state,
-and a query sees the true slots plus the slots of its ancestors and itself. An EAGLE-3 draft
-reads the target's auxiliary-layer features (projected by its fc) and predicts over its draft
-vocabulary, mapped back to target ids through ``d2t`` (``target_logprobs``).
+Drafting asks the draft through its protocol (``models.Draft``), whatever its architecture:
+* ``encode_committed`` — cache entries of committed true states, and the root query's input;
+* ``encode_nodes`` — drafted nodes' query inputs, and the entries they add before their query
+  (seen by the node itself and its descendants);
+* ``attend`` — the draft's predicted states for queries over the cache, with a visibility mask;
+* ``encode_drafted`` — entries a node's predicted state adds after its query (its descendants'),
+  when the context concatenates them (``concate``).
+
+Beagle ("Cross-Attention Speculative Decoding" §4.1) caches keys/values of the target's true states;
+a query token at position p sees states u < p; with "concate" each drafted state is appended after
+its query and seen by its descendants only. EAGLE / EAGLE-3 ("EAGLE-2: Faster Inference of Language
+Models with Dynamic Draft Trees" §4.1, tree attention) cache slots: slot c pairs t_c with the state
+of c-1 (slots start at position 1); the root slot uses the true state before it, a drafted node's
+slot its parent's predicted state, and a query sees the true slots plus the slots of its ancestors
+and itself. An EAGLE-3 draft reads the target's auxiliary-layer features (projected by its fc) and
+predicts over its draft vocabulary, mapped back to target ids through ``d2t`` (``target_logprobs``).
 
 Every round starts from true states only (``DraftContext`` is cropped back after drafting)
 and ``advance_draft`` appends the states the target just verified.
@@ -22,23 +30,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdraft.models.layers import KV, KVCache
+from specdraft.models.layers import KVCache
 
 
 @dataclass
 class DraftContext:
-    """The draft's cache over the committed sequence (true states only between rounds)."""
+    """The draft's cache over the committed sequence (true entries only between rounds)."""
 
     draft: torch.nn.Module
     cache: KVCache
     root_pos: int  # n: position of the root token t_n
     root_token: int
-    root_x: torch.Tensor | None  # EAGLE: fused input (1, 1, d) of the root slot; None for Beagle
-    concate: bool = True  # Beagle: append drafted states (EAGLE always feeds them back)
-
-    @property
-    def arch(self) -> str:
-        return self.draft.config.arch
+    root_input: torch.Tensor  # the root query's input (1, 1, ...), encoded with the committed states
+    true_length: int  # cache entries holding true states (the rest, during a round, are drafted)
+    concate: bool = True  # append drafted states after their query (``Draft.encode_drafted``)
 
 
 @dataclass
@@ -90,20 +95,13 @@ def start_draft(
     n = prompt_ids.shape[1]
     assert n >= 1 and features.shape[:2] == (1, n), f"features {tuple(features.shape)} do not match {n} prompt tokens"
     device = _device(draft)  # the target's ids and features may live on other GPUs (a spread target)
-    prompt_ids = prompt_ids.to(device)
+    tokens = torch.cat([prompt_ids.to(device), prompt_ids.new_tensor([[first_token]]).to(device)], dim=1)  # (1, P+1)
     states = draft.project(features.to(device, _dtype(draft)))  # (1, P, d)
+    root_input, kv = draft.encode_committed(tokens, states, 0)
     cache = KVCache()
-    if draft.config.arch == "beagle":
-        cache.append(draft.encode_states(states, torch.arange(n, device=device)[None]))
-        return DraftContext(draft, cache, n, int(first_token), None, concate)
-    ids = torch.cat([prompt_ids, prompt_ids.new_tensor([[first_token]])], dim=1)  # (1, P+1)
-    if draft.config.legacy:  # slots 0..P, slot c <- h_{c-1}, a zero state at slot 0
-        prev = torch.cat([states.new_zeros(1, 1, states.shape[-1]), states], dim=1)  # (1, P+1, d)
-        x, kv = draft.encode_inputs(ids, prev, torch.arange(n + 1, device=device)[None])
-    else:  # slots 1..P, slot c <- h_{c-1}
-        x, kv = draft.encode_inputs(ids[:, 1:], states, torch.arange(1, n + 1, device=device)[None])
     cache.append(kv)
-    return DraftContext(draft, cache, n, int(first_token), x[:, -1:], True)
+    return DraftContext(draft, cache, root_pos=n, root_token=int(first_token), root_input=root_input,
+                        true_length=cache.length, concate=concate)
 
 
 def advance_draft(ctx: DraftContext, tokens: list[int], features: torch.Tensor) -> None:
@@ -111,29 +109,26 @@ def advance_draft(ctx: DraftContext, tokens: list[int], features: torch.Tensor) 
     target just computed at positions n .. n+len-1 (the old root and the accepted drafts)."""
     m = len(tokens)
     assert m >= 1 and features.shape[:2] == (1, m), f"{m} tokens but features {tuple(features.shape)}"
+    assert ctx.cache.length == ctx.true_length, "draft cache holds drafted entries: end the round first"
     device = _device(ctx.draft)
     states = ctx.draft.project(features.to(device, _dtype(ctx.draft)))  # (1, m, d)
-    n = ctx.root_pos
-    if ctx.arch == "beagle":
-        ctx.cache.append(ctx.draft.encode_states(states, torch.arange(n, n + m, device=device)[None]))
-    else:
-        ids = torch.tensor([tokens], device=device)  # (1, m): t_{n+1} .. t_{n+m}
-        x, kv = ctx.draft.encode_inputs(ids, states, torch.arange(n + 1, n + m + 1, device=device)[None])
-        ctx.cache.append(kv)
-        ctx.root_x = x[:, -1:]
-    ctx.root_pos = n + m
+    committed = torch.tensor([[ctx.root_token, *tokens]], device=device)  # (1, m+1): t_n .. t_{n+m}
+    ctx.root_input, kv = ctx.draft.encode_committed(committed, states, ctx.root_pos)
+    ctx.cache.append(kv)
+    ctx.true_length = ctx.cache.length
+    ctx.root_pos += m
     ctx.root_token = int(tokens[-1])
 
 
 def true_length(ctx: DraftContext) -> int:
     """Cache entries that hold true states (Beagle: n states; EAGLE: slots 1..n, the root's included;
     a 0.1 EAGLE draft also has its zero-state slot 0)."""
-    return ctx.root_pos + 1 if ctx.arch != "beagle" and ctx.draft.config.legacy else ctx.root_pos
+    return ctx.true_length
 
 
 def new_pool(ctx: DraftContext, capacity: int) -> DraftPool:
     """A pool holding only the root, for a round drafting at most ``capacity - 1`` nodes."""
-    assert ctx.cache.length == true_length(ctx), "draft cache holds drafted entries: crop it first"
+    assert ctx.cache.length == ctx.true_length, "draft cache holds drafted entries: crop it first"
     kv = ctx.cache.view()
     device, d = kv.k.device, ctx.draft.config.hidden_size
     pool = DraftPool(
@@ -151,7 +146,7 @@ def new_pool(ctx: DraftContext, capacity: int) -> DraftPool:
 
 def end_round(ctx: DraftContext) -> None:
     """Drop the drafted entries: the next round starts from true states only."""
-    ctx.cache.crop(true_length(ctx))
+    ctx.cache.crop(ctx.true_length)
 
 
 @torch.no_grad()
@@ -159,33 +154,29 @@ def query_nodes(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor) -> torc
     """Run the draft on pool ``nodes`` (Q,) with tree attention.
 
     Returns the draft's log-probabilities (Q, V) of the token after each node. Each query
-    sees all true entries and the drafted entries of its ancestors (EAGLE: and itself).
+    sees all true entries and the drafted entries of its ancestors (and its own, if it has one
+    before its query).
     """
     draft, cache = ctx.draft, ctx.cache
     device = pool.tokens.device
     pos = (ctx.root_pos + pool.depths[nodes])[None]  # (1, Q)
-    ids = pool.tokens[nodes][None]  # (1, Q)
-    n_true = true_length(ctx)
-    root_only = nodes.numel() == 1 and int(nodes[0]) == 0
-    if ctx.arch != "beagle":
-        if root_only:
-            x_in = ctx.root_x  # (1, 1, d)
-        else:
-            assert bool((pool.depths[nodes] > 0).all()), "the root is queried alone"
-            parent_h = pool.states[pool.parents[nodes]][None]  # (1, Q, d)
-            x_in, kv = draft.encode_inputs(ids, parent_h, pos)
+    if nodes.numel() == 1 and int(nodes[0]) == 0:  # the root: its input came with the committed states
+        x = ctx.root_input
+    else:
+        assert bool((pool.depths[nodes] > 0).all()), "the root is queried alone"
+        parent_h = pool.states[pool.parents[nodes]][None]  # (1, Q, d)
+        x, kv = draft.encode_nodes(pool.tokens[nodes][None], parent_h, pos)
+        if kv is not None:  # seen by the node itself and its descendants (a slot)
             cache.append(kv)
             pool.owners += nodes.tolist()
     owners = torch.tensor(pool.owners, dtype=torch.long, device=device)  # (E,)
-    drafted = pool.ancestors[nodes][:, owners]  # (Q, E): own entry (EAGLE) is ancestor-or-self
-    visible = torch.cat([torch.ones(nodes.numel(), n_true, dtype=torch.bool, device=device), drafted], dim=1)
-    if ctx.arch != "beagle":
-        h = draft.attend(x_in, pos, cache.view(), visible[None])  # (1, Q, d)
-    else:
-        kv = cache.view() if cache.length else _empty_kv(draft, device)
-        h = draft.attend(ids, pos, kv, visible[None])  # (1, Q, d)
-        if ctx.concate:  # the node's own state is appended after its query: descendants see it
-            cache.append(draft.encode_states(h, pos))
+    drafted = pool.ancestors[nodes][:, owners]  # (Q, E): ancestor-or-self
+    visible = torch.cat([torch.ones(nodes.numel(), ctx.true_length, dtype=torch.bool, device=device), drafted], dim=1)
+    h = draft.attend(x, pos, cache.view(), visible[None])  # (1, Q, d)
+    if ctx.concate:
+        kv = draft.encode_drafted(h, pos)
+        if kv is not None:  # the node's own state, appended after its query: its descendants see it
+            cache.append(kv)
             pool.owners += nodes.tolist()
     pool.states[nodes] = h[0]
     return target_logprobs(draft, draft.logits(h)[0])  # (Q, V)
@@ -201,8 +192,3 @@ def target_logprobs(draft: torch.nn.Module, logits: torch.Tensor) -> torch.Tenso
     full[:, draft.heads.target_ids()] = logp
     return full
 
-
-def _empty_kv(draft: torch.nn.Module, device: torch.device) -> KV:
-    c = draft.config
-    z = torch.zeros(1, c.num_key_value_heads, 0, c.head_dim, device=device, dtype=_dtype(draft))
-    return KV(z, z)

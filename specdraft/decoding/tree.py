@@ -1,6 +1,7 @@
 """Draft trees: EAGLE-2 dynamic trees, chains, and their verification mask and positions.
 
-``build_draft_tree`` is the context-aware dynamic draft tree of papers/eagle2-… §4:
+``build_draft_tree`` is the context-aware dynamic draft tree of "EAGLE-2: Faster Inference of
+Language Models with Dynamic Draft Trees" §4:
 * expansion (§4.1): the root's top-k children form depth 1; at every further depth the k
   nodes of the latest layer with the highest *value* (cumulative draft log-probability of
   the root-to-node path, log V_i = Σ log c_j) are queried together with tree attention and

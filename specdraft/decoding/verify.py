@@ -1,6 +1,7 @@
 """Target verification of a draft tree in one forward, acceptance, and KV-cache compaction.
 
-papers/eagle2-… §4.2 (tree attention for verification) and §2 (speculative sampling):
+"EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" §4.2 (tree attention for
+verification) and §2 (speculative sampling):
 * ``verify_tree`` feeds root + drafted nodes to the target with a 4D additive float mask
   ``[1, 1, q, past + q]`` (each node sees the cached prefix and its ancestors), explicit tree
   ``position_ids`` and the round's ``DynamicCache``; every node's logits then equal a plain

@@ -24,14 +24,25 @@ from specdraft.models.config import DraftConfig, draft_config_from_target
 from specdraft.models.eagle import EagleDraft
 from specdraft.models.eagle3 import Eagle3Draft
 from specdraft.models.heads import Heads
-from specdraft.models.layers import KV, KVCache
+from specdraft.models.layers import KV, Chain, KVCache
 
 EMBED_KEY, LM_HEAD_KEY = "heads.embed_weight", "heads.lm_head_weight"  # only in self-contained directories
 LEGACY_KEYS = {"embed.weight": EMBED_KEY, "lm_head.weight": LM_HEAD_KEY}  # specdraft 0.1 names
 
 
 class Draft(Protocol):
-    """The seam every stage sees: a training sub-step forward, the feature projection, the heads."""
+    """The seam every stage sees. Training: a sub-step forward (``__call__``), the feature projection,
+    the heads. Drafting (``decoding/drafting.py``), over a ``KVCache`` of the draft's own entries:
+
+    * ``encode_committed(tokens, states, start)``: the cache entries of committed true states
+      h_start .. h_{start+m-1} (1, m, d), with ``tokens`` (1, m+1) = t_start .. t_{start+m}, and the
+      input of the root query (the last token's);
+    * ``encode_nodes(tokens, parent_states, positions)``: drafted nodes' query inputs, and the
+      entries they add before their query (seen by each node itself and its descendants), or None;
+    * ``attend(x, positions, kv, visible)``: predicted states (1, Q, d) of queries over the cache;
+    * ``encode_drafted(h, positions)``: the entries a node's predicted state adds after its query
+      (seen by its descendants: Beagle's "concate"), or None.
+    """
 
     config: DraftConfig
     heads: Heads
@@ -43,12 +54,24 @@ class Draft(Protocol):
         features: torch.Tensor,
         query_index: torch.Tensor,
         cutoff: torch.Tensor,
-        extras: torch.Tensor,
+        extras: torch.Tensor | Chain,
     ) -> torch.Tensor: ...
 
     def project(self, features: torch.Tensor) -> torch.Tensor: ...
 
     def logits(self, h: torch.Tensor) -> torch.Tensor: ...
+
+    def encode_committed(self, tokens: torch.Tensor, states: torch.Tensor, start: int) -> tuple[torch.Tensor, KV]: ...
+
+    def encode_nodes(
+        self, tokens: torch.Tensor, parent_states: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, KV | None]: ...
+
+    def attend(
+        self, x: torch.Tensor, positions: torch.Tensor, kv: KV, visible: torch.Tensor, extra: list[KV] | None = None
+    ) -> torch.Tensor: ...
+
+    def encode_drafted(self, h: torch.Tensor, positions: torch.Tensor) -> KV | None: ...
 
 
 ARCHS = {"beagle": BeagleDraft, "eagle": EagleDraft, "eagle3": Eagle3Draft}

@@ -1,4 +1,4 @@
-"""Beagle draft: one cross-attention block + MLP (papers/beagle-… §4.1, Eq. 1–2).
+"""Beagle draft: one cross-attention block + MLP ("Cross-Attention Speculative Decoding" §4.1, Eq. 1-2).
 
     y_i     = CrossAttn(q = norm(e(t_i)), kv = norm(h_{j<i})) + e(t_i)
     h_hat_i = MLP(norm(y_i)) + y_i,        logits_i = lm_head(h_hat_i)
@@ -12,12 +12,13 @@ With ``aux_layers`` (the ``beagle3`` recipe, a combination no paper tried) the t
 are the EAGLE-3 features: the concatenated auxiliary target states projected by ``fc`` to d,
 and the output goes through ``norm`` + a draft-vocabulary lm_head.
 
-Entry points sharing the same weights:
-* ``forward`` — one training sub-step: true states visible below a per-query cutoff plus the
-  query's own earlier drafted states (``extras``); every stage of ``objectives.py`` is a
-  sequence of such calls.
-* ``encode_states`` + ``attend`` — incremental drafting with a ``KVCache`` (§4.1: cache true
-  states, optionally append drafted ones — "concate").
+Two uses of the same weights:
+* ``forward`` — one training sub-step (§4.2): the true states visible below a per-query cutoff,
+  plus the query's own earlier drafted states (a ``layers.Chain``); every stage of
+  ``objectives.py`` is a sequence of such calls.
+* ``encode_committed`` / ``encode_nodes`` / ``attend`` / ``encode_drafted`` — drafting with a KV
+  cache (§4.1: cache the true states; with "concate" append each drafted state after its query,
+  for its descendants), driven by ``decoding/drafting.py``.
 """
 
 from __future__ import annotations
@@ -25,11 +26,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specdraft.models import block
 from specdraft.models.config import DraftConfig
 from specdraft.models.heads import Heads
-from specdraft.models.layers import (
-    KV, Chain, RMSNorm, Rotary, SwiGLU, attention, diagonals, gather_positions, prefix_visible,
-)
+from specdraft.models.layers import KV, Chain, RMSNorm, SwiGLU, prefix_visible, substep_chain
 
 
 class BeagleDraft(nn.Module):
@@ -37,29 +37,15 @@ class BeagleDraft(nn.Module):
         super().__init__()
         assert config.arch == "beagle", f"BeagleDraft needs arch='beagle', got {config.arch!r}"
         self.config = config
-        d, heads, kv_heads, dh = (
-            config.hidden_size,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
+        d = config.hidden_size
         self.heads = Heads(config)
         if config.aux_layers:
             self.fc = nn.Linear(config.feature_size, d, bias=False)
         self.norm_query = RMSNorm(d, config.rms_norm_eps)
         self.norm_state = RMSNorm(d, config.rms_norm_eps)
         self.norm_mlp = RMSNorm(d, config.rms_norm_eps)
-        self.q_proj = nn.Linear(d, heads * dh, bias=False)
-        self.k_proj = nn.Linear(d, kv_heads * dh, bias=False)
-        self.v_proj = nn.Linear(d, kv_heads * dh, bias=False)
-        self.o_proj = nn.Linear(heads * dh, d, bias=False)
+        block.add_attention(self, config, width=d)  # q/k/v/o_proj, rotary
         self.mlp = SwiGLU(d, config.intermediate_size)
-        self.rotary = Rotary(
-            head_dim=dh,
-            num_heads=heads,
-            rope_parameters=config.rope_parameters,
-            max_position_embeddings=config.max_position_embeddings,
-        )
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.heads.logits(h)  # (..., Vd)
@@ -70,12 +56,7 @@ class BeagleDraft(nn.Module):
 
     def encode_states(self, states: torch.Tensor, positions: torch.Tensor) -> KV:
         """Keys/values of ``states`` (B, S, d) at ``positions`` (B, S)."""
-        bsz, n, _ = states.shape
-        cfg = self.config
-        x = self.norm_state(states)
-        k = self.k_proj(x).view(bsz, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
-        v = self.v_proj(x).view(bsz, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
-        return KV(self.rotary(k, positions), v)
+        return block.keys_values(self, self.norm_state(states), positions)
 
     def attend(
         self,
@@ -85,16 +66,10 @@ class BeagleDraft(nn.Module):
         visible: torch.Tensor,
         extra: list[KV] | None = None,
     ) -> torch.Tensor:
-        """Predicted states for query tokens ``input_ids`` (B, Q) over keys ``kv`` with mask (B, Q, L)
-        (plus per-query ``extra`` keys, see ``layers.attention``)."""
-        bsz, nq = input_ids.shape
-        cfg = self.config
+        """Predicted states (B, Q, d) for query tokens ``input_ids`` (B, Q) over keys ``kv`` with mask
+        (B, Q, L) (plus per-query ``extra`` keys, see ``layers.attention``)."""
         e = self.heads.embed(input_ids).to(self.q_proj.weight.dtype)  # (B, Q, d)
-        q = self.q_proj(self.norm_query(e)).view(bsz, nq, cfg.num_attention_heads, cfg.head_dim)
-        q = self.rotary(q.transpose(1, 2), positions)  # (B, H, Q, Dh)
-        o = attention(q, kv, visible, extra)  # (B, H, Q, Dh)
-        y = self.o_proj(o.transpose(1, 2).reshape(bsz, nq, -1)) + e  # (B, Q, d)
-        return self.mlp(self.norm_mlp(y)) + y  # (B, Q, d)
+        return block.attend(self, self.norm_query(e), e, self.norm_mlp, positions, kv, visible, extra)
 
     def forward(
         self,
@@ -109,31 +84,33 @@ class BeagleDraft(nn.Module):
 
         input_ids (B, T), positions (B, T); features (B, T, F) the target's (noised) features;
         query_index (Q,) positions to compute; cutoff (Q,): query q sees the true states u < cutoff[q];
-        extras (B, Q, E, d): the draft's own states at positions q-E .. q-1 (written at earlier
-        sub-steps), visible to their query only — or, in a chain trained by one backward (ttt),
-        the ``Chain`` states of sub-steps 1..E, which this reads the same way. Returns h_hat (B, Q, d).
+        extras: the draft's own states at positions q-E .. q-1, written at earlier sub-steps and
+        visible to their query only — a ``Chain`` (its encodings shared by the sub-steps of one
+        backward), or per query (B, Q, E, d). Returns h_hat (B, Q, d).
         """
         bsz, t = input_ids.shape
-        nq = query_index.numel()
-        ne = len(extras.states) if isinstance(extras, Chain) else extras.shape[2]
-        assert features.shape[:2] == (bsz, t), f"features {tuple(features.shape)} vs input_ids {(bsz, t)}"
-        assert cutoff.shape == (nq,), "cutoff does not match the queries"
-        chain = isinstance(extras, Chain)  # one chain, one backward: every state encoded once per batch
-        extra = None
-        if chain:
-            if extras.true is None:
-                extras.true = self.encode_states(self.project(features), positions)  # true states: all T positions
-            kv = extras.true
-            encoded = extras.encode(lambda states, u: self.encode_states(states, positions[:, u]))  # E x (B, Hkv, Q_v, Dh)
-            extra = [e.rows(r) for e, r in zip(encoded, extras.diagonal(query_index))]  # E x (B, Hkv, Q, Dh)
-        else:
-            kv = self.encode_states(self.project(features), positions)  # true states: all T positions
-            if ne:
-                assert extras.shape[:2] == (bsz, nq), "extras do not match the queries"
-                at = query_index[:, None] - ne + torch.arange(ne, device=query_index.device)  # (Q, E)
-                pos_e = gather_positions(positions, at).reshape(bsz, nq * ne)  # (B, Q*E)
-                kv_e = self.encode_states(extras.reshape(bsz, nq * ne, -1), pos_e)
-                k = kv_e.k.reshape(bsz, -1, nq, ne, self.config.head_dim)  # (B, Hkv, Q, E, Dh)
-                extra = diagonals(KV(k, kv_e.v.reshape(k.shape)))
-        args = (input_ids[:, query_index], positions[:, query_index], kv, prefix_visible(cutoff, t, bsz), extra)
-        return extras.attend(self.attend, *args) if chain else self.attend(*args)
+        chain = substep_chain(input_ids, features, query_index, cutoff, extras)
+        if chain.true is None:  # the true states' keys/values, all T positions: once per chain
+            chain.true = self.encode_states(self.project(features), positions)
+        encoded = chain.encode(lambda states, u: self.encode_states(states, positions[:, u]))  # E x (B, Hkv, Q_v, Dh)
+        extra = [kv.rows(r) for kv, r in zip(encoded, chain.diagonal(query_index))]  # E x (B, Hkv, Q, Dh)
+        visible = prefix_visible(cutoff, t, bsz)  # (B, Q, T)
+        ids, pos = input_ids[:, query_index], positions[:, query_index]  # (B, Q)
+        return chain.attend(self.attend, ids, pos, chain.true, visible, extra)  # (B, Q, d)
+
+    # -- drafting (decoding/drafting.py): the cache holds keys/values of states ------------------
+    def encode_committed(self, tokens: torch.Tensor, states: torch.Tensor, start: int) -> tuple[torch.Tensor, KV]:
+        """Cache entries of the committed states ``states`` (1, m, d) = h_start .. h_{start+m-1}, and the
+        root query's input: its token, the last of ``tokens`` (1, m+1) = t_start .. t_{start+m}."""
+        positions = torch.arange(start, start + states.shape[1], device=states.device)[None]  # (1, m)
+        return tokens[:, -1:], self.encode_states(states, positions)
+
+    def encode_nodes(
+        self, tokens: torch.Tensor, parent_states: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, KV | None]:
+        """Drafted nodes' query inputs: their tokens (1, Q). They add no entry before their query."""
+        return tokens, None
+
+    def encode_drafted(self, h: torch.Tensor, positions: torch.Tensor) -> KV | None:
+        """The nodes' predicted states (1, Q, d) as cache entries, seen by their descendants ("concate")."""
+        return self.encode_states(h, positions)

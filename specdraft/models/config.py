@@ -1,10 +1,13 @@
 """Draft geometry: what a draft needs to rebuild itself from its own directory.
 
 The attention geometry (heads, kv heads, head_dim, RoPE) is copied from the target's
-config (Beagle paper §4.1; EAGLE uses one decoder layer of the target's shape), and is
+config ("Cross-Attention Speculative Decoding" (Beagle) §4.1; EAGLE uses one decoder layer of the
+target's shape), and is
 saved as ``config.json`` beside the weights so a draft loads from its directory alone.
 
-Features and vocabulary (EAGLE-3, SpecForge paper §2.4 and SERVING.md):
+Features and vocabulary ("EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
+Training-Time Test" §3; "SpecForge: A Flexible and Efficient Open-Source Training Framework for
+Speculative Decoding" §2.4; README "Serving a draft"):
 * ``aux_layers`` empty: the draft reads the target's last hidden state (d per token);
   otherwise the concatenated states of those target layers (HF ``output_hidden_states``
   indices: i = the state entering decoder layer i), projected by ``fc`` to d.

@@ -1,4 +1,6 @@
-"""EAGLE-3 draft (SpecForge paper §2.4; SERVING.md "EAGLE-3"): multi-layer features, draft vocabulary.
+"""EAGLE-3 draft ("EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
+Training-Time Test" §3; "SpecForge: A Flexible and Efficient Open-Source Training Framework for
+Speculative Decoding" §2.4): multi-layer features, draft vocabulary.
 
     f_c      = fc(cat(aux_low, aux_mid, aux_high)_c)            (L·d_target -> d, no bias)
     a_c      = cat(input_layernorm(e(t_c)), hidden_norm(f_{c-1}))  (2d: what q/k/v read)
@@ -6,12 +8,13 @@
     h_hat_p  = y_p + MLP(post_attention_layernorm(y_p))
     logits_p = lm_head(norm(h_hat_p))                              (over the draft vocabulary)
 
-Slots follow the EAGLE convention (``eagle.py``): slot c pairs token t_c with the feature of
-position c-1, there is no slot before position 1. During drafting (and training-time test) the
-draft's own output h_hat replaces the projected feature f directly (no fc), so every drafted
-state lives in the same d-wide space as fc's output. The embedding is the target's, frozen; the
-lm_head covers ``draft_vocab_size`` target ids (``heads.py``: d2t/t2d). With
-``norm_before_residual`` the residual is hidden_norm(f) instead of f (vLLM's flag of that name).
+Slots follow the EAGLE convention (``eagle.py``, whose ``slot_forward`` and ``slot_committed``
+serve this draft too): slot c pairs token t_c with the feature of position c-1, there is no slot
+before position 1. During drafting (and training-time test) the draft's own output h_hat replaces
+the projected feature f directly (no fc), so every drafted state lives in the same d-wide space as
+fc's output. The embedding is the target's, frozen; the lm_head covers ``draft_vocab_size`` target
+ids (``heads.py``: d2t/t2d). With ``norm_before_residual`` the residual is hidden_norm(f) instead of
+f (vLLM's flag of that name).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specdraft.models import block
 from specdraft.models.config import DraftConfig
-from specdraft.models.eagle import slot_forward
+from specdraft.models.eagle import slot_committed, slot_forward
 from specdraft.models.heads import Heads
-from specdraft.models.layers import KV, Chain, RMSNorm, Rotary, SwiGLU, attention, matmul_input
+from specdraft.models.layers import KV, Chain, RMSNorm, SwiGLU
 
 
 class Eagle3Draft(nn.Module):
@@ -30,28 +34,14 @@ class Eagle3Draft(nn.Module):
         super().__init__()
         assert config.arch == "eagle3", f"Eagle3Draft needs arch='eagle3', got {config.arch!r}"
         self.config = config
-        d, heads, kv_heads, dh = (
-            config.hidden_size,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
+        d = config.hidden_size
         self.heads = Heads(config)
         self.fc = nn.Linear(config.feature_size, d, bias=False)
         self.input_layernorm = RMSNorm(d, config.rms_norm_eps)
         self.hidden_norm = RMSNorm(d, config.rms_norm_eps)
-        self.q_proj = nn.Linear(2 * d, heads * dh, bias=False)
-        self.k_proj = nn.Linear(2 * d, kv_heads * dh, bias=False)
-        self.v_proj = nn.Linear(2 * d, kv_heads * dh, bias=False)
-        self.o_proj = nn.Linear(heads * dh, d, bias=False)
+        block.add_attention(self, config, width=2 * d)  # q/k/v/o_proj, rotary
         self.post_attention_layernorm = RMSNorm(d, config.rms_norm_eps)
         self.mlp = SwiGLU(d, config.intermediate_size)
-        self.rotary = Rotary(
-            head_dim=dh,
-            num_heads=heads,
-            rope_parameters=config.rope_parameters,
-            max_position_embeddings=config.max_position_embeddings,
-        )
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.heads.logits(h)  # (..., Vd): lm_head(norm(h))
@@ -69,14 +59,9 @@ class Eagle3Draft(nn.Module):
     ) -> tuple[torch.Tensor, KV]:
         """Slot inputs x = cat(e(t), f) (B, S, 2d) and their keys/values, for tokens (B, S) whose
         previous position has feature (or drafted state) ``prev_states`` (B, S, d)."""
-        bsz, n = input_ids.shape
-        cfg = self.config
         e = self.heads.embed(input_ids).to(prev_states.dtype)  # (B, S, d)
         x = torch.cat([e, prev_states], dim=-1)  # (B, S, 2d)
-        a = matmul_input(self._attn_input(x))  # one cast copy for k and v
-        k = self.k_proj(a).view(bsz, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
-        v = self.v_proj(a).view(bsz, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, S, Dh)
-        return x, KV(self.rotary(k, positions), v)
+        return x, block.keys_values(self, self._attn_input(x), positions)
 
     def attend(
         self,
@@ -87,15 +72,11 @@ class Eagle3Draft(nn.Module):
         extra: list[KV] | None = None,
     ) -> torch.Tensor:
         """The decoder layer for query slots x (B, Q, 2d) over keys ``kv`` with mask (B, Q, L)."""
-        bsz, nq, _ = x.shape
-        cfg = self.config
-        f = x[..., cfg.hidden_size :]  # (B, Q, d)
-        q = self.q_proj(self._attn_input(x)).view(bsz, nq, cfg.num_attention_heads, cfg.head_dim)
-        q = self.rotary(q.transpose(1, 2), positions)  # (B, H, Q, Dh)
-        o = attention(q, kv, visible, extra)  # (B, H, Q, Dh)
-        residual = self.hidden_norm(f) if cfg.norm_before_residual else f
-        y = residual + self.o_proj(o.transpose(1, 2).reshape(bsz, nq, -1))  # (B, Q, d)
-        return y + self.mlp(self.post_attention_layernorm(y))  # (B, Q, d)
+        f = x[..., self.config.hidden_size :]  # (B, Q, d)
+        residual = self.hidden_norm(f) if self.config.norm_before_residual else f
+        return block.attend(
+            self, self._attn_input(x), residual, self.post_attention_layernorm, positions, kv, visible, extra
+        )
 
     def forward(
         self,
@@ -108,3 +89,17 @@ class Eagle3Draft(nn.Module):
     ) -> torch.Tensor:
         """One training sub-step (same contract as ``BeagleDraft.forward``)."""
         return slot_forward(self, input_ids, positions, features, query_index, cutoff, extras)
+
+    # -- drafting (decoding/drafting.py): the cache holds keys/values of slots ------------------
+    def encode_committed(self, tokens: torch.Tensor, states: torch.Tensor, start: int) -> tuple[torch.Tensor, KV]:
+        return slot_committed(self, tokens, states, start)
+
+    def encode_nodes(
+        self, tokens: torch.Tensor, parent_states: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, KV | None]:
+        """Drafted nodes' slots (token, parent's predicted state), seen by each node and its descendants."""
+        return self.encode_inputs(tokens, parent_states, positions)
+
+    def encode_drafted(self, h: torch.Tensor, positions: torch.Tensor) -> KV | None:
+        """Nothing: a node's predicted state enters the cache through its children's slots."""
+        return None

@@ -1,9 +1,11 @@
-"""Building blocks shared by the drafts: RMSNorm, RoPE, SwiGLU MLP, masked GQA attention, KV cache.
+"""Building blocks shared by the drafts: RMSNorm, RoPE, SwiGLU MLP, masked GQA attention, KV cache,
+and the ``Chain`` of drafted states a training sub-step reads.
 
-Both drafts follow the target's attention geometry (GQA head counts, head_dim, RoPE
-parameters — Beagle paper §4.1 "GQA and RoPE follow the target") so these mirror the
-Llama family. Attention takes an explicit boolean visibility mask ``(B, Q, K)``; a query
-that sees no key returns exactly 0 (DESIGN.md "Index definitions"), never NaN.
+Every draft follows the target's attention geometry (GQA head counts, head_dim, RoPE parameters —
+"Cross-Attention Speculative Decoding" (Beagle) §4.1; EAGLE's draft is one decoder layer of the
+target's shape), so these mirror the Llama family. Attention takes an explicit boolean visibility
+mask ``(B, Q, K)``; a query that sees no key returns exactly 0, never NaN (a Beagle query whose
+window holds no true state, ``masks.early``).
 """
 
 from __future__ import annotations
@@ -155,16 +157,20 @@ class KV:
 
 @dataclass
 class Chain:
-    """One batch's chain of sub-steps trained by a single backward (training-time test): the draft's
-    own states written so far, and the encodings every sub-step shares.
+    """What a training sub-step reads besides the true states: the draft's own states written by the
+    sub-steps before it, and the encodings sub-steps share. Every draft's forward reads this one
+    layout; the per-query tensor layout (B, Q, E, d) is read as a chain too (``Chain.of``).
 
     ``states[v]`` (B, Q_v, d) holds sub-step v+1's outputs at its query positions ``written[v]``
     (Q_v,). A draft encodes the true states once, into ``true``, at the chain's first sub-step, and
     each drafted state once, into ``encoded[v]`` (its keys/values, and a slot draft's slot inputs,
     row for row with ``written[v]``), the first time a sub-step reads it; later sub-steps reuse both
-    and read their queries' rows (views where the rows are a run). A chain of k sub-steps so
-    encodes every state once: memory linear in k, not k(k-1)/2 re-encoded copies. With
-    ``recompute`` each sub-step's decoder layer is recomputed in the backward (``attend``).
+    and read their queries' rows (views where the rows are a run). A chain of k sub-steps trained by
+    one backward (training-time test: "EAGLE-3: Scaling up Inference Acceleration of Large Language
+    Models via Training-Time Test" §3) so encodes every state once: memory linear in k, not
+    k(k-1)/2 re-encoded copies. With ``recompute`` each sub-step's decoder layer is recomputed in the
+    backward (``attend``). A sub-step back-propagated on its own (late, align) reads a fresh chain
+    (``read``), encoded anew: the graph of an earlier encoding is gone after its backward.
     """
 
     length: int  # T
@@ -195,10 +201,26 @@ class Chain:
         ne = len(self.states)
         return [self.rows(v, query_index - ne + v) for v in range(ne)]
 
-    def gather(self, query_index: torch.Tensor) -> torch.Tensor:
-        """(B, Q, E, d): query p's drafted states at u = p-E .. p-1 (the ``extras`` tensor layout)."""
-        rows = self.diagonal(query_index)
-        return torch.stack([take(s, 1, r) for s, r in zip(self.states, rows)], dim=2)
+    @classmethod
+    def of(cls, extras: torch.Tensor, query_index: torch.Tensor, length: int) -> "Chain":
+        """The per-query layout ``extras`` (B, Q, E, d) — query p's own drafted states at u = p-E .. p-1 —
+        as the chain of E sub-steps that wrote them (views of ``extras``; nothing encoded yet)."""
+        _, nq, ne, _ = extras.shape
+        assert nq == query_index.numel(), f"extras for {nq} queries, {query_index.numel()} queries"
+        chain = cls(length)
+        for v in range(ne):
+            written = query_index - ne + v  # (Q,)
+            assert bool((written >= 0).all()), f"a query before position {ne} has {ne} drafted states"
+            chain.add(extras[:, :, v], written)  # (B, Q, d)
+        return chain
+
+    def read(self, query_index: torch.Tensor) -> "Chain":
+        """A fresh chain of the states ``query_index`` (Q,) reads (rows of each sub-step's states, views
+        where they are a run), nothing encoded: for a sub-step back-propagated on its own."""
+        chain = Chain(self.length)
+        for states, written, rows in zip(self.states, self.written, self.diagonal(query_index)):
+            chain.add(take(states, 1, rows), take(written, 0, rows))  # (B, Q, d) at (Q,)
+        return chain
 
     def attend(self, fn, *args) -> torch.Tensor:
         """``fn(*args)`` (a draft's decoder layer over its queries), recomputed in the backward when
@@ -223,11 +245,6 @@ def take(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
         if int(index[-1]) - first + 1 == n:
             return x.narrow(dim, first, n)
     return x.index_select(dim, index)
-
-
-def diagonals(extra: KV) -> list[KV]:
-    """Per-query extra keys (k, v: (B, Hkv, Q, E, Dh)) as E diagonals of (B, Hkv, Q, Dh) views."""
-    return [KV(extra.k[:, :, :, v], extra.v[:, :, :, v]) for v in range(extra.k.shape[3])]
 
 
 class KVCache:
@@ -284,8 +301,9 @@ def attention(q: torch.Tensor, kv: KV, visible: torch.Tensor, extra: list[KV] | 
 
     q (B, H, Q, Dh) sees the shared ``kv`` (B, Hkv, K, Dh) where ``visible`` (B, Q, K) says so, and
     ``extra[v]`` (k, v: (B, Hkv, Q, Dh)): the key of query q's own drafted state written at an
-    earlier sub-step (the training-time-test / late-stage layout, one "diagonal" per step:
-    SpecForge Alg. 1), one softmax over all of them. The shared part is one masked SDPA call
+    earlier sub-step (the training-time-test / late-stage layout, one "diagonal" per step: "SpecForge:
+    A Flexible and Efficient Open-Source Training Framework for Speculative Decoding" Alg. 1), one
+    softmax over all of them. The shared part is one masked SDPA call
     (fused kernels); the diagonals join it through the shared part's log-sum-exp, so nothing
     grows with the number of diagonals but (B, H, Q) scores, and no key is copied per query.
     """
@@ -343,7 +361,21 @@ def prefix_visible(cutoff: torch.Tensor, length: int, bsz: int) -> torch.Tensor:
     return (u[None, :] < cutoff[:, None])[None].expand(bsz, -1, -1)  # (B, Q, L)
 
 
-def gather_positions(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x (B, T, ...) at positions ``index`` (Q, E) -> (B, Q, E, ...)."""
-    flat = x[:, index.reshape(-1)]  # (B, Q*E, ...)
-    return flat.reshape(x.shape[0], *index.shape, *x.shape[2:])
+
+def substep_chain(
+    input_ids: torch.Tensor,
+    features: torch.Tensor,
+    query_index: torch.Tensor,
+    cutoff: torch.Tensor,
+    extras: torch.Tensor | Chain,
+) -> Chain:
+    """The chain a training sub-step reads: ``extras`` itself, or the per-query layout (B, Q, E, d)
+    read as one (``Chain.of``), after checking the sub-step's shapes against input_ids (B, T)."""
+    bsz, t = input_ids.shape
+    assert features.shape[:2] == (bsz, t), f"features {tuple(features.shape)} vs input_ids {(bsz, t)}"
+    assert cutoff.shape == query_index.shape, f"cutoff {tuple(cutoff.shape)} vs queries {tuple(query_index.shape)}"
+    if isinstance(extras, Chain):
+        assert extras.length == t, f"a chain over {extras.length} positions, input_ids over {t}"
+        return extras
+    assert extras.shape[:2] == (bsz, query_index.numel()), "extras do not match the queries"
+    return Chain.of(extras, query_index, t)

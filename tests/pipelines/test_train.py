@@ -21,7 +21,8 @@ from pipelines.tracking import MlflowLogger
 from pipelines.train import ScalingSection, TrainConfig, run_training, validate_draft
 from specdraft.features import compute_features
 from specdraft.models import DraftConfig, build_draft, draft_config_from_target, load_draft
-from specdraft.objectives import Batch, LossWeights, StageConfig
+from specdraft.batch import Batch
+from specdraft.objectives import LossWeights, StageConfig
 from specdraft.store import FeatureDataset, ReaderConfig, make_manifest, write_manifest, write_shard
 from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations

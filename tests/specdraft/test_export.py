@@ -37,7 +37,8 @@ from specdraft.chat import render_with_loss_mask
 from specdraft.decoding.drafting import new_pool, query_nodes, start_draft
 from specdraft.export import ExportError, check_export, export_draft, export_spec, formats_for, serve_commands
 from specdraft.models import build_draft, draft_config_from_target, load_draft, save_draft
-from specdraft.objectives import LossWeights, StageConfig, pad_batch
+from specdraft.batch import pad_batch
+from specdraft.objectives import LossWeights, StageConfig
 from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_id
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations

@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from specdraft import masks
+from specdraft.batch import Batch
 from specdraft.losses import feature_l1, soft_ce, topk_ce, weighted_mean
 from specdraft.models import KV, DraftConfig, KVCache, build_draft
-from specdraft.objectives import Batch, LossWeights, StageConfig, substeps, train_batch
+from specdraft.objectives import LossWeights, StageConfig, substeps, train_batch
 
 TOL = 1e-5
 V, D, T, VD = 97, 64, 13, 61

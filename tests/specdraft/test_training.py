@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from specdraft.acceptance import AcceptanceCounts, sim_tau, simulated_acceptance
+from specdraft.batch import pad_batch
 from specdraft.models import DraftConfig, build_draft
-from specdraft.objectives import LossWeights, StageConfig, pad_batch
+from specdraft.objectives import LossWeights, StageConfig
 from specdraft.training import OptimConfig, Trainer, lr_factor
 
 V, D = 61, 32

@@ -131,6 +131,15 @@ class StubDraft(nn.Module):
         z = torch.zeros(1, 1, states.shape[1], 1)
         return KV(z, z)
 
+    def encode_committed(self, tokens, states, start):
+        return tokens[:, -1:], self.encode_states(states, None)
+
+    def encode_nodes(self, tokens, parent_states, positions):
+        return tokens, None
+
+    def encode_drafted(self, h, positions):
+        return self.encode_states(h, positions)
+
     def attend(self, input_ids, positions, kv, visible, extra=None):
         rows = []
         for p in positions[0].tolist():

@@ -1,6 +1,9 @@
-"""Draft models: directory round trip, referenced heads, legacy migration, incremental cache == parallel forward."""
+"""Draft models: directory round trip, referenced heads, legacy migration, incremental cache == parallel forward,
+one sub-step layout, drafting through the protocol."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +12,7 @@ from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 from specdraft import masks
 from specdraft.models import DraftConfig, KVCache, build_draft, draft_config_from_target, load_draft, save_draft
+from specdraft.models.layers import Chain
 
 V, D, VD = 97, 64, 50
 AUX = [1, 2, 3]
@@ -172,3 +176,36 @@ def test_shared_head_is_one_tensor_through_moves_and_casts():
     set_frozen_dtype(draft, torch.bfloat16)
     assert draft.heads.teacher_weight is draft.heads.lm_head_weight and draft.heads.embed_weight.dtype == torch.bfloat16
     assert sum(1 for _ in draft.heads.buffers()) == 2  # embed + lm_head, nothing else
+
+
+@pytest.mark.parametrize("kind", ["beagle", "eagle", "eagle3", "beagle3"])
+def test_per_query_extras_are_read_as_the_chain_that_wrote_them(kind):
+    """A sub-step given its queries' drafted states per query (B, Q, E, d) computes what it computes
+    from the chain of sub-steps that wrote them (one forward path)."""
+    draft = draft_of(kind)
+    ids, feats, pos = inputs(width=draft.config.feature_size)
+    t = ids.shape[1]
+    g = torch.Generator().manual_seed(5)
+    chain = Chain(t)
+    for v in range(2):  # sub-steps 1 and 2 wrote a state at every position p >= v
+        written = torch.arange(v, t)
+        chain.add(torch.randn(2, written.numel(), D, generator=g), written)
+    q = torch.arange(2, t)  # sub-step 3 of an alignment: query p reads its states at p-2 and p-1
+    cutoff = q - 1
+    per_query = torch.stack([s[:, r] for s, r in zip(chain.states, chain.diagonal(q))], dim=2)  # (B, Q, 2, d)
+    with torch.no_grad():
+        from_tensor = draft(ids, pos, feats, q, cutoff, per_query)
+        from_chain = draft(ids, pos, feats, q, cutoff, chain)
+        from_rows = draft(ids, pos, feats, q, cutoff, chain.read(q))
+    assert from_tensor.abs().max() > 0
+    assert (from_tensor - from_chain).abs().max() < 1e-6
+    assert (from_rows - from_chain).abs().max() < 1e-6
+
+
+def test_drafting_asks_the_draft_and_never_names_an_architecture():
+    """Drafting and the acceptance estimate go through the ``Draft`` protocol: no branch on ``arch``."""
+    root = Path(__file__).resolve().parents[3] / "specdraft"
+    files = sorted((root / "decoding").glob("*.py")) + [root / "acceptance.py"]
+    for path in files:
+        code = path.read_text()
+        assert not re.search(r"\.arch\b|==\s*[\"'](beagle|eagle|eagle3)[\"']", code), f"{path.name} branches on arch"
