@@ -1,6 +1,6 @@
 """Connecting to Ray (a local cluster or ``address``), the one way every stage does it.
 
-DESIGN.md "Ray": ``ray.init(address=...)`` — none -> a local cluster, a cluster address or a
+README "The nightly deployment" (Ray): ``ray.init(address=...)`` — none -> a local cluster, a cluster address or a
 ``ray://`` URL -> that cluster. Local runs start without the dashboard UI (two cores are precious),
 and some Ray components then log the same harmless lines over and over, tracebacks included:
 

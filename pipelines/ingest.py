@@ -1,4 +1,4 @@
-"""Ingest prompt sets into the conversation schema (issue 3, part A; DESIGN.md "prompts").
+"""Ingest prompt sets into the conversation schema (README "Commands": the prompt formats `specdraft regenerate` and `dump` read).
 
 Reads files, directories (their ``*.json``, ``*.jsonl``, ``*.parquet``, recursively) and glob
 patterns. Each record's format is recognised by its fields:

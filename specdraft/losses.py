@@ -1,8 +1,10 @@
-"""Per-position training losses (DESIGN.md "Training objectives"), fused with the output head.
+"""Per-position training losses, fused with the output head (soft cross-entropy and feature regression:
+"EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty" §4.2; top-K distillation:
+"Learning Harmonized Representations for Speculative Sampling" (HASS) §3.1).
 
 * ``ce``   soft cross-entropy -sum_x P(x) log Q(x) over the output vocabulary (EAGLE/HASS; over a
            draft vocabulary, P is the target distribution renormalised on it, as EAGLE-3 does).
-* ``topk`` HASS harmonized objective distillation (hass-… §3.1, Eq. 1):
+* ``topk`` HASS harmonized objective distillation (HASS §3.1, Eq. 1):
            -sum_{x in topK(P)} P(x) log Q(x).
 * ``vloss`` SmoothL1(h_hat, H), the EAGLE feature regression (Beagle App. A.3 weights it 10).
 

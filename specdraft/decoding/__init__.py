@@ -1,4 +1,4 @@
-"""Speculative decoding with Beagle / EAGLE drafts: chains and EAGLE-2 dynamic trees (papers/eagle2-… §4).
+"""Speculative decoding with Beagle / EAGLE drafts: chains and EAGLE-2 dynamic trees ("EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" §4).
 
 Modules, bottom up:
 * ``sampling``    token choice shared by vanilla and speculative decoding (warpers, RNG).

@@ -1,4 +1,4 @@
-"""Export a trained draft to the checkpoint formats serving engines load (SERVING.md).
+"""Export a trained draft to the checkpoint formats serving engines load (README "Serving a draft").
 
     export_draft(draft_dir, "speculators" | "sglang" | "eagle", out_dir, target=TARGET_DIR)
 

@@ -1,4 +1,4 @@
-"""The commands that serve an exported draft with its target (SERVING.md; the engines' current docs).
+"""The commands that serve an exported draft with its target (README "Serving a draft"; the engines' current docs).
 
 * vLLM, EAGLE-3 (speculators directory): ``vllm serve TARGET --speculative-config
   '{"method": "eagle3", "model": DIR, "num_speculative_tokens": K}'`` (``vllm serve DIR`` alone

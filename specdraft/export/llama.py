@@ -1,6 +1,6 @@
 """The Llama vocabulary every format shares: one decoder layer's config dict and tensor names.
 
-All engines build an EAGLE draft as one Llama decoder layer (SERVING.md): EAGLE-1/2 as
+All engines build an EAGLE draft as one Llama decoder layer: EAGLE-1/2 as
 ``fc`` over cat(embed, feature) then layer 0 without ``input_layernorm`` (vLLM
 ``EagleLlamaForCausalLM``, SGLang ``LlamaForCausalLMEagle``, the EAGLE reference ``cnets1``);
 EAGLE-3 as ``fc`` over three auxiliary states, a layer whose q/k/v read

@@ -1,4 +1,4 @@
-"""What an export must produce (SERVING.md): the draft, the facts taken from its target, the format.
+"""What an export must produce (README "Serving a draft"): the draft, the facts taken from its target, the format.
 
 The facts an engine needs but a draft directory does not hold come from the target's own
 ``config.json``: its context length (``max_position_embeddings`` — a draft config left at 2048
@@ -25,7 +25,7 @@ ARCH_FORMATS = {"eagle3": ("speculators", "sglang"), "eagle": ("sglang", "eagle"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Layout:
-    """Where a format keeps what the engine reads (verified against the engines' loaders, SERVING.md)."""
+    """Where a format keeps what the engine reads (verified against the engines' loaders)."""
 
     architectures: tuple[str, ...]  # config.json "architectures": picks the engine's model class
     layer_prefix: str  # the decoder layer's tensor prefix

@@ -1,7 +1,7 @@
 """Exported drafts load as the same model: every exported checkpoint, rebuilt from its files alone by
 an independent implementation of the engine-side forward, reproduces the draft's next-token logits.
 
-The engine forwards here are written from the published formats (SERVING.md; the engines' loaders)
+The engine forwards here are written from the published formats (the engines' loaders)
 and share no code with ``specdraft.models``:
 * vLLM ``Eagle3LlamaForCausalLM`` on a speculators config: layer config under
   ``transformer_layer_config``, tensors ``layers.0.*``, ``eagle_aux_hidden_state_layer_ids`` = the

@@ -1,4 +1,4 @@
-"""Every known export failure of the anchors (SERVING.md) is caught by the exporter's check.
+"""Every known export failure of the anchors (README "Serving a draft") is caught by the exporter's check.
 
 Each test takes a correct export, breaks it the way the anchors broke theirs (missing d2t, d2t as
 absolute ids, aux ids off by one, an embedding copy, max_position_embeddings left at 2048, another

@@ -1,4 +1,4 @@
-"""Sub-step descriptions against literal Python loops over DESIGN.md's index definitions.
+"""Sub-step descriptions against literal Python loops over the index definitions in specdraft/masks.py.
 
 ``Step.versions`` expands a sub-step into "which version of state u does query p see"
 (0 true, v = the draft's state written at sub-step v, -1 hidden); each stage's rule is

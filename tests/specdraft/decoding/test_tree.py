@@ -1,5 +1,5 @@
 """Draft trees: tree mask / positions against brute force, draft tree attention against explicit paths,
-and the EAGLE-2 expansion + rerank invariants (papers/eagle2-… §4)."""
+and the EAGLE-2 expansion + rerank invariants ("EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" §4)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Target verification in one forward (tree mask + positions + DynamicCache), acceptance and
-KV-cache compaction, against plain forwards of each root-to-node path (papers/eagle2-… §4.2)."""
+KV-cache compaction, against plain forwards of each root-to-node path ("EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" §4.2)."""
 
 from __future__ import annotations
 
