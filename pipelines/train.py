@@ -24,9 +24,9 @@ import math
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -34,11 +34,12 @@ from pipelines.cluster import connect_ray
 from pipelines.ingest import load_conversations
 from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
 from specdraft.config import flatten, from_dict, to_dict
-from specdraft.features import FeaturesConfig, aux_layers_of
+from specdraft.features import aux_layers_of
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import build_draft, draft_config_from_target, save_draft, set_frozen_dtype
 from specdraft.models.heads import FROZEN
-from specdraft.objectives import LossWeights, StageConfig, no_grad_sync_needed, unwrap
+from specdraft.objectives import StageConfig, no_grad_sync_needed, unwrap
+from specdraft.recipes import RECIPES, Recipe, ScalingSection, TrainConfig  # noqa: F401 - the train config's home
 from specdraft.online import OnlineDataset, TokenizedConversations, tokenize_conversations
 from specdraft.store import (
     FeatureDataset,
@@ -50,120 +51,11 @@ from specdraft.store import (
 )
 from specdraft.store import location
 from specdraft.target import EAGLE3, load_target_config, load_target_heads, load_target_model, load_tokenizer, target_id
-from specdraft.training import OptimConfig, Trainer, resolve_precision, warmup_of
-from specdraft.vocab import DEFAULT_DRAFT_VOCAB, coverage, select_vocab
+from specdraft.training import Trainer, resolve_precision, warmup_of
+from specdraft.vocab import coverage, select_vocab
 
 STATE_FILE = "trainer_state.pt"
 DRAFT_DIR = "draft"
-
-_PAPER_LOSS = LossWeights(ce=1.0, vloss=10.0)  # Beagle App. A.3: vloss coefficient 10
-_HASS_LOSS = LossWeights(ce=1.0, topk=1.0, vloss=10.0)
-
-
-@dataclass(frozen=True, slots=True)
-class Recipe:
-    """A draft architecture, whether it reads the EAGLE-3 features (auxiliary target layers, a draft
-    vocabulary), and its stage schedule."""
-
-    arch: Literal["beagle", "eagle", "eagle3"]
-    eagle3_features: bool
-    stages: list[StageConfig]
-
-
-RECIPES: dict[str, Recipe] = {
-    "beagle": Recipe("beagle", False, [
-        StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_PAPER_LOSS),
-        StageConfig(kind="late", epochs=10, steps=4, noise_std=0.2, loss=_PAPER_LOSS),
-    ]),
-    "beagle-early": Recipe("beagle", False, [
-        StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_PAPER_LOSS),
-    ]),
-    "beagle-topk": Recipe("beagle", False, [
-        StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_HASS_LOSS),
-        StageConfig(kind="late", epochs=10, steps=4, noise_std=0.2, loss=_HASS_LOSS),
-    ]),
-    "eagle": Recipe("eagle", False, [StageConfig(kind="plain", epochs=20, noise_std=0.2, loss=_PAPER_LOSS)]),
-    "hass": Recipe("eagle", False, [StageConfig(kind="align", epochs=20, steps=3, noise_std=0.2, loss=_HASS_LOSS)]),
-    # EAGLE-3 (SpecForge §2.4): training-time test over 7 steps, weights 0.8^(j-1), ce over the draft vocabulary
-    "eagle3": Recipe("eagle3", True, [
-        StageConfig(kind="ttt", epochs=20, steps=7, step_decay=0.8, noise_std=0.0, loss=LossWeights(ce=1.0)),
-    ]),
-    # HASS on the EAGLE-3 draft: harmonized context alignment (detached, per step) + top-K distillation
-    "eagle3-hass": Recipe("eagle3", True, [
-        StageConfig(kind="align", epochs=20, steps=3, noise_std=0.0, loss=LossWeights(ce=1.0, topk=1.0)),
-    ]),
-    # Beagle's two-stage training with cross-attention keys/values from the fused EAGLE-3 features
-    "beagle3": Recipe("beagle", True, [
-        StageConfig(kind="early", epochs=10, window=5, noise_std=0.0, loss=LossWeights(ce=1.0)),
-        StageConfig(kind="late", epochs=10, steps=4, noise_std=0.0, loss=LossWeights(ce=1.0)),
-    ]),
-}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ScalingSection:
-    # 0: Ray Train's local mode — the training loop runs in this process, without worker actors (a
-    # laptop, a debugger, a quick check); its checkpoints are not kept for a rerun, which starts over
-    num_workers: int = 1
-    use_gpu: bool = False
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 1.0
-    strategy: Literal["ddp", "fsdp"] = "ddp"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrainConfig:
-    recipe: str = "beagle"
-    arch: Literal["beagle", "eagle", "eagle3"] | None = None  # None: the recipe's draft
-    stages: list[StageConfig] | None = None  # None: the recipe's stages
-    epochs: list[int] | None = None  # per-stage epoch override (same length as the stages)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    reader: ReaderConfig = field(default_factory=lambda: ReaderConfig(val_fraction=0.05))
-    intermediate_size: int | None = None  # draft MLP width (None: the target's)
-    min_steps: int = 300  # small stores: batches shrink (down to one sequence) until the run has this many steps
-    draft_vocab_size: int = DEFAULT_DRAFT_VOCAB  # EAGLE-3 features: the most frequent predicted tokens
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPU (fp32 master weights)
-    loss_chunk: int = 1024  # rows per output-head chunk
-    # ttt stages: recompute each sub-step's decoder layer in the backward (activation checkpointing):
-    # ~one more layer forward per sub-step for a chain that keeps only its states' encodings per step
-    recompute: bool = False
-    seed: int = 0
-    checkpoint_every: int = 500  # optimizer steps between checkpoints (epoch ends always checkpoint)
-    keep_checkpoints: int = 2
-    sim_depth: int = 5
-    val_max_batches: int = 64
-    log_every: int = 20
-    max_failures: int = 0
-    scaling: ScalingSection = field(default_factory=ScalingSection)
-    # offline: read feature stores; online: every worker runs the target on each batch (no store)
-    features: Literal["offline", "online"] = "offline"
-    conversations: list[str] = field(default_factory=list)  # online: conversation files/dirs, as `specdraft dump` reads
-    # online: tokenization and target forward, as a dump with these settings would store them (max_length,
-    # overlong, topk, hidden_codec rounding, aux_layers — EAGLE-3 recipes: None means eagle3 —, dtype,
-    # logits_chunk, attn_implementation, trust_remote_code)
-    online: FeaturesConfig = field(default_factory=FeaturesConfig)
-
-    def __post_init__(self) -> None:
-        assert self.recipe in RECIPES or self.stages, f"unknown recipe {self.recipe!r}; known: {sorted(RECIPES)}"
-        assert self.features in ("offline", "online"), f"features must be offline or online, got {self.features!r}"
-
-    def resolved(self) -> tuple[str, list[StageConfig]]:
-        recipe = RECIPES.get(self.recipe, Recipe("beagle", False, []))
-        arch = self.arch or recipe.arch
-        stages = list(self.stages) if self.stages else list(recipe.stages)
-        if self.epochs is not None:
-            assert len(self.epochs) == len(stages), f"epochs {self.epochs} must give one count per stage ({len(stages)})"
-            stages = [replace(s, epochs=e) for s, e in zip(stages, self.epochs)]
-        if self.recompute:
-            stages = [replace(s, recompute=True) for s in stages]
-        return arch, stages
-
-    @property
-    def eagle3_features(self) -> bool:
-        """Whether the draft reads auxiliary target layers and predicts over a draft vocabulary."""
-        recipe = RECIPES.get(self.recipe)
-        return self.arch == "eagle3" or (recipe is not None and recipe.eagle3_features)
-
 
 def fit_batches(dataset: FeatureDataset, cfg: TrainConfig, stages: list[StageConfig]) -> ReaderConfig:
     """The reader config whose batches give at least ``cfg.min_steps`` optimizer steps per rank.
@@ -545,6 +437,7 @@ def run_training(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    cfg.resolved()  # a wrong stage or epoch count fails here, on the driver, not in a (retried) worker
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     connect_ray(ray_address)
