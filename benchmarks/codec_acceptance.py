@@ -25,7 +25,8 @@ import torch
 
 from pipelines.dump import dump_features
 from specdraft.features import FeaturesConfig
-from pipelines.train import RECIPES, validate_draft
+from specdraft.recipes import RECIPES
+from specdraft.run import validate_draft
 from specdraft.models import build_draft, draft_config_from_target
 from specdraft.store import EpochBatches, FeatureDataset, ReaderConfig
 from specdraft.target import load_target_config, load_target_heads

@@ -240,7 +240,7 @@ def train_config(args: dict[str, Any], recipe: str):
     """The ``TrainConfig`` of ``recipe`` under the benchmark's shared settings (same for every recipe)."""
     from dataclasses import replace
 
-    from pipelines.train import RECIPES, ScalingSection, TrainConfig
+    from specdraft.recipes import RECIPES, ScalingSection, TrainConfig
     from specdraft.store import ReaderConfig
     from specdraft.training import OptimConfig
 
@@ -272,7 +272,7 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
     torch.set_num_threads(args["threads"])
     from transformers.utils import logging as hf_logging
 
-    from pipelines.train import feature_plan, validate_draft
+    from specdraft.run import feature_plan, validate_draft
     from specdraft.config import to_dict
     from specdraft.models import build_draft, draft_config_from_target, save_draft
     from specdraft.store import EpochBatches, FeatureDataset
@@ -452,7 +452,8 @@ def ray_run(args: argparse.Namespace, shared: dict[str, Any], store: Path, targe
     """One recipe through ``pipelines.train.run_training`` (one worker): Ray overhead and agreement."""
     import ray
 
-    from pipelines.train import run_training, validate_draft
+    from pipelines.train import run_training
+    from specdraft.run import validate_draft
     from specdraft.models import load_draft
     from specdraft.store import FeatureDataset
 
@@ -598,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ray-recipe", default="beagle")
     args = ap.parse_args(argv)
 
-    from pipelines.train import RECIPES
+    from specdraft.recipes import RECIPES
     from specdraft.toy.build import ToyTargetConfig, build_toy_target, read_build_record
 
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
