@@ -46,7 +46,7 @@ HELP = {
     "dump": ({"hidden_codec": ("fp16|bf16|int8", "fp16")}, "pipelines.dump:FeaturesConfig"),
     "regenerate": ({"ingest.dedup": ("messages|prompts|none", "messages")}, "pipelines.regenerate:RegenerateConfig"),
     "toy-target": ({"max_train_seconds": ("float | None", "null")}, "specdraft.toy.build:ToyTargetConfig"),
-    "quickstart": ({"arch": ("beagle|eagle", "beagle"), "optim.betas": ("tuple[float, float]", "[0.9, 0.95]")},
+    "quickstart": ({"recipe": ("str", "beagle"), "optim.betas": ("tuple[float, float]", "[0.9, 0.95]")},
                    "specdraft.quickstart:QuickstartConfig"),
 }
 
