@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.toy_data import write_toy_questions
 from specdraft.decoding import DecodeConfig
 from specdraft.decoding.eval import EvalSettings, run_eval
 from specdraft.quickstart import QuickstartConfig, run_quickstart
 from specdraft.toy.build import ToyTargetConfig
-from specdraft.toy.conversations import generate_prompts
 
 
 def prepare_models(work: Path, recipe: str, toy: ToyTargetConfig, train_samples: int, epochs: int) -> tuple[Path, Path]:
@@ -41,16 +41,6 @@ def prepare_models(work: Path, recipe: str, toy: ToyTargetConfig, train_samples:
     print(f"quickstart: sim_tau {out['sim_tau_before']} -> {out['sim_tau_after']} in {out['total_seconds']} s",
           file=sys.stderr)
     return Path(out["target"]), Path(out["draft"])
-
-
-def write_questions(path: Path, n: int, seed: int) -> Path:
-    """Held-out toy prompts as an MT-Bench-format file (first user turn of each conversation)."""
-    rows = []
-    for i, conv in enumerate(generate_prompts(n, seed)):
-        users = [m["content"] for m in conv if m["role"] == "user"]
-        rows.append({"question_id": i, "category": "toy", "turns": users[:1]})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         toy = ToyTargetConfig(train_steps=args.toy_steps, batch_size=args.toy_batch, num_conversations=4000,
                               num_threads=torch.get_num_threads())
         target, draft = prepare_models(work, args.recipe, toy, args.train_samples, args.epochs)
-    questions = write_questions(work / "questions.jsonl", args.prompts, seed=4242)
+    questions = write_toy_questions(work / "questions.jsonl", args.prompts, seed=4242, max_turns=1)
 
     modes = {
         "chain": DecodeConfig(mode="chain", gamma=args.gamma, max_new_tokens=args.max_new_tokens),

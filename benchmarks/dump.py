@@ -22,14 +22,11 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.dump import dump_features, pad_sequences, plan_shards, prefill_batches  # noqa: E402
 from specdraft.features import FeaturesConfig  # noqa: E402

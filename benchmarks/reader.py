@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,12 +37,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specdraft.batch import pad_batch  # noqa: E402
-from specdraft.models import DraftConfig, build_draft  # noqa: E402
-from specdraft.objectives import LossWeights, StageConfig, train_batch  # noqa: E402
-from specdraft.store import (  # noqa: E402
+from specdraft.batch import pad_batch
+from specdraft.models import DraftConfig, build_draft
+from specdraft.objectives import LossWeights, StageConfig, train_batch
+from specdraft.store import (
     FeatureDataset,
     ReaderConfig,
     decode_hidden,
