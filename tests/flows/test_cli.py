@@ -40,7 +40,7 @@ HELP = {
     "eval": ({"decode.gamma": ("int", "5"), "decode.mode": ("chain|tree", "tree"), "max_questions": ("int | None", "null"),
               "ray.replicas": ("int | None", "null")}, "specdraft.decoding.eval:EvalSettings"),
     "train": ({"optim.lr": ("float", None), "optim.schedule": ("constant|cosine|linear", None),
-               "stages[].kind": (None, None), "tracking.enabled": ("bool", "false")}, "pipelines.train:TrainConfig"),
+               "stages[].kind": (None, None), "tracking.enabled": ("bool", "false")}, "specdraft.recipes:TrainConfig"),
     "run": ({"eval.settings.decode.gamma": ("int", "5"), "train.optim.lr": ("float", None),
              "tracking.enabled": ("bool", "true")}, "pipelines.stages:RunConfig"),
     "dump": ({"hidden_codec": ("fp16|bf16|int8", "fp16")}, "pipelines.dump:FeaturesConfig"),

@@ -13,7 +13,7 @@ import specdraft.toy.build as build_mod
 from pipelines.conversations import write_conversations
 from specdraft.features import FeaturesConfig
 from pipelines.stages import DataSection, RunConfig, TargetSection, prepare, train
-from pipelines.train import TrainConfig
+from specdraft.recipes import TrainConfig
 from specdraft.store import ReaderConfig
 from specdraft.target import target_id
 from specdraft.toy.build import compare_with_prebuilt
