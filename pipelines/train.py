@@ -5,10 +5,10 @@ layers and draft vocabulary) and starts a ``TorchTrainer`` whose workers (gloo o
 run ``train_loop_per_worker``: the run set up by the core (``specdraft.run.build_run``: the draft from
 the target's heads, wrapped with DDP or FSDP2 per ``train.scaling.strategy`` by ``specdraft.parallel``,
 this rank's partition of the features, the stage schedule's ``Trainer`` — "Beagle: Cross-Attention
-Draft Models for Speculative Decoding", §4.2; HASS §3), with Ray's checkpoints and reports around the
-loop. Every ``checkpoint_every`` optimizer steps and at every epoch end a checkpoint (the full draft dir
-+ full optimizer state, scheduler, every rank's RNG, loop position; ``specdraft.training.save_checkpoint``),
-gathered with all ranks taking part and written by rank 0, is reported; a rerun with the same output
+Draft Models for Speculative Decoding", §4.2; "Learning Harmonized Representations for Speculative
+Sampling", §3), with Ray's checkpoints and reports around the loop. Every ``checkpoint_every``
+optimizer steps and at every epoch end a checkpoint (the full draft dir + full optimizer state, scheduler,
+every rank's RNG, loop position; ``specdraft.training.save_checkpoint``), gathered with all ranks taking part and written by rank 0, is reported; a rerun with the same output
 directory, or a worker failure, resumes from the latest one mid-stage, whatever the strategy.
 ``features: online`` (SpecForge's online mode) reads no store: each worker loads the frozen target and
 computes every batch's features from the conversations, tokenized as a dump would tokenize them
@@ -34,11 +34,7 @@ from specdraft.config import flatten, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import save_draft
 from specdraft.objectives import unwrap
-from specdraft.online import (
-    OnlineDataset,
-    TokenizedConversations,
-    tokenize_conversations,
-)
+from specdraft.online import OnlineDataset, TokenizedConversations, tokenize_conversations
 from specdraft.recipes import ScalingSection, TrainConfig  # noqa: F401 - imported from here by the stages and CLI
 from specdraft.run import build_run, validate_draft
 from specdraft.run import feature_plan as plan_features
