@@ -8,8 +8,9 @@ this rank's partition of the features, the stage schedule's ``Trainer`` — "Bea
 Draft Models for Speculative Decoding", §4.2; "Learning Harmonized Representations for Speculative
 Sampling", §3), with Ray's checkpoints and reports around the loop. Every ``checkpoint_every``
 optimizer steps and at every epoch end a checkpoint (the full draft dir + full optimizer state, scheduler,
-every rank's RNG, loop position; ``specdraft.training.save_checkpoint``), gathered with all ranks taking part and written by rank 0, is reported; a rerun with the same output
-directory, or a worker failure, resumes from the latest one mid-stage, whatever the strategy.
+every rank's RNG, loop position; ``specdraft.training.save_checkpoint``), gathered with all ranks taking
+part and written by rank 0, is reported; a rerun with the same output directory, or a worker failure,
+resumes from the latest one mid-stage, whatever the strategy.
 ``features: online`` (SpecForge's online mode) reads no store: each worker loads the frozen target and
 computes every batch's features from the conversations, tokenized as a dump would tokenize them
 (``specdraft.online``) — for the EAGLE-3 recipes too (``train.online.aux_layers``, default ``eagle3``).
