@@ -1,4 +1,4 @@
-"""Does the lossy int8 hidden-state codec cost acceptance? (DESIGN.md "The target and its features").
+"""Does the lossy int8 hidden-state codec cost acceptance? (the per-token feature format: ``specdraft.features``).
 
 Dumps the same conversations through the same target twice — ``hidden_codec=fp16`` and
 ``int8`` (per-token absmax scale) — and reports, in one run:
@@ -18,39 +18,34 @@ import argparse
 import json
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from pipelines.dump import dump_features
 from specdraft.features import FeaturesConfig
-from pipelines.train import RECIPES, validate_draft
-from specdraft.models import build_draft, draft_config_from_target
+from specdraft.recipes import RECIPES, TrainConfig
+from specdraft.run import build_run, validate_draft
 from specdraft.store import EpochBatches, FeatureDataset, ReaderConfig
-from specdraft.target import load_target_config, load_target_heads
+from specdraft.target import load_target_heads
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations
-from specdraft.training import OptimConfig, Trainer
+from specdraft.training import OptimConfig
 
 
 def train_and_score(store: Path, val_store: Path, target: Path, recipe: str, epochs: int, seed: int) -> dict:
-    arch, stages = RECIPES[recipe].arch, RECIPES[recipe].stages
-    per_stage = max(1, epochs // len(stages))
-    stages = [replace(s, epochs=per_stage) for s in stages]
-    reader = ReaderConfig(max_tokens=1024, val_fraction=0.15, seed=seed)
-    train_ds = FeatureDataset([store], reader, split="train")
-    val_ds = FeatureDataset([val_store], reader, split="val")
-    heads = load_target_heads(target)
-    torch.manual_seed(seed)
-    draft = build_draft(draft_config_from_target(load_target_config(target), arch), heads.embed, heads.lm_head)
-    optim = OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
-    offsets = [sum(s.epochs for s in stages[:i]) for i in range(len(stages))]
-    trainer = Trainer(draft, stages, optim, len(train_ds.batches(0)), seed=seed)
+    """``recipe`` trained on ``store`` (set up by ``build_run``), scored on ``val_store``'s held-out split."""
+    stages = len(RECIPES[recipe].stages)
+    cfg = TrainConfig(recipe=recipe, epochs=[max(1, epochs // stages)] * stages, min_steps=0, seed=seed,
+                      optim=OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1),
+                      reader=ReaderConfig(max_tokens=1024, val_fraction=0.15, seed=seed))
+    run = build_run(cfg, target, lambda split, reader: FeatureDataset([store if split == "train" else val_store],
+                                                                      reader, split=split))
+    offsets = [sum(s.epochs for s in run.stages[:i]) for i in range(len(run.stages))]
     started = time.perf_counter()
-    trainer.run(lambda stage, epoch: EpochBatches(train_ds, offsets[stage] + epoch))
-    counts = validate_draft(draft, val_ds, 5, 10_000, "cpu")
-    return {"sim_tau": counts.sim_tau, "alpha": counts.alpha, "steps": trainer.state.step,
+    run.trainer.run(lambda stage, epoch: EpochBatches(run.train, offsets[stage] + epoch))
+    counts = validate_draft(run.draft, run.val, 5, 10_000, "cpu")
+    return {"sim_tau": counts.sim_tau, "alpha": counts.alpha, "steps": run.trainer.state.step,
             "train_s": time.perf_counter() - started}
 
 

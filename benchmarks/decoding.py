@@ -1,4 +1,5 @@
-"""Decoding speed: vanilla vs chain vs EAGLE-2 tree speculative decoding (papers/eagle2-… §5 metrics).
+"""Decoding speed: vanilla vs chain vs EAGLE-2 tree speculative decoding (metrics of "EAGLE-2: Faster
+Inference of Language Models with Dynamic Draft Trees", §5).
 
 Runs the evaluation path (``specdraft.decoding.eval.run_eval``) on toy-target prompts twice — chain
 drafting and the dynamic tree — each time against vanilla greedy decoding of the same prompts, and
@@ -21,48 +22,25 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.toy_data import write_toy_questions
 from specdraft.decoding import DecodeConfig
 from specdraft.decoding.eval import EvalSettings, run_eval
-from specdraft.objectives import LossWeights, StageConfig
 from specdraft.quickstart import QuickstartConfig, run_quickstart
 from specdraft.toy.build import ToyTargetConfig
-from specdraft.toy.conversations import generate_prompts
 
 
-def prepare_models(work: Path, arch: str, toy: ToyTargetConfig, train_samples: int, epochs: int) -> tuple[Path, Path]:
+def prepare_models(work: Path, recipe: str, toy: ToyTargetConfig, train_samples: int, epochs: int) -> tuple[Path, Path]:
     """A toy target and a briefly trained draft (reused when ``work`` already holds them)."""
     report = work / "report.json"
     if report.is_file():
         done = json.loads(report.read_text())
-        if done.get("arch") == arch and Path(done["draft"]).is_dir():
+        if done.get("recipe") == recipe and Path(done["draft"]).is_dir():
             return Path(done["target"]), Path(done["draft"])
-    loss = LossWeights(ce=1.0, vloss=1.0)
-    cfg = QuickstartConfig(
-        toy=toy,
-        arch=arch,
-        num_train=train_samples,
-        num_eval=32,
-        stages=[
-            StageConfig(
-                kind="early" if arch == "beagle" else "plain", epochs=epochs, window=5, noise_std=0.05, loss=loss
-            ),
-            StageConfig(kind="late" if arch == "beagle" else "align", epochs=1, steps=3, noise_std=0.05, loss=loss),
-        ],
-    )
+    cfg = QuickstartConfig(toy=toy, recipe=recipe, num_train=train_samples, num_eval=32, epochs=epochs)
     out = run_quickstart(work, cfg, progress=True)
     print(f"quickstart: sim_tau {out['sim_tau_before']} -> {out['sim_tau_after']} in {out['total_seconds']} s",
           file=sys.stderr)
     return Path(out["target"]), Path(out["draft"])
-
-
-def write_questions(path: Path, n: int, seed: int) -> Path:
-    """Held-out toy prompts as an MT-Bench-format file (first user turn of each conversation)."""
-    rows = []
-    for i, conv in enumerate(generate_prompts(n, seed)):
-        users = [m["content"] for m in conv if m["role"] == "user"]
-        rows.append({"question_id": i, "category": "toy", "turns": users[:1]})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", help="target directory (default: quickstart toy target)")
     ap.add_argument("--draft", help="draft directory (default: quickstart draft)")
     ap.add_argument("--work", default="runs/bench-decoding", help="quickstart cache directory")
-    ap.add_argument("--arch", default="beagle", choices=("beagle", "eagle"))
+    ap.add_argument("--recipe", default="beagle", help="the quickstart draft's recipe (specdraft.recipes)")
     ap.add_argument("--toy-steps", type=int, default=150, help="toy target training steps")
     ap.add_argument("--toy-batch", type=int, default=16, help="toy target batch size")
     ap.add_argument("--train-samples", type=int, default=256, help="draft training conversations")
-    ap.add_argument("--epochs", type=int, default=2, help="draft epochs in the first stage")
+    ap.add_argument("--epochs", type=int, default=3, help="draft epochs in all (split over the recipe's stages)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--gamma", type=int, default=4)
@@ -94,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         toy = ToyTargetConfig(train_steps=args.toy_steps, batch_size=args.toy_batch, num_conversations=4000,
                               num_threads=torch.get_num_threads())
-        target, draft = prepare_models(work, args.arch, toy, args.train_samples, args.epochs)
-    questions = write_questions(work / "questions.jsonl", args.prompts, seed=4242)
+        target, draft = prepare_models(work, args.recipe, toy, args.train_samples, args.epochs)
+    questions = write_toy_questions(work / "questions.jsonl", args.prompts, seed=4242, max_turns=1)
 
     modes = {
         "chain": DecodeConfig(mode="chain", gamma=args.gamma, max_new_tokens=args.max_new_tokens),

@@ -43,14 +43,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks.train_quality import LoadSampler  # noqa: E402
+from benchmarks.host import LoadSampler
 
 REPO = Path(__file__).resolve().parents[1]
-# the defaults before issue 11.1 (specdraft.training.OptimConfig, pipelines.train.TrainConfig, ReaderConfig)
+# the defaults before issue 11.1 (specdraft.training.OptimConfig, specdraft.recipes.TrainConfig, ReaderConfig)
 OLD_DEFAULTS = ("optim.lr=3e-5", "optim.warmup_steps=2000", "optim.schedule=constant", "optim.min_lr_ratio=0.0",
                 "min_steps=0", "reader.max_tokens=16384")
 # today's optimizer defaults (relative warmup, lr 1e-3, cosine) without the batch shrinking: which fix matters
@@ -233,7 +231,7 @@ def train_finish(job: dict[str, Any]) -> dict[str, Any]:
 
 def split_sizes(store: Path) -> dict[str, int]:
     """Sequences in the train run's default train / validation split of ``store``."""
-    from pipelines.train import TrainConfig
+    from specdraft.recipes import TrainConfig
     from specdraft.store import FeatureDataset
 
     reader = TrainConfig().reader

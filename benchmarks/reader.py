@@ -21,7 +21,7 @@ them, at a toy shape and at an 8B-like one (d = 4096). One run, per shape:
 
 Wall-clock rates depend on what else the host runs (its load average is recorded).
 
-Usage: ``python -m benchmarks.reader [--out benchmarks/results/reader.json] [--sequences 48]``.
+Usage: ``python -m benchmarks.reader [OUT.json (default benchmarks/results/reader.json)] [--sequences 48]``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,12 +37,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specdraft.batch import pad_batch  # noqa: E402
-from specdraft.models import DraftConfig, build_draft  # noqa: E402
-from specdraft.objectives import LossWeights, StageConfig, train_batch  # noqa: E402
-from specdraft.store import (  # noqa: E402
+from specdraft.batch import pad_batch
+from specdraft.models import DraftConfig, build_draft
+from specdraft.objectives import LossWeights, StageConfig, train_batch
+from specdraft.store import (
     FeatureDataset,
     ReaderConfig,
     decode_hidden,
@@ -153,7 +150,8 @@ def trainer_rate(store: Path, d: int, heads: int, kv: int, mlp: int, vocab: int,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "reader.json"))
+    parser.add_argument("out", nargs="?", default=str(Path(__file__).resolve().parent / "results" / "reader.json"),
+                        help="JSON result path (default: benchmarks/results/reader.json)")
     parser.add_argument("--sequences", type=int, default=0, help="sequences per store (default: 256 toy, 48 at d=4096)")
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--steps", type=int, default=2, help="timed training steps (after one warm-up)")

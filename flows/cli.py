@@ -28,7 +28,7 @@ REGENERATE = ConfigSpec(root="pipelines.regenerate:RegenerateConfig")
 EVAL = ConfigSpec(root="specdraft.decoding.eval:EvalSettings", sections=(("ray", "pipelines.evaluate:RayEvalConfig"),))
 # train logs to MLflow only when asked (--mlflow or tracking.enabled=true)
 EXPORT = ConfigSpec(root="specdraft.export:ExportConfig", sections=(("tracking", "pipelines.tracking:TrackingConfig"),))
-TRAIN = ConfigSpec(root="pipelines.train:TrainConfig", sections=(("tracking", "pipelines.tracking:TrackingConfig"),),
+TRAIN = ConfigSpec(root="specdraft.recipes:TrainConfig", sections=(("tracking", "pipelines.tracking:TrackingConfig"),),
                    defaults=("tracking.enabled=false",))
 
 

@@ -1,241 +1,79 @@
-"""Train a draft on Ray Train from a feature store (Beagle §4.2 two-stage; HASS §3).
+"""Train a draft on Ray Train: the adapter between the driver, Ray Train's workers and MLflow.
 
-A ``TorchTrainer`` runs ``train_loop_per_worker`` on each worker: build the draft from the
-target's embedding/lm_head, read this rank's partition of the store, and run the stage
-schedule with ``specdraft.training.Trainer`` (gloo on CPU, nccl on GPU), the draft replicated
-(``train.scaling.strategy: ddp``, ``ray.train.torch.prepare_model``) or sharded with FSDP2
-(``fsdp``, ``torch.distributed.fsdp.fully_shard``; see ``distribute`` and ``shard_draft``). Every
-``checkpoint_every`` optimizer steps and at every epoch end a checkpoint (the full draft dir +
-full optimizer state, scheduler, every rank's RNG, loop position), gathered with all ranks taking
-part and written by rank 0, is reported; a rerun with the same output directory, or a worker
-failure, resumes from the latest one mid-stage, whatever the strategy. ``features: online`` (SpecForge's
-online mode) reads no store: each worker loads the frozen target and computes every batch's features
-from the tokenized conversations (``specdraft.online``), the same batches and values a store of them
-would give — for the EAGLE-3 recipes too (``train.online.aux_layers``, default ``eagle3``; the draft
-vocabulary counted from the conversations, see ``feature_plan``). Validation runs the
-simulated chain acceptance on held-out sequences (alpha_i, sim_tau) after each epoch. Rank 0
-logs to the configured logger.
+``run_training`` (the driver) checks the config, decides the feature plan once (``feature_plan``: aux
+layers and draft vocabulary) and starts a ``TorchTrainer`` whose workers (gloo on CPU, nccl on GPU)
+run ``train_loop_per_worker``: the run set up by the core (``specdraft.run.build_run``: the draft from
+the target's heads, wrapped with DDP or FSDP2 per ``train.scaling.strategy`` by ``specdraft.parallel``,
+this rank's partition of the features, the stage schedule's ``Trainer`` — "Beagle: Cross-Attention
+Draft Models for Speculative Decoding", §4.2; "Learning Harmonized Representations for Speculative
+Sampling", §3), with Ray's checkpoints and reports around the loop. Every ``checkpoint_every``
+optimizer steps and at every epoch end a checkpoint (the full draft dir + full optimizer state, scheduler,
+every rank's RNG, loop position; ``specdraft.training.save_checkpoint``), gathered with all ranks taking
+part and written by rank 0, is reported; a rerun with the same output directory, or a worker failure,
+resumes from the latest one mid-stage, whatever the strategy.
+``features: online`` (SpecForge's online mode) reads no store: each worker loads the frozen target and
+computes every batch's features from the conversations, tokenized as a dump would tokenize them
+(``specdraft.online``) — for the EAGLE-3 recipes too (``train.online.aux_layers``, default ``eagle3``).
+Validation runs the simulated chain acceptance on held-out sequences (alpha_i, sim_tau) after each
+epoch. Rank 0 logs to the configured logger.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from pipelines.cluster import connect_ray
 from pipelines.ingest import load_conversations
-from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
-from specdraft.chat import TokenizedConversations, tokenize_conversations
 from specdraft.config import flatten, from_dict, to_dict
-from specdraft.features import EAGLE3, FeaturesConfig, aux_layers_of
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
-from specdraft.models import build_draft, draft_config_from_target, save_draft, set_frozen_dtype
-from specdraft.models.heads import FROZEN
-from specdraft.objectives import LossWeights, StageConfig, no_grad_sync_needed, unwrap
+from specdraft.models import save_draft
+from specdraft.objectives import unwrap
+from specdraft.chat import TokenizedConversations, tokenize_conversations
+from specdraft.features import EAGLE3
 from specdraft.online import OnlineDataset
-from specdraft.store import (
-    FeatureDataset,
-    ReaderConfig,
-    StoreError,
-    check_aux_layers,
-    predicted_token_counts,
-    read_manifest,
+from specdraft.recipes import ScalingSection, TrainConfig  # noqa: F401 - imported from here by the stages and CLI
+from specdraft.run import build_run, validate_draft
+from specdraft.run import feature_plan as plan_features
+from specdraft.store import FeatureDataset, ReaderConfig, location
+from specdraft.target import load_target_model, load_tokenizer, target_id
+from specdraft.training import (
+    DRAFT_DIR,
+    Trainer,
+    load_checkpoint,
+    save_checkpoint,
+    warmup_of,
 )
-from specdraft.store import location
-from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_id
-from specdraft.training import OptimConfig, Trainer, resolve_precision, warmup_of
-from specdraft.vocab import DEFAULT_DRAFT_VOCAB, coverage, select_vocab
-
-STATE_FILE = "trainer_state.pt"
-DRAFT_DIR = "draft"
-
-_PAPER_LOSS = LossWeights(ce=1.0, vloss=10.0)  # Beagle App. A.3: vloss coefficient 10
-_HASS_LOSS = LossWeights(ce=1.0, topk=1.0, vloss=10.0)
-
-
-@dataclass(frozen=True, slots=True)
-class Recipe:
-    """A draft architecture, whether it reads the EAGLE-3 features (auxiliary target layers, a draft
-    vocabulary), and its stage schedule."""
-
-    arch: Literal["beagle", "eagle", "eagle3"]
-    eagle3_features: bool
-    stages: list[StageConfig]
-
-
-RECIPES: dict[str, Recipe] = {
-    "beagle": Recipe("beagle", False, [
-        StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_PAPER_LOSS),
-        StageConfig(kind="late", epochs=10, steps=4, noise_std=0.2, loss=_PAPER_LOSS),
-    ]),
-    "beagle-early": Recipe("beagle", False, [
-        StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_PAPER_LOSS),
-    ]),
-    "beagle-topk": Recipe("beagle", False, [
-        StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_HASS_LOSS),
-        StageConfig(kind="late", epochs=10, steps=4, noise_std=0.2, loss=_HASS_LOSS),
-    ]),
-    "eagle": Recipe("eagle", False, [StageConfig(kind="plain", epochs=20, noise_std=0.2, loss=_PAPER_LOSS)]),
-    "hass": Recipe("eagle", False, [StageConfig(kind="align", epochs=20, steps=3, noise_std=0.2, loss=_HASS_LOSS)]),
-    # EAGLE-3 (SpecForge §2.4): training-time test over 7 steps, weights 0.8^(j-1), ce over the draft vocabulary
-    "eagle3": Recipe("eagle3", True, [
-        StageConfig(kind="ttt", epochs=20, steps=7, step_decay=0.8, noise_std=0.0, loss=LossWeights(ce=1.0)),
-    ]),
-    # HASS on the EAGLE-3 draft: harmonized context alignment (detached, per step) + top-K distillation
-    "eagle3-hass": Recipe("eagle3", True, [
-        StageConfig(kind="align", epochs=20, steps=3, noise_std=0.0, loss=LossWeights(ce=1.0, topk=1.0)),
-    ]),
-    # Beagle's two-stage training with cross-attention keys/values from the fused EAGLE-3 features
-    "beagle3": Recipe("beagle", True, [
-        StageConfig(kind="early", epochs=10, window=5, noise_std=0.0, loss=LossWeights(ce=1.0)),
-        StageConfig(kind="late", epochs=10, steps=4, noise_std=0.0, loss=LossWeights(ce=1.0)),
-    ]),
-}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ScalingSection:
-    # 0: Ray Train's local mode — the training loop runs in this process, without worker actors (a
-    # laptop, a debugger, a quick check); its checkpoints are not kept for a rerun, which starts over
-    num_workers: int = 1
-    use_gpu: bool = False
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 1.0
-    strategy: Literal["ddp", "fsdp"] = "ddp"
+class WorkerConfig:
+    """What the driver hands every worker (Ray's ``train_loop_config`` carries its ``to_dict()``)."""
 
+    train: TrainConfig
+    target: str  # resolved path of the target
+    target_id: str
+    out: str  # the run's directory: metrics.jsonl, the final draft
+    stores: list[str] = field(default_factory=list)  # offline: the feature stores (paths or URLs)
+    aux_layers: list[int] = field(default_factory=list)  # the feature plan (``feature_plan``)
+    vocab: list[int] | None = None
+    tracking: dict[str, str] | None = None  # {"uri", "run_id"} of the MLflow run rank 0 logs into
+    fail_at_step: int | None = None  # fault injection (tests, failure drills)
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrainConfig:
-    recipe: str = "beagle"
-    arch: Literal["beagle", "eagle", "eagle3"] | None = None  # None: the recipe's draft
-    stages: list[StageConfig] | None = None  # None: the recipe's stages
-    epochs: list[int] | None = None  # per-stage epoch override (same length as the stages)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    reader: ReaderConfig = field(default_factory=lambda: ReaderConfig(val_fraction=0.05))
-    intermediate_size: int | None = None  # draft MLP width (None: the target's)
-    min_steps: int = 300  # small stores: batches shrink (down to one sequence) until the run has this many steps
-    draft_vocab_size: int = DEFAULT_DRAFT_VOCAB  # EAGLE-3 features: the most frequent predicted tokens
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPU (fp32 master weights)
-    loss_chunk: int = 1024  # rows per output-head chunk
-    # ttt stages: recompute each sub-step's decoder layer in the backward (activation checkpointing):
-    # ~one more layer forward per sub-step for a chain that keeps only its states' encodings per step
-    recompute: bool = False
-    seed: int = 0
-    checkpoint_every: int = 500  # optimizer steps between checkpoints (epoch ends always checkpoint)
-    keep_checkpoints: int = 2
-    sim_depth: int = 5
-    val_max_batches: int = 64
-    log_every: int = 20
-    max_failures: int = 0
-    scaling: ScalingSection = field(default_factory=ScalingSection)
-    # offline: read feature stores; online: every worker runs the target on each batch (no store)
-    features: Literal["offline", "online"] = "offline"
-    conversations: list[str] = field(default_factory=list)  # online: conversation files/dirs, as `specdraft dump` reads
-    # online: tokenization and target forward, as a dump with these settings would store them (max_length,
-    # overlong, topk, hidden_codec rounding, aux_layers — EAGLE-3 recipes: None means eagle3 —, dtype,
-    # logits_chunk, attn_implementation, trust_remote_code)
-    online: FeaturesConfig = field(default_factory=FeaturesConfig)
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "train": to_dict(self.train)}
 
-    def __post_init__(self) -> None:
-        assert self.recipe in RECIPES or self.stages, f"unknown recipe {self.recipe!r}; known: {sorted(RECIPES)}"
-        assert self.features in ("offline", "online"), f"features must be offline or online, got {self.features!r}"
-
-    def resolved(self) -> tuple[str, list[StageConfig]]:
-        recipe = RECIPES.get(self.recipe, Recipe("beagle", False, []))
-        arch = self.arch or recipe.arch
-        stages = list(self.stages) if self.stages else list(recipe.stages)
-        if self.epochs is not None:
-            assert len(self.epochs) == len(stages), f"epochs {self.epochs} must give one count per stage ({len(stages)})"
-            stages = [replace(s, epochs=e) for s, e in zip(stages, self.epochs)]
-        if self.recompute:
-            stages = [replace(s, recompute=True) for s in stages]
-        return arch, stages
-
-    @property
-    def eagle3_features(self) -> bool:
-        """Whether the draft reads auxiliary target layers and predicts over a draft vocabulary."""
-        recipe = RECIPES.get(self.recipe)
-        return self.arch == "eagle3" or (recipe is not None and recipe.eagle3_features)
-
-
-def fit_batches(dataset: FeatureDataset, cfg: TrainConfig, stages: list[StageConfig]) -> ReaderConfig:
-    """The reader config whose batches give at least ``cfg.min_steps`` optimizer steps per rank.
-
-    Halves ``max_tokens`` (the padded tokens per batch) from its configured value until the run has
-    ``min_steps`` steps or every batch holds a single sequence; a large store keeps its batches. The
-    plan depends only on the stores and the config, so every rank computes the same one.
-    """
-    epochs = sum(s.epochs for s in stages)
-    reader, previous, batches = dataset.cfg, dataset.cfg, -1
-    while True:
-        dataset.cfg = reader
-        more = len(dataset.batches(0))
-        if more == batches:  # one sequence per batch already: smaller budgets change nothing
-            dataset.cfg = previous
-            return previous
-        batches, previous = more, reader
-        if epochs * math.ceil(batches / cfg.optim.grad_accum) >= cfg.min_steps or reader.max_tokens == 1:
-            return reader
-        reader = replace(reader, max_tokens=max(1, reader.max_tokens // 2))
-
-
-def validate_draft(draft, dataset: FeatureDataset | None, depth: int, max_batches: int, device) -> AcceptanceCounts:
-    """Simulated acceptance over (up to ``max_batches`` of) this rank's held-out batches."""
-    counts = AcceptanceCounts.zeros(depth)
-    if dataset is None:
-        return counts
-    core = unwrap(draft)
-    core.eval()
-    with gathered(core):  # drafting runs outside the forward: FSDP2 shards must be gathered by hand
-        for seqs in dataset.batches(0)[:max_batches]:
-            counts.add(simulated_acceptance(core, dataset.load(seqs, lazy=True).to(device), depth))
-    core.train()
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        both = torch.stack([counts.accepted, counts.reached]).to(device)
-        torch.distributed.all_reduce(both)
-        counts = AcceptanceCounts(both[0].cpu(), both[1].cpu())
-    return counts
-
-
-def _save_checkpoint(trainer: Trainer, directory: Path | None) -> None:
-    """Write a checkpoint into ``directory`` (rank 0; the other ranks pass None).
-
-    Collective: every rank calls it, so sharded weights and optimizer state are gathered in full
-    (``Trainer.state_dict``), and every rank's generator is kept — ranks draw their own noise and
-    window offsets, and a resumed rank continues its own stream.
-    """
-    state = trainer.state_dict()
-    generators = [trainer.generator.get_state()]
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        generators = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(generators, trainer.generator.get_state())
-    if directory is None:
-        return
-    save_draft(unwrap(trainer.draft), directory / DRAFT_DIR, weights=state.pop("draft"))  # safetensors
-    state["generators"] = generators
-    torch.save(state, directory / STATE_FILE)
-
-
-def _load_checkpoint(trainer: Trainer, directory: Path, rank: int = 0, world: int = 1) -> None:
-    """Every rank loads the full checkpoint (FSDP2 keeps its own shards of it) and its own generator."""
-    from safetensors.torch import load_file
-
-    state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
-    state["draft"] = load_file(str(directory / DRAFT_DIR / "model.safetensors"))  # the draft's own weights
-    generators = state.pop("generators", None) or [state["generator"]]
-    if len(generators) != world and rank == 0:
-        print(f"[specdraft] WARNING: checkpoint written by {len(generators)} workers, resumed by {world}: "
-              "the data partition and random streams differ from an uninterrupted run", flush=True)
-    state["generator"] = generators[rank % len(generators)]
-    trainer.load_state_dict(state)
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkerConfig:
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        assert not unknown, f"unknown worker config key(s) {unknown}"
+        return cls(**{**data, "train": from_dict(TrainConfig, data["train"], "train")})
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -243,40 +81,21 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
-    cfg: TrainConfig = from_dict(TrainConfig, config["train"])
+    job = WorkerConfig.from_dict(config)
+    cfg = job.train
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
-    torch.manual_seed(cfg.seed)
-    arch, stages = cfg.resolved()
-
-    target = config["target"]
-    heads = load_target_heads(target)
-    vocab = torch.tensor(config["vocab"]) if config.get("vocab") is not None else None
-    dcfg = draft_config_from_target(load_target_config(target), arch, intermediate_size=cfg.intermediate_size,
-                                    target_id=config.get("target_id", ""), aux_layers=config.get("aux_layers"),
-                                    draft_vocab_size=None if vocab is None else vocab.numel())
-    draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab)
-    if resolve_precision(cfg.precision, torch.device(device)) == "bf16":
-        set_frozen_dtype(draft, torch.bfloat16)  # frozen heads in the compute dtype; trainable weights stay fp32
-    model, grad_sync = distribute(draft, cfg.scaling.strategy, world, device)
-
-    reader = replace(cfg.reader, aux=True) if dcfg.aux_layers else cfg.reader
-    open_split = (online_features(cfg, config["target"], device, rank, world, dcfg.aux_layers)
-                  if cfg.features == "online"
-                  else lambda split, rd: FeatureDataset(config["stores"], rd, split=split, rank=rank, world_size=world))
-    train_ds = open_split("train", reader)
-    reader = fit_batches(train_ds, cfg, stages)  # small stores get smaller batches, hence enough steps
-    train_ds.cfg = reader
-    val_ds = open_split("val", reader) if cfg.reader.val_fraction > 0 else None
-    per_epoch = len(train_ds.batches(0))
-    assert per_epoch > 0, f"rank {rank} got no training batches from {config['stores'] or cfg.conversations}"
-
-    logger = _rank0_logger(config) if rank == 0 else NullLogger()
-    trainer = Trainer(model, stages, cfg.optim, per_epoch, seed=cfg.seed + 1000 * rank, logger=logger, device=device,
-                      precision=cfg.precision, grad_sync=grad_sync, loss_chunk=cfg.loss_chunk)
+    if cfg.features == "online":
+        open_split = online_features(cfg, job.target, device, rank, world, job.aux_layers)
+    else:
+        def open_split(split: str, reader: ReaderConfig) -> FeatureDataset:
+            return FeatureDataset(job.stores, reader, split=split, rank=rank, world_size=world)
+    run = build_run(cfg, job.target, open_split, aux_layers=job.aux_layers, vocab=job.vocab, target_id=job.target_id,
+                    device=device, rank=rank, world=world, logger=_rank0_logger(job) if rank == 0 else NullLogger())
+    trainer, stages, per_epoch = run.trainer, run.stages, run.batches_per_epoch
     if rank == 0:
-        print(f"[specdraft] {trainer.total_steps} optimizer steps ({per_epoch} batches of <= {reader.max_tokens} "
+        print(f"[specdraft] {trainer.total_steps} optimizer steps ({per_epoch} batches of <= {run.reader.max_tokens} "
               f"tokens per epoch and rank), warmup {warmup_of(cfg.optim, trainer.total_steps)}, peak lr "
               f"{cfg.optim.lr:g}", flush=True)
         for line in trainer.warnings:
@@ -284,13 +103,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
-            _load_checkpoint(trainer, Path(d), rank, world)
+            load_checkpoint(trainer, Path(d), rank, world)
         if rank == 0:
             print(f"[specdraft] resumed at {trainer.state.as_dict()}", flush=True)
     elif rank == 0:
-        trainer.logger.log_params({**flatten(cfg, "train"), "train.arch_resolved": arch,
+        trainer.logger.log_params({**flatten(cfg, "train"), "train.arch_resolved": run.arch,
                                    "train.world_size": world, "train.batches_per_epoch": per_epoch,
-                                   "train.total_steps": trainer.total_steps, "train.max_tokens_used": reader.max_tokens,
+                                   "train.total_steps": trainer.total_steps,
+                                   "train.max_tokens_used": run.reader.max_tokens,
                                    "train.warmup_used": warmup_of(cfg.optim, trainer.total_steps),
                                    "train.warnings": " | ".join(trainer.warnings) or "none"})
 
@@ -303,7 +123,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             ray.train.report(metrics)
             return
         with tempfile.TemporaryDirectory() as tmp:
-            _save_checkpoint(trainer, Path(tmp) if rank == 0 else None)  # every rank: the state is gathered
+            save_checkpoint(trainer, Path(tmp) if rank == 0 else None)  # every rank: the state is gathered
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
 
     def on_step(tr: Trainer, metrics: dict[str, float]) -> None:
@@ -315,30 +135,23 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                   f"tok/s {metrics['tokens_per_s']:.0f} eta {eta:.0f}s", flush=True)
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             report({"loss": metrics["loss"]}, with_checkpoint=True)
+        if job.fail_at_step and step == job.fail_at_step and not Path(job.out, ".failed-once").exists():
+            Path(job.out, ".failed-once").touch()
+            raise RuntimeError(f"injected failure at step {step}")
 
     def on_epoch_end(tr: Trainer) -> None:
-        counts = validate_draft(tr.draft, val_ds, cfg.sim_depth, cfg.val_max_batches, device)
+        counts = validate_draft(tr.draft, run.val, cfg.sim_depth, cfg.val_max_batches, device)
         metrics = {"sim_tau": counts.sim_tau, **{f"alpha_{i + 1}": a for i, a in enumerate(counts.alpha)}}
         tr.logger.log_metrics(metrics, tr.state.step)
         report(metrics, with_checkpoint=True)
 
     def batches(stage: int, epoch: int):  # read ahead in the background, decoded on the device (Batch.to)
-        return train_ds.epoch_batches(epoch_offsets[stage] + epoch)
-
-    fail_at = int(config.get("fail_at_step") or 0)  # fault injection (tests, failure drills)
-    if fail_at:
-        inner = on_step
-
-        def on_step(tr, metrics, inner=inner):  # noqa: F811
-            inner(tr, metrics)
-            if tr.state.step == fail_at and not Path(config["out"], ".failed-once").exists():
-                Path(config["out"], ".failed-once").touch()
-                raise RuntimeError(f"injected failure at step {fail_at}")
+        return run.train.epoch_batches(epoch_offsets[stage] + epoch)
 
     trainer.run(batches, on_step=on_step, on_epoch_end=on_epoch_end)
     weights = trainer.draft_state_dict()  # every rank: gathered in full, held by rank 0
     if rank == 0:
-        save_draft(unwrap(trainer.draft), Path(config["out"]) / DRAFT_DIR, weights=weights)
+        save_draft(unwrap(trainer.draft), Path(job.out) / DRAFT_DIR, weights=weights)
         trainer.logger.close()
     ray.train.report({"done": 1.0, **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
 
@@ -375,152 +188,18 @@ def online_features(cfg: TrainConfig, target: str, device, rank: int, world: int
     return open_split
 
 
-def distribute(draft, strategy: str, world: int, device):
-    """The draft wrapped for ``world`` workers, and its gradient-sync switch (``Trainer.grad_sync``).
-
-    Choosing (``train.scaling.strategy``): ``ddp`` replicates the draft — every rank holds its fp32
-    weights, gradients and AdamW state (16 bytes per trainable parameter) and gradients are
-    all-reduced; ``fsdp`` shards those over the N ranks (``shard_draft``: each holds 1/N) at the
-    cost of gathering the weights for every sub-step. A draft is one layer: 0.22-0.43 B parameters
-    at Llama-3-8B's shape (3.3-6.3 GiB of weights + gradients + AdamW state; the top is EAGLE-3
-    with a 32k draft vocabulary), 0.86-1.4 B at Llama-3-70B's (13-21 GiB). DDP is the default;
-    FSDP pays off when that state crowds out activations (large targets, long sequences, ``ttt``).
-
-    DDP: the frozen target tensors are buffers every rank loads from the target itself, so they are
-    neither broadcast at construction nor before each forward (``broadcast_buffers=False``: a
-    128k x 4096 embedding is 1 GB), and gradients are synchronised only on the last backward of an
-    accumulation group (``no_sync`` elsewhere).
-    """
-    import ray.train.torch
-
-    assert strategy in ("ddp", "fsdp"), f"unknown train.scaling.strategy {strategy!r}: ddp or fsdp"
-    if world == 1:
-        return draft.to(device), no_grad_sync_needed
-    if strategy == "fsdp":
-        return shard_draft(draft.to(device), world, device)
-    from torch.nn.parallel import DistributedDataParallel
-
-    frozen = [f"heads.{name}" for name, _ in draft.heads.named_buffers() if name in FROZEN]
-    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(draft, frozen)
-    model = ray.train.torch.prepare_model(draft, parallel_strategy="ddp",
-                                          parallel_strategy_kwargs={"broadcast_buffers": False})
-    return model, lambda enabled: nullcontext() if enabled else model.no_sync()
-
-
-def shard_draft(draft, world: int, device):
-    """The draft sharded with FSDP2 (``fully_shard``, in place) over ``world`` ranks, and its
-    gradient-sync switch. (Ray's ``prepare_model(parallel_strategy="fsdp")`` wraps with FSDP1.)
-
-    * Frozen tensors: the target's embedding, shared lm_head and teacher rows are non-persistent
-      buffers of ``draft.heads``. FSDP shards, gathers and reduces parameters only, so every rank
-      keeps the full copy it loaded from the target and they are never communicated.
-    * The body is one unit, the root: a draft is one layer, so more units would only add
-      all-gathers. The root keeps its weights gathered from its forward to its backward
-      (``reshard_after_forward=False``), so a chained stage's several forwards before one backward
-      (``ttt``) gather once. When ``ttt``'s backward reaches a forward whose inputs carry gradient
-      (the fed-back states), FSDP reshards the root there and gathers it again for the earlier
-      forward's backward: correct, one extra all-gather per step.
-    * The head of a draft with its own vocabulary (EAGLE-3: trainable ``heads.norm`` +
-      ``heads.lm_head``) is used by the losses *outside* the draft's forward (``objectives.score`` ->
-      ``losses.head_loss``), where FSDP's hooks do not reach, so it is a second unit: a forward hook
-      on the draft gathers it at the end of every forward (the losses run right after), and FSDP's
-      end-of-backward callback, which visits every unit, reduce-scatters its gradients and
-      reshards it once the whole backward is done. Inside the root unit it would be resharded with
-      the root in the middle of ``ttt``'s backward, while earlier steps' head backwards still read
-      it (freed storage: a crash).
-    * Gradient sync: ``set_requires_gradient_sync(enabled)`` on every unit. Off, FSDP accumulates
-      unsharded gradients locally; the last backward of an accumulation group reduce-scatters the
-      sum (averaged over ranks, as DDP does).
-    * Outside a forward (validation) the weights are gathered by ``gathered``; checkpoints gather
-      the full state with every rank taking part (``Trainer.state_dict``).
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = init_device_mesh(torch.device(device).type, (world,))
-    heads = draft.heads
-    if any(True for _ in heads.parameters()):
-        fully_shard(heads, mesh=mesh)
-        draft.register_forward_hook(lambda module, args, output: heads.unshard())
-    fully_shard(draft, mesh=mesh, reshard_after_forward=False)
-
-    @contextmanager
-    def grad_sync(enabled: bool):
-        draft.set_requires_gradient_sync(enabled)  # recursive: both units
-        try:
-            yield
-        finally:
-            draft.set_requires_gradient_sync(True)
-
-    return draft, grad_sync
-
-
-@contextmanager
-def gathered(model):
-    """``model`` with every FSDP2 unit's weights gathered, for code that runs outside its forward
-    (validation drafting); collective: every rank enters it. A plain or DDP model is left as it is."""
-    from torch.distributed.fsdp import FSDPModule
-
-    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    for unit in units:
-        unit.unshard()
-    try:
-        yield model
-    finally:
-        for unit in units:
-            unit.reshard()
-
-
-def _rank0_logger(config: dict[str, Any]):
-    loggers = [JsonlLogger(Path(config["out"]) / "metrics.jsonl")]
-    tracking = config.get("tracking")
-    if tracking:
+def _rank0_logger(job: WorkerConfig):
+    loggers = [JsonlLogger(Path(job.out) / "metrics.jsonl")]
+    if job.tracking:
         from pipelines.tracking import MlflowLogger
 
-        loggers.append(MlflowLogger(tracking["uri"], run_id=tracking["run_id"]))
+        loggers.append(MlflowLogger(job.tracking["uri"], run_id=job.tracking["run_id"]))
     return MultiLogger(*loggers)
 
 
 def feature_plan(cfg: TrainConfig, stores: list[str], target: str | Path, out: Path) -> tuple[list[int], list[int] | None]:
-    """(aux layer ids, draft vocabulary ids) for a recipe reading the EAGLE-3 features, else ([], None).
-
-    The aux layers are the stores' (they must all hold the same ones), or with online features
-    ``cfg.online.aux_layers`` resolved for the target as the dump resolves them (``run_training``
-    defaults them to ``eagle3``). The draft vocabulary is built once on the driver from the predicted
-    tokens — the stores', or online the tokenized conversations' (the same tokens a dump of them
-    stores) — and written to ``out/draft_vocab.json`` (reused on resume, so a resumed run keeps its
-    vocabulary).
-    """
-    if not cfg.eagle3_features:
-        return [], None
-    where = f"recipe {cfg.recipe!r} (arch {cfg.resolved()[0]!r}) reads the EAGLE-3 features"
-    if cfg.features == "online":
-        try:
-            layers = aux_layers_of(cfg.online, load_target_config(target))
-        except ValueError as err:
-            raise ValueError(f"{where} (train.online.aux_layers={cfg.online.aux_layers!r}): {err}") from None
-        if not layers:
-            raise ValueError(f"{where}: set train.online.aux_layers (eagle3 or a list of layers)")
-    else:
-        try:
-            layers = check_aux_layers([(Path(s), read_manifest(s)) for s in stores])
-        except StoreError as err:
-            raise StoreError(f"{where}: {err}") from None
-    path = out / "draft_vocab.json"
-    if path.is_file():
-        return list(layers), json.loads(path.read_text())["target_ids"]
-    vocab_size = int(load_target_config(target).get_text_config().vocab_size)
-    if cfg.features == "online":
-        counts = online_conversations(cfg, target)[0].predicted_token_counts(vocab_size)
-    else:
-        counts = predicted_token_counts(stores, vocab_size)
-    ids = select_vocab(counts, cfg.draft_vocab_size)
-    record = {"size": ids.numel(), "coverage": coverage(counts, ids), "counted_tokens": int(counts.sum()),
-              "target_ids": ids.tolist()}
-    path.write_text(json.dumps(record))
-    print(f"[specdraft] draft vocabulary: {ids.numel()} of {vocab_size} target tokens, covering "
-          f"{record['coverage']:.2%} of {record['counted_tokens']} predicted tokens", flush=True)
-    return list(layers), record["target_ids"]
+    """``specdraft.run.feature_plan``, online features' conversations read as this adapter reads them."""
+    return plan_features(cfg, stores, target, out, conversations=lambda: online_conversations(cfg, target)[0])
 
 
 def run_training(
@@ -546,6 +225,7 @@ def run_training(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    cfg.resolved()  # a wrong stage or epoch count fails here, on the driver, not in a (retried) worker
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     connect_ray(ray_address)
@@ -569,20 +249,11 @@ def run_training(
     else:
         assert stores, "features: offline needs at least one feature store (or features=online with conversations)"
     aux_layers, vocab = feature_plan(cfg, stores, target, out)
-    config = {
-        "train": to_dict(cfg),
-        "stores": stores,
-        "aux_layers": aux_layers,
-        "vocab": vocab,
-        "target": str(Path(target).resolve()),
-        "target_id": target_id(target),
-        "out": str(out),
-        "tracking": tracking,
-        "fail_at_step": fail_at_step,
-    }
+    job = WorkerConfig(train=cfg, stores=stores, aux_layers=aux_layers, vocab=vocab, target=str(Path(target).resolve()),
+                       target_id=target_id(target), out=str(out), tracking=tracking, fail_at_step=fail_at_step)
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=config,
+        train_loop_config=job.to_dict(),
         torch_config=TorchConfig(backend="nccl" if sc.use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=sc.num_workers, use_gpu=sc.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(

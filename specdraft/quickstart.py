@@ -1,11 +1,13 @@
-"""A laptop-sized end-to-end run of the core: toy target -> features -> two-stage draft training.
+"""A laptop-sized end-to-end run of the core: toy target -> features -> a recipe's draft training.
 
 Builds (or reuses) the toy target, renders synthetic conversations with its chat
 template, computes the target's last hidden states and top-K log-probs in memory,
-trains a draft on the configured stage schedule (default: Beagle early stage, k=5, then
-late stage, s=4 — Beagle §4.2), and reports the simulated chain acceptance (alpha_i,
-sim_tau) on held-out conversations before and after training. The full pipeline (Zarr
-store, Ray, Prefect, MLflow) runs the same pieces at scale.
+trains a draft with a recipe of ``specdraft.recipes`` (default: ``beagle``, the early stage,
+k=5, then the late stage, s=4 — "Beagle: Cross-Attention Draft Models for Speculative
+Decoding", §4.2), set up by ``specdraft.run.build_run`` as every trainer is, with fewer epochs,
+and reports the simulated chain acceptance (alpha_i, sim_tau) on held-out conversations before
+and after training. The full pipeline (Zarr store, Ray, Prefect, MLflow) runs the same pieces at
+scale.
 """
 
 from __future__ import annotations
@@ -15,64 +17,72 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import torch
 from tqdm.auto import tqdm
 
-from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
+from specdraft.batch import Batch, pad_batch
 from specdraft.config import to_dict
 from specdraft.features import compute_features
 from specdraft.loggers import JsonlLogger
-from specdraft.models import build_draft, draft_config_from_target, save_draft
-from specdraft.batch import pad_batch
-from specdraft.objectives import LossWeights, StageConfig
-from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
+from specdraft.models import save_draft
+from specdraft.recipes import RECIPES, TrainConfig, split_epochs
+from specdraft.run import build_run, validate_draft
+from specdraft.store import ReaderConfig
+from specdraft.target import load_target_model, load_tokenizer
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import OptimConfig, Trainer
-
-
-def _default_stages() -> list[StageConfig]:
-    loss = LossWeights(ce=1.0, vloss=1.0)
-    return [
-        StageConfig(kind="early", epochs=3, window=5, noise_std=0.05, loss=loss),
-        StageConfig(kind="late", epochs=2, steps=4, noise_std=0.05, loss=loss),
-    ]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class QuickstartConfig:
     seed: int = 0
     toy: ToyTargetConfig = field(default_factory=ToyTargetConfig)
-    arch: Literal["beagle", "eagle"] = "beagle"
+    recipe: str = "beagle"  # a recipe of specdraft.recipes that reads the last hidden state
+    epochs: int = 5  # in all, split over the recipe's stages (earlier stages take the rest)
     num_train: int = 768
     num_eval: int = 96
     max_length: int = 192
     topk: int = 10
     batch_size: int = 16
     depth: int = 5  # simulated chain depth for alpha_i
-    stages: list[StageConfig] = field(default_factory=_default_stages)
     optim: OptimConfig = field(
         default_factory=lambda: OptimConfig(lr=2e-3, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1)
     )
 
+    def __post_init__(self) -> None:
+        assert self.recipe in RECIPES, f"unknown recipe {self.recipe!r}; known: {sorted(RECIPES)}"
+        assert not RECIPES[self.recipe].eagle3_features, (
+            f"recipe {self.recipe!r} reads the EAGLE-3 features: the quickstart computes the last hidden state only")
+        assert self.epochs >= len(RECIPES[self.recipe].stages), f"epochs {self.epochs}: at least one per stage"
 
-def batches_of(samples, batch_size: int, seed: int):
-    """Length-bucketed batches in a seeded order (fixed for a given seed)."""
-    order = sorted(range(len(samples)), key=lambda i: samples[i]["input_ids"].shape[0])
-    groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    random.Random(seed).shuffle(groups)
-    return [pad_batch([samples[i] for i in g]) for g in groups]
+    def train_config(self) -> TrainConfig:
+        """The ``train`` config of this run: the recipe, its epochs shortened, this optimizer and seed."""
+        stages = len(RECIPES[self.recipe].stages)
+        return TrainConfig(recipe=self.recipe, epochs=split_epochs(self.epochs, stages), optim=self.optim,
+                           min_steps=0, seed=self.seed)  # batches of batch_size sequences: not fitted
 
 
-def evaluate(draft, batches, depth: int) -> AcceptanceCounts:
-    counts = AcceptanceCounts.zeros(depth)
-    draft.eval()
-    for batch in batches:
-        counts.add(simulated_acceptance(draft, batch, depth))
-    draft.train()
-    return counts
+class SampleSplit:
+    """In-memory samples read as a split of a store is read: ``batches(epoch)`` gives length-bucketed
+    groups of ``batch_size`` sample indices in an order seeded by ``seed + epoch``, ``load`` pads them.
+    The held-out conversations are the ``val`` split (the reader's budget and val_fraction are unused)."""
+
+    def __init__(self, samples: list[dict], batch_size: int, seed: int, cfg: ReaderConfig):
+        self.samples, self.batch_size, self.seed, self.cfg = samples, batch_size, seed, cfg
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        order = sorted(range(len(self.samples)), key=lambda i: self.samples[i]["input_ids"].shape[0])
+        groups = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        random.Random(self.seed + epoch).shuffle(groups)
+        return groups
+
+    def load(self, group: list[int], lazy: bool = False) -> Batch:  # lazy: in memory, nothing to defer
+        return pad_batch([self.samples[i] for i in group])
+
+    def epoch_batches(self, epoch: int) -> list[Batch]:
+        return [self.load(group) for group in self.batches(epoch)]
 
 
 def run_quickstart(out: Path, cfg: QuickstartConfig = QuickstartConfig(), progress: bool = True) -> dict:
@@ -88,17 +98,14 @@ def run_quickstart(out: Path, cfg: QuickstartConfig = QuickstartConfig(), progre
     samples = compute_features(model, tokenizer, convs, cfg.max_length, cfg.topk, progress=progress)
     random.Random(cfg.seed).shuffle(samples)
     train, held_out = samples[cfg.num_eval :], samples[: cfg.num_eval]
-    eval_batches = batches_of(held_out, cfg.batch_size, cfg.seed)
 
-    heads = load_target_heads(target_dir)
-    draft_cfg = draft_config_from_target(load_target_config(target_dir), cfg.arch, target_id=str(target_dir))
-    draft = build_draft(draft_cfg, heads.embed, heads.lm_head)
-    before = evaluate(draft, eval_batches, cfg.depth)
-
-    n_batches = -(-len(train) // cfg.batch_size)  # batches_of groups fixed-size runs
-    trainer = Trainer(
-        draft, list(cfg.stages), cfg.optim, n_batches, seed=cfg.seed, logger=JsonlLogger(out / "metrics.jsonl")
-    )
+    train_cfg = cfg.train_config()
+    splits = {"train": train, "val": held_out}
+    run = build_run(train_cfg, target_dir, lambda split, reader: SampleSplit(splits[split], cfg.batch_size,
+                                                                               1000 * cfg.seed, reader),
+                    target_id=str(target_dir), logger=JsonlLogger(out / "metrics.jsonl"))
+    trainer = run.trainer
+    before = validate_draft(run.draft, run.val, cfg.depth, len(held_out), "cpu")
     bar = tqdm(total=trainer.total_steps, desc="train", disable=not progress)
     history: list[dict] = []
 
@@ -107,22 +114,24 @@ def run_quickstart(out: Path, cfg: QuickstartConfig = QuickstartConfig(), progre
         bar.set_postfix(stage=tr.state.stage, loss=f"{metrics['loss']:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
 
     def on_epoch_end(tr: Trainer) -> None:
-        counts = evaluate(tr.draft, eval_batches, cfg.depth)
+        counts = validate_draft(tr.draft, run.val, cfg.depth, len(held_out), "cpu")
         history.append({"stage": tr.state.stage, "epoch": tr.state.epoch, "sim_tau": counts.sim_tau})
         tr.logger.log_metrics({"sim_tau": counts.sim_tau}, tr.state.step)
 
+    offsets = [sum(s.epochs for s in run.stages[:i]) for i in range(len(run.stages))]
     t_train0 = time.perf_counter()
-    trainer.run(lambda stage, epoch: batches_of(train, cfg.batch_size, cfg.seed * 1000 + 100 * stage + epoch),
-                on_step=on_step, on_epoch_end=on_epoch_end)
+    trainer.run(lambda stage, epoch: run.train.epoch_batches(offsets[stage] + epoch), on_step=on_step,
+                on_epoch_end=on_epoch_end)
     bar.close()
     train_s = time.perf_counter() - t_train0
-    after = evaluate(draft, eval_batches, cfg.depth)
-    draft_dir = save_draft(draft, out / "draft")
+    after = validate_draft(run.draft, run.val, cfg.depth, len(held_out), "cpu")
+    draft_dir = save_draft(run.draft, out / "draft")
     report = {
         "target": str(target_dir),
         "draft": str(draft_dir),
-        "arch": cfg.arch,
-        "stages": [to_dict(s) for s in cfg.stages],
+        "recipe": cfg.recipe,
+        "arch": run.arch,
+        "stages": [to_dict(s) for s in run.stages],
         "train_samples": len(train),
         "eval_samples": len(held_out),
         "optimizer_steps": trainer.state.step,

@@ -16,7 +16,8 @@ Distributed drafts go through the same code: the checkpoint state is the *full* 
 weights and optimizer state keyed by parameter name (``torch.distributed.checkpoint.state_dict``,
 the same for a plain, DDP or FSDP2 draft, so a checkpoint written under one strategy resumes
 under another), gathered with every rank taking part; gradient clipping uses the global norm
-over all shards.
+over all shards. ``save_checkpoint`` / ``load_checkpoint`` write and read that state as a directory:
+the draft's own directory (``save_draft``: config + safetensors) and ``trainer_state.pt`` beside it.
 """
 
 from __future__ import annotations
@@ -25,13 +26,18 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable, Literal, Sequence
 
 import torch
 
 from specdraft.loggers import MetricLogger, NullLogger
 from specdraft.batch import Batch
-from specdraft.objectives import GradSync, StageConfig, no_grad_sync_needed, train_batch
+from specdraft.models import save_draft
+from specdraft.objectives import GradSync, StageConfig, no_grad_sync_needed, train_batch, unwrap
+
+STATE_FILE = "trainer_state.pt"  # a checkpoint's optimizer, scheduler, generators and loop position
+DRAFT_DIR = "draft"  # a checkpoint's (and a finished run's) draft directory
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -278,3 +284,36 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         return {"grad_norm": float(norm), "lr": self.scheduler.get_last_lr()[0]}
+
+
+def save_checkpoint(trainer: Trainer, directory: Path | None) -> None:
+    """Write a checkpoint into ``directory`` (rank 0; the other ranks pass None).
+
+    Collective: every rank calls it, so sharded weights and optimizer state are gathered in full
+    (``Trainer.state_dict``), and every rank's generator is kept — ranks draw their own noise and
+    window offsets, and a resumed rank continues its own stream.
+    """
+    state = trainer.state_dict()
+    generators = [trainer.generator.get_state()]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        generators = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(generators, trainer.generator.get_state())
+    if directory is None:
+        return
+    save_draft(unwrap(trainer.draft), directory / DRAFT_DIR, weights=state.pop("draft"))  # safetensors
+    state["generators"] = generators
+    torch.save(state, directory / STATE_FILE)
+
+
+def load_checkpoint(trainer: Trainer, directory: Path, rank: int = 0, world: int = 1) -> None:
+    """Every rank loads the full checkpoint (FSDP2 keeps its own shards of it) and its own generator."""
+    from safetensors.torch import load_file
+
+    state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+    state["draft"] = load_file(str(directory / DRAFT_DIR / "model.safetensors"))  # the draft's own weights
+    generators = state.pop("generators", None) or [state["generator"]]
+    if len(generators) != world and rank == 0:
+        print(f"[specdraft] WARNING: checkpoint written by {len(generators)} workers, resumed by {world}: "
+              "the data partition and random streams differ from an uninterrupted run", flush=True)
+    state["generator"] = generators[rank % len(generators)]
+    trainer.load_state_dict(state)

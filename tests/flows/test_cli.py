@@ -40,13 +40,13 @@ HELP = {
     "eval": ({"decode.gamma": ("int", "5"), "decode.mode": ("chain|tree", "tree"), "max_questions": ("int | None", "null"),
               "ray.replicas": ("int | None", "null")}, "specdraft.decoding.eval:EvalSettings"),
     "train": ({"optim.lr": ("float", None), "optim.schedule": ("constant|cosine|linear", None),
-               "stages[].kind": (None, None), "tracking.enabled": ("bool", "false")}, "pipelines.train:TrainConfig"),
+               "stages[].kind": (None, None), "tracking.enabled": ("bool", "false")}, "specdraft.recipes:TrainConfig"),
     "run": ({"eval.settings.decode.gamma": ("int", "5"), "train.optim.lr": ("float", None),
              "tracking.enabled": ("bool", "true")}, "pipelines.stages:RunConfig"),
     "dump": ({"hidden_codec": ("fp16|bf16|int8", "fp16")}, "pipelines.dump:FeaturesConfig"),
     "regenerate": ({"ingest.dedup": ("messages|prompts|none", "messages")}, "pipelines.regenerate:RegenerateConfig"),
     "toy-target": ({"max_train_seconds": ("float | None", "null")}, "specdraft.toy.build:ToyTargetConfig"),
-    "quickstart": ({"arch": ("beagle|eagle", "beagle"), "optim.betas": ("tuple[float, float]", "[0.9, 0.95]")},
+    "quickstart": ({"recipe": ("str", "beagle"), "optim.betas": ("tuple[float, float]", "[0.9, 0.95]")},
                    "specdraft.quickstart:QuickstartConfig"),
 }
 

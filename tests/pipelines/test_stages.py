@@ -31,7 +31,7 @@ from pipelines.stages import (
     train_config,
 )
 from specdraft.config import ConfigError, load
-from pipelines.train import TrainConfig
+from specdraft.recipes import TrainConfig
 from specdraft.store import ReaderConfig
 from specdraft.target import target_id
 from specdraft.toy.build import compare_with_prebuilt

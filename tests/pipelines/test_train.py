@@ -18,11 +18,13 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from pipelines.tracking import MlflowLogger
-from pipelines.train import ScalingSection, TrainConfig, run_training, validate_draft
+from pipelines.train import run_training
+from specdraft.batch import Batch
 from specdraft.features import compute_features
 from specdraft.models import DraftConfig, build_draft, draft_config_from_target, load_draft
-from specdraft.batch import Batch
 from specdraft.objectives import LossWeights, StageConfig
+from specdraft.recipes import ScalingSection, TrainConfig
+from specdraft.run import validate_draft
 from specdraft.store import FeatureDataset, ReaderConfig, make_manifest, write_manifest, write_shard
 from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
@@ -226,7 +228,7 @@ def test_eagle3_recipe_trains_on_a_store_dumped_with_aux_layers(local_ray, tiny_
     without aux states is refused up front with the fix."""
     from pipelines.dump import dump_features
     from specdraft.features import FeaturesConfig
-    from pipelines.train import StoreError
+    from specdraft.store import StoreError
 
     rows = [{"id": f"c{i}", "messages": m} for i, m in enumerate(generate_conversations(24, seed=9))]
     store = tmp_path / "aux-store"
@@ -256,7 +258,8 @@ def test_online_eagle3_trains_like_the_store_dumped_with_aux_layers(local_ray, d
     from pipelines.conversations import write_conversations
     from pipelines.dump import dump_features
     from specdraft.features import FeaturesConfig
-    from pipelines.train import RECIPES, online_conversations
+    from pipelines.train import online_conversations
+    from specdraft.recipes import RECIPES
     from specdraft.config import to_dict
     from specdraft.online import OnlineDataset
     from specdraft.store import predicted_token_counts, read_manifest
@@ -390,7 +393,7 @@ def sync_worker(config: dict) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.distributed.tensor import DTensor
 
-    from pipelines.train import distribute, gathered
+    from specdraft.parallel import distribute, gathered
     from specdraft.acceptance import simulated_acceptance
     from specdraft.models.heads import FROZEN
     from specdraft.objectives import train_batch

@@ -1,0 +1,149 @@
+"""One recipe's training on a feature store, measured: time, CPU, memory and held-out acceptance.
+
+The recipe (``specdraft.recipes``) is set up by ``specdraft.run.build_run`` exactly as a one-rank Ray Train
+worker sets it up (minus its checkpoints) and trains in a fresh spawned process, so its peak resident set is
+its own; the held-out simulated chain acceptance (alpha_i, sim_tau, as in "Beagle: Cross-Attention Draft
+Models for Speculative Decoding", §5) is measured before, after every epoch and after training.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.host import peak_rss_mb, reset_peak_rss, rss_mb
+
+SHARED = ("threads", "seed", "epochs", "max_tokens", "lr", "warmup", "schedule", "min_lr_ratio", "noise_std",
+          "sim_depth", "val_fraction", "draft_vocab")  # the settings every recipe's training shares
+
+
+def train_config(args: dict[str, Any], recipe: str):
+    """The ``TrainConfig`` of ``recipe`` under the benchmark's shared settings (batches not refitted)."""
+    from dataclasses import replace
+
+    from specdraft.recipes import RECIPES, ScalingSection, TrainConfig, split_epochs
+    from specdraft.store import ReaderConfig
+    from specdraft.training import OptimConfig
+
+    stages = RECIPES[recipe].stages
+    if args["noise_std"] is not None:
+        stages = [replace(s, noise_std=args["noise_std"]) for s in stages]
+    return TrainConfig(
+        recipe=recipe, stages=stages, epochs=split_epochs(args["epochs"], len(stages)),
+        optim=OptimConfig(lr=args["lr"], warmup_steps=args["warmup"], schedule=args["schedule"],
+                          min_lr_ratio=args["min_lr_ratio"]),
+        reader=ReaderConfig(max_tokens=args["max_tokens"], val_fraction=args["val_fraction"], seed=args["seed"]),
+        min_steps=0, seed=args["seed"], checkpoint_every=0, sim_depth=args["sim_depth"], val_max_batches=10**6,
+        log_every=10**9, scaling=ScalingSection(num_workers=1, cpus_per_worker=1.0),
+        **({"draft_vocab_size": args["draft_vocab"]} if args.get("draft_vocab") else {}),
+    )
+
+
+def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out: str) -> dict[str, Any]:
+    """Train ``recipe`` as a one-rank Ray Train worker would (``build_run``; no checkpoints); measure it."""
+    t_enter = time.perf_counter()
+    torch.set_num_threads(args["threads"])
+    from transformers.utils import logging as hf_logging
+
+    from specdraft.config import to_dict
+    from specdraft.models import save_draft
+    from specdraft.run import build_run, feature_plan, validate_draft
+    from specdraft.store import EpochBatches, FeatureDataset
+    from specdraft.target import target_id
+
+    hf_logging.disable_progress_bar()
+    cfg = train_config(args, recipe)
+    rss_imports = rss_mb()
+    t0 = time.perf_counter()
+    Path(out).mkdir(parents=True, exist_ok=True)
+    aux_layers, vocab = feature_plan(cfg, [store], target, Path(out))  # the pipeline's choice, out/draft_vocab.json
+    run = build_run(cfg, target, lambda split, reader: FeatureDataset([store], reader, split=split),
+                    aux_layers=aux_layers, vocab=vocab, target_id=target_id(target))
+    draft, trainer, stages, val = run.draft, run.trainer, run.stages, run.val
+    setup_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    before = validate_draft(draft, val, cfg.sim_depth, cfg.val_max_batches, "cpu")
+    initial_val_s = time.perf_counter() - t0
+
+    epoch_offsets = [sum(s.epochs for s in stages[:i]) for i in range(len(stages))]
+    timers = {"data_s": 0.0, "val_s": 0.0, "val_cpu_s": 0.0}
+    losses: list[float] = []
+    history: list[dict[str, Any]] = []
+    epoch_start = [0]
+
+    class TimedBatches(EpochBatches):
+        """The pipeline's lazy epoch batches, with the store reads timed."""
+
+        def __getitem__(self, i: int):
+            t = time.perf_counter()
+            try:
+                return super().__getitem__(i)
+            finally:
+                timers["data_s"] += time.perf_counter() - t
+
+    def on_epoch_end(tr) -> None:
+        t, c = time.perf_counter(), time.process_time()
+        counts = validate_draft(tr.draft, val, cfg.sim_depth, cfg.val_max_batches, "cpu")
+        mean = round(float(np.mean(losses[epoch_start[0]:])), 4) if len(losses) > epoch_start[0] else None
+        history.append({"stage": tr.state.stage, "kind": stages[tr.state.stage].kind, "epoch": tr.state.epoch,
+                        "step": tr.state.step, "loss_mean": mean, "sim_tau": round(counts.sim_tau, 4),
+                        "alpha": [round(a, 4) for a in counts.alpha]})
+        epoch_start[0] = len(losses)
+        timers["val_s"] += time.perf_counter() - t
+        timers["val_cpu_s"] += time.process_time() - c
+
+    peak_process_before = peak_rss_mb()
+    reset_ok = reset_peak_rss()
+    rss_start = rss_mb()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    trainer.run(lambda stage, epoch: TimedBatches(run.train, epoch_offsets[stage] + epoch),
+                on_step=lambda tr, metrics: losses.append(metrics["loss"]), on_epoch_end=on_epoch_end)
+    loop_s, loop_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    peak_train = peak_rss_mb()
+    # the per-epoch validation passes run inside the loop (on_epoch_end): they are not training
+    train_s, cpu_s = loop_s - timers["val_s"], loop_cpu_s - timers["val_cpu_s"]
+    tokens, steps = trainer.state.tokens, trainer.state.step
+    after = validate_draft(draft, val, cfg.sim_depth, cfg.val_max_batches, "cpu")
+    draft_dir = save_draft(draft, out)
+    return {
+        "recipe": recipe, "arch": run.arch, "stages": [to_dict(s) for s in stages], "epochs": [s.epochs for s in stages],
+        "train_sequences": len(run.train.sample_ids), "val_sequences": len(val.sample_ids) if val else 0,
+        "batches_per_epoch": run.batches_per_epoch, "optimizer_steps": steps, "train_tokens": tokens,
+        "train_s": round(train_s, 2), "data_s": round(timers["data_s"], 2), "tokens_per_s": round(tokens / train_s, 1),
+        "tokens_per_s_excl_data": round(tokens / max(1e-9, train_s - timers["data_s"]), 1),
+        "cpu_s": round(cpu_s, 2),  # process CPU time of the loop (all its threads), validation excluded
+        "cpu_ms_per_token": round(1e3 * cpu_s / tokens, 4),
+        "cpu_share": round(cpu_s / train_s, 3),  # < threads: the host's other load took the rest
+        "setup_s": round(setup_s, 2), "validation_s": round(initial_val_s + timers["val_s"], 2),
+        "function_s": round(time.perf_counter() - t_enter, 2),
+        "memory": {
+            "method": "/proc/self/status VmHWM (= getrusage maxrss) of the spawned training process"
+                      + ("; training-loop peak after a clear_refs reset" if reset_ok else "; reset refused"),
+            "rss_after_imports_mb": rss_imports, "rss_train_start_mb": rss_start,
+            "peak_train_mb": peak_train if reset_ok else None,
+            "peak_train_increase_mb": round(peak_train - rss_start, 1) if reset_ok and rss_start else None,
+            "peak_process_mb": max(peak_process_before, peak_train),
+        },
+        "sim_before": rounded(before), "sim_after": rounded(after), "history": history, "draft": str(draft_dir),
+        "aux_layers": aux_layers, "draft_vocab_size": None if vocab is None else len(vocab),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def rounded(counts) -> dict[str, Any]:
+    return {"sim_tau": round(counts.sim_tau, 4), "alpha": [round(a, 4) for a in counts.alpha]}
+
+
+def train_in_fresh_process(args: dict[str, Any], recipe: str, store: Path, target: Path, out: Path) -> dict[str, Any]:
+    """``train_recipe`` in a spawned process of its own (its peak RSS is its own)."""
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        result = pool.submit(train_recipe, args, recipe, str(store), str(target), str(out)).result()
+    result["process_s"] = round(time.perf_counter() - started, 2)  # spawn + imports + function
+    return result

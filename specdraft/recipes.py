@@ -1,0 +1,147 @@
+"""Training recipes and the training config that picks one.
+
+A recipe names a draft architecture, whether it reads the EAGLE-3 features (auxiliary target layers
+and a draft vocabulary), and its stage schedule with the losses and default epochs of each stage:
+
+* ``beagle``: "Beagle: Cross-Attention Draft Models for Speculative Decoding", §4.2 — the early stage
+  (k-step windows) then the late stage (s chained steps), vloss coefficient 10 (App. A.3);
+  ``beagle-early`` the early stage alone, ``beagle-topk`` both stages with HASS's top-K distillation.
+* ``eagle``: "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty", §3 — one plain stage.
+* ``hass``: "Learning Harmonized Representations for Speculative Sampling" (HASS), §3 — harmonized
+  context alignment over 3 steps with top-K distillation, on the EAGLE draft.
+* ``eagle3``: "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time
+  Test", §3 — training-time test over 7 steps, step weights 0.8^(j-1), ce over the draft vocabulary;
+  ``eagle3-hass`` HASS's alignment on the EAGLE-3 draft; ``beagle3`` Beagle's two stages with
+  cross-attention keys/values from the fused EAGLE-3 features.
+
+``RECIPES`` is the one place a recipe is added. ``TrainConfig`` (the ``train`` section of the
+configs) chooses a recipe and overrides its parts; ``TrainConfig.resolved`` gives the draft
+architecture and stage schedule a run trains — checked on the driver before any worker starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from specdraft.features import FeaturesConfig
+from specdraft.models.config import Arch
+from specdraft.objectives import LossWeights, StageConfig
+from specdraft.store import ReaderConfig
+from specdraft.training import OptimConfig
+from specdraft.vocab import DEFAULT_DRAFT_VOCAB
+
+_PAPER_LOSS = LossWeights(ce=1.0, vloss=10.0)  # Beagle App. A.3: vloss coefficient 10
+_HASS_LOSS = LossWeights(ce=1.0, topk=1.0, vloss=10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """A draft architecture, whether it reads the EAGLE-3 features (auxiliary target layers, a draft
+    vocabulary), and its stage schedule (kinds, losses, default epochs)."""
+
+    arch: Arch
+    eagle3_features: bool
+    stages: list[StageConfig]
+
+
+RECIPES: dict[str, Recipe] = {
+    "beagle": Recipe("beagle", False, [
+        StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_PAPER_LOSS),
+        StageConfig(kind="late", epochs=10, steps=4, noise_std=0.2, loss=_PAPER_LOSS),
+    ]),
+    "beagle-early": Recipe("beagle", False, [
+        StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_PAPER_LOSS),
+    ]),
+    "beagle-topk": Recipe("beagle", False, [
+        StageConfig(kind="early", epochs=10, window=5, noise_std=0.2, loss=_HASS_LOSS),
+        StageConfig(kind="late", epochs=10, steps=4, noise_std=0.2, loss=_HASS_LOSS),
+    ]),
+    "eagle": Recipe("eagle", False, [StageConfig(kind="plain", epochs=20, noise_std=0.2, loss=_PAPER_LOSS)]),
+    "hass": Recipe("eagle", False, [StageConfig(kind="align", epochs=20, steps=3, noise_std=0.2, loss=_HASS_LOSS)]),
+    # EAGLE-3 (SpecForge §2.4): training-time test over 7 steps, weights 0.8^(j-1), ce over the draft vocabulary
+    "eagle3": Recipe("eagle3", True, [
+        StageConfig(kind="ttt", epochs=20, steps=7, step_decay=0.8, noise_std=0.0, loss=LossWeights(ce=1.0)),
+    ]),
+    # HASS on the EAGLE-3 draft: harmonized context alignment (detached, per step) + top-K distillation
+    "eagle3-hass": Recipe("eagle3", True, [
+        StageConfig(kind="align", epochs=20, steps=3, noise_std=0.0, loss=LossWeights(ce=1.0, topk=1.0)),
+    ]),
+    # Beagle's two-stage training with cross-attention keys/values from the fused EAGLE-3 features
+    "beagle3": Recipe("beagle", True, [
+        StageConfig(kind="early", epochs=10, window=5, noise_std=0.0, loss=LossWeights(ce=1.0)),
+        StageConfig(kind="late", epochs=10, steps=4, noise_std=0.0, loss=LossWeights(ce=1.0)),
+    ]),
+}
+
+
+def split_epochs(total: int, stages: int) -> list[int]:
+    """``total`` epochs over ``stages`` stages as evenly as possible (earlier stages take the rest)."""
+    assert total >= stages >= 1, f"{total} epochs cannot cover {stages} stages"
+    return [total // stages + (1 if i < total % stages else 0) for i in range(stages)]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScalingSection:
+    # 0: Ray Train's local mode — the training loop runs in this process, without worker actors (a
+    # laptop, a debugger, a quick check); its checkpoints are not kept for a rerun, which starts over
+    num_workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 1.0
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    recipe: str = "beagle"
+    arch: Arch | None = None  # None: the recipe's draft
+    stages: list[StageConfig] | None = None  # None: the recipe's stages
+    epochs: list[int] | None = None  # per-stage epoch override (same length as the stages)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    reader: ReaderConfig = field(default_factory=lambda: ReaderConfig(val_fraction=0.05))
+    intermediate_size: int | None = None  # draft MLP width (None: the target's)
+    min_steps: int = 300  # small stores: batches shrink (down to one sequence) until the run has this many steps
+    draft_vocab_size: int = DEFAULT_DRAFT_VOCAB  # EAGLE-3 features: the most frequent predicted tokens
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPU (fp32 master weights)
+    loss_chunk: int = 1024  # rows per output-head chunk
+    # ttt stages: recompute each sub-step's decoder layer in the backward (activation checkpointing):
+    # ~one more layer forward per sub-step for a chain that keeps only its states' encodings per step
+    recompute: bool = False
+    seed: int = 0
+    checkpoint_every: int = 500  # optimizer steps between checkpoints (epoch ends always checkpoint)
+    keep_checkpoints: int = 2
+    sim_depth: int = 5
+    val_max_batches: int = 64
+    log_every: int = 20
+    max_failures: int = 0
+    scaling: ScalingSection = field(default_factory=ScalingSection)
+    # offline: read feature stores; online: every worker runs the target on each batch (no store)
+    features: Literal["offline", "online"] = "offline"
+    conversations: list[str] = field(default_factory=list)  # online: conversation files/dirs, as `specdraft dump` reads
+    # online: tokenization and target forward, as a dump with these settings would store them (max_length,
+    # overlong, topk, hidden_codec rounding, aux_layers — EAGLE-3 recipes: None means eagle3 —, dtype,
+    # logits_chunk, attn_implementation, trust_remote_code)
+    online: FeaturesConfig = field(default_factory=FeaturesConfig)
+
+    def __post_init__(self) -> None:
+        assert self.recipe in RECIPES or self.stages, f"unknown recipe {self.recipe!r}; known: {sorted(RECIPES)}"
+        assert self.features in ("offline", "online"), f"features must be offline or online, got {self.features!r}"
+
+    def resolved(self) -> tuple[Arch, list[StageConfig]]:
+        """(draft architecture, stage schedule): the recipe's, with this config's overrides applied."""
+        recipe = RECIPES.get(self.recipe, Recipe("beagle", False, []))
+        arch = self.arch or recipe.arch
+        stages = list(self.stages) if self.stages else list(recipe.stages)
+        if self.epochs is not None:
+            assert len(self.epochs) == len(stages), f"epochs {self.epochs} must give one count per stage ({len(stages)})"
+            stages = [replace(s, epochs=e) for s, e in zip(stages, self.epochs)]
+        if self.recompute:
+            stages = [replace(s, recompute=True) for s in stages]
+        return arch, stages
+
+    @property
+    def eagle3_features(self) -> bool:
+        """Whether the draft reads auxiliary target layers and predicts over a draft vocabulary."""
+        recipe = RECIPES.get(self.recipe)
+        return self.arch == "eagle3" or (recipe is not None and recipe.eagle3_features)

@@ -1,0 +1,210 @@
+"""A training run's set-up: the draft, its features, its stages and its trainer, built in one place.
+
+What every trainer of a draft does before its loop — the Ray Train worker, the quickstart, the
+benchmarks — is ``build_run``: the draft built from the frozen target heads ("Beagle: Cross-Attention
+Draft Models for Speculative Decoding", §3; "EAGLE-3: Scaling up Inference Acceleration of Large
+Language Models via Training-Time Test", §3 for the auxiliary layers and draft vocabulary), its frozen
+heads in the compute dtype, wrapped for the worker group (``specdraft.parallel``), the feature splits
+opened with batches small enough for a useful number of steps (``fit_batches``), and the stage schedule
+with its optimizer and learning-rate schedule (``specdraft.training.Trainer``). Beside it:
+``feature_plan`` (auxiliary layers and draft vocabulary, decided once on the driver) and
+``validate_draft`` (simulated chain acceptance over held-out batches). No Ray here: a caller that
+runs workers initialises ``torch.distributed`` and passes its rank and world size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
+from specdraft.features import aux_layers_of
+from specdraft.loggers import MetricLogger, NullLogger
+from specdraft.models import (
+    DraftConfig,
+    build_draft,
+    draft_config_from_target,
+    set_frozen_dtype,
+)
+from specdraft.objectives import StageConfig, unwrap
+from specdraft.chat import TokenizedConversations
+from specdraft.parallel import distribute, gathered
+from specdraft.recipes import Arch, TrainConfig
+from specdraft.store import (
+    ReaderConfig,
+    StoreError,
+    check_aux_layers,
+    predicted_token_counts,
+    read_manifest,
+)
+from specdraft.target import load_target_config, load_target_heads
+from specdraft.training import Trainer, resolve_precision
+from specdraft.vocab import coverage, select_vocab
+
+
+class FeatureSplit(Protocol):
+    """One split of the training features as the run reads it (``FeatureDataset``, ``OnlineDataset``,
+    or an in-memory list): its reader config (batch budget) and each epoch's batches."""
+
+    cfg: ReaderConfig
+
+    def batches(self, epoch: int) -> list[Any]: ...
+
+
+OpenSplit = Callable[[str, ReaderConfig], FeatureSplit]  # ("train" | "val", reader) -> the split
+
+
+@dataclass
+class Run:
+    """Everything a worker holds before its loop."""
+
+    arch: Arch
+    stages: list[StageConfig]
+    draft_config: DraftConfig
+    draft: torch.nn.Module  # the bare draft (what ``save_draft`` writes)
+    trainer: Trainer  # trainer.draft: the draft as trained (wrapped for the worker group)
+    train: FeatureSplit
+    val: FeatureSplit | None  # None: reader.val_fraction == 0
+    reader: ReaderConfig  # the reader config the batches were fitted to (``fit_batches``)
+    batches_per_epoch: int
+
+
+def build_run(
+    cfg: TrainConfig,
+    target: str | Path,
+    open_split: OpenSplit,
+    *,
+    aux_layers: list[int] | None = None,
+    vocab: list[int] | None = None,
+    target_id: str = "",
+    device: torch.device | str = "cpu",
+    rank: int = 0,
+    world: int = 1,
+    logger: MetricLogger | None = None,
+) -> Run:
+    """The run of ``cfg`` on this rank: draft, splits and trainer, ready for ``run.trainer.run``.
+
+    ``aux_layers`` / ``vocab``: the feature plan (``feature_plan``); ``open_split`` opens a split of
+    the features with a reader config (the draft's ``aux`` flag set when it reads auxiliary layers).
+    The seed is ``cfg.seed`` for the draft's initial weights and ``cfg.seed + 1000 * rank`` for the
+    trainer's stream (noise, window offsets). With ``world > 1`` the caller has initialised
+    ``torch.distributed``; the draft is wrapped per ``cfg.scaling.strategy``.
+    """
+    torch.manual_seed(cfg.seed)
+    arch, stages = cfg.resolved()
+    heads = load_target_heads(target)
+    vocab_ids = torch.tensor(vocab) if vocab is not None else None
+    dcfg = draft_config_from_target(load_target_config(target), arch, intermediate_size=cfg.intermediate_size,
+                                    target_id=target_id, aux_layers=aux_layers,
+                                    draft_vocab_size=None if vocab_ids is None else vocab_ids.numel())
+    draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab_ids)
+    if resolve_precision(cfg.precision, torch.device(device)) == "bf16":
+        set_frozen_dtype(draft, torch.bfloat16)  # frozen heads in the compute dtype; trainable weights stay fp32
+    model, grad_sync = distribute(draft, cfg.scaling.strategy, world, device)
+
+    reader = replace(cfg.reader, aux=True) if dcfg.aux_layers else cfg.reader
+    train = open_split("train", reader)
+    reader = fit_batches(train, cfg, stages)  # small stores get smaller batches, hence enough steps
+    train.cfg = reader
+    val = open_split("val", reader) if cfg.reader.val_fraction > 0 else None
+    per_epoch = len(train.batches(0))
+    assert per_epoch > 0, f"rank {rank} got no training batches"
+    trainer = Trainer(model, stages, cfg.optim, per_epoch, seed=cfg.seed + 1000 * rank, logger=logger or NullLogger(),
+                      device=device, precision=cfg.precision, grad_sync=grad_sync, loss_chunk=cfg.loss_chunk)
+    return Run(arch=arch, stages=stages, draft_config=dcfg, draft=draft, trainer=trainer, train=train, val=val,
+               reader=reader, batches_per_epoch=per_epoch)
+
+
+def fit_batches(dataset: FeatureSplit, cfg: TrainConfig, stages: list[StageConfig]) -> ReaderConfig:
+    """The reader config whose batches give at least ``cfg.min_steps`` optimizer steps per rank.
+
+    Halves ``max_tokens`` (the padded tokens per batch) from its configured value until the run has
+    ``min_steps`` steps or every batch holds a single sequence; a large store keeps its batches. The
+    plan depends only on the stores and the config, so every rank computes the same one.
+    """
+    epochs = sum(s.epochs for s in stages)
+    reader, previous, batches = dataset.cfg, dataset.cfg, -1
+    while True:
+        dataset.cfg = reader
+        more = len(dataset.batches(0))
+        if more == batches:  # one sequence per batch already: smaller budgets change nothing
+            dataset.cfg = previous
+            return previous
+        batches, previous = more, reader
+        if epochs * math.ceil(batches / cfg.optim.grad_accum) >= cfg.min_steps or reader.max_tokens == 1:
+            return reader
+        reader = replace(reader, max_tokens=max(1, reader.max_tokens // 2))
+
+
+def validate_draft(draft, dataset, depth: int, max_batches: int, device) -> AcceptanceCounts:
+    """Simulated acceptance over (up to ``max_batches`` of) this rank's held-out batches (summed over
+    the ranks when ``torch.distributed`` is initialised; collective then)."""
+    counts = AcceptanceCounts.zeros(depth)
+    if dataset is None:
+        return counts
+    core = unwrap(draft)
+    core.eval()
+    with gathered(core):  # drafting runs outside the forward: FSDP2 shards must be gathered by hand
+        for seqs in dataset.batches(0)[:max_batches]:
+            counts.add(simulated_acceptance(core, dataset.load(seqs, lazy=True).to(device), depth))
+    core.train()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        both = torch.stack([counts.accepted, counts.reached]).to(device)
+        torch.distributed.all_reduce(both)
+        counts = AcceptanceCounts(both[0].cpu(), both[1].cpu())
+    return counts
+
+
+def feature_plan(
+    cfg: TrainConfig,
+    stores: list[str],
+    target: str | Path,
+    out: Path,
+    conversations: Callable[[], TokenizedConversations] | None = None,
+) -> tuple[list[int], list[int] | None]:
+    """(aux layer ids, draft vocabulary ids) for a recipe reading the EAGLE-3 features, else ([], None).
+
+    The aux layers are the stores' (they must all hold the same ones), or with online features
+    ``cfg.online.aux_layers`` resolved for the target as the dump resolves them (the Ray adapter
+    defaults them to ``eagle3``). The draft vocabulary is built once on the driver from the predicted
+    tokens — the stores', or online those of ``conversations()`` (the tokenized conversations: the same
+    tokens a dump of them stores) — and written to ``out/draft_vocab.json`` (reused on resume, so a
+    resumed run keeps its vocabulary).
+    """
+    if not cfg.eagle3_features:
+        return [], None
+    where = f"recipe {cfg.recipe!r} (arch {cfg.resolved()[0]!r}) reads the EAGLE-3 features"
+    if cfg.features == "online":
+        try:
+            layers = aux_layers_of(cfg.online, load_target_config(target))
+        except ValueError as err:
+            raise ValueError(f"{where} (train.online.aux_layers={cfg.online.aux_layers!r}): {err}") from None
+        if not layers:
+            raise ValueError(f"{where}: set train.online.aux_layers (eagle3 or a list of layers)")
+    else:
+        try:
+            layers = check_aux_layers([(Path(s), read_manifest(s)) for s in stores])
+        except StoreError as err:
+            raise StoreError(f"{where}: {err}") from None
+    path = out / "draft_vocab.json"
+    if path.is_file():
+        return list(layers), json.loads(path.read_text())["target_ids"]
+    vocab_size = int(load_target_config(target).get_text_config().vocab_size)
+    if cfg.features == "online":
+        assert conversations is not None, "online features: feature_plan needs the tokenized conversations"
+        counts = conversations().predicted_token_counts(vocab_size)
+    else:
+        counts = predicted_token_counts(stores, vocab_size)
+    ids = select_vocab(counts, cfg.draft_vocab_size)
+    record = {"size": ids.numel(), "coverage": coverage(counts, ids), "counted_tokens": int(counts.sum()),
+              "target_ids": ids.tolist()}
+    path.write_text(json.dumps(record))
+    print(f"[specdraft] draft vocabulary: {ids.numel()} of {vocab_size} target tokens, covering "
+          f"{record['coverage']:.2%} of {record['counted_tokens']} predicted tokens", flush=True)
+    return list(layers), record["target_ids"]
