@@ -2,8 +2,8 @@
 
 The recipe (``specdraft.recipes``) is set up by ``specdraft.run.build_run`` exactly as a one-rank Ray Train
 worker sets it up (minus its checkpoints) and trains in a fresh spawned process, so its peak resident set is
-its own; the held-out simulated chain acceptance (alpha_i, sim_tau, as in "Beagle: Cross-Attention Draft
-Models for Speculative Decoding", §5) is measured before, after every epoch and after training.
+its own; the held-out simulated chain acceptance (alpha_i, sim_tau, as in "Cross-Attention Speculative
+Decoding" (Beagle), §5) is measured before, after every epoch and after training.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 layers and draft vocabulary) and starts a ``TorchTrainer`` whose workers (gloo on CPU, nccl on GPU)
 run ``train_loop_per_worker``: the run set up by the core (``specdraft.run.build_run``: the draft from
 the target's heads, wrapped with DDP or FSDP2 per ``train.scaling.strategy`` by ``specdraft.parallel``,
-this rank's partition of the features, the stage schedule's ``Trainer`` — "Beagle: Cross-Attention
-Draft Models for Speculative Decoding", §4.2; "Learning Harmonized Representations for Speculative
+this rank's partition of the features, the stage schedule's ``Trainer`` — "Cross-Attention
+Speculative Decoding" (Beagle), §4.2; "Learning Harmonized Representations for Speculative
 Sampling", §3), with Ray's checkpoints and reports around the loop. Every ``checkpoint_every``
 optimizer steps and at every epoch end a checkpoint (the full draft dir + full optimizer state, scheduler,
 every rank's RNG, loop position; ``specdraft.training.save_checkpoint``), gathered with all ranks taking

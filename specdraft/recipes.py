@@ -3,7 +3,7 @@
 A recipe names a draft architecture, whether it reads the EAGLE-3 features (auxiliary target layers
 and a draft vocabulary), and its stage schedule with the losses and default epochs of each stage:
 
-* ``beagle``: "Beagle: Cross-Attention Draft Models for Speculative Decoding", §4.2 — the early stage
+* ``beagle``: "Cross-Attention Speculative Decoding" (Beagle), §4.2 — the early stage
   (k-step windows) then the late stage (s chained steps), vloss coefficient 10 (App. A.3);
   ``beagle-early`` the early stage alone, ``beagle-topk`` both stages with HASS's top-K distillation.
 * ``eagle``: "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty", §3 — one plain stage.

@@ -1,8 +1,8 @@
 """A training run's set-up: the draft, its features, its stages and its trainer, built in one place.
 
 What every trainer of a draft does before its loop — the Ray Train worker, the quickstart, the
-benchmarks — is ``build_run``: the draft built from the frozen target heads ("Beagle: Cross-Attention
-Draft Models for Speculative Decoding", §3; "EAGLE-3: Scaling up Inference Acceleration of Large
+benchmarks — is ``build_run``: the draft built from the frozen target heads ("Cross-Attention
+Speculative Decoding" (Beagle), §3; "EAGLE-3: Scaling up Inference Acceleration of Large
 Language Models via Training-Time Test", §3 for the auxiliary layers and draft vocabulary), its frozen
 heads in the compute dtype, wrapped for the worker group (``specdraft.parallel``), the feature splits
 opened with batches small enough for a useful number of steps (``fit_batches``), and the stage schedule

