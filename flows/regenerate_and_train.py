@@ -23,7 +23,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from pipelines import stages
-from pipelines.stages import Dumped, Evaluated, Prepared, PromptFile, Regenerated, Registered, RunConfig, Trained
+from pipelines.records import Dumped, Evaluated, Prepared, PromptFile, Regenerated, Registered, Trained
+from pipelines.stages import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun, TrackingConfig, open_run
 from specdraft.config import config_hash, flatten, from_dict, load, to_dict
 

@@ -25,7 +25,7 @@ import glob
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,11 @@ from pipelines.cluster import connect_ray
 from pipelines.dump import dump_features
 from pipelines.regenerate import RegenerateConfig, regenerate
 from pipelines.conversations import read_conversations
+from pipelines.records import Dumped, Evaluated, Exported, Prepared, PromptFile, Regenerated, Trained
 from pipelines.tracking import TrackingConfig
 from pipelines.train import TrainConfig, run_training
 from specdraft import __version__ as CODE_VERSION
-from specdraft import config, files
+from specdraft import files
 from specdraft.config import ConfigError, config_hash, to_dict
 from specdraft.decoding.eval import EvalSettings
 from specdraft.features import FeaturesConfig
@@ -122,176 +123,6 @@ class RunConfig:
         if self.train.conversations:
             raise ConfigError("train.conversations: specdraft run trains on the conversations it regenerates from "
                               "data.prompts; set data.prompts instead")
-
-
-# The stage records. ``to_dict()`` is the dict the flow, MLflow and the DONE file see (keys in this order);
-# ``from_dict`` reads one back (a DONE file, unknown keys refused). They cross Prefect task boundaries, so they
-# hold plain values only (paths as strings): no tensors, nothing that does not pickle.
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PromptFile:
-    path: str  # resolved
-    digest: str  # file_digest: a grown or edited file is a new input
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PromptFile:
-        return config.from_dict(cls, data)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Prepared:
-    """``prepare``: the resolved target and the prompt files, each regenerated on its own."""
-
-    target: str  # the target's model directory, resolved
-    target_id: str  # specdraft.target.target_id: part of every downstream key
-    prompts: list[PromptFile]
-    wall_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Prepared:
-        return config.from_dict(cls, data)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Regenerated:
-    """``regenerate``: one prompt file's conversations (the target's own answers, or the file's)."""
-
-    key: str
-    prompt: str  # the prompt file
-    conversations: str  # directory of Parquet conversation files
-    summary: dict[str, Any]  # regenerate's (or ingest's) counts
-    wall_s: float
-    skipped: bool = False  # finished by an earlier run (read from its DONE file)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Regenerated:
-        return config.from_dict(cls, data)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Dumped:
-    """``features``: one regenerated file's feature store."""
-
-    key: str
-    store: str  # the feature store directory
-    summary: dict[str, Any]  # the dump's counts
-    wall_s: float
-    skipped: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Dumped:
-        return config.from_dict(cls, data)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Trained:
-    """``train``: the draft trained on every store (or, online, every regenerated file)."""
-
-    key: str
-    draft: str  # the draft directory (config.json + model.safetensors)
-    metrics: dict[str, Any]  # the final held-out metrics
-    metrics_file: str  # metrics.jsonl: params, then every logged step
-    wall_s: float
-    skipped: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Trained:
-        return config.from_dict(cls, data)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Evaluated:
-    """``eval``: tau per eval set and the prompt-lookup floor measured beside it (README "Evaluation and
-    the prompt-lookup floor")."""
-
-    key: str
-    eval_key: str  # the eval sets + settings: tau is only compared between equal eval keys
-    report: str  # report.json
-    tau: dict[str, float]  # eval set -> mean accepted length (sets with a tau only)
-    mean_tau: float | None  # None: no set gave a tau
-    tau_pld: dict[str, float] = field(default_factory=dict)  # the floor per set; empty when not measured
-    tau_over_pld: dict[str, float] = field(default_factory=dict)
-    mean_tau_pld: float | None = None
-    lossless_mismatches: int = 0
-    wall_s: float = 0.0
-    skipped: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Evaluated:
-        return config.from_dict(cls, data)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Exported:
-    """The draft's serving exports (part of ``register``); none, and why (``note``), when no format fits or
-    exports are disabled (then ``key`` is empty: nothing was written)."""
-
-    key: str = ""
-    arch: str
-    exports: dict[str, str]  # format -> directory
-    note: str
-    wall_s: float
-    skipped: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Exported:
-        return config.from_dict(cls, data)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Registered:
-    """``register``: the registry's decision (``pipelines.registry.register_draft``: fields ``model_name`` to
-    ``reason``), the exports logged beside the version and how to serve the champion. Not registered
-    (``registered`` false, tracking or the stage disabled): the decision fields stay empty and ``reason``
-    says why."""
-
-    registered: bool = True
-    model_name: str = ""
-    version: int | None = None
-    run_id: str | None = None
-    mean_tau: float | None = None
-    champion_version: int | None = None
-    champion_mean_tau: float | None = None
-    mean_tau_pld: float | None = None
-    tau_over_pld: float | None = None  # None: no floor measured, or the draft was registered by an earlier run
-    above_floor: bool | None = None
-    promoted: bool = False
-    alias: str = ""
-    reason: str = ""
-    exports: dict[str, str] = field(default_factory=dict)
-    export_note: str = ""
-    serving_champion: int | None = None  # the version holding the alias now
-    serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
-    wall_s: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Registered:
-        return config.from_dict(cls, data)
 
 
 def stage_key(*parts: Any) -> str:

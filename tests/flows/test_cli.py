@@ -185,7 +185,8 @@ def test_flow_stages_run_on_a_null_tracking_run(tiny_toy_target, tiny_draft, que
     from prefect.logging import disable_run_logger
 
     from flows.regenerate_and_train import eval_stage, open_parent_run, prepare_stage, register_stage
-    from pipelines.stages import RunConfig, Trained
+    from pipelines.records import Trained
+    from pipelines.stages import RunConfig
     from pipelines.tracking import NullRun
     from specdraft.config import load, to_dict
 
@@ -220,7 +221,8 @@ def test_online_train_stage_logs_the_config_it_trains_with(tmp_path, monkeypatch
 
     from flows.regenerate_and_train import open_parent_run, train_stage
     from pipelines import stages
-    from pipelines.stages import Prepared, Regenerated, RunConfig, Trained
+    from pipelines.records import Prepared, Regenerated, Trained
+    from pipelines.stages import RunConfig
     from specdraft.config import load, to_dict
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

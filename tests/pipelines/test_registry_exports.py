@@ -13,7 +13,8 @@ from mlflow.tracking import MlflowClient
 from flows.cli import main
 from pipelines import stages
 from pipelines.registry import champion_exports, download_draft, log_exports, register_draft, resolve_version
-from pipelines.stages import Prepared, RunConfig
+from pipelines.records import Prepared
+from pipelines.stages import RunConfig
 from specdraft.config import load
 from specdraft.export import check_export, export_spec, serve_commands
 from specdraft.models import save_draft

@@ -15,21 +15,8 @@ import pytest
 import specdraft.toy.build as build_mod
 from pipelines.conversations import write_conversations
 from specdraft.features import FeaturesConfig
-from pipelines.stages import (
-    DataSection,
-    Dumped,
-    Evaluated,
-    Exported,
-    Prepared,
-    Regenerated,
-    Registered,
-    RunConfig,
-    TargetSection,
-    Trained,
-    prepare,
-    train,
-    train_config,
-)
+from pipelines.records import Dumped, Evaluated, Exported, Prepared, Regenerated, Registered, Trained
+from pipelines.stages import DataSection, RunConfig, TargetSection, prepare, train, train_config
 from specdraft.config import ConfigError, load
 from specdraft.recipes import TrainConfig
 from specdraft.store import ReaderConfig

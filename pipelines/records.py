@@ -1,0 +1,142 @@
+"""The records the flow's stages return and pass on (README "The nightly deployment").
+
+``to_dict()`` is the dict the flow, MLflow and a stage's DONE file see (keys in field order); ``from_dict``
+reads one back (a DONE file; unknown keys refused). They cross Prefect task boundaries, so they hold plain
+values only (paths as strings): no tensors, nothing that does not pickle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specdraft import config
+
+
+class Record:
+    """``to_dict``/``from_dict`` of a frozen record dataclass."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        return config.from_dict(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PromptFile(Record):
+    path: str  # resolved
+    digest: str  # file_digest: a grown or edited file is a new input
+
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prepared(Record):
+    """``prepare``: the resolved target and the prompt files, each regenerated on its own."""
+
+    target: str  # the target's model directory, resolved
+    target_id: str  # specdraft.target.target_id: part of every downstream key
+    prompts: list[PromptFile]
+    wall_s: float
+
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Regenerated(Record):
+    """``regenerate``: one prompt file's conversations (the target's own answers, or the file's)."""
+
+    key: str
+    prompt: str  # the prompt file
+    conversations: str  # directory of Parquet conversation files
+    summary: dict[str, Any]  # regenerate's (or ingest's) counts
+    wall_s: float
+    skipped: bool = False  # finished by an earlier run (read from its DONE file)
+
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Dumped(Record):
+    """``features``: one regenerated file's feature store."""
+
+    key: str
+    store: str  # the feature store directory
+    summary: dict[str, Any]  # the dump's counts
+    wall_s: float
+    skipped: bool = False
+
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Trained(Record):
+    """``train``: the draft trained on every store (or, online, every regenerated file)."""
+
+    key: str
+    draft: str  # the draft directory (config.json + model.safetensors)
+    metrics: dict[str, Any]  # the final held-out metrics
+    metrics_file: str  # metrics.jsonl: params, then every logged step
+    wall_s: float
+    skipped: bool = False
+
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Evaluated(Record):
+    """``eval``: tau per eval set and the prompt-lookup floor measured beside it (README "Evaluation and
+    the prompt-lookup floor")."""
+
+    key: str
+    eval_key: str  # the eval sets + settings: tau is only compared between equal eval keys
+    report: str  # report.json
+    tau: dict[str, float]  # eval set -> mean accepted length (sets with a tau only)
+    mean_tau: float | None  # None: no set gave a tau
+    tau_pld: dict[str, float] = field(default_factory=dict)  # the floor per set; empty when not measured
+    tau_over_pld: dict[str, float] = field(default_factory=dict)
+    mean_tau_pld: float | None = None
+    lossless_mismatches: int = 0
+    wall_s: float = 0.0
+    skipped: bool = False
+
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Exported(Record):
+    """The draft's serving exports (part of ``register``); none, and why (``note``), when no format fits or
+    exports are disabled (then ``key`` is empty: nothing was written)."""
+
+    key: str = ""
+    arch: str
+    exports: dict[str, str]  # format -> directory
+    note: str
+    wall_s: float
+    skipped: bool = False
+
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Registered(Record):
+    """``register``: the registry's decision (``pipelines.registry.register_draft``: fields ``model_name`` to
+    ``reason``), the exports logged beside the version and how to serve the champion. Not registered
+    (``registered`` false, tracking or the stage disabled): the decision fields stay empty and ``reason``
+    says why."""
+
+    registered: bool = True
+    model_name: str = ""
+    version: int | None = None
+    run_id: str | None = None
+    mean_tau: float | None = None
+    champion_version: int | None = None
+    champion_mean_tau: float | None = None
+    mean_tau_pld: float | None = None
+    tau_over_pld: float | None = None  # None: no floor measured, or the draft was registered by an earlier run
+    above_floor: bool | None = None
+    promoted: bool = False
+    alias: str = ""
+    reason: str = ""
+    exports: dict[str, str] = field(default_factory=dict)
+    export_note: str = ""
+    serving_champion: int | None = None  # the version holding the alias now
+    serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
+    wall_s: float = 0.0
