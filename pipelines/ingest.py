@@ -376,7 +376,8 @@ def load_conversations(
     files it skipped (the records themselves as its ``rejects`` with ``keep_rejects``). An object-store URL
     must hold conversation Parquet (regenerate's output written there).
     """
-    from pipelines.conversations import conversation_files, read_conversations as read_parquet
+    from pipelines.conversations import conversation_files
+    from pipelines.conversations import read_conversations as read_parquet
 
     rows, raw = [], []
     for path in map(location.as_location, paths):

@@ -46,13 +46,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.utils import logging as hf_logging
 
 from pipelines.cluster import connect_ray
-from pipelines.conversations import (
-    SCHEMA,
-    conversation_files,
-    read_prompt_digests,
-    read_table,
-    write_conversations,
-)
+from pipelines.conversations import SCHEMA, conversation_files, read_prompt_digests, read_table, write_conversations
 from pipelines.ingest import IngestConfig, content_hash, ingest
 from specdraft.chat import assistant_spans
 from specdraft.config import config_hash, from_dict, to_dict
