@@ -82,16 +82,17 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 
 def _dump(args: argparse.Namespace) -> int:
-    from pipelines.dump import dump_features
-    from pipelines.ingest import load_conversations
+    from pipelines.dump import dump_features, load_prompts
     from specdraft.store import StoreError
 
     cfg, _ = command_config(args)
-    rows, ingested = load_conversations(args.prompts)
+    rows, ingested = load_prompts(args.prompts)
     if ingested is not None:
-        print(f"ingest: {ingested['rows_in']} rows in, {ingested['rows_out']} out, rejected {ingested['rejects_by_reason']}", file=sys.stderr)
+        print(f"ingest: {ingested['rows_in']} rows in, {ingested['rows_out']} out, rejected {ingested['rejects_by_reason']}, "
+              f"{ingested['files_skipped']} files skipped", file=sys.stderr)
     try:
-        summary = dump_features(args.target, rows, args.out, cfg, progress=not args.quiet, overwrite=args.overwrite)
+        summary = dump_features(args.target, rows, args.out, cfg, progress=not args.quiet, overwrite=args.overwrite,
+                                ingested=ingested)
     except StoreError as err:
         print(f"specdraft: store error: {err}", file=sys.stderr)
         return 1

@@ -24,6 +24,7 @@ is either absent or complete.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -68,22 +69,39 @@ def check_messages(messages: list[dict[str, str]], complete: bool = False) -> tu
     return None
 
 
-def write_conversations(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path | str:
+PROMPT_DIGESTS_KEY = b"specdraft.prompt_digests"  # Parquet schema metadata: {id: digest of the prompt answered}
+
+
+def write_conversations(
+    path: str | Path, rows: Iterable[dict[str, Any]], prompt_digests: dict[str, str] | None = None
+) -> Path | str:
     """Write ``rows`` to one Parquet file, serialized in memory and written whole (``location.write_bytes``:
-    locally a temporary name in the same directory, then a rename; at a URL one PUT)."""
+    locally a temporary name in the same directory, then a rename; at a URL one PUT).
+
+    ``prompt_digests`` (regenerate's parts: ``{id: digest of the prompt the row answers}``) goes into
+    the file's schema metadata, written with the rows it describes (``read_prompt_digests``)."""
     rows = [
         {"id": r["id"], "source": r["source"],
          "messages": [{"role": m["role"], "content": m["content"]} for m in r["messages"]]}
         for r in rows
     ]
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    if prompt_digests is not None:
+        table = table.replace_schema_metadata({PROMPT_DIGESTS_KEY: json.dumps(prompt_digests, sort_keys=True)})
     buffer = pa.BufferOutputStream()
-    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), buffer)
+    pq.write_table(table, buffer)
     return location.write_bytes(path, buffer.getvalue().to_pybytes())
 
 
+def read_prompt_digests(table: pa.Table) -> dict[str, str]:
+    """``{id: prompt digest}`` a part recorded (``write_conversations``); {} for a file without them."""
+    raw = (table.schema.metadata or {}).get(PROMPT_DIGESTS_KEY)
+    return {} if raw is None else json.loads(raw)
+
+
 def conversation_files(paths: str | Path | Iterable[str | Path]) -> list[Path | str]:
-    """Parquet files named by ``paths``: files as given, directories -> their ``*.parquet``
-    (sorted; hidden names such as in-progress temp files are skipped)."""
+    """Parquet files named by ``paths``: files as given, directories -> their ``*.parquet`` in any
+    case (sorted; hidden names such as in-progress temp files are skipped)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files: list[Path | str] = []
@@ -91,13 +109,14 @@ def conversation_files(paths: str | Path | Iterable[str | Path]) -> list[Path | 
         if isinstance(p, str):  # a URL
             if location.is_dir(p):
                 files += [location.join(p, n) for n in location.list_dir(p)
-                          if n.endswith(".parquet") and not n.startswith(".")]
+                          if n.lower().endswith(".parquet") and not n.startswith(".")]
             elif location.exists(p):
                 files.append(p)
             else:
                 raise FileNotFoundError(f"no conversation file or directory at {p!r}")
         elif p.is_dir():
-            files += sorted(f for f in p.glob("*.parquet") if not f.name.startswith("."))
+            files += sorted(f for f in p.iterdir()
+                            if f.is_file() and f.suffix.lower() == ".parquet" and not f.name.startswith("."))
         elif p.is_file():
             files.append(p)
         else:

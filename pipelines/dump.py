@@ -18,6 +18,11 @@ and shard records are ``specdraft.store``'s. This module only runs them on Ray D
 A shard's rows never split across blocks, so every shard has exactly one writer; its content
 depends only on its planned sample ids, so a rerun redoes only missing shards and no sample
 is written twice.
+
+Rows the dump never sees are counted too: prompts read through ingest (``load_prompts``) have their
+rejected rows and skipped files written to the store's ``rejects.jsonl`` (once the store is known
+to be this dump's), and the ingest summary goes into the dump's summary, written as the store's
+``summary.json``.
 """
 
 from __future__ import annotations
@@ -34,12 +39,24 @@ import transformers
 from ray.data import ActorPoolStrategy, Datasink
 
 from pipelines.cluster import connect_ray
+from pipelines.ingest import load_conversations, write_rejects
 from specdraft import store
 from specdraft.chat import tokenize_conversations
 from specdraft.features import FeaturesConfig, encode_features, nonfinite_tokens, sequence_features, store_header
 from specdraft.placement import describe_placement, spread_gpus
 from specdraft.store import location
 from specdraft.target import load_target_model, load_tokenizer
+
+
+REJECTS_FILE = "rejects.jsonl"  # ingest's rejected rows and skipped files, in the store
+SUMMARY_FILE = "summary.json"  # the dump's summary (with the ingest summary), in the store
+
+
+def load_prompts(paths: list[str | Path]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The conversations of ``paths`` for a dump (``ingest.load_conversations``) and the ingest summary
+    with its reject records (None: all conversation Parquet, nothing ingested), for
+    ``dump_features(ingested=...)``, which writes them into the store."""
+    return load_conversations(paths, keep_rejects=True)
 
 
 class InjectedFault(RuntimeError):
@@ -158,12 +175,15 @@ def dump_features(
     progress: bool = True,
     overwrite: bool = False,
     fault_at_shard: int | None = None,
+    ingested: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Dump ``conversations`` (rows ``{id, messages}``) through ``target`` into the store ``out``.
 
     Resumes: complete shards of the same plan are kept, the rest (re)written. Returns the summary
-    (also what ``specdraft dump`` prints). ``fault_at_shard`` is a test hook that kills the
-    writer of that shard mid-write.
+    (also what ``specdraft dump`` prints), written as ``out``/``summary.json`` with ``ingested`` (the
+    summary of the ingest that read the conversations, ``load_prompts``) under ``ingest``; its
+    reject records go to ``out``/``rejects.jsonl``.
+    ``fault_at_shard`` is a test hook that kills the writer of that shard mid-write.
     """
     started = time.perf_counter()
     target, out = str(Path(target).resolve()), location.as_location(out)
@@ -171,6 +191,9 @@ def dump_features(
     plan, duplicates = store.plan_shards(conversations, cfg.samples_per_shard)
     header = store_header(target, cfg, plan, len(conversations), duplicates)  # resolves aux_layers, once
     kept = store.resume_shards(out, header, plan, overwrite)
+    if ingested is not None:  # the store is this dump's: record what ingest left out
+        rejects = write_rejects(location.join(out, REJECTS_FILE), ingested.get("rejects", []))
+        ingested = {**{k: v for k, v in ingested.items() if k != "rejects"}, "rejects_path": str(rejects)}
     done = {r["index"] for r in kept}
     todo = [row for row in plan if row["index"] not in done]
     sink = ZarrShardDatasink(out, header, cfg, kept, fault_at_shard)
@@ -189,4 +212,7 @@ def dump_features(
         ds.write_datasink(sink)
     else:
         sink.finish([])
-    return store.dump_summary(sink.manifest, sink.written, len(kept), time.perf_counter() - started)
+    summary = store.dump_summary(sink.manifest, sink.written, len(kept), time.perf_counter() - started)
+    summary["ingest"] = ingested
+    location.write_text(location.join(out, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
+    return summary

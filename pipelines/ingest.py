@@ -10,9 +10,17 @@ patterns. Each record's format is recognised by its fields:
 * Parquet files with any of these columns.
 
 Roles map to ``system|user|assistant`` (human/user, gpt/assistant/chatgpt/bard, system);
-contents are normalized (CRLF -> LF, surrounding whitespace stripped). Every input row ends
-up either in the output or in the rejects JSONL with a reason — ``rows_in == rows_out +
-rejected`` always holds, duplicates included (reason ``duplicate``).
+contents are normalized (CRLF -> LF, surrounding whitespace stripped). Nothing is lost or
+changed without a count:
+
+* every input row ends up either in the output or in the rejects JSONL with a reason —
+  ``rows_in == rows_out + rejected`` always holds, duplicates included (reason ``duplicate``);
+* a row whose text is not valid UTF-8 (bytes that do not decode, or an unpaired surrogate
+  escape) is rejected as ``bad_encoding``, never accepted with replacement characters: the
+  target would answer, and the draft learn, text the source never had;
+* a kept row that normalization changed is counted per change in ``changes_by_reason``;
+* suffixes match in any case (``.JSONL``), and every other file under a prompt directory or
+  glob is a skipped file, listed in the summary and the rejects JSONL (``kind: file``).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -31,13 +40,14 @@ import pyarrow.parquet as pq
 from pipelines.conversations import check_messages
 from specdraft.store import location
 
-SUFFIXES = (".json", ".jsonl", ".parquet")
+SUFFIXES = (".json", ".jsonl", ".parquet")  # matched in any case
 ROLE_MAP = {
     "system": "system",
     "human": "user", "user": "user",
     "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant",
 }
 ID_FIELDS = ("id", "question_id", "task_id", "conversation_id")
+SURROGATE = re.compile("[\ud800-\udfff]")  # what UTF-8 cannot encode: undecoded bytes, unpaired surrogates
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,29 +71,50 @@ class Reject(ValueError):
 # --- inputs -------------------------------------------------------------------------------
 
 
-def expand_inputs(inputs: str | Path | Iterable[str | Path]) -> list[Path]:
-    """Files named by ``inputs`` (files, directories, glob patterns), in order, without repeats."""
+def is_prompt_file(path: Path) -> bool:
+    """A file ingest reads: its suffix is one of ``SUFFIXES``, in any case."""
+    return path.suffix.lower() in SUFFIXES
+
+
+def list_inputs(inputs: str | Path | Iterable[str | Path]) -> tuple[list[Path], list[dict[str, Any]]]:
+    """Files named by ``inputs`` (files, directories, glob patterns), in order, without repeats, and
+    the files a directory or glob holds that are not prompt files: ``{kind, source, reason, detail}``
+    records (reason ``unsupported_file``), skipped but reported."""
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]
     files: list[Path] = []
+    skipped: list[dict[str, Any]] = []
     for item in inputs:
         text = str(item)
         path = Path(text)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
+            candidates = sorted(p for p in path.rglob("*") if p.is_file())
         elif path.is_file():
-            if path.suffix not in SUFFIXES:
+            if not is_prompt_file(path):
                 raise ValueError(f"{text}: unsupported prompt file type (expected one of {SUFFIXES})")
-            found = [path]
+            candidates = [path]
         elif any(c in text for c in "*?["):
-            found = sorted(Path(p) for p in glob.glob(text, recursive=True)
-                           if Path(p).is_file() and Path(p).suffix in SUFFIXES)
+            candidates = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
         else:
             raise FileNotFoundError(f"prompt input {text!r} does not exist")
+        found = [p for p in candidates if is_prompt_file(p)]
+        for p in candidates:
+            if not is_prompt_file(p) and all(s["source"] != str(p) for s in skipped):
+                skipped.append({"kind": "file", "source": str(p), "line": None, "index": None,
+                                "reason": "unsupported_file",
+                                "detail": f"under prompt input {text!r}: suffix {p.suffix or '(none)'!r} is not "
+                                          f"one of {'/'.join(SUFFIXES)}; the file was not read", "excerpt": ""})
         if not found:
-            raise FileNotFoundError(f"prompt input {text!r} matches no {'/'.join(SUFFIXES)} file")
+            raise FileNotFoundError(f"prompt input {text!r} matches no {'/'.join(SUFFIXES)} file"
+                                    + (f" (it holds only {[Path(s['source']).name for s in skipped][:5]})"
+                                       if skipped else ""))
         files += [f for f in found if f not in files]
-    return files
+    return files, skipped
+
+
+def expand_inputs(inputs: str | Path | Iterable[str | Path]) -> list[Path]:
+    """Files named by ``inputs`` (``list_inputs`` without the skipped files)."""
+    return list_inputs(inputs)[0]
 
 
 def read_records(path: Path) -> Iterator[tuple[dict[str, int | None], Any, str]]:
@@ -91,17 +122,20 @@ def read_records(path: Path) -> Iterator[tuple[dict[str, int | None], Any, str]]
 
     ``location`` has ``line`` (1-based, JSONL) or ``index`` (0-based, JSON array / Parquet).
     Blank JSONL lines are not rows. A ``.json`` file that is not one JSON document is read
-    as JSONL (a common misnaming).
+    as JSONL (a common misnaming). Bytes that are not UTF-8 are kept as surrogate escapes
+    (``surrogateescape``), so the row holding them is found and rejected (``check_encoding``)
+    instead of being read with replacement characters.
     """
-    if path.suffix == ".parquet":
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
         index = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
             for record in batch.to_pylist():
                 yield {"line": None, "index": index}, record, ""
                 index += 1
         return
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if path.suffix == ".json":
+    text = path.read_bytes().decode("utf-8", errors="surrogateescape")
+    if suffix == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
@@ -123,10 +157,36 @@ def read_records(path: Path) -> Iterator[tuple[dict[str, int | None], Any, str]]
 # --- normalization --------------------------------------------------------------------------
 
 
-def _text(value: Any, where: str) -> str:
+def _text(value: Any, where: str, changes: set[str]) -> str:
+    """``value`` normalized; what normalization changed goes into ``changes``."""
     if not isinstance(value, str):
         raise Reject("bad_type", f"{where} is {type(value).__name__}, expected a string")
-    return value.replace("\r\n", "\n").strip()
+    check_encoding(value, where)
+    text = value.replace("\r\n", "\n")
+    if text != value:
+        changes.add("crlf_to_lf")
+    stripped = text.strip()
+    if stripped != text:
+        changes.add("whitespace_stripped")
+    return stripped
+
+
+def check_encoding(text: str, where: str) -> None:
+    """Raise ``Reject("bad_encoding")`` when ``text`` is not valid Unicode that UTF-8 can encode: bytes
+    that did not decode (``read_records`` keeps them as surrogate escapes) or an unpaired ``\\ud8xx``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        what = (f"byte 0x{code - 0xDC00:02x} that is not UTF-8" if 0xDC80 <= code <= 0xDCFF
+                else f"an unpaired surrogate \\u{code:04x}")
+        raise Reject("bad_encoding", f"{where} has {what} at character {err.start}") from None
+
+
+def printable(text: str) -> str:
+    """``text`` with undecodable bytes as ``\\xNN`` and unpaired surrogates as ``\\uNNNN`` (writable as UTF-8)."""
+    return SURROGATE.sub(lambda m: (f"\\x{ord(m[0]) - 0xDC00:02x}" if 0xDC80 <= ord(m[0]) <= 0xDCFF
+                                    else f"\\u{ord(m[0]):04x}"), text)
 
 
 def _turn_list(value: Any, field: str) -> list:
@@ -135,7 +195,7 @@ def _turn_list(value: Any, field: str) -> list:
     return value
 
 
-def _messages(items: list, role_key: str, content_key: str, field: str) -> list[dict[str, str]]:
+def _messages(items: list, role_key: str, content_key: str, field: str, changes: set[str]) -> list[dict[str, str]]:
     out = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
@@ -150,27 +210,30 @@ def _messages(items: list, role_key: str, content_key: str, field: str) -> list[
         role = ROLE_MAP.get(raw_role.strip().lower()) if isinstance(raw_role, str) else None
         if role is None:
             raise Reject("unknown_role", f"{field}[{i}] has role {raw_role!r}")
-        out.append({"role": role, "content": _text(item[content_key_i], f"{field}[{i}].{content_key_i}")})
+        out.append({"role": role, "content": _text(item[content_key_i], f"{field}[{i}].{content_key_i}", changes)})
     return out
 
 
-def normalize_record(record: Any) -> tuple[list[dict[str, str]], str | None, str | None]:
+def normalize_record(record: Any, changes: set[str] | None = None) -> tuple[list[dict[str, str]], str | None, str | None]:
     """``(messages, source id or None, source name or None)`` of one raw record; raises ``Reject``.
 
     The source name is only returned for rows already in our schema (``messages`` + ``source``),
-    whose ``id`` and ``source`` are kept as they are.
+    whose ``id`` and ``source`` are kept as they are. What normalization changed in the
+    contents is added to ``changes`` (``crlf_to_lf``, ``whitespace_stripped``).
     """
+    changes = set() if changes is None else changes
     if not isinstance(record, dict):
         raise Reject("not_an_object", f"row is {type(record).__name__}, expected an object")
     if record.get("conversations") is not None:
-        messages = _messages(_turn_list(record["conversations"], "conversations"), "from", "value", "conversations")
+        messages = _messages(_turn_list(record["conversations"], "conversations"), "from", "value", "conversations",
+                             changes)
     elif record.get("messages") is not None:
-        messages = _messages(_turn_list(record["messages"], "messages"), "role", "content", "messages")
+        messages = _messages(_turn_list(record["messages"], "messages"), "role", "content", "messages", changes)
     elif record.get("turns") is not None:
         turns = _turn_list(record["turns"], "turns")
-        messages = [{"role": "user", "content": _text(t, f"turns[{i}]")} for i, t in enumerate(turns)]
+        messages = [{"role": "user", "content": _text(t, f"turns[{i}]", changes)} for i, t in enumerate(turns)]
     elif record.get("prompt") is not None:
-        messages = [{"role": "user", "content": _text(record["prompt"], "prompt")}]
+        messages = [{"role": "user", "content": _text(record["prompt"], "prompt", changes)}]
     else:
         raise Reject("missing_field", f"no 'conversations', 'messages', 'turns' or 'prompt' field "
                                       f"(fields: {sorted(record)[:10]})")
@@ -178,8 +241,13 @@ def normalize_record(record: Any) -> tuple[list[dict[str, str]], str | None, str
     if source_id is not None and not isinstance(source_id, (str, int)):
         raise Reject("bad_type", f"id is {type(source_id).__name__}, expected a string or int")
     source_id = None if source_id is None or str(source_id).strip() == "" else str(source_id).strip()
+    if source_id is not None:
+        check_encoding(source_id, "id")
     own_source = record.get("source") if "messages" in record and source_id is not None else None
-    return messages, source_id, own_source if isinstance(own_source, str) and own_source else None
+    if isinstance(own_source, str) and own_source:
+        check_encoding(own_source, "source")
+        return messages, source_id, own_source
+    return messages, source_id, None
 
 
 def content_hash(messages: list[dict[str, str]]) -> str:
@@ -212,26 +280,35 @@ def ingest(
     inputs: str | Path | Iterable[str | Path],
     cfg: IngestConfig = IngestConfig(),
     rejects_path: str | Path | None = None,
+    *,
+    keep_rejects: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Normalized, deduplicated conversation rows of ``inputs`` and the stage summary.
 
-    Every rejected row goes to ``rejects_path`` (JSONL: ``source``, ``line``, ``index``,
-    ``reason``, ``detail``, ``excerpt``) and is counted per reason in the summary.
+    Every rejected row goes to ``rejects_path`` (JSONL: ``kind`` (``row``), ``source``, ``line``,
+    ``index``, ``reason``, ``detail``, ``excerpt``) and is counted per reason in the summary; so
+    is every file skipped under a directory or glob (``kind: file``, ``files_skipped``). Kept
+    rows that normalization changed are counted per change (``rows_changed``,
+    ``changes_by_reason``: a row counts once per kind of change). ``keep_rejects``: the reject
+    records are also returned, as the summary's ``rejects`` (for a stage that writes them later).
     """
-    files = expand_inputs(inputs)
+    files, skipped = list_inputs(inputs)
     rows: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
     seen_content: dict[str, str] = {}
     seen_ids: set[str] = set()
+    changed: Counter[str] = Counter()
+    rows_changed = 0
     rows_in = 0
     for file in files:
         stem = file.stem
         for location, record, raw in read_records(file):
             rows_in += 1
+            changes: set[str] = set()
             try:
                 if isinstance(record, Reject):
                     raise record
-                messages, source_id, own_source = normalize_record(record)
+                messages, source_id, own_source = normalize_record(record, changes)
                 problem = check_messages(messages)
                 if problem:
                     raise Reject(*problem)
@@ -248,29 +325,37 @@ def ingest(
                     raise Reject("duplicate_id", f"id {conv_id!r} already used by a different conversation")
             except Reject as err:
                 excerpt = raw or json.dumps(record, ensure_ascii=False, default=str)
-                rejects.append({"source": str(file), **location, "reason": err.reason, "detail": str(err),
-                                "excerpt": excerpt[: cfg.excerpt_chars]})
+                rejects.append({"kind": "row", "source": str(file), **location, "reason": err.reason,
+                                "detail": str(err), "excerpt": printable(excerpt[: cfg.excerpt_chars])})
                 continue
             if key is not None:
                 seen_content[key] = conv_id
             seen_ids.add(conv_id)
             rows.append({"id": conv_id, "source": source, "messages": messages})
+            changed.update(changes)
+            rows_changed += bool(changes)
 
     if rejects_path is not None:
-        write_rejects(rejects_path, rejects)
+        write_rejects(rejects_path, skipped + rejects)
     by_reason = Counter(r["reason"] for r in rejects)
     summary = {
         "stage": "ingest",
         "files": [str(f) for f in files],
+        "files_skipped": len(skipped),
+        "skipped_files": [{"source": s["source"], "reason": s["reason"]} for s in skipped],
         "rows_in": rows_in,
         "rows_out": len(rows),
         "rejected": len(rejects),
         "rejects_by_reason": dict(sorted(by_reason.items())),
         "duplicates": by_reason.get("duplicate", 0),
+        "rows_changed": rows_changed,
+        "changes_by_reason": dict(sorted(changed.items())),
         "rows_by_source": dict(Counter(r["source"] for r in rows)),
         "rejects_path": None if rejects_path is None else str(rejects_path),
     }
     assert summary["rows_in"] == summary["rows_out"] + summary["rejected"]
+    if keep_rejects:
+        summary["rejects"] = skipped + rejects
     return rows, summary
 
 
@@ -279,14 +364,19 @@ def write_rejects(path: str | Path, rejects: list[dict[str, Any]]) -> Path | str
     return location.write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
 
 
-def load_conversations(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+def load_conversations(
+    paths: Iterable[str | Path], *, keep_rejects: bool = False
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """Rows ``{id, source, messages}`` and the ingest summary (None when nothing needed ingesting).
 
-    Conversation Parquet (regenerate's output, ``pipelines.conversations``) is read as is; any
-    other file (ShareGPT / OpenAI JSON(L), raw Parquet) goes through ``pipelines.ingest``, whose
-    summary counts what it rejected. An object-store URL must hold conversation Parquet (regenerate's
-    output written there).
+    Conversation Parquet (regenerate's output, ``pipelines.conversations``) is read as is, and so is
+    a directory of it (a regenerate output directory: its other files are regenerate's own
+    records); any other file or directory (ShareGPT / OpenAI JSON(L), raw Parquet, a prompt
+    directory) goes through ``pipelines.ingest``, whose summary counts what it rejected and the
+    files it skipped (the records themselves as its ``rejects`` with ``keep_rejects``). An object-store URL
+    must hold conversation Parquet (regenerate's output written there).
     """
+    from pipelines.conversations import conversation_files
     from pipelines.conversations import read_conversations as read_parquet
 
     rows, raw = [], []
@@ -294,7 +384,7 @@ def load_conversations(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]
         if isinstance(path, str):  # a URL
             rows += read_parquet([path])
             continue
-        if path.suffix == ".parquet" or path.is_dir():
+        if path.suffix.lower() == ".parquet" or (path.is_dir() and conversation_files(path)):
             try:
                 rows += read_parquet([path])
                 continue
@@ -303,5 +393,5 @@ def load_conversations(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]
         raw.append(path)
     if not raw:
         return rows, None
-    ingested, summary = ingest(raw)
+    ingested, summary = ingest(raw, keep_rejects=keep_rejects)
     return rows + ingested, summary

@@ -7,7 +7,10 @@ sees the target's answers to turns 1..t-1). README "Commands" (``specdraft regen
 "Object stores".
 
     ingest (driver)      prompt files -> normalized rows + rejects.jsonl (pipelines/ingest.py);
-                         ids already in the output dir are skipped (resume)
+                         conversations already in the output dir are skipped (resume) when their
+                         prompt is the one answered: each part records the digest of every
+                         prompt it answers; a prompt whose text changed under the same id has
+                         its old answer taken out of its part and is answered again (counted)
     -> map_batches       one stateful replica per model copy (``concurrency`` actors,
                          ``num_gpus`` each on a GPU cluster — the target spread over them —,
                          CPU locally); per batch:
@@ -43,8 +46,8 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.utils import logging as hf_logging
 
 from pipelines.cluster import connect_ray
-from pipelines.conversations import SCHEMA, conversation_files, read_table, write_conversations
-from pipelines.ingest import IngestConfig, ingest
+from pipelines.conversations import SCHEMA, conversation_files, read_prompt_digests, read_table, write_conversations
+from pipelines.ingest import IngestConfig, content_hash, ingest
 from specdraft.chat import assistant_spans
 from specdraft.config import config_hash, from_dict, to_dict
 from specdraft.decoding.sampling import keep_top_p
@@ -292,14 +295,49 @@ def hf_answer_fn(model, tokenizer, cfg: RegenerateConfig, stop_ids: list[int]) -
 # --- output directory ----------------------------------------------------------------------
 
 
+def prompt_digest(messages: list[dict[str, str]]) -> str:
+    """What regenerate answers of a conversation: the digest of its system and user turns (its
+    dataset answers are dropped), recorded per row in each part (resume by content, not only id)."""
+    return content_hash([m for m in messages if m["role"] != "assistant"])
+
+
+def done_prompts(out_dir: str | Path) -> dict[str, tuple[str, str | Path]]:
+    """``{id: (digest of the prompt answered, part file)}`` of the conversations in complete parts of
+    ``out_dir``. A part written before digests were recorded gives the digest of its rows' own
+    system and user turns."""
+    if not location.is_dir(out_dir):
+        return {}
+    done: dict[str, tuple[str, str | Path]] = {}
+    for file in conversation_files(out_dir):
+        ids = read_table(file, columns=["id"])
+        digests = read_prompt_digests(ids)
+        if not digests and ids.num_rows:  # (an older part)
+            digests = {r["id"]: prompt_digest(r["messages"]) for r in read_table(file).to_pylist()}
+        for conv_id in ids.column("id").to_pylist():
+            done[conv_id] = (digests.get(conv_id, ""), file)
+    return done
+
+
 def done_ids(out_dir: str | Path) -> set[str]:
     """Ids of the conversations already in complete parts of ``out_dir``."""
-    if not location.is_dir(out_dir):
-        return set()
-    ids: set[str] = set()
-    for file in conversation_files(out_dir):
-        ids.update(read_table(file, columns=["id"]).column("id").to_pylist())
-    return ids
+    return set(done_prompts(out_dir))
+
+
+def drop_answers(done: dict[str, tuple[str, str | Path]], ids: Iterable[str]) -> None:
+    """Take the answers of ``ids`` out of their parts (each part rewritten whole without them, its
+    other rows and digests kept; a part left empty is removed), so a changed prompt is answered
+    once, never twice. A kill between two rewrites leaves those ids missing: the rerun answers them."""
+    by_file: dict[str, set[str]] = {}
+    for conv_id in ids:
+        by_file.setdefault(str(done[conv_id][1]), set()).add(conv_id)
+    for file, stale in sorted(by_file.items()):
+        table = read_table(file)
+        keep = [r for r in table.to_pylist() if r["id"] not in stale]
+        if keep:
+            digests = read_prompt_digests(table) or {r["id"]: prompt_digest(r["messages"]) for r in keep}
+            write_conversations(file, keep, {r["id"]: digests[r["id"]] for r in keep if r["id"] in digests})
+        else:
+            location.remove(file)
 
 
 def part_name(ids: Iterable[str]) -> str:
@@ -365,9 +403,17 @@ class HFReplica:
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = batch.to_pylist()
         out, stats = regenerate_rows(rows, self.tokenizer, self.answer, self.cfg, self.max_model_len)
-        if out:
-            write_conversations(location.join(self.out_dir, part_name(r["id"] for r in out)), out)
+        write_part(self.out_dir, rows, out)
         return _stats_table(len(rows), len(out), stats)
+
+
+def write_part(out_dir: Path | str, prompts: list[dict[str, Any]], answered: list[dict[str, Any]]) -> None:
+    """One part of the ``answered`` conversations, with the digest of each one's prompt (``prompts``)."""
+    if not answered:
+        return
+    digests = {r["id"]: prompt_digest(r["messages"]) for r in prompts}
+    write_conversations(location.join(out_dir, part_name(r["id"] for r in answered)), answered,
+                        {r["id"]: digests[r["id"]] for r in answered})
 
 
 STATS_SCHEMA = pa.schema(
@@ -456,8 +502,7 @@ def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, 
     for start in range(0, len(pending), cfg.vllm_chunk_size):
         rows = pending[start: start + cfg.vllm_chunk_size]
         out, stats = regenerate_rows(rows, tokenizer, answer, cfg, max_model_len)
-        if out:
-            write_conversations(location.join(out_dir, part_name(r["id"] for r in out)), out)
+        write_part(out_dir, rows, out)
         yield _stats_table(len(rows), len(out), stats).to_pylist()[0]
 
 
@@ -476,7 +521,9 @@ def regenerate(
     ``out_dir`` (a local directory or an object-store URL) gets ``part-*.parquet`` (conversation
     schema), ``rejects.jsonl`` (ingest), ``regenerate.json`` (target + generation settings; a rerun
     must match them) and ``summary.json``. Conversations already in ``out_dir`` are skipped, so a rerun after a crash
-    or on a grown prompt set only does what is missing.
+    or on a grown prompt set only does what is missing; one whose prompt changed under the same id is
+    answered again (``rows_changed``), and answers of ids no longer among the prompts are kept and
+    counted (``rows_only_in_output``).
     """
     started = time.perf_counter()
     target, out_dir = Path(target), location.as_location(out_dir)
@@ -484,15 +531,22 @@ def regenerate(
     _claim_out_dir(out_dir, identity)
     rows, ingest_summary = ingest(prompts, cfg.ingest, rejects_path=location.join(out_dir, REJECTS_FILE))
     selected = rows if cfg.limit is None else rows[: cfg.limit]
-    done = done_ids(out_dir)
-    pending = [r for r in selected if r["id"] not in done]
+    done = done_prompts(out_dir)
+    changed = [r["id"] for r in selected if r["id"] in done and done[r["id"]][0] != prompt_digest(r["messages"])]
+    drop_answers(done, changed)
+    redo = set(changed)
+    pending = [r for r in selected if r["id"] not in done or r["id"] in redo]
+    only_in_output = sorted(set(done) - {r["id"] for r in rows})
     max_model_len = _model_len(target, cfg)
     totals = {"rows_in": 0, "rows_out": 0, "files": 0, "turns": 0, "truncated_turns": 0, "empty_answers": 0,
               "tokens": 0, "prompt_tokens": 0, "cut_turns": 0, "generate_s": 0.0}
     too_long: list[str] = []
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None)
-    log(f"regenerate: {len(pending)} to do, {len(selected) - len(pending)} already in {out_dir}, "
-        f"{ingest_summary['rejected']} rejected by ingest")
+    log(f"regenerate: {len(pending)} to do ({len(changed)} whose prompt changed since answered), "
+        f"{len(selected) - len(pending)} already in {out_dir}, {ingest_summary['rejected']} rejected by ingest, "
+        f"{ingest_summary['files_skipped']} files skipped"
+        + (f", {len(only_in_output)} answers in {out_dir} of ids no longer among the prompts (kept)"
+           if only_in_output else ""))
     run_started = time.perf_counter()
     if pending:
         connect_ray(cfg.ray_address)
@@ -519,10 +573,14 @@ def regenerate(
         "rows_over_limit": len(rows) - len(selected),
         "rows_in": len(pending),
         "rows_skipped": len(selected) - len(pending),
+        "rows_changed": len(changed),  # prompt changed under the same id: old answer dropped, answered again
+        "changed_ids": changed[:20],
+        "rows_only_in_output": len(only_in_output),  # answers kept of ids the prompts no longer have
+        "only_in_output_ids": only_in_output[:20],
         "rows_out": totals["rows_out"],
         "rows_too_long": len(too_long),
         "too_long_ids": too_long[:20],
-        "rows_total": len(done) + totals["rows_out"],
+        "rows_total": len(done) - len(changed) + totals["rows_out"],
         "files_written": totals["files"],
         "turns": totals["turns"],
         "truncated_turns": totals["truncated_turns"],

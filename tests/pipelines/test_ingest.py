@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.conversations import SCHEMA, check_messages, read_conversations, write_conversations
-from pipelines.ingest import IngestConfig, expand_inputs, ingest
+from pipelines.ingest import IngestConfig, expand_inputs, ingest, list_inputs
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -94,6 +94,9 @@ def test_globs_directories_and_missing_inputs(tmp_path):
         expand_inputs(str(tmp_path / "*.parquet"))
     with pytest.raises(ValueError, match="unsupported"):
         expand_inputs(tmp_path / "d" / "notes.txt")
+    files, skipped = list_inputs(tmp_path / "d")  # what a directory holds besides prompt files is reported
+    assert [p.name for p in files] == ["y.jsonl", "x.jsonl"]
+    assert [(Path(s["source"]).name, s["kind"], s["reason"]) for s in skipped] == [("notes.txt", "file", "unsupported_file")]
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="shared data not available")
