@@ -80,6 +80,8 @@ def check_out(args: argparse.Namespace) -> None:
 
     options, own = OUTPUTS[args.command]
     inputs = {f"--{name}": getattr(args, name) for name in options}
+    if args.command == "train":  # online conversations may come from --config or key=value too
+        inputs["--conversations"] = command_config(args)[0].conversations
     if args.command == "eval":
         refuse_own_input(args.out, inputs)
     else:

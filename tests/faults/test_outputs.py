@@ -174,6 +174,8 @@ def test_no_command_writes_over_its_input(world, inputs, tmp_path, capsys):
          i["store"]),
         (["train", "--store", str(i["store"]), "--target", str(target), "--out", str(i["store"].parent)], i["store"]),
         (["train", "--conversations", str(i["convs"]), "--target", str(target), "--out", str(i["data"])], i["convs"]),
+        (["train", "--target", str(target), "--out", str(i["data"]), "features=online",
+          f"conversations={json.dumps([str(i['convs'])])}"], i["convs"]),  # given as a config key
         (["eval", "--target", str(target), "--draft", str(draft), "--questions", str(i["questions"]),
           "--out", str(i["questions"])], i["questions"]),
         (["eval", "--target", str(target), "--draft", str(draft), "--questions", str(i["questions"]),
