@@ -58,6 +58,43 @@ def command_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     return load_config(args.config_spec, args.config, [*args.sugar(args), *args.overrides])
 
 
+# README "Guarantees" (output directories a command owns, ``specdraft/outputs.py``): per command with an
+# --out directory, the options naming its inputs, and the names only it writes there (its outputs from
+# before the marker file). export checks in ``export_draft`` (its draft may be a download); eval's --out
+# is a report file: only its inputs are checked.
+OUTPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "dump": (("target", "prompts"), ("manifest.json", "shard-*")),
+    "regenerate": (("target", "prompts"), ("regenerate.json",)),
+    "train": (("target", "store", "conversations"), ("metrics.jsonl", "train_summary.json", "ray")),
+    "eval": (("target", "draft", "questions"), ()),
+    "quickstart": ((), ("report.json",)),
+    "toy-data": ((), ("toy_prompts.jsonl", "toy_questions.jsonl")),
+}
+
+
+def check_out(args: argparse.Namespace) -> None:
+    """Refuse an --out the command must not write (``specdraft.outputs.OutputError``), before it runs."""
+    if args.command not in OUTPUTS:
+        return
+    from specdraft.outputs import check_output, refuse_own_input
+
+    options, own = OUTPUTS[args.command]
+    inputs = {f"--{name}": getattr(args, name) for name in options}
+    if args.command == "train":  # online conversations may come from --config or key=value too
+        inputs["--conversations"] = command_config(args)[0].conversations
+    if args.command == "eval":
+        refuse_own_input(args.out, inputs)
+    else:
+        check_output(args.out, args.command, inputs=inputs, overwrite=args.overwrite, own=own)
+
+
+def _mark_out(args: argparse.Namespace) -> None:
+    """Record in --out that this command writes it (a rerun then resumes there)."""
+    from specdraft.outputs import mark_output
+
+    mark_output(args.out, args.command)
+
+
 def _toy_target(args: argparse.Namespace) -> int:
     from specdraft.toy.build import build_toy_target, compare_with_prebuilt
 
@@ -76,6 +113,7 @@ def _quickstart(args: argparse.Namespace) -> int:
     from specdraft.quickstart import run_quickstart
 
     cfg, _ = command_config(args)
+    _mark_out(args)
     report = run_quickstart(Path(args.out), cfg, progress=not args.quiet)
     print(json.dumps(report, indent=2))
     return 0
@@ -87,6 +125,7 @@ def _dump(args: argparse.Namespace) -> int:
 
     cfg, _ = command_config(args)
     rows, ingested = load_prompts(args.prompts)
+    _mark_out(args)
     if ingested is not None:
         print(f"ingest: {ingested['rows_in']} rows in, {ingested['rows_out']} out, rejected {ingested['rejects_by_reason']}, "
               f"{ingested['files_skipped']} files skipped", file=sys.stderr)
@@ -122,6 +161,7 @@ def _regenerate(args: argparse.Namespace) -> int:
     from pipelines.regenerate import regenerate
 
     cfg, _ = command_config(args)
+    _mark_out(args)
     s = regenerate(args.target, args.prompts, args.out, cfg, progress=not args.quiet)
     print(
         f"regenerate: rows in {s['rows_in']}, out {s['rows_out']}, skipped {s['rows_skipped']} (already done), "
@@ -157,6 +197,7 @@ def _train(args: argparse.Namespace) -> int:
         print("specdraft train: give --store DIR... (offline features) or --conversations FILE... (online "
               "features: the target runs in every worker, no store)", file=sys.stderr)
         return 2
+    _mark_out(args)
     run = open_run(sections["tracking"], run_name="train",
                    tags={"specdraft.stage": "train", "specdraft.recipe": cfg.recipe})
     try:
@@ -176,7 +217,7 @@ def _toy_data(args: argparse.Namespace) -> int:
     from specdraft.toy.conversations import generate_prompts
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    _mark_out(args)
     prompts = out / "toy_prompts.jsonl"
     with prompts.open("w") as fh:
         for i, conv in enumerate(generate_prompts(args.prompts, seed=args.seed)):
@@ -226,7 +267,8 @@ def _export(args: argparse.Namespace) -> int:
             return 1
         try:
             out = export_draft(draft, args.format, args.out, target=target, dtype=cfg.dtype,
-                               speculative_tokens=cfg.speculative_tokens, verifier=cfg.verifier)
+                               speculative_tokens=cfg.speculative_tokens, verifier=cfg.verifier,
+                               overwrite=args.overwrite)
         except (ExportError, FileNotFoundError) as err:
             print(f"specdraft export: cannot export: {err}", file=sys.stderr)
             return 1
@@ -294,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("toy-data", help="write toy prompt conversations (messages JSONL) and MT-Bench-format questions")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out that is not this command's earlier output (only the files "
+                        "it writes are replaced; never one of its inputs)")
     p.add_argument("--prompts", type=int, default=240, help="prompt conversations (default 240)")
     p.add_argument("--questions", type=int, default=12, help="evaluation questions (default 12)")
     p.add_argument("--seed", type=int, default=7, help="generator seed (questions use seed + 1)")
@@ -304,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="toy target + in-memory features + a short two-stage Beagle training, with simulated acceptance",
     )
     p.add_argument("--out", default="runs/quickstart", help="working directory (default: runs/quickstart)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out that is not this command's earlier output (only the files "
+                        "it writes are replaced; never one of its inputs)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_config_options(p, QUICKSTART, example="arch=eagle toy.train_steps=200")
     p.set_defaults(func=_quickstart, sugar=_no_sugar)
@@ -312,7 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, help="target model directory")
     p.add_argument("--prompts", required=True, nargs="+", metavar="FILE", help="conversation files (Parquet, JSON, JSONL)")
     p.add_argument("--out", required=True, help="store directory (resumed when it holds a partial dump)")
-    p.add_argument("--overwrite", action="store_true", help="replace a store written by another dump")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a store written by another dump, or write into a non-empty --out that is not a "
+                        "store (only the store's files are replaced; never one of its inputs)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_config_options(p, DUMP, example="hidden_codec=bf16 samples_per_shard=256")
     p.set_defaults(func=_dump, sugar=_no_sugar)
@@ -328,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", required=True, nargs="+", metavar="FILE",
                    help="prompt files, directories or globs (ShareGPT, OpenAI messages, MT-Bench, HumanEval, Parquet)")
     p.add_argument("--out", required=True, help="output directory of Parquet parts (resumed when it holds some)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out that is not this command's earlier output (only the files "
+                        "it writes are replaced; never one of its inputs)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     add_config_options(p, REGENERATE, example="temperature=0.7 ingest.max_turns=4")
     p.set_defaults(func=_regenerate, sugar=_no_sugar)
@@ -350,7 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", required=True, choices=("speculators", "sglang", "eagle"),
                    help="speculators: EAGLE-3 for vLLM; sglang: EAGLE-3 or EAGLE-1/2 for SGLang; eagle: EAGLE-1/2 in "
                         "the EAGLE reference layout")
-    p.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--out", required=True, help="output directory (an earlier export there is replaced atomically)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out that is not this command's earlier output (only the files "
+                        "it writes are replaced; never one of its inputs)")
     p.add_argument("--target", help="the target model directory (default with --model-uri: the one it was trained on)")
     p.add_argument("--dtype", metavar="DTYPE", help="same as dtype=DTYPE (default: the target's)")
     p.add_argument("--speculative-tokens", metavar="K", help="same as speculative_tokens=K")
@@ -365,6 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "reads them (same as features=online conversations=[...]; tokenization: online.*)")
     p.add_argument("--target", required=True, help="target model directory (embedding and lm_head are read from it)")
     p.add_argument("--out", required=True, help="output directory (draft/, checkpoints, metrics.jsonl); rerun resumes")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out that is not this command's earlier output (only the files "
+                        "it writes are replaced; never one of its inputs)")
     p.add_argument("--recipe", metavar="NAME", help="same as recipe=NAME (an unknown name lists the known ones)")
     p.add_argument("--arch", metavar="NAME", help="same as arch=NAME: override the recipe's draft")
     p.add_argument("--mlflow", nargs="?", const="", default=None, metavar="URI",
@@ -408,12 +467,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from specdraft.config import ConfigError
+    from specdraft.outputs import OutputError
 
     args = parse(argv)
     try:
+        check_out(args)
         return int(args.func(args) or 0)
     except ConfigError as err:
         print(f"specdraft {args.command}: config error: {err}", file=sys.stderr)
+        return 2
+    except OutputError as err:
+        print(f"specdraft {args.command}: {err}", file=sys.stderr)
         return 2
 
 

@@ -5,7 +5,11 @@
 reads the draft directory (``config.json`` + ``model.safetensors``), takes what the engine
 needs from the target (context length, dtype, verifier), writes the format into a temporary
 directory, re-reads it with ``check_export`` and only then renames it into place — a failed
-export leaves nothing behind. Which formats fit which draft (``formats_for``):
+export leaves nothing behind. The output directory is the export's own (``specdraft/outputs.py``):
+one of its inputs (the draft, the target, or a directory holding them) is refused, a non-empty
+directory that is not an earlier export is refused unless ``overwrite``, and a replacement keeps
+the files an export does not write. The files are readable by all (0755 / 0644), as the engine
+may run as another user. Which formats fit which draft (``formats_for``):
 
 =========  ===========================================  =====================================
 draft      formats                                      engines
@@ -42,6 +46,7 @@ from specdraft.export.spec import (
 from specdraft.export.writers import write_export
 from specdraft.files import write_directory
 from specdraft.models import ARCHS, read_draft_config
+from specdraft.outputs import MARKER, OutputError, check_output, foreign_entries, marker_text
 from specdraft.placement import resolve_dtype
 
 
@@ -77,8 +82,15 @@ def export_draft(
     dtype: str | None = None,
     speculative_tokens: int = 3,
     verifier: str = "",
+    overwrite: bool = False,
 ) -> Path:
-    """Export the draft directory ``draft_dir`` as ``fmt`` into ``out_dir`` (replaced atomically); returns it."""
+    """Export the draft directory ``draft_dir`` as ``fmt`` into ``out_dir`` (replaced atomically); returns it.
+
+    ``out_dir`` must not be, be inside or hold ``draft_dir`` or ``target`` (``OutputError``); when it
+    holds anything but an earlier export, ``overwrite`` lets the export write its files there, the
+    others kept.
+    """
+    check_output(out_dir, "export", inputs={"--draft": draft_dir, "--target": target}, overwrite=overwrite)
     spec = export_spec(draft_dir, fmt, target=target, dtype=dtype, speculative_tokens=speculative_tokens,
                        verifier=verifier)
     state = load_file(str(Path(draft_dir) / "model.safetensors"))
@@ -86,12 +98,16 @@ def export_draft(
         ARCHS[spec.draft.arch](spec.draft).load_state_dict(state, strict=True)
     except RuntimeError as err:
         raise ExportError(f"{draft_dir}: weights do not match its config.json: {err}") from None
-    with write_directory(out_dir) as tmp:
+    with write_directory(out_dir, carry=foreign_entries(out_dir, EXPORT_FILES)) as tmp:
         write_export(state, spec, tmp)
         reference = engine_tensors(state, LAYOUTS[(fmt, spec.draft.arch)].layer_prefix,
                                    resolve_dtype(spec.dtype, torch.device("cpu")))
         check_export(tmp, spec, reference)
+        (tmp / MARKER).write_text(marker_text("export"))
     return Path(out_dir)
+
+
+EXPORT_FILES = ("config.json", "model.safetensors")  # what ``write_export`` writes, every format
 
 
 __all__ = [
@@ -99,6 +115,7 @@ __all__ = [
     "ExportConfig",
     "ExportError",
     "ExportSpec",
+    "OutputError",
     "TargetFacts",
     "check_export",
     "export_draft",

@@ -256,3 +256,21 @@ def test_aux_layers_overrides_for_dump_and_run():
     assert command_config(parse(base))[0].aux_layers is None
     assert command_config(parse(["run", "features.aux_layers=eagle3"]))[0].features.aux_layers == "eagle3"
     assert main(base + ["aux_layers=eagle"]) == 2  # neither eagle3 nor a list of layers
+
+
+def test_every_out_directory_is_checked_before_its_command_runs():
+    """Each command writing an --out directory is in ``OUTPUTS`` (checked in ``main`` before it runs) or
+    checks it itself (export: ``export_draft``; toy-target: only a previous toy build is replaced),
+    and offers --overwrite where a foreign non-empty directory can be written into (README "Guarantees")."""
+    from flows.cli import OUTPUTS
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, command in sub.choices.items():
+        options = {opt for action in command._actions for opt in action.option_strings}
+        if "--out" not in options:
+            continue
+        assert name in OUTPUTS or name in ("export", "toy-target"), name
+        assert ("--overwrite" in options) == (name not in ("eval", "toy-target")), name
+        for option in OUTPUTS.get(name, ((), ()))[0]:
+            assert f"--{option}" in options, (name, option)  # an input the check reads

@@ -255,7 +255,8 @@ CASES = [("eagle3", "speculators"), ("eagle3", "sglang"), ("eagle3-nbr", "specul
 @pytest.mark.parametrize("kind,fmt", CASES, ids=[f"{k}-{f}" for k, f in CASES])
 def test_exported_checkpoint_reproduces_the_drafts_logits(kind, fmt, toy3, samples, drafts, tmp_path):
     out = export_draft(drafts[kind], fmt, tmp_path / fmt, target=toy3)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    # what the engine loads, plus the hidden marker that makes the directory this export's own (a rerun replaces it)
+    assert sorted(p.name for p in out.iterdir()) == [".specdraft-output.json", "config.json", "model.safetensors"]
     heads = load_target_heads(toy3)
     draft = load_draft(drafts[kind], target=toy3)
     for sample in samples[16:19]:  # held-out conversations
