@@ -16,12 +16,13 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from specdraft.store import location
 from specdraft.store.schema import (
     AUX_ARRAYS,
     COMPRESSIONS,
+    CHUNK_CHECKSUM,
     SHARD_ATTR,
     TOKEN_ARRAYS,
     StoreError,
@@ -34,13 +35,15 @@ from specdraft.store.schema import (
 ZARR_VERSION = zarr.__version__  # recorded in a dumped store's manifest
 
 
-def _compressors(compression: str, level: int):
+def _compressors(compression: str, level: int) -> list:
+    """The bytes-to-bytes codecs of every array: the compressor, then a crc32c of the compressed chunk
+    (Zarr v3's ``crc32c`` codec, checked on every decode: ``reader`` names the chunk that fails it)."""
     if compression == "zstd":
-        return ZstdCodec(level=level)
+        return [ZstdCodec(level=level), Crc32cCodec()]
     if compression == "blosc":
-        return BloscCodec(cname="zstd", clevel=level, shuffle="shuffle")
+        return [BloscCodec(cname="zstd", clevel=level, shuffle="shuffle"), Crc32cCodec()]
     if compression == "none":
-        return None
+        return [Crc32cCodec()]
     raise ValueError(f"compression {compression!r} not in {COMPRESSIONS}")
 
 
@@ -60,6 +63,10 @@ def write_shard(
     ``hidden_codec``, and ``aux_layers`` when ``aux_hidden`` is stored. The record (``attrs`` plus
     counts and per-array sha256) is stored as the shard group's ``specdraft_shard`` attribute,
     written last, and returned for the manifest.
+
+    Integrity (README "Guarantees"): every chunk ends with its crc32c (``CHUNK_CHECKSUM``, recorded in the
+    record) and every chunk is written, fill-valued ones included, so a chunk absent on read is a
+    lost chunk, not zeros.
     """
     store_dir = location.as_location(store_dir)
     schema = array_schema(attrs["d"], attrs["k"], attrs["hidden_codec"], len(attrs.get("aux_layers") or []))
@@ -90,6 +97,7 @@ def write_shard(
                 dtype=str if name == "sample_ids" else dtype,
                 chunks=chunks,
                 compressors=_compressors(compression, level),
+                config={"write_empty_chunks": True},  # every chunk stored: a missing one is detectably lost
             )
             if values.size:
                 array[...] = values
@@ -102,6 +110,7 @@ def write_shard(
             "num_tokens": n_tokens,
             "num_loss_tokens": int(np.asarray(arrays["loss_mask"]).sum()),
             "checksums": checksums,
+            "chunk_checksum": CHUNK_CHECKSUM,
         }
         record["bytes"] = location.tree_bytes(out)
         # last write: a shard without it is incomplete. A retried writer that finished this shard
