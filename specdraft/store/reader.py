@@ -179,6 +179,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
             check_aux_layers(self.stores)
         self._shards: list[tuple[Path | str, str]] = []  # (shard dir or URL, hidden codec)
         self._where: list[tuple[Path | str, str]] = []  # per shard: (store, shard name), for errors
+        self._missing_at_open: list[dict[str, set[int]]] = []  # per shard: array -> lost chunks, as listed here
         self._verified: list[bool] = []  # per shard: written with per-chunk checksums (every chunk stored)
         self.skipped: dict[str, str] = {}  # on_corrupt="skip": sample id -> the bad chunk it was skipped for
         keys, starts, lengths, ids = [], [], [], []
@@ -194,7 +195,8 @@ class FeatureDataset(torch.utils.data.IterableDataset):
                 shard = location.join(path, record["name"])
                 group = location.open_group(shard, "r")
                 verified = record.get("chunk_checksum") == CHUNK_CHECKSUM
-                missing = _missing_chunks(group) if verified else {}
+                missing = _missing_chunks(shard, group) if verified else {}
+                self._missing_at_open.append(missing)
                 offsets, _ = read_rows(group["offsets"], 0, None, path, record["name"], missing.get("offsets"))  # (S+1,)
                 names, _ = read_rows(group["sample_ids"], 0, None, path, record["name"], missing.get("sample_ids"))
                 names = [str(s) for s in names.tolist()]
@@ -214,11 +216,10 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         self._length = length if cfg.max_length is None else np.minimum(length, cfg.max_length)  # (S,)
         self.sample_ids = [s for s, k in zip(ids, keep) if k]
         self._open: dict[int, dict[str, Any]] = {}
-        self._missing: dict[int, dict[str, set[int]]] = {}  # per opened shard: array -> lost chunk indices
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_open"], state["_missing"] = {}, {}  # zarr handles are reopened in each worker
+        state["_open"] = {}  # zarr handles are reopened in each worker
         return state
 
     def set_epoch(self, epoch: int) -> None:
@@ -317,7 +318,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
 
         Returns (batch row, bad chunk) for each span that overlaps a bad chunk (only under
         ``on_corrupt="skip"``; otherwise a bad chunk raises ``StoreError``)."""
-        missing = self._missing[key]
+        missing = self._missing_at_open[key]
         (store, shard_name), skip = self._where[key], self.cfg.on_corrupt == "skip"
         bad: list[tuple[int, int, str]] = []  # (first row, end row, chunk) of the bad chunks read
 
@@ -352,11 +353,9 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         return [(row, chunk) for row, a, m in spans for first, end, chunk in bad if first < lo + a + m and lo + a < end]
 
     def _arrays(self, key: int) -> dict[str, Any]:
-        """Zarr arrays of shard ``key``, opened once per process (and, for a shard written with
-        checksums, its lost chunks listed: one listing of the shard)."""
+        """Zarr arrays of shard ``key``, opened once per process."""
         if key not in self._open:
             group = location.open_group(self._shards[key][0], "r")
-            self._missing[key] = _missing_chunks(group) if self._verified[key] else {}
             self._open[key] = {name: array for name, array in group.arrays()}
         return self._open[key]
 
@@ -365,15 +364,10 @@ class StoreWarning(UserWarning):
     """A store the reader cannot fully verify (written before per-chunk checksums)."""
 
 
-def _missing_chunks(group) -> dict[str, set[int]]:
+def _missing_chunks(shard: Path | str, group) -> dict[str, set[int]]:
     """Array name -> indices (along rows) of the chunks absent from a shard written with every chunk
-    stored; one listing of the shard's keys."""
-    from zarr.core.sync import sync
-
-    async def keys() -> set[str]:
-        return {k async for k in group.store_path.store.list_prefix(group.store_path.path)}
-
-    present = {k[len(group.store_path.path):].lstrip("/") for k in sync(keys())}
+    stored; one listing of the shard."""
+    present = location.list_tree(shard)
     missing = {}
     for name, array in group.arrays():
         rows = array.chunks[0]
@@ -576,7 +570,8 @@ def predicted_token_counts(paths: str | Path | list[str | Path], vocab_size: int
     for path, manifest in open_stores(paths):
         for record in manifest["shards"]:
             group = location.open_group(location.join(path, record["name"]), "r")
-            missing = _missing_chunks(group) if record.get("chunk_checksum") == CHUNK_CHECKSUM else {}
+            shard = location.join(path, record["name"])
+            missing = _missing_chunks(shard, group) if record.get("chunk_checksum") == CHUNK_CHECKSUM else {}
             ids, mask, offsets = (read_rows(group[name], 0, None, path, record["name"], missing.get(name))[0]
                                   for name in ("input_ids", "loss_mask", "offsets"))
             counts += count_predicted_tokens(ids, mask, offsets, vocab_size)
