@@ -50,7 +50,7 @@ class ReaderConfig:
     prefetch: int = 2  # batches read ahead on a background thread (0: read in the consumer's thread)
     # a chunk that fails its checksum or is missing: "error" (StoreError naming store, shard, array and
     # chunk) or "skip" (the sequences it holds are skipped, their loss masked out, and counted)
-    on_corrupt: str = "error"
+    on_corrupt: Literal["error", "skip"] = "error"
 
     def __post_init__(self) -> None:
         assert self.on_corrupt in ON_CORRUPT, f"reader.on_corrupt={self.on_corrupt!r} not in {ON_CORRUPT}"
