@@ -19,9 +19,15 @@ them, at a toy shape and at an 8B-like one (d = 4096). One run, per shape:
 * ``ratio`` = reader tokens/s / trainer tokens/s (wall clock); ``ratio_cpu`` the same per CPU second
   of this process (all its threads), the comparison that survives a shared host.
 
+* ``integrity`` (issue 22: integrity checked on read): the same data written twice, with per-chunk
+  crc32c checksums (every chunk verified and checked for presence on read) and without (the store
+  layout before them), read in stored form ``--repeats`` times each, interleaved; the median tokens/s
+  of each and the cost of the check (budget: 5 %). ``--integrity-only`` skips everything else.
+
 Wall-clock rates depend on what else the host runs (its load average is recorded).
 
-Usage: ``python -m benchmarks.reader [OUT.json (default benchmarks/results/reader.json)] [--sequences 48]``.
+Usage: ``python -m benchmarks.reader [OUT.json (default benchmarks/results/reader.json)] [--sequences 48]
+[--integrity-only] [--repeats 5]``.
 """
 
 from __future__ import annotations
@@ -57,8 +63,9 @@ SHAPES = {  # name -> (d, heads, kv heads, MLP width, vocabulary, padded tokens 
 }
 
 
-def build_store(root: Path, d: int, vocab: int, sequences: int, seed: int = 0) -> dict:
-    """Synthetic features of ``sequences`` sequences (512-2048 tokens) written with the store's writer."""
+def build_store(root: Path, d: int, vocab: int, sequences: int, seed: int = 0, chunk_checksums: bool = True) -> dict:
+    """Synthetic features of ``sequences`` sequences (512-2048 tokens) written with the store's writer
+    (``chunk_checksums=False``: as before the per-chunk checksums)."""
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     records, started = [], time.perf_counter()
@@ -75,7 +82,8 @@ def build_store(root: Path, d: int, vocab: int, sequences: int, seed: int = 0) -
             offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             sample_ids=np.asarray([f"s{index}-{j}" for j in range(len(lengths))]),
         )
-        records.append(write_shard(root, index, arrays, {"d": d, "k": K, "hidden_codec": "fp16", "target_id": "bench"}))
+        records.append(write_shard(root, index, arrays, {"d": d, "k": K, "hidden_codec": "fp16", "target_id": "bench"},
+                                   chunk_checksums=chunk_checksums))
     manifest = make_manifest(header={"target_id": "bench", "d": d, "k": K, "hidden_codec": "fp16"}, shards=records)
     write_manifest(root, manifest)
     totals = manifest["totals"]
@@ -121,6 +129,51 @@ def reader_rates(store: Path, max_tokens: int) -> dict:
     return out
 
 
+def integrity_rates(d: int, vocab: int, sequences: int, max_tokens: int, repeats: int) -> dict:
+    """Stored-form reader tokens/s of one store written with and without per-chunk checksums (same data),
+    each opened once, then ``repeats`` epochs each, interleaved, after one untimed warm-up epoch; medians
+    and best epochs and the check's cost in percent by each (positive: the check is slower)."""
+    import warnings
+
+    from specdraft.store import StoreWarning
+
+    rates: dict[str, list[float]] = {"verified": [], "unverified": []}
+    cpu_rates: dict[str, list[float]] = {"verified": [], "unverified": []}
+    with tempfile.TemporaryDirectory(prefix="reader-bench-integrity-") as tmp:
+        stores = {"verified": Path(tmp, "verified"), "unverified": Path(tmp, "unverified")}
+        built = {name: build_store(path, d, vocab, sequences, chunk_checksums=name == "verified")
+                 for name, path in stores.items()}
+        datasets, open_s = {}, {}
+        for name, path in stores.items():  # opened once, as a training run does (listing each shard's chunks)
+            started = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", StoreWarning)
+                datasets[name] = FeatureDataset(path, ReaderConfig(max_tokens=max_tokens, seed=1), split="all")
+            datasets[name].load(datasets[name].batches(0)[0])  # opens the shards' arrays
+            open_s[name] = round(time.perf_counter() - started, 3)
+        for i in range(-1, repeats):  # epoch -1: a warm-up of each (page cache), not timed
+            for name in (("verified", "unverified") if i % 2 == 0 else ("unverified", "verified")):
+                ds = datasets[name]
+                ds.set_epoch(max(i, 0))
+                tokens, started, cpu = 0, time.perf_counter(), time.process_time()
+                for batch in ds:
+                    tokens += int(batch.valid.sum())
+                if i >= 0:
+                    rates[name].append(tokens / (time.perf_counter() - started))
+                    cpu_rates[name].append(tokens / (time.process_time() - cpu))
+    out = {name: {"store": built[name], "open_s": open_s[name], "tokens_per_s": round(float(np.median(r)), 1),
+                  "tokens_per_s_runs": [round(x, 1) for x in r],
+                  "tokens_per_cpu_s": round(float(np.median(cpu_rates[name])), 1)} for name, r in rates.items()}
+    for name, r in rates.items():
+        out[name]["tokens_per_s_best"] = round(max(r), 1)
+    out["repeats"] = repeats
+    out["cost_pct"] = round(100 * (1 - out["verified"]["tokens_per_s"] / out["unverified"]["tokens_per_s"]), 2)
+    # the fastest epoch of each: the least disturbed by other processes on a shared host
+    out["cost_best_pct"] = round(100 * (1 - out["verified"]["tokens_per_s_best"] / out["unverified"]["tokens_per_s_best"]), 2)
+    out["cost_cpu_pct"] = round(100 * (1 - out["verified"]["tokens_per_cpu_s"] / out["unverified"]["tokens_per_cpu_s"]), 2)
+    return out
+
+
 def trainer_rate(store: Path, d: int, heads: int, kv: int, mlp: int, vocab: int, max_tokens: int, steps: int) -> dict:
     """Tokens/s of ``train_batch`` + AdamW step of an EAGLE draft at width ``d`` (fp32, CPU)."""
     torch.manual_seed(0)
@@ -158,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=16384, help="reader batch budget (ReaderConfig.max_tokens)")
     parser.add_argument("--train-tokens", type=int, default=0, help="batch budget of the timed training step "
                         "(default: 2048 toy, 512 at d=4096)")
+    parser.add_argument("--integrity-only", action="store_true",
+                        help="only the with/without per-chunk checksums comparison (no trainer, no other modes)")
+    parser.add_argument("--repeats", type=int, default=5, help="epochs per store in the integrity comparison")
     args = parser.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     result = {"benchmark": "reader", "host": {"cpus": os.cpu_count(), "load_avg_start": os.getloadavg(),
@@ -168,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.shapes:
         d, heads, kv, mlp, vocab, train_tokens = SHAPES[name]
         sequences = args.sequences or (256 if name == "toy" else 48)
+        if args.integrity_only:
+            entry = {"integrity": integrity_rates(d, vocab, sequences, args.max_tokens, args.repeats)}
+            result["shapes"][name] = entry
+            print(json.dumps({name: entry}, indent=1), flush=True)
+            continue
         with tempfile.TemporaryDirectory(prefix=f"reader-bench-{name}-") as tmp:
             store = Path(tmp)
             entry = {"store": build_store(store, d, vocab, sequences)}
@@ -177,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         entry["ratio_decoded"] = round(entry["reader"]["decoded"]["tokens_per_s"] / entry["trainer"]["tokens_per_s"], 1)
         entry["ratio_per_sequence"] = round(entry["reader"]["per_sequence"]["tokens_per_s"]
                                             / entry["trainer"]["tokens_per_s"], 1)
+        entry["integrity"] = integrity_rates(d, vocab, sequences, args.max_tokens, args.repeats)
         entry["ratio_cpu"] = round(entry["reader"]["stored"]["tokens_per_cpu_s"] / entry["trainer"]["tokens_per_cpu_s"], 1)
         result["shapes"][name] = entry
         print(json.dumps({name: entry}, indent=1), flush=True)

@@ -479,6 +479,29 @@ def main(argv: list[str] | None = None) -> int:
     except OutputError as err:
         print(f"specdraft {args.command}: {err}", file=sys.stderr)
         return 2
+    except Exception as err:  # a corrupt or inconsistent store, raised however deep (a Ray worker too): one line
+        store_error = _store_error(err)
+        if store_error is None:
+            raise
+        print(f"specdraft {args.command}: store error: {store_error}", file=sys.stderr)
+        return 1
+
+
+def _store_error(err: BaseException | None):
+    """The ``StoreError`` that ``err`` is or wraps (a Ray task or Train failure's cause), else None."""
+    from specdraft.store import StoreError
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        inner = getattr(err, "cause", None)  # RayTaskError: the worker's exception
+        failures = getattr(err, "worker_failures", None)  # Ray Train: rank -> its exception
+        if not isinstance(inner, BaseException) and isinstance(failures, dict) and failures:
+            inner = next(iter(failures.values()))
+        if isinstance(err, StoreError) and not isinstance(inner, BaseException):
+            return err
+        err = inner if isinstance(inner, BaseException) else (err.__cause__ or err.__context__)
+    return None
 
 
 if __name__ == "__main__":

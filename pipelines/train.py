@@ -139,9 +139,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             Path(job.out, ".failed-once").touch()
             raise RuntimeError(f"injected failure at step {step}")
 
+    def skipped() -> dict[str, float]:  # reader.on_corrupt=skip: sequences of corrupt chunks this rank skipped
+        if cfg.features != "offline" or run.reader.on_corrupt != "skip":
+            return {}
+        return {"skipped_corrupt_sequences": float(len({**run.train.skipped, **(run.val.skipped if run.val else {})}))}
+
     def on_epoch_end(tr: Trainer) -> None:
         counts = validate_draft(tr.draft, run.val, cfg.sim_depth, cfg.val_max_batches, device)
         metrics = {"sim_tau": counts.sim_tau, **{f"alpha_{i + 1}": a for i, a in enumerate(counts.alpha)}}
+        metrics.update(skipped())
         tr.logger.log_metrics(metrics, tr.state.step)
         report(metrics, with_checkpoint=True)
 
@@ -153,7 +159,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if rank == 0:
         save_draft(unwrap(trainer.draft), Path(job.out) / DRAFT_DIR, weights=weights)
         trainer.logger.close()
-    ray.train.report({"done": 1.0, **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
+    ray.train.report({"done": 1.0, **skipped(), **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
 
 
 def online_conversations(cfg: TrainConfig, target: str | Path) -> tuple[TokenizedConversations, int]:

@@ -22,6 +22,7 @@ Only this module imports fsspec, and only for URLs.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,6 +107,18 @@ def list_dir(location: Location) -> list[str]:
     except FileNotFoundError:
         return []
     return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != path.rstrip("/")})
+
+
+def list_tree(location: Location) -> set[str]:
+    """Every file under ``location``, as paths relative to it joined with ``/`` (one walk; at a URL one
+    recursive listing); an empty set when absent."""
+    location = as_location(location)
+    if isinstance(location, Path):
+        return {os.path.relpath(os.path.join(top, name), location).replace(os.sep, "/")
+                for top, _, names in os.walk(location) for name in names}
+    fs, path = _fs(location)
+    root = path.rstrip("/") + "/"
+    return {key[len(root):] for key in fs.find(path) if key.startswith(root)}
 
 
 def remove(location: Location) -> None:

@@ -6,6 +6,13 @@ read shard by shard with one Zarr read per array and run of nearby rows, sliced 
 features stay in their stored dtype (float16 / bfloat16 / int8 codes + scales) until
 ``Batch.to(device)`` decodes them on the device; a ``Prefetcher`` thread reads the next batches
 (pinned when CUDA is available) while the trainer computes (``EpochBatches``, iteration).
+
+Integrity (README "Guarantees"): every chunk read is checked — against its crc32c (the writer's
+``crc32c`` codec, verified by Zarr on decode) and for presence (a shard written with checksums stores
+every chunk; Zarr would return a lost one as fill values) — and a bad chunk is a one-line
+``StoreError`` naming the store, shard, array and chunk; under ``ReaderConfig.on_corrupt="skip"`` the
+sequences it holds are skipped instead (their loss masked out) and counted in ``FeatureDataset.skipped``.
+Stores written before the checksums are read unverified, with one warning per store.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import dataclasses
 import hashlib
 import queue
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -23,7 +31,10 @@ import torch
 from specdraft.batch import Batch
 from specdraft.store import location
 from specdraft.store.manifest import read_manifest
-from specdraft.store.schema import StoreError, array_schema, decode_hidden, stored_tensor
+from specdraft.store.schema import CHUNK_CHECKSUM, StoreError, array_schema, decode_hidden, stored_tensor
+
+ON_CORRUPT = ("error", "skip")
+_UNVERIFIED_WARNED: set[str] = set()  # stores already warned about (once per store and process)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,8 +48,12 @@ class ReaderConfig:
     bucket_size: int = 1024  # sequences sorted by length within windows of this many
     aux: bool = False  # fill Batch.aux_hidden (B, T, L*d) from the stores' auxiliary layers (EAGLE-3 features)
     prefetch: int = 2  # batches read ahead on a background thread (0: read in the consumer's thread)
+    # a chunk that fails its checksum or is missing: "error" (StoreError naming store, shard, array and
+    # chunk) or "skip" (the sequences it holds are skipped, their loss masked out, and counted)
+    on_corrupt: Literal["error", "skip"] = "error"
 
     def __post_init__(self) -> None:
+        assert self.on_corrupt in ON_CORRUPT, f"reader.on_corrupt={self.on_corrupt!r} not in {ON_CORRUPT}"
         assert self.max_tokens >= 1 and self.bucket_size >= 1, "max_tokens and bucket_size must be >= 1"
         assert self.max_length is None or self.max_length >= 1, "max_length must be >= 1"
         assert 0.0 <= self.val_fraction < 1.0, f"val_fraction {self.val_fraction} not in [0, 1)"
@@ -163,19 +178,37 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         if cfg.aux:
             check_aux_layers(self.stores)
         self._shards: list[tuple[Path | str, str]] = []  # (shard dir or URL, hidden codec)
+        self._where: list[tuple[Path | str, str]] = []  # per shard: (store, shard name), for errors
+        self._missing_at_open: list[dict[str, set[int]]] = []  # per shard: array -> lost chunks, as listed here
+        self._verified: list[bool] = []  # per shard: written with per-chunk checksums (every chunk stored)
+        self.skipped: dict[str, str] = {}  # on_corrupt="skip": sample id -> the bad chunk it was skipped for
         keys, starts, lengths, ids = [], [], [], []
         for path, manifest in self.stores:
+            unverified = [r["name"] for r in manifest["shards"] if r.get("chunk_checksum") != CHUNK_CHECKSUM]
+            if unverified and str(path) not in _UNVERIFIED_WARNED:
+                _UNVERIFIED_WARNED.add(str(path))
+                warnings.warn(f"store {path}: {len(unverified)} of {len(manifest['shards'])} shards were written without "
+                              "per-chunk checksums (before they were recorded): their chunks are read unverified and a "
+                              f"lost chunk reads as zeros; `specdraft validate-store {path}` compares their sha256",
+                              StoreWarning, stacklevel=2)
             for record in manifest["shards"]:
-                group = location.open_group(location.join(path, record["name"]), "r")
-                offsets = group["offsets"][...]  # (S+1,)
-                names = [str(s) for s in group["sample_ids"][...].tolist()]
+                shard = location.join(path, record["name"])
+                group = location.open_group(shard, "r")
+                verified = record.get("chunk_checksum") == CHUNK_CHECKSUM
+                missing = _missing_chunks(shard, group) if verified else {}
+                self._missing_at_open.append(missing)
+                offsets, _ = read_rows(group["offsets"], 0, None, path, record["name"], missing.get("offsets"))  # (S+1,)
+                names, _ = read_rows(group["sample_ids"], 0, None, path, record["name"], missing.get("sample_ids"))
+                names = [str(s) for s in names.tolist()]
                 if offsets.shape != (record["num_sequences"] + 1,) or len(names) != record["num_sequences"]:
                     raise StoreError(f"{location.join(path, record['name'])}: offsets/sample_ids disagree with the manifest")
                 keys += [len(self._shards)] * len(names)
                 starts.append(offsets[:-1])
                 lengths.append(np.diff(offsets))
                 ids += names
-                self._shards.append((location.join(path, record["name"]), manifest["hidden_codec"]))
+                self._shards.append((shard, manifest["hidden_codec"]))
+                self._verified.append(verified)
+                self._where.append((path, record["name"]))
         keep = np.array([split == "all" or (is_held_out(s, cfg.val_fraction) == (split == "val")) for s in ids], bool)
         self._key = np.asarray(keys, np.int64)[keep]  # (S,)
         self._start = np.concatenate(starts or [np.zeros(0, np.int64)])[keep]  # (S,)
@@ -258,7 +291,14 @@ class FeatureDataset(torch.utils.data.IterableDataset):
             spans = sorted((int(self._start[seqs[r]]), int(lengths[r]), r) for r in rows)  # (start, length, row)
             for run in _runs(spans, gap):
                 lo, hi = run[0][0], max(a + m for a, m, _ in run)
-                self._read_run(arrays, shard_codec, codec, lo, hi, [(r, a - lo, m) for a, m, r in run], out)
+                bad = self._read_run(key, arrays, shard_codec, codec, lo, hi, [(r, a - lo, m) for a, m, r in run], out)
+                for row, chunk in bad:  # on_corrupt="skip": the sequence trains nothing, and is counted
+                    out["loss_mask"][row] = False
+                    sample = self.sample_ids[seqs[row]]
+                    if sample not in self.skipped:
+                        self.skipped[sample] = chunk
+                        print(f"[specdraft] reader: skipped sequence {sample!r} ({chunk}; reader.on_corrupt=skip); "
+                              f"{len(self.skipped)} skipped so far", flush=True)
         batch = Batch(
             input_ids=torch.from_numpy(out["input_ids"]),
             hidden=_features(out["hidden"], codec),
@@ -272,20 +312,32 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         )
         return batch if lazy else batch.to("cpu")
 
-    def _read_run(self, arrays: dict[str, Any], shard_codec: str, codec: str | None, lo: int, hi: int,
-                  spans: list[tuple[int, int, int]], out: dict[str, np.ndarray]) -> None:
-        """Read rows [lo, hi) of one shard once per array and copy ``spans`` (batch row, offset, length) out."""
-        ids = arrays["input_ids"][lo:hi]  # (R,)
-        mask = arrays["loss_mask"][lo:hi]  # (R,)
-        topk_ids = arrays["topk_ids"][lo:hi]  # (R, K)
-        topk_logp = arrays["topk_logits"][lo:hi].astype(np.float32) - arrays["logsumexp"][lo:hi][:, None]  # (R, K)
+    def _read_run(self, key: int, arrays: dict[str, Any], shard_codec: str, codec: str | None, lo: int, hi: int,
+                  spans: list[tuple[int, int, int]], out: dict[str, np.ndarray]) -> list[tuple[int, str]]:
+        """Read rows [lo, hi) of shard ``key`` once per array and copy ``spans`` (batch row, offset, length) out.
+
+        Returns (batch row, bad chunk) for each span that overlaps a bad chunk (only under
+        ``on_corrupt="skip"``; otherwise a bad chunk raises ``StoreError``)."""
+        missing = self._missing_at_open[key]
+        (store, shard_name), skip = self._where[key], self.cfg.on_corrupt == "skip"
+        bad: list[tuple[int, int, str]] = []  # (first row, end row, chunk) of the bad chunks read
+
+        def rows(name: str) -> np.ndarray:
+            values, lost = read_rows(arrays[name], lo, hi, store, shard_name, missing.get(name), skip)
+            bad.extend(lost)
+            return values
+
+        ids = rows("input_ids")  # (R,)
+        mask = rows("loss_mask")  # (R,)
+        topk_ids = rows("topk_ids")  # (R, K)
+        topk_logp = rows("topk_logits").astype(np.float32) - rows("logsumexp")[:, None]  # (R, K)
         features = [("hidden", "hidden_scale", "hidden_scale")]
         if "aux_hidden" in out:
             features.append(("aux_hidden", "aux_hidden_scale", "aux_scale"))
         stored = {}
         for name, scale_name, out_scale in features:
-            values = arrays[name][lo:hi]  # (R, F)
-            scale = arrays[scale_name][lo:hi] if shard_codec == "int8" else None  # (R,) | (R, L)
+            values = rows(name)  # (R, F)
+            scale = rows(scale_name) if shard_codec == "int8" else None  # (R,) | (R, L)
             if codec is None:  # mixed codecs in one batch: decode here
                 values, scale = decode_hidden(values, shard_codec, scale).numpy(), None
             stored[name] = (values, scale, out_scale)
@@ -298,6 +350,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
                 out[name][row, :m] = values[a : a + m]
                 if scale is not None:
                     out[out_scale][row, :m] = scale[a : a + m]
+        return [(row, chunk) for row, a, m in spans for first, end, chunk in bad if first < lo + a + m and lo + a < end]
 
     def _arrays(self, key: int) -> dict[str, Any]:
         """Zarr arrays of shard ``key``, opened once per process."""
@@ -305,6 +358,68 @@ class FeatureDataset(torch.utils.data.IterableDataset):
             group = location.open_group(self._shards[key][0], "r")
             self._open[key] = {name: array for name, array in group.arrays()}
         return self._open[key]
+
+
+class StoreWarning(UserWarning):
+    """A store the reader cannot fully verify (written before per-chunk checksums)."""
+
+
+def _missing_chunks(shard: Path | str, group) -> dict[str, set[int]]:
+    """Array name -> indices (along rows) of the chunks absent from a shard written with every chunk
+    stored; one listing of the shard."""
+    present = location.list_tree(shard)
+    missing = {}
+    for name, array in group.arrays():
+        rows = array.chunks[0]
+        lost = {c for c in range(-(-array.shape[0] // rows)) if f"{name}/{_chunk_key(array, c)}" not in present}
+        if lost:
+            missing[name] = lost
+    return missing
+
+
+def _chunk_key(array, c: int) -> str:
+    """The store key (relative to the array) of row chunk ``c``: ``c/3/0``."""
+    return array.metadata.encode_chunk_key((c, *([0] * (array.ndim - 1))))
+
+
+def read_rows(array, lo: int, hi: int | None, store, shard: str, missing: set[int] | None = None,
+              skip: bool = False) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
+    """Rows [lo, hi) of a shard's Zarr array, every chunk checked: (values, bad chunks).
+
+    A chunk that fails its crc32c or cannot be decoded, or one of ``missing`` (chunks lost from a shard
+    that stores every chunk), raises a one-line ``StoreError`` naming ``store``, ``shard``, the array
+    and the chunk; with ``skip`` its rows are zeros instead and it is returned as (first row, end
+    row, description). The fast path is one Zarr read; chunks are read one by one only after a failure.
+    """
+    hi = array.shape[0] if hi is None else hi
+    step = array.chunks[0]
+    chunks = range(lo // step, -(-hi // step)) if hi > lo else range(0)
+    if not missing or not any(c in missing for c in chunks):
+        try:
+            return array[lo:hi], []
+        except Exception:  # noqa: BLE001 - a bad chunk: found and named below
+            pass
+    values = np.zeros((hi - lo, *array.shape[1:]), dtype=array.dtype if array.dtype.kind not in "OTU" else object)
+    bad = []
+    for c in chunks:
+        a, b = max(lo, c * step), min(hi, (c + 1) * step)
+        if missing and c in missing:
+            reason = "is missing (lost after it was written: Zarr would read it as fill values)"
+        else:
+            try:
+                values[a - lo : b - lo] = array[a:b]
+                continue
+            except Exception as err:  # noqa: BLE001 - any codec failure is a corrupt chunk
+                text = (str(err).splitlines() or [""])[0][:160]
+                reason = ("fails its crc32c checksum (its bytes changed or were cut after it was written)"
+                          if "checksum" in text.lower() else f"cannot be decoded ({type(err).__name__}: {text})")
+        where = f"chunk {_chunk_key(array, c)} (rows {c * step}-{min(array.shape[0], (c + 1) * step) - 1})"
+        if not skip:
+            raise StoreError(f"corrupt feature store {store}: shard {shard}, array {array.basename}, {where} {reason}; "
+                             f"`specdraft validate-store {store}` lists every bad chunk, reader.on_corrupt=skip "
+                             "trains without the sequences it holds") from None
+        bad.append((a, b, f"{shard}/{array.basename} {where} {reason.split(' (')[0]}"))
+    return values, bad
 
 
 def _runs(spans: list[tuple[int, int, int]], gap: int) -> list[list[tuple[int, int, int]]]:
@@ -455,6 +570,9 @@ def predicted_token_counts(paths: str | Path | list[str | Path], vocab_size: int
     for path, manifest in open_stores(paths):
         for record in manifest["shards"]:
             group = location.open_group(location.join(path, record["name"]), "r")
-            counts += count_predicted_tokens(group["input_ids"][...], group["loss_mask"][...], group["offsets"][...],
-                                             vocab_size)
+            shard = location.join(path, record["name"])
+            missing = _missing_chunks(shard, group) if record.get("chunk_checksum") == CHUNK_CHECKSUM else {}
+            ids, mask, offsets = (read_rows(group[name], 0, None, path, record["name"], missing.get(name))[0]
+                                  for name in ("input_ids", "loss_mask", "offsets"))
+            counts += count_predicted_tokens(ids, mask, offsets, vocab_size)
     return counts

@@ -16,12 +16,13 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from specdraft.store import location
 from specdraft.store.schema import (
     AUX_ARRAYS,
     COMPRESSIONS,
+    CHUNK_CHECKSUM,
     SHARD_ATTR,
     TOKEN_ARRAYS,
     StoreError,
@@ -34,13 +35,16 @@ from specdraft.store.schema import (
 ZARR_VERSION = zarr.__version__  # recorded in a dumped store's manifest
 
 
-def _compressors(compression: str, level: int):
+def _compressors(compression: str, level: int, checksums: bool = True) -> list:
+    """The bytes-to-bytes codecs of every array: the compressor, then a crc32c of the compressed chunk
+    (Zarr v3's ``crc32c`` codec, checked on every decode: ``reader`` names the chunk that fails it)."""
+    crc = [Crc32cCodec()] if checksums else []
     if compression == "zstd":
-        return ZstdCodec(level=level)
+        return [ZstdCodec(level=level), *crc]
     if compression == "blosc":
-        return BloscCodec(cname="zstd", clevel=level, shuffle="shuffle")
+        return [BloscCodec(cname="zstd", clevel=level, shuffle="shuffle"), *crc]
     if compression == "none":
-        return None
+        return crc
     raise ValueError(f"compression {compression!r} not in {COMPRESSIONS}")
 
 
@@ -53,6 +57,7 @@ def write_shard(
     chunk_tokens: int = 1024,
     compression: str = "zstd",
     level: int = 3,
+    chunk_checksums: bool = True,
 ) -> dict[str, Any]:
     """Write shard ``index`` of ``store_dir`` (temp dir, then rename; at a URL in place); returns its record.
 
@@ -60,6 +65,12 @@ def write_shard(
     ``hidden_codec``, and ``aux_layers`` when ``aux_hidden`` is stored. The record (``attrs`` plus
     counts and per-array sha256) is stored as the shard group's ``specdraft_shard`` attribute,
     written last, and returned for the manifest.
+
+    Integrity (README "Guarantees"): every chunk ends with its crc32c (``CHUNK_CHECKSUM``, recorded in the
+    record) and every chunk is written, fill-valued ones included, so a chunk absent on read is a
+    lost chunk, not zeros. ``chunk_checksums=False`` writes a shard as before them (no crc32c,
+    fill-valued chunks not stored, no ``chunk_checksum`` in the record): the reader's compatibility
+    tests and the benchmark's unverified baseline.
     """
     store_dir = location.as_location(store_dir)
     schema = array_schema(attrs["d"], attrs["k"], attrs["hidden_codec"], len(attrs.get("aux_layers") or []))
@@ -89,7 +100,8 @@ def write_shard(
                 shape=values.shape,
                 dtype=str if name == "sample_ids" else dtype,
                 chunks=chunks,
-                compressors=_compressors(compression, level),
+                compressors=_compressors(compression, level, chunk_checksums),
+                config={"write_empty_chunks": chunk_checksums},  # every chunk stored: a missing one is detectably lost
             )
             if values.size:
                 array[...] = values
@@ -102,6 +114,7 @@ def write_shard(
             "num_tokens": n_tokens,
             "num_loss_tokens": int(np.asarray(arrays["loss_mask"]).sum()),
             "checksums": checksums,
+            **({"chunk_checksum": CHUNK_CHECKSUM} if chunk_checksums else {}),
         }
         record["bytes"] = location.tree_bytes(out)
         # last write: a shard without it is incomplete. A retried writer that finished this shard
