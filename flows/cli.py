@@ -53,9 +53,14 @@ def _eval_sugar(args: argparse.Namespace) -> list[str]:
 def command_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The config (and its sections) a parsed command line asks for: --config, sugar flags, then key=value.
 
-    Raises ``specdraft.config.ConfigError`` for a bad key or value; runs nothing.
+    Raises ``specdraft.config.ConfigError`` for a bad key or value, or a path the command cannot use
+    (``flows.preflight.check_command``: target, draft, inputs); runs nothing.
     """
-    return load_config(args.config_spec, args.config, [*args.sugar(args), *args.overrides])
+    from flows.preflight import check_command
+
+    cfg, sections = load_config(args.config_spec, args.config, [*args.sugar(args), *args.overrides])
+    check_command(args, cfg)  # the pre-flight: before any cluster, model or data is touched
+    return cfg, sections
 
 
 def _toy_target(args: argparse.Namespace) -> int:

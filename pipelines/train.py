@@ -105,7 +105,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         with checkpoint.as_directory() as d:
             load_checkpoint(trainer, Path(d), rank, world)
         if rank == 0:
-            print(f"[specdraft] resumed at {trainer.state.as_dict()}", flush=True)
+            dropped = drop_metrics_after(Path(job.out) / "metrics.jsonl", trainer.state.step)
+            print(f"[specdraft] resumed at {trainer.state.as_dict()}"
+                  + (f"; {dropped} metrics rows logged after that checkpoint dropped (they are logged again)"
+                     if dropped else ""), flush=True)
     elif rank == 0:
         trainer.logger.log_params({**flatten(cfg, "train"), "train.arch_resolved": run.arch,
                                    "train.world_size": world, "train.batches_per_epoch": per_epoch,
@@ -141,6 +144,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     def on_epoch_end(tr: Trainer) -> None:
         counts = validate_draft(tr.draft, run.val, cfg.sim_depth, cfg.val_max_batches, device)
+        if float(counts.reached[0]) == 0:  # nothing measured (summed over the ranks): no metric logged as if it were
+            if rank == 0:
+                print(f"[specdraft] no held-out batches (train.reader.val_fraction={cfg.reader.val_fraction}): "
+                      f"sim_tau and alpha not measured at step {tr.state.step}", flush=True)
+            report({}, with_checkpoint=True)
+            return
         metrics = {"sim_tau": counts.sim_tau, **{f"alpha_{i + 1}": a for i, a in enumerate(counts.alpha)}}
         tr.logger.log_metrics(metrics, tr.state.step)
         report(metrics, with_checkpoint=True)
@@ -154,6 +163,30 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         save_draft(unwrap(trainer.draft), Path(job.out) / DRAFT_DIR, weights=weights)
         trainer.logger.close()
     ray.train.report({"done": 1.0, **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
+
+
+def drop_metrics_after(path: Path, step: int) -> int:
+    """Drop the metrics rows of ``path`` (metrics.jsonl) logged after optimizer step ``step`` — a resumed run
+    replays those steps and logs them again, so each step keeps one row; returns the rows dropped.
+
+    Rewrites the file in place (same inode: the run's logger appends to it)."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    keep = [line for line in lines if not _logged_after(line, step)]
+    if len(keep) < len(lines):
+        with path.open("r+") as fh:
+            fh.write("".join(keep))
+            fh.truncate()
+    return len(lines) - len(keep)
+
+
+def _logged_after(line: str, step: int) -> bool:
+    try:
+        record = json.loads(line)
+    except ValueError:  # a row cut short by the crash
+        return True
+    return record.get("kind") == "metrics" and int(record.get("step", 0)) > step
 
 
 def online_conversations(cfg: TrainConfig, target: str | Path) -> tuple[TokenizedConversations, int]:

@@ -31,6 +31,7 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
+from specdraft.config import ConfigError
 from specdraft.loggers import MetricLogger, NullLogger
 from specdraft.batch import Batch
 from specdraft.models import save_draft
@@ -58,8 +59,12 @@ class OptimConfig:
     grad_accum: int = 1
 
     def __post_init__(self) -> None:
-        assert self.lr > 0 and 0.0 <= self.warmup_ratio < 1.0, "lr must be > 0 and warmup_ratio in [0, 1)"
-        assert self.grad_accum >= 1, "grad_accum must be >= 1"
+        if not self.lr > 0:
+            raise ConfigError(f"lr={self.lr}: must be > 0")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError(f"warmup_ratio={self.warmup_ratio}: must be in [0, 1)")
+        if self.grad_accum < 1:
+            raise ConfigError(f"grad_accum={self.grad_accum}: must be >= 1")
 
 
 WARMUP_CAP = 2000  # Beagle App. A.3 / EAGLE: 2000 warmup steps
