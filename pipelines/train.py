@@ -46,6 +46,7 @@ from specdraft.target import load_target_model, load_tokenizer, target_id
 from specdraft.training import (
     DRAFT_DIR,
     Trainer,
+    drop_metrics_after,
     load_checkpoint,
     save_checkpoint,
     warmup_of,
@@ -163,30 +164,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         save_draft(unwrap(trainer.draft), Path(job.out) / DRAFT_DIR, weights=weights)
         trainer.logger.close()
     ray.train.report({"done": 1.0, **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
-
-
-def drop_metrics_after(path: Path, step: int) -> int:
-    """Drop the metrics rows of ``path`` (metrics.jsonl) logged after optimizer step ``step`` — a resumed run
-    replays those steps and logs them again, so each step keeps one row; returns the rows dropped.
-
-    Rewrites the file in place (same inode: the run's logger appends to it)."""
-    if not path.is_file():
-        return 0
-    lines = path.read_text().splitlines(keepends=True)
-    keep = [line for line in lines if not _logged_after(line, step)]
-    if len(keep) < len(lines):
-        with path.open("r+") as fh:
-            fh.write("".join(keep))
-            fh.truncate()
-    return len(lines) - len(keep)
-
-
-def _logged_after(line: str, step: int) -> bool:
-    try:
-        record = json.loads(line)
-    except ValueError:  # a row cut short by the crash
-        return True
-    return record.get("kind") == "metrics" and int(record.get("step", 0)) > step
 
 
 def online_conversations(cfg: TrainConfig, target: str | Path) -> tuple[TokenizedConversations, int]:
