@@ -95,6 +95,14 @@ def _mark_out(args: argparse.Namespace) -> None:
     mark_output(args.out, args.command)
 
 
+def preflight(args: argparse.Namespace, cfg: Any) -> None:
+    """The pre-flight of a command, before any cluster, model or data is touched: the paths it names
+    (``flows.preflight.check_command``: target, draft, inputs); a problem is a ``ConfigError`` (exit 2)."""
+    from flows.preflight import check_command
+
+    check_command(args, cfg)
+
+
 def _toy_target(args: argparse.Namespace) -> int:
     from specdraft.toy.build import build_toy_target, compare_with_prebuilt
 
@@ -124,6 +132,7 @@ def _dump(args: argparse.Namespace) -> int:
     from specdraft.store import StoreError
 
     cfg, _ = command_config(args)
+    preflight(args, cfg)
     rows, ingested = load_prompts(args.prompts)
     _mark_out(args)
     if ingested is not None:
@@ -161,6 +170,7 @@ def _regenerate(args: argparse.Namespace) -> int:
     from pipelines.regenerate import regenerate
 
     cfg, _ = command_config(args)
+    preflight(args, cfg)
     _mark_out(args)
     s = regenerate(args.target, args.prompts, args.out, cfg, progress=not args.quiet)
     print(
@@ -175,6 +185,7 @@ def _eval(args: argparse.Namespace) -> int:
     from pipelines.evaluate import evaluate
 
     settings, sections = command_config(args)
+    preflight(args, settings)
     report = evaluate(args.target, args.draft, args.questions, args.out, settings, use_ray=args.ray,
                       ray_cfg=sections["ray"], progress=not args.quiet)
     fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
@@ -197,6 +208,7 @@ def _train(args: argparse.Namespace) -> int:
         print("specdraft train: give --store DIR... (offline features) or --conversations FILE... (online "
               "features: the target runs in every worker, no store)", file=sys.stderr)
         return 2
+    preflight(args, cfg)
     _mark_out(args)
     run = open_run(sections["tracking"], run_name="train",
                    tags={"specdraft.stage": "train", "specdraft.recipe": cfg.recipe})
@@ -282,6 +294,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     cfg, _ = command_config(args)  # a bad key exits with code 2 here, before Prefect starts
+    preflight(args, cfg)
     from flows.local_api import local_prefect_api
     from flows.regenerate_and_train import regenerate_and_train
 
@@ -322,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
 
     p = sub.add_parser("run", help="run the regenerate-and-train flow locally (ephemeral Prefect API unless PREFECT_API_URL)")
-    add_config_options(p, RUN, default="configs/toy.yaml", example="train.recipe=hass eval.settings.decode.mode=chain")
+    add_config_options(p, RUN, default="configs/toy.yaml", example="train.recipe=hass train.epochs=[5] eval.settings.decode.mode=chain")
     p.set_defaults(func=_run, sugar=_no_sugar)
 
     p = sub.add_parser("toy-target", help="build the toy target model directory (small Llama + tokenizer)")

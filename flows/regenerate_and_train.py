@@ -26,9 +26,18 @@ from pipelines import stages
 from pipelines.records import Dumped, Evaluated, Prepared, PromptFile, Regenerated, Registered, Trained
 from pipelines.stages import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun, TrackingConfig, open_run
-from specdraft.config import config_hash, flatten, from_dict, load, to_dict
+from flows.preflight import check_run
+from specdraft.config import ConfigError, config_hash, flatten, from_dict, load, to_dict
 
-TASK = dict(cache_policy=NO_CACHE, retry_delay_seconds=[10, 60, 180])
+
+
+def retry_unless_config_error(task, task_run, state) -> bool:
+    """Prefect's ``retry_condition_fn`` of every stage: a ``ConfigError`` fails the same way on every try, so it is
+    never retried (the flow fails at once, naming the key); anything else — a lost worker, a full disk — is."""
+    return not isinstance(getattr(state, "data", None), ConfigError)
+
+
+TASK = dict(cache_policy=NO_CACHE, retry_delay_seconds=[10, 60, 180], retry_condition_fn=retry_unless_config_error)
 
 
 def _numbers(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -196,6 +205,7 @@ def _task(fn, retries: int):
 def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] | None = None) -> dict[str, Any]:
     """Run every stage for ``config`` (+ ``key=value`` overrides); returns the stage records as dicts."""
     cfg = load(RunConfig, config, list(overrides or []))
+    check_run(cfg)  # the pre-flight: a bad path fails here, before Ray, a model or a stage starts
     data = to_dict(cfg)
     retries = cfg.retries
     parent, tr = open_parent_run(cfg)

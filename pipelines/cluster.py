@@ -94,10 +94,28 @@ def setup_cluster_worker() -> None:
     quiet_known_warnings()
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def bind_local_cluster_to_loopback(local: bool) -> None:
+    """A local cluster's node address is 127.0.0.1, so that all its servers (GCS, raylet, workers, the agents)
+    listen on the loopback interface only, never on the machine's network address or all interfaces.
+
+    Ray takes a node's address from its routable interface on Linux and turns an explicit
+    ``_node_ip_address="127.0.0.1"`` back into it; the loopback is what it uses for local clusters on macOS
+    and Windows, where ``ray_constants.ENABLE_RAY_CLUSTER`` is false — set here for a local cluster, and back
+    to Ray's default for one given by address (which must be reachable from other nodes)."""
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = (not local) and ray_constants.env_bool(
+        ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, not ray_constants.IS_WINDOWS_OR_OSX)
+
+
 def connect_ray(address: str | None = None, num_cpus: float | None = None,
                 env_vars: dict[str, str] | None = None, **kwargs: Any) -> None:
     """``ray.init`` unless Ray is initialized: ``address`` None (and no ``RAY_ADDRESS``) -> a local
-    cluster of ``num_cpus`` CPUs (default: all) without the dashboard UI; else that cluster.
+    cluster of ``num_cpus`` CPUs (default: all) without the dashboard UI, listening on 127.0.0.1 only
+    (``bind_local_cluster_to_loopback``); else that cluster.
     ``env_vars``: set in every worker (e.g. an object store's endpoint) beside the setup hook."""
     import ray
 
@@ -106,6 +124,7 @@ def connect_ray(address: str | None = None, num_cpus: float | None = None,
     if ray.is_initialized():
         return
     hook = setup_local_worker if local else setup_cluster_worker
+    bind_local_cluster_to_loopback(local)
     ray.init(address=address, num_cpus=num_cpus if local else None, include_dashboard=False,
-             ignore_reinit_error=True,
+             ignore_reinit_error=True, **({"dashboard_host": LOOPBACK} if local else {}),
              runtime_env={"worker_process_setup_hook": hook, **({"env_vars": env_vars} if env_vars else {})}, **kwargs)

@@ -111,7 +111,14 @@ class RunConfig:
     fault: FaultSection = field(default_factory=FaultSection)
 
     def __post_init__(self) -> None:
-        """Refuse the ``train`` keys the train stage sets itself (they would be silently replaced)."""
+        """Refuse the ``train`` keys the train stage sets itself (they would be silently replaced), and values no
+        stage can run with (each a ``ConfigError`` naming its key, raised before any stage starts)."""
+        if self.retries < 0:
+            raise ConfigError(f"retries={self.retries}: must be >= 0")
+        if self.eval.replicas is not None and self.eval.replicas < 1:
+            raise ConfigError(f"eval.replicas={self.eval.replicas}: must be >= 1 (or null)")
+        if self.ray.num_cpus is not None and self.ray.num_cpus < 1:
+            raise ConfigError(f"ray.num_cpus={self.ray.num_cpus}: must be >= 1 (or null: every core)")
         default = TrainConfig()
         online = [f.name for f in fields(self.train.online)
                   if getattr(self.train.online, f.name) != getattr(default.online, f.name)]

@@ -46,6 +46,7 @@ from specdraft.target import load_target_model, load_tokenizer, target_id
 from specdraft.training import (
     DRAFT_DIR,
     Trainer,
+    drop_metrics_after,
     load_checkpoint,
     save_checkpoint,
     warmup_of,
@@ -105,7 +106,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         with checkpoint.as_directory() as d:
             load_checkpoint(trainer, Path(d), rank, world)
         if rank == 0:
-            print(f"[specdraft] resumed at {trainer.state.as_dict()}", flush=True)
+            dropped = drop_metrics_after(Path(job.out) / "metrics.jsonl", trainer.state.step)
+            print(f"[specdraft] resumed at {trainer.state.as_dict()}"
+                  + (f"; {dropped} metrics rows logged after that checkpoint dropped (they are logged again)"
+                     if dropped else ""), flush=True)
     elif rank == 0:
         trainer.logger.log_params({**flatten(cfg, "train"), "train.arch_resolved": run.arch,
                                    "train.world_size": world, "train.batches_per_epoch": per_epoch,
@@ -146,6 +150,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     def on_epoch_end(tr: Trainer) -> None:
         counts = validate_draft(tr.draft, run.val, cfg.sim_depth, cfg.val_max_batches, device)
+        if float(counts.reached[0]) == 0:  # nothing measured (summed over the ranks): no metric logged as if it were
+            if rank == 0:
+                print(f"[specdraft] no held-out batches (train.reader.val_fraction={cfg.reader.val_fraction}): "
+                      f"sim_tau and alpha not measured at step {tr.state.step}", flush=True)
+            report({}, with_checkpoint=True)
+            return
         metrics = {"sim_tau": counts.sim_tau, **{f"alpha_{i + 1}": a for i, a in enumerate(counts.alpha)}}
         metrics.update(skipped())
         tr.logger.log_metrics(metrics, tr.state.step)

@@ -44,7 +44,7 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
         kwargs[name] = _coerce(hints[name], value, f"{where}.{name}" if where else name)
     try:
         return cls(**kwargs)
-    except TypeError as err:  # missing required fields
+    except (TypeError, ValueError, AssertionError) as err:  # missing fields, a value its __post_init__ refuses
         raise ConfigError(f"{where or cls.__name__}: {err}") from None
 
 

@@ -39,6 +39,7 @@ from typing import Callable, ContextManager, Iterator, Literal
 import torch
 
 from specdraft import masks
+from specdraft.config import ConfigError
 from specdraft.batch import Batch
 from specdraft.losses import HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
 from specdraft.models.layers import Chain
@@ -70,8 +71,13 @@ class StageConfig:
     loss: LossWeights = field(default_factory=LossWeights)
 
     def __post_init__(self) -> None:
-        assert self.kind in ("plain", "early", "late", "align", "ttt"), f"unknown stage kind {self.kind!r}"
-        assert self.window >= 1 and self.steps >= 1, "window and steps must be >= 1"
+        if self.kind not in ("plain", "early", "late", "align", "ttt"):
+            raise ConfigError(f"kind: unknown stage kind {self.kind!r}; known: plain, early, late, align, ttt")
+        for name in ("window", "steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.epochs < 0:
+            raise ConfigError(f"epochs={self.epochs}: must be >= 0")
 
     @property
     def period(self) -> int:

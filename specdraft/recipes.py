@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from specdraft.config import ConfigError
 from specdraft.features import FeaturesConfig
 from specdraft.models.config import Arch
 from specdraft.objectives import LossWeights, StageConfig
@@ -125,8 +126,21 @@ class TrainConfig:
     online: FeaturesConfig = field(default_factory=FeaturesConfig)
 
     def __post_init__(self) -> None:
-        assert self.recipe in RECIPES or self.stages, f"unknown recipe {self.recipe!r}; known: {sorted(RECIPES)}"
-        assert self.features in ("offline", "online"), f"features must be offline or online, got {self.features!r}"
+        """Every check that needs no file: a bad key or value is a ``ConfigError`` naming it, raised when the
+        config is loaded (before any cluster, model or data), so a run never fails on it after the expensive part."""
+        if self.recipe not in RECIPES and not self.stages:
+            raise ConfigError(f"recipe: unknown recipe {self.recipe!r}; known: {sorted(RECIPES)}")
+        if self.features not in ("offline", "online"):
+            raise ConfigError(f"features: must be offline or online, got {self.features!r}")
+        for name in ("sim_depth", "val_max_batches", "log_every", "keep_checkpoints", "loss_chunk"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
+        for name in ("min_steps", "checkpoint_every", "max_failures"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 0")
+        if self.scaling.num_workers < 0:
+            raise ConfigError(f"scaling.num_workers={self.scaling.num_workers}: 0 (in this process) or more workers")
+        self.resolved()  # the epoch counts against the recipe's stages
 
     def resolved(self) -> tuple[Arch, list[StageConfig]]:
         """(draft architecture, stage schedule): the recipe's, with this config's overrides applied."""
@@ -134,8 +148,15 @@ class TrainConfig:
         arch = self.arch or recipe.arch
         stages = list(self.stages) if self.stages else list(recipe.stages)
         if self.epochs is not None:
-            assert len(self.epochs) == len(stages), f"epochs {self.epochs} must give one count per stage ({len(stages)})"
+            if len(self.epochs) != len(stages):
+                raise ConfigError(f"epochs={self.epochs}: recipe {self.recipe!r} has {len(stages)} stage(s) "
+                                  f"({', '.join(s.kind for s in stages)}): give one epoch count per stage")
+            if any(e < 0 for e in self.epochs):
+                raise ConfigError(f"epochs={self.epochs}: an epoch count must be >= 0")
             stages = [replace(s, epochs=e) for s, e in zip(stages, self.epochs)]
+        if sum(s.epochs for s in stages) == 0:  # no step would run: the "draft" would be its initial weights
+            raise ConfigError(f"{'epochs' if self.epochs is not None else 'stages'}="
+                              f"{[s.epochs for s in stages]}: no stage trains (every epoch count is 0)")
         if self.recompute:
             stages = [replace(s, recompute=True) for s in stages]
         return arch, stages

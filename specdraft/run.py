@@ -125,19 +125,18 @@ def fit_batches(dataset: FeatureSplit, cfg: TrainConfig, stages: list[StageConfi
     """The reader config whose batches give at least ``cfg.min_steps`` optimizer steps per rank.
 
     Halves ``max_tokens`` (the padded tokens per batch) from its configured value until the run has
-    ``min_steps`` steps or every batch holds a single sequence; a large store keeps its batches. The
-    plan depends only on the stores and the config, so every rank computes the same one.
+    ``min_steps`` steps or every batch holds a single sequence (a store too small for ``min_steps`` then
+    trains one sequence per step); a large store keeps its batches. A halving that leaves the number of
+    batches unchanged — a budget still above a small store's total — goes on halving. The plan depends
+    only on the stores and the config, so every rank computes the same one.
     """
     epochs = sum(s.epochs for s in stages)
-    reader, previous, batches = dataset.cfg, dataset.cfg, -1
+    reader = dataset.cfg
     while True:
         dataset.cfg = reader
-        more = len(dataset.batches(0))
-        if more == batches:  # one sequence per batch already: smaller budgets change nothing
-            dataset.cfg = previous
-            return previous
-        batches, previous = more, reader
-        if epochs * math.ceil(batches / cfg.optim.grad_accum) >= cfg.min_steps or reader.max_tokens == 1:
+        plan = dataset.batches(0)
+        if (epochs * math.ceil(len(plan) / cfg.optim.grad_accum) >= cfg.min_steps or reader.max_tokens == 1
+                or all(len(seqs) <= 1 for seqs in plan)):
             return reader
         reader = replace(reader, max_tokens=max(1, reader.max_tokens // 2))
 

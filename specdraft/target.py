@@ -111,6 +111,7 @@ def load_target_model(
         max_memory=max_memory,
         attn_implementation=resolve_attn_implementation(attn_implementation, device),
         trust_remote_code=trust_remote_code,
+        use_safetensors=True,  # one loading path for every command: a pickle (.bin) checkpoint is refused, never run
     )
     if gpus > 1:
         check_spread(getattr(model, "hf_device_map", {}), gpus)

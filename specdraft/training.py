@@ -22,6 +22,7 @@ the draft's own directory (``save_draft``: config + safetensors) and ``trainer_s
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from contextlib import nullcontext
@@ -31,6 +32,7 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
+from specdraft.config import ConfigError
 from specdraft.loggers import MetricLogger, NullLogger
 from specdraft.batch import Batch
 from specdraft.models import save_draft
@@ -58,8 +60,12 @@ class OptimConfig:
     grad_accum: int = 1
 
     def __post_init__(self) -> None:
-        assert self.lr > 0 and 0.0 <= self.warmup_ratio < 1.0, "lr must be > 0 and warmup_ratio in [0, 1)"
-        assert self.grad_accum >= 1, "grad_accum must be >= 1"
+        if not self.lr > 0:
+            raise ConfigError(f"lr={self.lr}: must be > 0")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError(f"warmup_ratio={self.warmup_ratio}: must be in [0, 1)")
+        if self.grad_accum < 1:
+            raise ConfigError(f"grad_accum={self.grad_accum}: must be >= 1")
 
 
 WARMUP_CAP = 2000  # Beagle App. A.3 / EAGLE: 2000 warmup steps
@@ -317,3 +323,27 @@ def load_checkpoint(trainer: Trainer, directory: Path, rank: int = 0, world: int
               "the data partition and random streams differ from an uninterrupted run", flush=True)
     state["generator"] = generators[rank % len(generators)]
     trainer.load_state_dict(state)
+
+
+def drop_metrics_after(path: Path, step: int) -> int:
+    """Drop the metrics rows of ``path`` (metrics.jsonl) logged after optimizer step ``step`` — a resumed run
+    replays those steps and logs them again, so each step keeps one row; returns the rows dropped.
+
+    Rewrites the file in place (same inode: the run's logger appends to it)."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    keep = [line for line in lines if not _logged_after(line, step)]
+    if len(keep) < len(lines):
+        with path.open("r+") as fh:
+            fh.write("".join(keep))
+            fh.truncate()
+    return len(lines) - len(keep)
+
+
+def _logged_after(line: str, step: int) -> bool:
+    try:
+        record = json.loads(line)
+    except ValueError:  # a row cut short by the crash
+        return True
+    return record.get("kind") == "metrics" and int(record.get("step", 0)) > step

@@ -35,7 +35,7 @@ import torch
 from transformers.utils.logging import tqdm
 
 from specdraft import files
-from specdraft.config import to_dict
+from specdraft.config import ConfigError, to_dict
 from specdraft.decoding.metrics import first_mismatch, summarize
 from specdraft.decoding.prompt_lookup import PromptLookupConfig, prompt_lookup_generate
 from specdraft.decoding.speculative import (
@@ -72,6 +72,12 @@ class EvalSettings:
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     system_prompt: str | None = None
     warmup: bool = True  # one short untimed generation before the first timed one
+
+    def __post_init__(self) -> None:
+        if self.max_questions is not None and self.max_questions < 1:
+            raise ConfigError(f"max_questions={self.max_questions}: must be >= 1 (or null: every question)")
+        if self.gpus < 1:
+            raise ConfigError(f"gpus={self.gpus}: must be >= 1")
 
 
 @dataclass

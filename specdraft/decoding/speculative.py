@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol
 import torch
 from transformers import DynamicCache
 
+from specdraft.config import ConfigError
 from specdraft.decoding.drafting import DraftContext, advance_draft, start_draft
 from specdraft.decoding.sampling import SamplingConfig, choose_token
 from specdraft.decoding.tree import DraftTree, build_draft_chain, build_draft_tree
@@ -59,8 +60,11 @@ class DecodeConfig:
     max_new_tokens: int = 256
 
     def __post_init__(self) -> None:
-        assert self.mode in ("chain", "tree"), f"mode must be 'chain' or 'tree', got {self.mode!r}"
-        assert self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}"
+        if self.mode not in ("chain", "tree"):
+            raise ConfigError(f"mode: must be 'chain' or 'tree', got {self.mode!r}")
+        for name in ("gamma", "depth", "topk", "total_tokens", "max_new_tokens"):  # each drafts or emits >= 1 token
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
         SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
     @property

@@ -102,8 +102,8 @@ def test_yaml_config_plus_overrides_and_sugar_reach_the_dataclasses(tmp_path):
                                       "tracking": {"experiment": "mine"}}))
     base = ["train", "--store", "s1", "s2", "--target", "t", "--out", "o", "--config", str(config)]
 
-    cfg, sections = command_config(parse(base + ["optim.lr=2e-4", "epochs=[2,1]"]))
-    assert (cfg.recipe, cfg.optim.lr, cfg.optim.warmup_steps, cfg.epochs) == ("hass", 2e-4, 5, [2, 1])
+    cfg, sections = command_config(parse(base + ["optim.lr=2e-4", "epochs=[2]"]))  # hass: one stage
+    assert (cfg.recipe, cfg.optim.lr, cfg.optim.warmup_steps, cfg.epochs) == ("hass", 2e-4, 5, [2])
     tracking = sections["tracking"]
     assert (tracking.enabled, tracking.experiment) == (False, "mine")  # train tracks only when asked
 
@@ -135,7 +135,8 @@ def test_yaml_config_plus_overrides_and_sugar_reach_the_dataclasses(tmp_path):
     assert (cfg.temperature, cfg.ingest.max_turns, cfg.seed) == (0.7, 3, 4)
 
     # run: the default config file is the toy one
-    cfg, _ = command_config(parse(["run", "--config", str(REPO / "configs" / "toy.yaml"), "train.recipe=hass"]))
+    cfg, _ = command_config(parse(["run", "--config", str(REPO / "configs" / "toy.yaml"), "train.recipe=hass",
+                                   "train.epochs=[5]"]))  # toy.yaml's [4, 1] are beagle's two stages
     assert (cfg.name, cfg.train.recipe, cfg.eval.settings.decode.depth) == ("toy", "hass", 5)
 
 

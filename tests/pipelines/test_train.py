@@ -176,7 +176,9 @@ def test_fsdp_run_resumes_from_a_checkpoint_after_a_failure(local_ray, tiny_toy_
         run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "run", fail_at_step=5)
     before = train_steps(tmp_path / "run")
     resumed = run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "run")
-    after = train_steps(tmp_path / "run")[len(before):]
+    steps = train_steps(tmp_path / "run")  # one row per step: the killed run's after the checkpoint were dropped
+    assert [r["step"] for r in steps] == list(range(1, len(steps) + 1))
+    after = [r for r in steps if r not in before]  # the resumed run's rows
     killed = {r["step"]: r for r in before}
     redone = [r for r in after if r["step"] in killed]  # after the last checkpoint (every 3 steps, each epoch end)
     assert sorted(killed) == [1, 2, 3, 4, 5] and 3 < after[0]["step"] <= 5 and redone, (sorted(killed), after[0])
@@ -214,11 +216,11 @@ def test_failed_run_resumes_from_checkpoint_with_same_step_count(one_worker_run,
     cfg = small_config(min_steps=1)
     with pytest.raises(Exception, match="injected failure"):
         run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "run", fail_at_step=6)
-    steps_before = [r["step"] for r in read_metrics(tmp_path / "run") if r["kind"] == "metrics"]
+    rows_before = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "metrics"]
     resumed = run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "run")
     assert resumed["metrics"]["state_step"] == one_worker_run["metrics"]["state_step"]
-    steps_after = [r["step"] for r in read_metrics(tmp_path / "run") if r["kind"] == "metrics"]
-    assert max(steps_before) >= 6 and min(s for s in steps_after[len(steps_before):]) > 4  # resumed, not restarted
+    new_rows = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "metrics" and r not in rows_before]
+    assert max(r["step"] for r in rows_before) >= 6 and min(r["step"] for r in new_rows) > 4  # resumed, not restarted
     same_weights(resumed["draft"], one_worker_run["draft"], tiny_toy_target, atol=1e-5)
 
 

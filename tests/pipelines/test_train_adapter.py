@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from specdraft.config import ConfigError
+
 from pipelines import train
 from specdraft.recipes import TrainConfig
 
@@ -23,5 +25,5 @@ def test_a_wrong_epoch_count_is_refused_on_the_driver(tmp_path, monkeypatch):
         raise AssertionError("connect_ray reached")
 
     monkeypatch.setattr(train, "connect_ray", no_cluster)
-    with pytest.raises(AssertionError, match="one count per stage"):
+    with pytest.raises(ConfigError, match="one epoch count per stage"):  # when the config is built, before the driver
         train.run_training(TrainConfig(recipe="beagle", epochs=[3]), [tmp_path], tmp_path, tmp_path / "out")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdraft.config import ConfigError
 from specdraft.features import compute_features
 from specdraft.quickstart import SampleSplit
 from specdraft.recipes import RECIPES, TrainConfig, split_epochs
@@ -35,8 +36,8 @@ def test_resolved_applies_the_overrides_and_refuses_a_wrong_epoch_count():
     arch, stages = TrainConfig(recipe="beagle", epochs=[2, 1], recompute=True).resolved()
     assert arch == "beagle" and [s.epochs for s in stages] == [2, 1] and all(s.recompute for s in stages)
     assert [s.kind for s in stages] == [s.kind for s in RECIPES["beagle"].stages]
-    with pytest.raises(AssertionError, match="one count per stage"):
-        TrainConfig(recipe="hass", epochs=[1, 1]).resolved()
+    with pytest.raises(ConfigError, match="one epoch count per stage"):  # refused when the config is built
+        TrainConfig(recipe="hass", epochs=[1, 1])
 
 
 @pytest.mark.parametrize("recipe", ["beagle", "hass", "eagle3"])

@@ -1,0 +1,73 @@
+"""Pre-flight: the inputs a command names, checked before any cluster, model or data is touched.
+
+The values of a configuration are checked when it is loaded (each config dataclass's ``__post_init__``:
+``specdraft.config.from_dict`` turns a refused value into a ``ConfigError`` naming its key). What a
+value cannot say alone — that a target directory can be loaded (a ``config.json``, safetensors weights,
+tokenizer files), that a draft directory or a question file is there — is checked here, from the
+file names only: a few ``stat`` calls, no weights read, no tokenizer built. Every problem is a
+``ConfigError`` (the CLI's exit 2 with one line; a flow never retries it) naming the option or key and
+the path, instead of a traceback after Ray, the workers or the models started (README "Guarantees").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdraft.config import ConfigError
+
+SAFETENSORS_FILES = ("model.safetensors", "model.safetensors.index.json")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # torch.load / pickle: can run code on load
+# a tokenizer loads from any one of these (fast tokenizer, sentencepiece, BPE vocab, tiktoken, WordPiece)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "tokenizer.tiktoken",
+                   "vocab.txt")
+
+
+def check_target(path: str | Path, key: str = "--target", *, tokenizer: bool = True) -> Path:
+    """``path`` as a target the loaders take: a directory with ``config.json``, safetensors weights (a
+    pickle checkpoint is refused: ``specdraft.target.load_target_model`` loads safetensors only) and,
+    with ``tokenizer``, tokenizer files. ``key`` names the option or config key in the error."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ConfigError(f"{key}={path}: not a directory (a Hugging Face model directory is expected)")
+    if not (root / "config.json").is_file():
+        raise ConfigError(f"{key}={path}: no config.json in the directory")
+    if not any((root / name).is_file() for name in SAFETENSORS_FILES):
+        pickles = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        found = (f"it holds pickle weights {pickles[:3]}, which can run code when loaded: convert them to "
+                 "safetensors" if pickles else "no weights found")
+        raise ConfigError(f"{key}={path}: no {' or '.join(SAFETENSORS_FILES)} ({found}); only safetensors "
+                          "weights are loaded")
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        import json
+
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ConfigError(f"{key}={path}: {index.name} has no readable weight_map ({err})") from None
+        missing = [s for s in shards if not (root / s).is_file()]
+        if missing:
+            raise ConfigError(f"{key}={path}: weight shards listed in {index.name} are missing: {missing[:3]}")
+    if tokenizer and not any((root / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"{key}={path}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); copy the "
+                          "model's tokenizer into the directory")
+    return root
+
+
+def check_draft(path: str | Path, key: str = "--draft") -> Path:
+    """``path`` as a draft directory (``config.json`` + ``model.safetensors``, ``specdraft.models.save_draft``)."""
+    root = Path(path)
+    missing = [name for name in ("config.json", "model.safetensors") if not (root / name).is_file()]
+    if not root.is_dir() or missing:
+        raise ConfigError(f"{key}={path}: not a draft directory (missing {missing if root.is_dir() else 'it'}: "
+                          "config.json + model.safetensors are expected)")
+    return root
+
+
+def check_files(paths: list[str] | tuple[str, ...], key: str) -> None:
+    """Every path in ``paths`` exists (a file or a directory); ``key`` names the option in the error."""
+    if not paths:
+        raise ConfigError(f"{key}: no file given")
+    missing = [str(p) for p in paths if not Path(p).exists()]
+    if missing:
+        raise ConfigError(f"{key}: not found: {missing[:3]}")
