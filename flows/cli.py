@@ -407,6 +407,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from specdraft.config import ConfigError
+    from specdraft.target import TargetMismatch
 
     args = parse(argv)
     try:
@@ -414,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"specdraft {args.command}: config error: {err}", file=sys.stderr)
         return 2
+    except TargetMismatch as err:  # an artifact of another target: one line, before the expensive part
+        print(f"specdraft {args.command}: wrong target: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
