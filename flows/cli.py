@@ -481,6 +481,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     from specdraft.config import ConfigError
     from specdraft.outputs import OutputError
+    from specdraft.target import TargetMismatch
 
     args = parse(argv)
     try:
@@ -492,6 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     except OutputError as err:
         print(f"specdraft {args.command}: {err}", file=sys.stderr)
         return 2
+    except TargetMismatch as err:  # an artifact of another target: one line, before the expensive part
+        print(f"specdraft {args.command}: wrong target: {err}", file=sys.stderr)
+        return 1
     except Exception as err:  # a corrupt or inconsistent store, raised however deep (a Ray worker too): one line
         store_error = _store_error(err)
         if store_error is None:

@@ -4,8 +4,10 @@ The feature format ("EAGLE-3: Scaling up Inference Acceleration of Large Languag
 Training-Time Test", §3, for the auxiliary layers) is ``specdraft.features``'; the shard plan, resume
 and shard records are ``specdraft.store``'s. This module only runs them on Ray Data, one row per *shard*:
 
-    plan (driver)            ``store.plan_shards`` + ``features.store_header`` (aux layers resolved
-                             once, here); complete shards already on disk are kept (``resume_shards``)
+    plan (driver)            an existing store in ``out`` checked against the target (its recorded
+                             fingerprint, ``store.manifest.check_store_target``), then ``store.plan_shards``
+                             + ``features.store_header`` (aux layers resolved once, here); complete
+                             shards already on disk are kept (``resume_shards``)
     -> tokenize_shard        ``chat.tokenize_conversations`` of the shard's rows (tasks); over-long,
                              unrenderable and loss-free rows are counted, never silently dropped
     -> PrefillActor          ``features.sequence_features`` (the target prefill in padded, length-grouped
@@ -45,6 +47,7 @@ from specdraft.chat import tokenize_conversations
 from specdraft.features import FeaturesConfig, encode_features, nonfinite_tokens, sequence_features, store_header
 from specdraft.placement import describe_placement, spread_gpus
 from specdraft.store import location
+from specdraft.store.manifest import check_store_target
 from specdraft.target import load_target_model, load_tokenizer
 
 
@@ -183,10 +186,14 @@ def dump_features(
     (also what ``specdraft dump`` prints), written as ``out``/``summary.json`` with ``ingested`` (the
     summary of the ingest that read the conversations, ``load_prompts``) under ``ingest``; its
     reject records go to ``out``/``rejects.jsonl``.
-    ``fault_at_shard`` is a test hook that kills the writer of that shard mid-write.
+    ``fault_at_shard`` is a test hook that kills the writer of that shard mid-write. A store already in
+    ``out`` made from another target is refused (``TargetMismatch`` naming the store and both
+    fingerprints) unless ``overwrite``, before Ray starts.
     """
     started = time.perf_counter()
     target, out = str(Path(target).resolve()), location.as_location(out)
+    if not overwrite:
+        check_store_target(out, target, legacy_mismatch="error")  # resume only a store of this target
     location.make_dirs(out)
     plan, duplicates = store.plan_shards(conversations, cfg.samples_per_shard)
     header = store_header(target, cfg, plan, len(conversations), duplicates)  # resolves aux_layers, once

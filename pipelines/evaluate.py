@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from pipelines.cluster import connect_ray
 from specdraft.config import from_dict, to_dict
+from specdraft.models import check_draft_target
 from specdraft.placement import describe_placement
 from specdraft.decoding.eval import (
     EvalSettings,
@@ -104,9 +105,12 @@ def evaluate_with_ray(
     cfg: RayEvalConfig = RayEvalConfig(),
     progress: bool = True,
 ) -> dict[str, Any]:
-    """The report of ``run_eval``, computed by Ray Data actors (one question per task)."""
+    """The report of ``run_eval``, computed by Ray Data actors (one question per task).
+
+    The draft is checked against the target on the driver (``check_draft_target``), before Ray starts."""
     questions = load_question_sets(question_files, settings.max_questions)
     assert questions, f"no questions in {[str(f) for f in question_files]}"
+    check_draft_target(draft, target)
     connect_ray(cfg.address)
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     rows = [{"index": q["index"], "question": json.dumps(q)} for q in questions]

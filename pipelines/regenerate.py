@@ -53,7 +53,7 @@ from specdraft.config import config_hash, from_dict, to_dict
 from specdraft.decoding.sampling import keep_top_p
 from specdraft.placement import ATTN_IMPLEMENTATIONS, input_device, spread_gpus
 from specdraft.store import location
-from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id
+from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_fingerprint, target_id
 
 RUN_FILE = "regenerate.json"  # what produced the parts in an output dir (resume guard)
 SUMMARY_FILE = "summary.json"
@@ -346,10 +346,13 @@ def part_name(ids: Iterable[str]) -> str:
 
 
 def _generation_identity(target: Path, cfg: RegenerateConfig) -> dict[str, Any]:
-    """What decides the content of the answers: a rerun must match it to resume."""
+    """What decides the content of the answers: a rerun must match it to resume. ``target`` (the target's
+    id, derived from its config and weights) and ``target_fingerprint`` (its weights' content digest,
+    ``specdraft.target.target_fingerprint``) record which target wrote them."""
     keys = ("backend", "temperature", "top_p", "max_new_tokens", "seed", "max_model_len")
     settings = {k: getattr(cfg, k) for k in keys}
-    return {"target": target_id(target), "settings": settings, "hash": config_hash(settings)}
+    return {"target": target_id(target), "target_fingerprint": target_fingerprint(target), "settings": settings,
+            "hash": config_hash(settings)}
 
 
 def _claim_out_dir(out_dir: Path | str, identity: dict[str, Any]) -> None:
@@ -567,6 +570,7 @@ def regenerate(
         "stage": "regenerate",
         "backend": cfg.backend,
         "target": identity["target"],
+        "target_fingerprint": identity["target_fingerprint"],
         "out_dir": str(out_dir),
         "rows_ingested": len(rows),
         "rows_rejected": ingest_summary["rejected"],

@@ -42,7 +42,7 @@ from specdraft.recipes import ScalingSection, TrainConfig  # noqa: F401 - import
 from specdraft.run import build_run, validate_draft
 from specdraft.run import feature_plan as plan_features
 from specdraft.store import FeatureDataset, ReaderConfig, location
-from specdraft.target import load_target_model, load_tokenizer, target_id
+from specdraft.target import load_target_model, load_tokenizer, target_fingerprint, target_id
 from specdraft.training import (
     DRAFT_DIR,
     Trainer,
@@ -61,6 +61,7 @@ class WorkerConfig:
     target: str  # resolved path of the target
     target_id: str
     out: str  # the run's directory: metrics.jsonl, the final draft
+    target_fingerprint: str | None = None  # the target's content fingerprint (None: each worker computes it)
     stores: list[str] = field(default_factory=list)  # offline: the feature stores (paths or URLs)
     aux_layers: list[int] = field(default_factory=list)  # the feature plan (``feature_plan``)
     vocab: list[int] | None = None
@@ -93,7 +94,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         def open_split(split: str, reader: ReaderConfig) -> FeatureDataset:
             return FeatureDataset(job.stores, reader, split=split, rank=rank, world_size=world)
     run = build_run(cfg, job.target, open_split, aux_layers=job.aux_layers, vocab=job.vocab, target_id=job.target_id,
-                    device=device, rank=rank, world=world, logger=_rank0_logger(job) if rank == 0 else NullLogger())
+                    fingerprint=job.target_fingerprint, device=device, rank=rank, world=world,
+                    logger=_rank0_logger(job) if rank == 0 else NullLogger())
     trainer, stages, per_epoch = run.trainer, run.stages, run.batches_per_epoch
     if rank == 0:
         print(f"[specdraft] {trainer.total_steps} optimizer steps ({per_epoch} batches of <= {run.reader.max_tokens} "
@@ -244,7 +246,6 @@ def run_training(
     cfg.resolved()  # a wrong stage or epoch count fails here, on the driver, not in a (retried) worker
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    connect_ray(ray_address)
     sc = cfg.scaling
     assert sc.num_workers >= 0, f"train.scaling.num_workers={sc.num_workers}: 0 (in this process) or more workers"
     if sc.num_workers == 0:
@@ -264,9 +265,12 @@ def run_training(
                   f"train.online.aux_layers={EAGLE3} (set it to a list of layers to choose others)", flush=True)
     else:
         assert stores, "features: offline needs at least one feature store (or features=online with conversations)"
+    # the stores checked against the target (TargetMismatch), the feature plan decided: before Ray starts
     aux_layers, vocab = feature_plan(cfg, stores, target, out)
+    connect_ray(ray_address)
     job = WorkerConfig(train=cfg, stores=stores, aux_layers=aux_layers, vocab=vocab, target=str(Path(target).resolve()),
-                       target_id=target_id(target), out=str(out), tracking=tracking, fail_at_step=fail_at_step)
+                       target_id=target_id(target), target_fingerprint=target_fingerprint(target), out=str(out),
+                       tracking=tracking, fail_at_step=fail_at_step)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=job.to_dict(),

@@ -44,7 +44,7 @@ from specdraft.chat import render_with_loss_mask
 from specdraft.config import config_hash, to_dict
 from specdraft.placement import ATTN_IMPLEMENTATIONS, spread_gpus
 from specdraft.store import ZARR_VERSION, decode_hidden, encode_hidden, plan_digest
-from specdraft.target import load_target_config, target_features, target_id
+from specdraft.target import load_target_config, target_features, target_fingerprint, target_id
 
 EAGLE3 = "eagle3"  # aux_layers: the EAGLE-3 default triple
 AUX_CONVENTION = "hf_hidden_states_index: state entering decoder layer i; 0 = embeddings"
@@ -322,6 +322,7 @@ def store_header(target: str, cfg: FeaturesConfig, plan: list[dict[str, Any]], n
     aux_layers = aux_layers_of(cfg, tconf)
     return {
         "target_id": target_id(target),
+        "target_fingerprint": target_fingerprint(target),  # checked by every consumer (store.manifest.check_store_target)
         "target_path": str(Path(target).resolve()),
         "target_config_hash": config_hash(tconf.to_dict()),
         "model_type": tconf.model_type,

@@ -7,7 +7,8 @@ Language Models via Training-Time Test", §3 for the auxiliary layers and draft 
 heads in the compute dtype, wrapped for the worker group (``specdraft.parallel``), the feature splits
 opened with batches small enough for a useful number of steps (``fit_batches``), and the stage schedule
 with its optimizer and learning-rate schedule (``specdraft.training.Trainer``). Beside it:
-``feature_plan`` (auxiliary layers and draft vocabulary, decided once on the driver) and
+``feature_plan`` (the stores checked against the target — ``store.manifest.check_store_target`` — then
+auxiliary layers and draft vocabulary, decided once on the driver) and
 ``validate_draft`` (simulated chain acceptance over held-out batches). No Ray here: a caller that
 runs workers initialises ``torch.distributed`` and passes its rank and world size.
 """
@@ -43,7 +44,8 @@ from specdraft.store import (
     predicted_token_counts,
     read_manifest,
 )
-from specdraft.target import load_target_config, load_target_heads
+from specdraft.store.manifest import check_store_target
+from specdraft.target import load_target_config, load_target_heads, target_fingerprint
 from specdraft.training import Trainer, resolve_precision
 from specdraft.vocab import coverage, select_vocab
 
@@ -83,6 +85,7 @@ def build_run(
     aux_layers: list[int] | None = None,
     vocab: list[int] | None = None,
     target_id: str = "",
+    fingerprint: str | None = None,
     device: torch.device | str = "cpu",
     rank: int = 0,
     world: int = 1,
@@ -94,7 +97,8 @@ def build_run(
     the features with a reader config (the draft's ``aux`` flag set when it reads auxiliary layers).
     The seed is ``cfg.seed`` for the draft's initial weights and ``cfg.seed + 1000 * rank`` for the
     trainer's stream (noise, window offsets). With ``world > 1`` the caller has initialised
-    ``torch.distributed``; the draft is wrapped per ``cfg.scaling.strategy``.
+    ``torch.distributed``; the draft is wrapped per ``cfg.scaling.strategy``. The draft records the
+    target's ``target_id`` and content ``fingerprint`` (None: computed here, ``target_fingerprint``).
     """
     torch.manual_seed(cfg.seed)
     arch, stages = cfg.resolved()
@@ -102,6 +106,7 @@ def build_run(
     vocab_ids = torch.tensor(vocab) if vocab is not None else None
     dcfg = draft_config_from_target(load_target_config(target), arch, intermediate_size=cfg.intermediate_size,
                                     target_id=target_id, aux_layers=aux_layers,
+                                    target_fingerprint=target_fingerprint(target) if fingerprint is None else fingerprint,
                                     draft_vocab_size=None if vocab_ids is None else vocab_ids.numel())
     draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab_ids)
     if resolve_precision(cfg.precision, torch.device(device)) == "bf16":
@@ -175,7 +180,13 @@ def feature_plan(
     tokens — the stores', or online those of ``conversations()`` (the tokenized conversations: the same
     tokens a dump of them stores) — and written to ``out/draft_vocab.json`` (reused on resume, so a
     resumed run keeps its vocabulary).
+
+    First, before any model or cluster is touched, every store is checked against ``target``
+    (``check_store_target``: ``TargetMismatch`` naming the store, its fingerprint and the target's).
     """
+    if cfg.features != "online":
+        for store in stores:
+            check_store_target(store, target)
     if not cfg.eagle3_features:
         return [], None
     where = f"recipe {cfg.recipe!r} (arch {cfg.resolved()[0]!r}) reads the EAGLE-3 features"

@@ -13,7 +13,10 @@ Everything the system needs from the served LLM (the *target*), as plain functio
   ``target_features`` adds the auxiliary states of chosen layers (EAGLE-3 features, ``aux_states``,
   the same capture decoding's ``verify.target_forward`` uses). What is stored per token from one
   prefill, and the auxiliary layers' resolution, is ``specdraft.features``';
-* ``target_id``: a stable identity string for a target directory, for store manifests.
+* ``target_fingerprint`` / ``target_id`` / ``check_target``: the target's content fingerprint (a
+  digest of its weights' bytes, cached beside the model), the identity string derived from it that
+  keys every stage, and the check every consumer of an artifact (regenerated answers, a store, a
+  draft) makes before its expensive part: the artifact was made from this target (README "Guarantees").
 
 Only local directories are read here; fetching a hub id is the caller's job.
 """
@@ -23,13 +26,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import sys
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from specdraft.chat import ensure_chat_template
+from specdraft.files import write_text
 from specdraft.placement import (
     check_spread,
     device_map_for,
@@ -282,23 +291,169 @@ def target_features(
 
 # --- identity -------------------------------------------------------------------------------
 
+FINGERPRINT_CACHE = ".specdraft-fingerprint.json"  # beside the weights (hidden: readers skip it)
+FINGERPRINT_BLOCK = 16 << 20  # bytes read per step: large blocks, one thread per file
+
+
+class TargetMismatch(ValueError):
+    """An artifact (regenerated answers, a feature store, a draft) made from another target than ``--target``."""
+
+
+def _weight_files(root: Path) -> list[Path]:
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {str(root)!r}")
+    return files
+
+
+def _file_key(file: Path) -> dict[str, int]:
+    st = file.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _file_digest(file: Path) -> str:
+    """sha256 of one file's bytes, streamed in ``FINGERPRINT_BLOCK`` blocks (hashlib drops the GIL)."""
+    digest, buf = hashlib.sha256(), bytearray(FINGERPRINT_BLOCK)
+    view = memoryview(buf)
+    with open(file, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def _cache_paths(root: Path) -> list[Path]:
+    """Where a target's fingerprint cache may live: beside the weights, else (a read-only directory)
+    under ``$XDG_CACHE_HOME/specdraft`` (default ``~/.cache/specdraft``), keyed by the resolved path."""
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specdraft" / "fingerprints"
+    key = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:24]
+    return [root / FINGERPRINT_CACHE, home / f"{key}.json"]
+
+
+def _read_cache(root: Path) -> list[dict[str, Any]]:
+    """The cached per-file entries of every cache of ``root`` (beside it first)."""
+    caches = []
+    for path in _cache_paths(root):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("files"), dict):
+            caches.append(data["files"])
+    return caches
+
+
+def _write_cache(root: Path, files: dict[str, Any]) -> None:
+    text = json.dumps({"algorithm": "sha256", "files": files}, indent=1, sort_keys=True) + "\n"
+    for path in _cache_paths(root):
+        try:
+            write_text(path, text)
+            return
+        except OSError:  # a read-only model directory: the user cache next
+            continue
+
+
+def target_fingerprint(path: str | Path) -> str:
+    """The target's content fingerprint ``"sha256:<hex>"``: a digest of its weights' bytes.
+
+    It covers every ``*.safetensors`` file (name, size and the sha256 of its bytes), so a model
+    updated in place, or another checkpoint of the same shape, has another fingerprint, and a copy of
+    the same weights elsewhere the same one. Each file's digest is computed once (files in parallel,
+    streamed in large blocks) and cached in ``FINGERPRINT_CACHE`` beside the weights (or, when the
+    directory is read-only, under ``~/.cache/specdraft``) keyed by the file's name, size and mtime:
+    a file rewritten in place is hashed again.
+    """
+    root = _target_dir(path)
+    files = _weight_files(root)
+    cached = _read_cache(root)
+    entries: dict[str, dict[str, Any]] = {}
+    todo: list[tuple[Path, dict[str, int]]] = []
+    for file in files:
+        key = _file_key(file)
+        hits = [c[file.name] for c in cached if isinstance(c.get(file.name), dict)]
+        hit = next((h for h in hits if all(h.get(k) == v for k, v in key.items()) and h.get("sha256")), None)
+        if hit is not None:
+            entries[file.name] = {**key, "sha256": hit["sha256"]}
+        else:
+            todo.append((file, key))
+    if todo:
+        with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1, 8)) as pool:
+            digests = list(pool.map(_file_digest, [file for file, _ in todo]))
+        for (file, key), digest in zip(todo, digests):
+            entries[file.name] = {**key, "sha256": digest}
+        if all(_file_key(file) == key for file, key in todo):  # none rewritten while it was read
+            _write_cache(root, entries)
+    overall = hashlib.sha256()
+    for name in sorted(entries):
+        overall.update(f"{name}\0{entries[name]['size']}\0{entries[name]['sha256']}\n".encode())
+    return f"sha256:{overall.hexdigest()}"
+
 
 def target_id(path: str | Path) -> str:
-    """A stable identity ``"<dir name>@<sha256 prefix>"`` for a target directory.
+    """A stable identity ``"<dir name>@<sha256 prefix>"`` for a target directory: part of every stage key.
 
-    The digest covers ``config.json`` and the safetensors layout (the index file's bytes, and
-    the name and size of every ``*.safetensors`` file), not the weights themselves, so it is
-    cheap for any model size and changes whenever the checkpoint does.
+    The digest covers ``config.json`` and the weights' content (``target_fingerprint``), so a model
+    updated in place (or its config edited) gets a new id.
     """
+    root = _target_dir(path)
+    digest = hashlib.sha256()
+    digest.update(b"config.json\0" + (root / "config.json").read_bytes())
+    digest.update(b"weights\0" + target_fingerprint(root).encode())
+    return f"{root.resolve().name}@{digest.hexdigest()[:16]}"
+
+
+def layout_id(path: str | Path) -> str:
+    """The identity of specdraft before content fingerprints: ``config.json``, the index file and the
+    name and size of every safetensors file (not the weights). Only to check artifacts written then."""
     root = _target_dir(path)
     digest = hashlib.sha256()
     digest.update(b"config.json\0" + (root / "config.json").read_bytes())
     index = root / INDEX_FILE
     if index.is_file():
         digest.update(INDEX_FILE.encode() + b"\0" + index.read_bytes())
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {str(root)!r}")
-    for file in files:
+    for file in _weight_files(root):
         digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
     return f"{root.resolve().name}@{digest.hexdigest()[:16]}"
+
+
+def target_record(path: str | Path) -> dict[str, str]:
+    """What an artifact records of the target it was made from: ``target_id`` and ``target_fingerprint``."""
+    return {"target_id": target_id(path), "target_fingerprint": target_fingerprint(path)}
+
+
+def check_target(artifact: str | Path, recorded: Mapping[str, Any], target: str | Path, *, what: str = "artifact",
+                 legacy_mismatch: str = "warn") -> None:
+    """Check that ``artifact`` (its recorded ``target_fingerprint`` / ``target_id``) was made from ``target``.
+
+    A recorded fingerprint must equal the target's: else ``TargetMismatch`` naming the artifact's path
+    and fingerprint and the target's. An artifact written before fingerprints (none recorded) loads
+    with a one-line warning, checked by its target id as then: a mismatch is a warning, or with
+    ``legacy_mismatch="error"`` (where that id was checked before) an error.
+    """
+    assert legacy_mismatch in ("warn", "error"), f"legacy_mismatch={legacy_mismatch!r}: 'warn' or 'error'"
+    root = _target_dir(target)
+    recorded_fp, recorded_id = recorded.get("target_fingerprint") or "", recorded.get("target_id") or ""
+    if recorded_fp:
+        ours = target_fingerprint(root)
+        if recorded_fp != ours:
+            raise TargetMismatch(
+                f"{what} {artifact} was made from target {recorded_id or '?'} (fingerprint {recorded_fp}), but "
+                f"--target {root.resolve()} is {target_id(root)} (fingerprint {ours}): give the {what}'s own "
+                f"target, or remake the {what} from this one"
+            )
+        return
+    if recorded_id and recorded_id == target_id(root):  # a content-derived id: as good as the fingerprint
+        return
+    legacy = layout_id(root)
+    if recorded_id == legacy:
+        _warn(f"{what} {artifact} records no target fingerprint (written before fingerprints): checked by its "
+              f"target id {recorded_id} only (config and file sizes, not the weights)")
+        return
+    message = (f"{what} {artifact} records no target fingerprint (written before fingerprints) and its target id "
+               f"{recorded_id or '(none)'} is not that of --target {root.resolve()} ({legacy})")
+    if legacy_mismatch == "error":
+        raise TargetMismatch(f"{message}: give the {what}'s own target, or remake the {what} from this one")
+    _warn(f"{message}: its pairing with the target is not verified")
+
+
+def _warn(line: str) -> None:
+    print(f"[specdraft] WARNING: {line}", file=sys.stderr, flush=True)

@@ -45,7 +45,7 @@ from specdraft.decoding.speculative import (
     speculative_generate,
     vanilla_generate,
 )
-from specdraft.models import load_draft
+from specdraft.models import check_draft_target, load_draft
 from specdraft.placement import (
     MASK_ATTN_IMPLEMENTATIONS,
     describe_placement,
@@ -92,8 +92,10 @@ def load_models(target_dir: str | Path, draft_dir: str | Path, settings: EvalSet
     """Target (full model, over ``settings.gpus`` GPUs), draft and tokenizer in the settings' dtype.
 
     The draft lives on the target's output device (its lm_head's GPU): the hidden states it reads
-    and the logits acceptance compares come out there.
+    and the logits acceptance compares come out there. The draft is checked against the target first
+    (``check_draft_target``: ``TargetMismatch`` naming both fingerprints), before any model loads.
     """
+    check_draft_target(draft_dir, target_dir)
     assert settings.attn_implementation in MASK_ATTN_IMPLEMENTATIONS, (
         f"eval needs an attention kernel that takes the tree mask {MASK_ATTN_IMPLEMENTATIONS}, "
         f"got {settings.attn_implementation!r}"

@@ -16,7 +16,7 @@ from typing import Literal
 
 from specdraft import placement
 from specdraft.models.config import DraftConfig
-from specdraft.target import load_target_config, target_id
+from specdraft.target import TargetMismatch, check_target, load_target_config, target_id
 
 FORMATS = ("speculators", "sglang", "eagle")
 DTYPES = tuple(placement.DTYPES)  # the dtype names an export writes
@@ -155,11 +155,12 @@ def refuse_unservable(config: DraftConfig, fmt: str) -> None:
 
 def refuse_unknown_target(config: DraftConfig, target: TargetFacts) -> None:
     """The draft must have been trained on this target (identity, widths, auxiliary layers)."""
-    if config.target_id and config.target_id != target.target_id:
-        raise ExportError(
-            f"the draft was trained on target {config.target_id}, but {target.path} is {target.target_id}: "
-            "give the draft's own target (--target)"
-        )
+    if config.target_id or config.target_fingerprint:  # the one pairing check (specdraft.target.check_target)
+        try:
+            check_target("being exported", {"target_id": config.target_id, "target_fingerprint": config.target_fingerprint},
+                         target.path, what="draft", legacy_mismatch="error")
+        except TargetMismatch as err:
+            raise ExportError(f"the draft was trained on target {config.target_id or '?'}: {err}") from None
     if (config.vocab_size, config.target_hidden_size or config.hidden_size) != (target.vocab_size, target.hidden_size):
         raise ExportError(
             f"draft vocab/width {(config.vocab_size, config.target_hidden_size)} do not match the target's "

@@ -1,8 +1,9 @@
 """Draft models and their directory format (``config.json`` + ``model.safetensors``).
 
 A draft directory holds the draft's own weights (and, with a draft vocabulary, its ``d2t``/``t2d``
-maps). The target's frozen embedding and lm_head are *referenced*, not copied (``config.target_id``
-says which target): ``load_draft`` takes them from the target (``target=`` a model directory, or
+maps). The target's frozen embedding and lm_head are *referenced*, not copied (``config.target_id`` and
+``config.target_fingerprint`` say which target; ``check_draft_target`` compares them with a target
+directory, and ``load_draft(target=...)`` does before loading): ``load_draft`` takes them from the target (``target=`` a model directory, or
 ``heads=`` tensors already in memory). ``save_draft(..., include_heads=True)`` writes a
 self-contained directory for tools that cannot reach the target.
 """
@@ -133,6 +134,18 @@ def read_draft_config(path: str | Path) -> DraftConfig:
     return from_dict(DraftConfig, data)
 
 
+def check_draft_target(path: str | Path, target: str | Path) -> DraftConfig:
+    """The draft's config, after checking it was trained on ``target`` (``specdraft.target.check_target``:
+    ``TargetMismatch`` naming the draft and both fingerprints; a draft written before fingerprints loads
+    with a one-line warning)."""
+    from specdraft.target import check_target
+
+    config = read_draft_config(path)
+    recorded = {"target_id": config.target_id, "target_fingerprint": config.target_fingerprint}
+    check_target(path, recorded, target, what="draft")
+    return config
+
+
 def load_draft(
     path: str | Path,
     device: str | torch.device = "cpu",
@@ -142,9 +155,10 @@ def load_draft(
     heads: tuple[torch.Tensor, torch.Tensor] | None = None,
 ):
     """Rebuild a draft from its directory, with the target's heads from the directory itself (when
-    saved with them), ``heads`` = (embed, lm_head), or the ``target`` model directory."""
+    saved with them), ``heads`` = (embed, lm_head), or the ``target`` model directory (checked first:
+    ``check_draft_target``)."""
     path = Path(path)
-    config = read_draft_config(path)
+    config = read_draft_config(path) if target is None else check_draft_target(path, target)
     draft = ARCHS[config.arch](config)
     state = load_file(str(path / "model.safetensors"), device="cpu")
     state = {LEGACY_KEYS.get(k, k): v for k, v in state.items()}
@@ -185,6 +199,7 @@ __all__ = [
     "EagleDraft",
     "KVCache",
     "build_draft",
+    "check_draft_target",
     "draft_config_from_target",
     "load_draft",
     "read_draft_config",

@@ -37,6 +37,7 @@ class DraftConfig:
     max_position_embeddings: int = 4096
     rope_parameters: dict[str, Any] = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     target_id: str = ""
+    target_fingerprint: str = ""  # specdraft.target.target_fingerprint of the target it was trained on ("": before fingerprints)
     target_hidden_size: int | None = None  # None: hidden_size
     aux_layers: list[int] = field(default_factory=list)  # HF hidden_states indices; empty: last hidden state
     draft_vocab_size: int | None = None  # None: the target's vocabulary and frozen lm_head
@@ -95,6 +96,7 @@ def draft_config_from_target(
     *,
     intermediate_size: int | None = None,
     target_id: str = "",
+    target_fingerprint: str = "",
     aux_layers: list[int] | None = None,
     draft_vocab_size: int | None = None,
 ) -> DraftConfig:
@@ -119,6 +121,7 @@ def draft_config_from_target(
         max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 4096)),
         rope_parameters=dict(rope),
         target_id=target_id,
+        target_fingerprint=target_fingerprint,
         target_hidden_size=cfg.hidden_size,
         aux_layers=list(aux_layers or []),
         draft_vocab_size=draft_vocab_size,

@@ -1,7 +1,9 @@
 """The store manifest (header + shard records + totals) and validation of a store against it.
 
 ``manifest.json`` is the store's last write (a temp file renamed into place, or at a URL one PUT):
-a store without it is incomplete, whatever shards it holds.
+a store without it is incomplete, whatever shards it holds. It records the target the features came
+from (``target_id`` and the content fingerprint ``target_fingerprint``, ``specdraft.target``), which
+``check_store_target`` compares with the target a consumer (train, a resumed dump) is given.
 """
 
 from __future__ import annotations
@@ -89,6 +91,32 @@ def read_manifest(store_dir: str | Path) -> dict[str, Any]:
             f"this reader understands {FORMAT_NAME!r} v{SCHEMA_VERSION}"
         )
     return manifest
+
+
+def recorded_target(store_dir: str | Path) -> dict[str, Any] | None:
+    """The target a store records (``target_id``, ``target_fingerprint``): its manifest's, or for a dump
+    that has not finished, the first complete shard's; None for an empty or new directory."""
+    try:
+        manifest = read_manifest(store_dir)
+    except StoreError:
+        finals, _ = list_shard_dirs(store_dir) if location.is_dir(store_dir) else ({}, [])
+        for _, path in sorted(finals.items()):
+            try:
+                return read_shard_record(path)
+            except StoreError:
+                continue
+        return None
+    return manifest
+
+
+def check_store_target(store_dir: str | Path, target: str | Path, *, legacy_mismatch: str = "warn") -> None:
+    """``specdraft.target.check_target`` for a store: ``TargetMismatch`` (naming the store and both
+    fingerprints) unless its features came from ``target``. A store without a record passes."""
+    from specdraft.target import check_target  # the target side (transformers) only where a store meets a target
+
+    recorded = recorded_target(store_dir)
+    if recorded is not None:
+        check_target(store_dir, recorded, target, what="feature store", legacy_mismatch=legacy_mismatch)
 
 
 # --- validation ----------------------------------------------------------------------------------

@@ -161,8 +161,9 @@ def read_build_record(out_dir: str | Path) -> dict[str, Any]:
 
 
 def file_digests(out_dir: str | Path) -> dict[str, str]:
-    """sha256 of every file of a build directory (but a manifest), by name."""
-    files = sorted(p for p in Path(out_dir).iterdir() if p.is_file() and p.name != MANIFEST_FILE)
+    """sha256 of every file of a build directory (but a manifest and hidden files: caches, temporaries), by name."""
+    files = sorted(p for p in Path(out_dir).iterdir()
+                   if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith("."))
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
