@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 
 
 def build_store(store: Path, target: Path, conversations: int, seed: int, max_length: int, topk: int,
@@ -24,7 +22,7 @@ def build_store(store: Path, target: Path, conversations: int, seed: int, max_le
 
     With ``aux_layers`` the store also holds the EAGLE-3 features (``aux_hidden``: the states entering
     those target layers, from the same forward), so every recipe trains from the same store."""
-    from specdraft.features import AUX_CONVENTION, compute_features
+    from specdraft.features import AUX_CONVENTION, compute_features, sample_arrays
     from specdraft.store import (
         make_manifest,
         read_manifest,
@@ -52,19 +50,7 @@ def build_store(store: Path, target: Path, conversations: int, seed: int, max_le
     records = []
     for index, lo in enumerate(range(0, len(samples), samples_per_shard)):
         part = samples[lo : lo + samples_per_shard]
-        lengths = [s["input_ids"].shape[0] for s in part]
-        arrays = {
-            "input_ids": torch.cat([s["input_ids"] for s in part]).numpy().astype(np.int32),
-            "loss_mask": torch.cat([s["loss_mask"] for s in part]).numpy().astype(np.uint8),
-            "hidden": torch.cat([s["hidden"] for s in part]).numpy(),
-            "topk_ids": torch.cat([s["topk_ids"] for s in part]).numpy().astype(np.int32),
-            "topk_logits": torch.cat([s["topk_logp"] for s in part]).numpy().astype(np.float16),
-            "logsumexp": np.zeros(sum(lengths), np.float32),  # topk_logits are already log-probs
-            "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            "sample_ids": np.array([f"toy-{seed}-{lo + i:06d}" for i in range(len(part))]),
-        }
-        if aux_layers:
-            arrays["aux_hidden"] = torch.cat([s["aux_hidden"] for s in part]).numpy()
+        arrays = sample_arrays(part, [f"toy-{seed}-{lo + i:06d}" for i in range(len(part))])
         records.append(write_shard(store, index, arrays, attrs))
     header = {"target_id": spec["target_id"], **attrs, **({"aux_convention": AUX_CONVENTION} if aux_layers else {})}
     write_manifest(store, make_manifest(header=header, shards=records))

@@ -19,11 +19,14 @@ strictly alternate user/assistant starting with a user turn. Two shapes are vali
 Files and directories may be local paths or object-store URLs (``s3://bucket/prefix``; see
 ``specdraft/store/location.py``; README "Object stores"): a part is serialized in memory and
 written whole — locally under a temporary name renamed into place, at a URL in one PUT — so it
-is either absent or complete.
+is either absent or complete. Regenerate's parts record the digest of each prompt they answer
+(``prompt_digest``, ``write_part``), so a rerun resumes by content: ``done_prompts`` reads them back
+and ``drop_answers`` takes a changed prompt's old answer out of its part.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -141,3 +144,68 @@ def read_table(file: str | Path, columns: list[str] | None = None) -> pa.Table:
     if location.is_url(file):
         return pq.read_table(pa.BufferReader(location.read_bytes(file)), columns=columns)
     return pq.read_table(file, columns=columns)
+
+
+def content_hash(messages: list[dict[str, str]]) -> str:
+    """sha256 (hex) of normalized ``messages``."""
+    blob = json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def prompt_digest(messages: list[dict[str, str]]) -> str:
+    """What regenerate answers of a conversation: the digest of its system and user turns (its
+    dataset answers are dropped), recorded per row in each part (resume by content, not only id)."""
+    return content_hash([m for m in messages if m["role"] != "assistant"])
+
+
+def done_prompts(out_dir: str | Path) -> dict[str, tuple[str, str | Path]]:
+    """``{id: (digest of the prompt answered, part file)}`` of the conversations in complete parts of
+    ``out_dir``. A part written before digests were recorded gives the digest of its rows' own
+    system and user turns."""
+    if not location.is_dir(out_dir):
+        return {}
+    done: dict[str, tuple[str, str | Path]] = {}
+    for file in conversation_files(out_dir):
+        ids = read_table(file, columns=["id"])
+        digests = read_prompt_digests(ids)
+        if not digests and ids.num_rows:  # (an older part)
+            digests = {r["id"]: prompt_digest(r["messages"]) for r in read_table(file).to_pylist()}
+        for conv_id in ids.column("id").to_pylist():
+            done[conv_id] = (digests.get(conv_id, ""), file)
+    return done
+
+
+def done_ids(out_dir: str | Path) -> set[str]:
+    """Ids of the conversations already in complete parts of ``out_dir``."""
+    return set(done_prompts(out_dir))
+
+
+def drop_answers(done: dict[str, tuple[str, str | Path]], ids: Iterable[str]) -> None:
+    """Take the answers of ``ids`` out of their parts (each part rewritten whole without them, its
+    other rows and digests kept; a part left empty is removed), so a changed prompt is answered
+    once, never twice. A kill between two rewrites leaves those ids missing: the rerun answers them."""
+    by_file: dict[str, set[str]] = {}
+    for conv_id in ids:
+        by_file.setdefault(str(done[conv_id][1]), set()).add(conv_id)
+    for file, stale in sorted(by_file.items()):
+        table = read_table(file)
+        keep = [r for r in table.to_pylist() if r["id"] not in stale]
+        if keep:
+            digests = read_prompt_digests(table) or {r["id"]: prompt_digest(r["messages"]) for r in keep}
+            write_conversations(file, keep, {r["id"]: digests[r["id"]] for r in keep if r["id"] in digests})
+        else:
+            location.remove(file)
+
+
+def part_name(ids: Iterable[str]) -> str:
+    """Deterministic part file name for a batch of ids (a retried batch overwrites itself)."""
+    return f"part-{hashlib.sha256(chr(10).join(ids).encode()).hexdigest()[:16]}.parquet"
+
+
+def write_part(out_dir: Path | str, prompts: list[dict[str, Any]], answered: list[dict[str, Any]]) -> None:
+    """One part of the ``answered`` conversations, with the digest of each one's prompt (``prompts``)."""
+    if not answered:
+        return
+    digests = {r["id"]: prompt_digest(r["messages"]) for r in prompts}
+    write_conversations(location.join(out_dir, part_name(r["id"] for r in answered)), answered,
+                        {r["id"]: digests[r["id"]] for r in answered})

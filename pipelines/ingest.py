@@ -26,7 +26,6 @@ changed without a count:
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import re
 from collections import Counter
@@ -37,7 +36,7 @@ from typing import Any, Literal
 
 import pyarrow.parquet as pq
 
-from pipelines.conversations import check_messages
+from pipelines.conversations import check_messages, content_hash
 from specdraft.store import location
 
 SUFFIXES = (".json", ".jsonl", ".parquet")  # matched in any case
@@ -248,12 +247,6 @@ def normalize_record(record: Any, changes: set[str] | None = None) -> tuple[list
         check_encoding(own_source, "source")
         return messages, source_id, own_source
     return messages, source_id, None
-
-
-def content_hash(messages: list[dict[str, str]]) -> str:
-    """sha256 (hex) of normalized ``messages``."""
-    blob = json.dumps([[m["role"], m["content"]] for m in messages], ensure_ascii=False)
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _dedup_key(messages: list[dict[str, str]], mode: str) -> str | None:

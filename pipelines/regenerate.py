@@ -46,8 +46,8 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.utils import logging as hf_logging
 
 from pipelines.cluster import connect_ray
-from pipelines.conversations import SCHEMA, conversation_files, read_prompt_digests, read_table, write_conversations
-from pipelines.ingest import IngestConfig, content_hash, ingest
+from pipelines.conversations import SCHEMA, done_prompts, drop_answers, prompt_digest, write_part
+from pipelines.ingest import IngestConfig, ingest
 from specdraft.chat import assistant_spans
 from specdraft.config import config_hash, from_dict, to_dict
 from specdraft.decoding.sampling import keep_top_p
@@ -295,56 +295,6 @@ def hf_answer_fn(model, tokenizer, cfg: RegenerateConfig, stop_ids: list[int]) -
 # --- output directory ----------------------------------------------------------------------
 
 
-def prompt_digest(messages: list[dict[str, str]]) -> str:
-    """What regenerate answers of a conversation: the digest of its system and user turns (its
-    dataset answers are dropped), recorded per row in each part (resume by content, not only id)."""
-    return content_hash([m for m in messages if m["role"] != "assistant"])
-
-
-def done_prompts(out_dir: str | Path) -> dict[str, tuple[str, str | Path]]:
-    """``{id: (digest of the prompt answered, part file)}`` of the conversations in complete parts of
-    ``out_dir``. A part written before digests were recorded gives the digest of its rows' own
-    system and user turns."""
-    if not location.is_dir(out_dir):
-        return {}
-    done: dict[str, tuple[str, str | Path]] = {}
-    for file in conversation_files(out_dir):
-        ids = read_table(file, columns=["id"])
-        digests = read_prompt_digests(ids)
-        if not digests and ids.num_rows:  # (an older part)
-            digests = {r["id"]: prompt_digest(r["messages"]) for r in read_table(file).to_pylist()}
-        for conv_id in ids.column("id").to_pylist():
-            done[conv_id] = (digests.get(conv_id, ""), file)
-    return done
-
-
-def done_ids(out_dir: str | Path) -> set[str]:
-    """Ids of the conversations already in complete parts of ``out_dir``."""
-    return set(done_prompts(out_dir))
-
-
-def drop_answers(done: dict[str, tuple[str, str | Path]], ids: Iterable[str]) -> None:
-    """Take the answers of ``ids`` out of their parts (each part rewritten whole without them, its
-    other rows and digests kept; a part left empty is removed), so a changed prompt is answered
-    once, never twice. A kill between two rewrites leaves those ids missing: the rerun answers them."""
-    by_file: dict[str, set[str]] = {}
-    for conv_id in ids:
-        by_file.setdefault(str(done[conv_id][1]), set()).add(conv_id)
-    for file, stale in sorted(by_file.items()):
-        table = read_table(file)
-        keep = [r for r in table.to_pylist() if r["id"] not in stale]
-        if keep:
-            digests = read_prompt_digests(table) or {r["id"]: prompt_digest(r["messages"]) for r in keep}
-            write_conversations(file, keep, {r["id"]: digests[r["id"]] for r in keep if r["id"] in digests})
-        else:
-            location.remove(file)
-
-
-def part_name(ids: Iterable[str]) -> str:
-    """Deterministic part file name for a batch of ids (a retried batch overwrites itself)."""
-    return f"part-{hashlib.sha256(chr(10).join(ids).encode()).hexdigest()[:16]}.parquet"
-
-
 def _generation_identity(target: Path, cfg: RegenerateConfig) -> dict[str, Any]:
     """What decides the content of the answers: a rerun must match it to resume. ``target`` (the target's
     id, derived from its config and weights) and ``target_fingerprint`` (its weights' content digest,
@@ -408,15 +358,6 @@ class HFReplica:
         out, stats = regenerate_rows(rows, self.tokenizer, self.answer, self.cfg, self.max_model_len)
         write_part(self.out_dir, rows, out)
         return _stats_table(len(rows), len(out), stats)
-
-
-def write_part(out_dir: Path | str, prompts: list[dict[str, Any]], answered: list[dict[str, Any]]) -> None:
-    """One part of the ``answered`` conversations, with the digest of each one's prompt (``prompts``)."""
-    if not answered:
-        return
-    digests = {r["id"]: prompt_digest(r["messages"]) for r in prompts}
-    write_conversations(location.join(out_dir, part_name(r["id"] for r in answered)), answered,
-                        {r["id"]: digests[r["id"]] for r in answered})
 
 
 STATS_SCHEMA = pa.schema(

@@ -379,3 +379,24 @@ def compute_features(model, tokenizer, conversations, max_length: int, topk: int
         bar.update(len(chunk))
     bar.close()
     return samples
+
+
+def sample_arrays(samples: list[dict[str, torch.Tensor]], sample_ids: list[str]) -> dict[str, np.ndarray]:
+    """One shard's arrays (``store.write_shard``) of ``compute_features`` samples: the sequences concatenated,
+    fp16 hidden (and ``aux_hidden`` when the samples have it), top-K log-probs as ``topk_logits`` with a zero
+    ``logsumexp`` (they are normalised already), offsets and ``sample_ids``."""
+    assert len(samples) == len(sample_ids), f"{len(samples)} samples but {len(sample_ids)} ids"
+    lengths = [s["input_ids"].shape[0] for s in samples]
+    arrays = {
+        "input_ids": torch.cat([s["input_ids"] for s in samples]).numpy().astype(np.int32),  # (N,)
+        "loss_mask": torch.cat([s["loss_mask"] for s in samples]).numpy().astype(np.uint8),  # (N,)
+        "hidden": torch.cat([s["hidden"] for s in samples]).numpy(),  # (N, d)
+        "topk_ids": torch.cat([s["topk_ids"] for s in samples]).numpy().astype(np.int32),  # (N, K)
+        "topk_logits": torch.cat([s["topk_logp"] for s in samples]).numpy().astype(np.float16),  # (N, K)
+        "logsumexp": np.zeros(sum(lengths), np.float32),  # (N,)
+        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),  # (S+1,)
+        "sample_ids": np.array(sample_ids),  # (S,)
+    }
+    if "aux_hidden" in samples[0]:
+        arrays["aux_hidden"] = torch.cat([s["aux_hidden"] for s in samples]).numpy()  # (N, L*d)
+    return arrays

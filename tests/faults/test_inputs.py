@@ -137,12 +137,7 @@ def test_a_changed_prompt_is_answered_again_once_and_counted(local_ray, tiny_toy
 def test_a_changed_prompts_old_answer_leaves_its_part_at_a_url(s3_bucket):
     """The part rewrite a changed prompt needs, on the real local S3 server: the stale row leaves its
     part (the others and their digests stay), a part left empty is deleted."""
-    from pipelines.regenerate import (
-        done_prompts,
-        drop_answers,
-        prompt_digest,
-        write_part,
-    )
+    from pipelines.conversations import done_prompts, drop_answers, prompt_digest, write_part
 
     out = f"{s3_bucket}/regenerated"
     prompts = [{"id": f"t:{i}", "source": "t", "messages": [{"role": "user", "content": f"q{i}"}]} for i in range(3)]

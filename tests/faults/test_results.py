@@ -11,13 +11,11 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 from pipelines.train import run_training
 from specdraft.config import ConfigError, load
-from specdraft.features import compute_features
+from specdraft.features import compute_features, sample_arrays
 from specdraft.recipes import ScalingSection, TrainConfig
 from specdraft.run import fit_batches
 from specdraft.store import FeatureDataset, ReaderConfig, make_manifest, write_manifest, write_shard
@@ -31,18 +29,8 @@ def small_store(tiny_toy_target, tmp_path_factory) -> Path:
     """A one-shard store of 12 conversations of the tiny toy target: far fewer tokens than one batch holds."""
     model, tok = load_target_model(tiny_toy_target), load_tokenizer(tiny_toy_target)
     samples = compute_features(model, tok, generate_conversations(12, seed=11), 128, 10, progress=False)
-    lengths = [s["input_ids"].shape[0] for s in samples]
     header = {"d": samples[0]["hidden"].shape[-1], "k": 10, "hidden_codec": "fp16"}
-    arrays = {
-        "input_ids": torch.cat([s["input_ids"] for s in samples]).numpy().astype(np.int32),
-        "loss_mask": torch.cat([s["loss_mask"] for s in samples]).numpy().astype(np.uint8),
-        "hidden": torch.cat([s["hidden"] for s in samples]).numpy(),
-        "topk_ids": torch.cat([s["topk_ids"] for s in samples]).numpy().astype(np.int32),
-        "topk_logits": torch.cat([s["topk_logp"] for s in samples]).numpy().astype(np.float16),
-        "logsumexp": np.zeros(sum(lengths), np.float32),
-        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        "sample_ids": np.array([f"c{i}" for i in range(len(samples))]),
-    }
+    arrays = sample_arrays(samples, [f"c{i}" for i in range(len(samples))])
     out = tmp_path_factory.mktemp("small-store")
     write_manifest(out, make_manifest(header={"target_id": "toy", **header},
                                       shards=[write_shard(out, 0, arrays, header)]))

@@ -25,7 +25,6 @@ from pipelines.regenerate import (
     RegenerateConfig,
     RowSampler,
     conversation_seed,
-    done_ids,
     generate_batch,
     hf_answer_fn,
     prompt_ids,
@@ -33,6 +32,7 @@ from pipelines.regenerate import (
     regenerate_rows,
     stop_token_ids,
 )
+from pipelines.conversations import done_ids
 from specdraft.store import location
 from specdraft.target import load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from pipelines.tracking import MlflowLogger
 from pipelines.train import run_training
 from specdraft.batch import Batch
-from specdraft.features import compute_features
+from specdraft.features import compute_features, sample_arrays
 from specdraft.models import DraftConfig, build_draft, draft_config_from_target, load_draft
 from specdraft.objectives import LossWeights, StageConfig
 from specdraft.recipes import ScalingSection, TrainConfig
@@ -42,17 +42,7 @@ def toy_store(tiny_toy_target, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("store")
     records = []
     for index, part in enumerate([samples[:48], samples[48:]]):
-        lengths = [s["input_ids"].shape[0] for s in part]
-        arrays = {
-            "input_ids": torch.cat([s["input_ids"] for s in part]).numpy().astype(np.int32),
-            "loss_mask": torch.cat([s["loss_mask"] for s in part]).numpy().astype(np.uint8),
-            "hidden": torch.cat([s["hidden"] for s in part]).numpy(),
-            "topk_ids": torch.cat([s["topk_ids"] for s in part]).numpy().astype(np.int32),
-            "topk_logits": torch.cat([s["topk_logp"] for s in part]).numpy().astype(np.float16),
-            "logsumexp": np.zeros(sum(lengths), np.float32),  # top-K already normalised
-            "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-            "sample_ids": np.array([f"s{index}-{i}" for i in range(len(part))]),
-        }
+        arrays = sample_arrays(part, [f"s{index}-{i}" for i in range(len(part))])
         records.append(write_shard(out, index, arrays, {"d": d, "k": 10, "hidden_codec": "fp16"}))
     write_manifest(out, make_manifest(header={"target_id": "toy", "d": d, "k": 10, "hidden_codec": "fp16"},
                                       shards=records))
