@@ -47,7 +47,8 @@ def _train_sugar(args: argparse.Namespace) -> list[str]:
 
 
 def _eval_sugar(args: argparse.Namespace) -> list[str]:
-    return [f"decode.mode={args.mode}"] if args.mode is not None else []
+    out = [f"decode.mode={args.mode}"] if args.mode is not None else []
+    return out + ([f"engine.engine={args.engine}"] if args.engine is not None else [])
 
 
 def command_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -195,6 +196,10 @@ def _eval(args: argparse.Namespace) -> int:
               f"{fmt(d['tokens_per_s'])} tokens/s vs {fmt(d['baseline_tokens_per_s'])} vanilla "
               f"(speedup {fmt(d['speedup'])}), lossless {d['lossless_checked'] - d['lossless_mismatches']}"
               f"/{d['lossless_checked']}")
+    if "engine" in report:
+        from specdraft.serving.engine import engine_summary
+
+        print(engine_summary(report["engine"]))
     print(f"report: {args.out}")
     return 0
 
@@ -253,7 +258,7 @@ def _export_sugar(args: argparse.Namespace) -> list[str]:
 def _export(args: argparse.Namespace) -> int:
     import tempfile
 
-    from specdraft.export import ExportError, export_draft, serve_commands
+    from specdraft.export import ExportError, export_draft, export_layout, formats_for, serve_commands
     from specdraft.models import read_draft_config
 
     cfg, sections = command_config(args)
@@ -277,18 +282,21 @@ def _export(args: argparse.Namespace) -> int:
             print(f"specdraft export: the target directory {target!r} is not here: pass --target DIR (the model the "
                   "draft was trained on)", file=sys.stderr)
             return 1
+        fmt = args.format if args.format != "auto" else (formats_for(read_draft_config(draft)) or ("vllm",))[0]
         try:
-            out = export_draft(draft, args.format, args.out, target=target, dtype=cfg.dtype,
+            out = export_draft(draft, fmt, args.out, target=target, dtype=cfg.dtype,
                                speculative_tokens=cfg.speculative_tokens, verifier=cfg.verifier,
                                overwrite=args.overwrite)
         except (ExportError, FileNotFoundError) as err:
             print(f"specdraft export: cannot export: {err}", file=sys.stderr)
             return 1
         arch = read_draft_config(draft).arch
-    print(f"exported {arch} draft as {args.format}: {out}")
-    for engine, command in serve_commands({args.format: str(Path(out).resolve())}, arch, target,
-                                          cfg.speculative_tokens).items():
+    print(f"exported {arch} draft as {fmt}: {out}")
+    for engine, command in serve_commands({fmt: str(Path(out).resolve())}, target, cfg.speculative_tokens).items():
         print(f"serve with {engine}:\n  {command}")
+    if export_layout(fmt, out).plugin:
+        print("  (vLLM finds this architecture through specdraft's plugin: install specdraft beside vLLM, e.g. "
+              "`pip install --no-deps specdraft` in the serving image)")
     return 0
 
 
@@ -405,17 +413,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="report JSON path")
     p.add_argument("--mode", metavar="MODE", help="same as decode.mode=MODE (chain of gamma tokens, or EAGLE-2 tree)")
     p.add_argument("--ray", action="store_true", help="spread questions over Ray Data replicas (settings: ray.*)")
+    p.add_argument("--engine", metavar="ENGINE", choices=["vllm", "none"],
+                   help="same as engine.engine=ENGINE: also serve the draft in vLLM (exported for it) on the same "
+                        "questions and report the engine's acceptance and speedup beside ours (settings: engine.*)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_config_options(p, EVAL, example="decode.gamma=4 max_questions=10 ray.replicas=2")
     p.set_defaults(func=_eval, sugar=_eval_sugar)
 
-    p = sub.add_parser("export", help="export a draft for a serving engine (vLLM speculators, SGLang, EAGLE reference)")
+    p = sub.add_parser("export", help="export a draft for a serving engine (vLLM, SGLang, the EAGLE reference)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--draft", help="draft directory (config.json + model.safetensors)")
     src.add_argument("--model-uri", help="a registered draft: models:/NAME@ALIAS (e.g. @champion) or models:/NAME/VERSION")
-    p.add_argument("--format", required=True, choices=("speculators", "sglang", "eagle"),
-                   help="speculators: EAGLE-3 for vLLM; sglang: EAGLE-3 or EAGLE-1/2 for SGLang; eagle: EAGLE-1/2 in "
-                        "the EAGLE reference layout")
+    p.add_argument("--format", default="auto", choices=("auto", "speculators", "vllm", "sglang", "eagle"),
+                   help="auto (default): the draft's vLLM format; speculators: EAGLE-3 for vLLM; vllm: Beagle, "
+                        "Beagle over EAGLE-3 features and EAGLE-1/2 for vLLM with specdraft's plugin; sglang: EAGLE-3 "
+                        "or EAGLE-1/2 for SGLang; eagle: EAGLE-1/2 in the EAGLE reference layout")
     p.add_argument("--out", required=True, help="output directory (an earlier export there is replaced atomically)")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty --out that is not this command's earlier output (only the files "

@@ -179,8 +179,8 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
     champion = champion_exports(run.client, cfg.register.model_name, cfg.register.alias,
                                 Path(cfg.workdir) / "export" / "champion",
                                 local={decision["version"]: exported.exports})
-    serve = serve_commands(champion.get("exports", {}), champion.get("arch", ""),
-                           champion.get("target") or prepared.target, cfg.register.serving.speculative_tokens)
+    serve = serve_commands(champion.get("exports", {}), champion.get("target") or prepared.target,
+                           cfg.register.serving.speculative_tokens)
     return Registered(**decision, exports=exported.exports, export_note=exported.note,
                       serving_champion=champion.get("version"), serve=serve, wall_s=0.0)
 

@@ -41,7 +41,7 @@ from specdraft import files
 from specdraft.config import ConfigError, config_hash, to_dict
 from specdraft.decoding.eval import EvalSettings
 from specdraft.features import FeaturesConfig
-from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for
+from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for, variant
 from specdraft.models import read_draft_config
 from specdraft.target import target_id
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
@@ -307,7 +307,8 @@ def export_formats(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
     """Export the draft in every serving format that fits its architecture (``specdraft.export``) under
     ``<workdir>/export/<key>/<format>``. A draft no engine serves exactly (Beagle, a 0.1 EAGLE draft) gets no
     export and the reason (``note``); it stays registered and evaluable."""
-    arch = read_draft_config(draft_dir).arch
+    config = read_draft_config(draft_dir)
+    arch = variant(config)
     if not cfg.register.export:
         return Exported(arch=arch, exports={}, note="export disabled (register.export=false)", wall_s=0.0)
     serving = cfg.register.serving
@@ -318,7 +319,7 @@ def export_formats(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
     started = time.perf_counter()
     exports, note = {}, ""
     try:
-        for fmt in formats_for(arch) or FORMATS[:1]:  # no format: the refusal says why
+        for fmt in formats_for(config) or FORMATS[:1]:  # no format: the refusal says why
             exports[fmt] = str(export_draft(draft_dir, fmt, out / fmt, target=prepared.target,
                                             dtype=serving.dtype, speculative_tokens=serving.speculative_tokens,
                                             verifier=serving.verifier))

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import specdraft.export.check as check_module
+import specdraft.export.spec as spec_module
 from specdraft.export import ExportError, check_export, export_draft, export_spec
 from specdraft.export.spec import LAYOUTS
 from specdraft.models import build_draft, draft_config_from_target, save_draft
@@ -117,7 +117,7 @@ def test_embedding_absent_where_a_format_reads_the_drafts_own(setup, tmp_path, m
     patched = dict(LAYOUTS)
     patched[key] = type(LAYOUTS[key])(**{**{f: getattr(LAYOUTS[key], f) for f in LAYOUTS[key].__slots__},
                                          "embedding": True})
-    monkeypatch.setattr(check_module, "LAYOUTS", patched)
+    monkeypatch.setattr(spec_module, "LAYOUTS", patched)
     with pytest.raises(ExportError, match="embed_tokens.weight is missing: this format reads the draft's own"):
         check_export(out, spec)
 
