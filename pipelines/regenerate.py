@@ -460,13 +460,14 @@ def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, 
                 "stop_token_ids": stop_ids, "detokenize": False}
     processor = build_processor(
         processor_config,
-        preprocess=lambda row: dict(row=row["row"], tokenized_prompt=row["prompt"],
+        preprocess=lambda row: dict(row=row["row"], tokenized_prompt=row["ids"],
                                     sampling_params={**sampling, "seed": row["seed"]}),
         postprocess=lambda row: dict(row=row["row"], tokens=row["generated_tokens"]),
     )
 
     def answer(prompts, messages, seeds):
-        items = [{"row": i, "prompt": p, "seed": s} for i, (p, s) in enumerate(zip(prompts, seeds))]
+        # not "prompt": the processor keeps the input columns, and the engine reads a "prompt" column as text
+        items = [{"row": i, "ids": p, "seed": s} for i, (p, s) in enumerate(zip(prompts, seeds))]
         results: list[Answer | None] = [None] * len(items)
         for r in processor(ray.data.from_items(items)).take_all():
             results[int(r["row"])] = decoded_answer(tokenizer, *split_at_stop([int(t) for t in r["tokens"]], stop_ids))
