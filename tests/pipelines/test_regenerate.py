@@ -304,7 +304,8 @@ def test_vllm_processor_settings_take_gpus_or_cpu_bundles():
     assert gpu["placement_group_config"] is None and gpu["engine_kwargs"]["dtype"] == "bfloat16"
     assert gpu["engine_kwargs"]["tensor_parallel_size"] == 2 and gpu["engine_kwargs"]["max_model_len"] == 512
     cpu = vllm_processor_settings(cfg, 512, use_gpu=False)
-    assert cpu["placement_group_config"] == {"bundle_per_worker": {"CPU": 2}} and cpu["engine_kwargs"]["dtype"] == "float32"
+    assert cpu["placement_group_config"] == {"bundle_per_worker": {"CPU": 2}}
+    assert cpu["engine_kwargs"]["dtype"] == "float32"
     # our prompt ids in, token ids out: no stage of the processor re-templates, re-tokenizes or decodes
     assert not (cpu["chat_template_stage"] or cpu["tokenize_stage"] or cpu["detokenize_stage"])
     assert cpu["engine_kwargs"]["generation_config"] == "vllm"  # the target's sampling defaults stay out
