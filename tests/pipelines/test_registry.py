@@ -93,5 +93,10 @@ def test_without_a_floor_the_gate_is_the_champion_rule_and_says_so(store):
     assert decision["promoted"] and decision["above_floor"] is None
     assert decision["reason"] == "no prompt-lookup floor measured; no champion yet"
     assert f"mean_tau_pld.{KEY}" not in store[0].get_model_version(store[3], "1").tags
-    again, _ = register(store, mean_tau=1.1, mean_tau_pld=None, train_key="a")  # same trained draft
-    assert again["version"] == 1 and again["reason"] == "already registered (same trained draft)"
+    again, rerun = register(store, mean_tau=1.1, mean_tau_pld=None, train_key="a")  # same trained draft
+    assert again["version"] == 1 and again["reason"].startswith("already registered (same trained draft) as v1")
+    # the rerun's run records what it found, though it registers nothing
+    tags = store[0].get_run(rerun).data.tags
+    assert tags["gate.version"] == "1" and tags["gate.reason"] == again["reason"] and tags["gate.promoted"] == "True"
+    assert tags["gate.version_run_id"] == store[0].get_model_version(store[3], "1").run_id != rerun
+    assert len(store[0].search_model_versions(f"name='{store[3]}'")) == 1
