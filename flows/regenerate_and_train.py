@@ -261,7 +261,8 @@ def report_run(cfg: RunConfig, parent: MlflowLogger | NullRun, result: dict[str,
     from pipelines.summary import Place, render_text, summarize
 
     logger = get_run_logger()
-    report_path = Path(cfg.workdir).absolute() / "reports" / f"{datetime.now():%Y%m%d-%H%M%S}-{flow_run.get_name() or 'local'}.html"
+    name = f"{datetime.now():%Y%m%d-%H%M%S}-{flow_run.get_name() or 'local'}.html"
+    report_path = Path(cfg.workdir).absolute() / "reports" / name
     place = Place(workdir=str(Path(cfg.workdir).absolute()), report=str(report_path), tracking_uri=parent.uri,
                   experiment_id=parent.experiment_id, run_id=parent.run_id)
     report_file = Path(result["eval"]["report"])
@@ -272,7 +273,7 @@ def report_run(cfg: RunConfig, parent: MlflowLogger | NullRun, result: dict[str,
         if parent.enabled:
             from pipelines.registry import version_history
 
-            history = version_history(parent.client, cfg.register.model_name)
+            history = version_history(parent.client, cfg.register.model_name, cfg.register.alias)
         write_report(report_path, summary, metrics_file=result["train"]["metrics_file"], eval_report=eval_report,
                      history=history)
     except Exception as err:  # the run itself succeeded: a report that cannot be written is said, not raised

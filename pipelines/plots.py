@@ -132,7 +132,12 @@ def history_figure(history: list[dict[str, Any]]) -> Figure:
                label="challenger, promoted")
     ax.scatter(refused, [_nan(history[i]["mean_tau"]) for i in refused], facecolors="none", edgecolors="tab:red",
                zorder=3, label="challenger, not promoted")
+    for x, h in zip(xs, history):
+        if h.get("champion") and h["mean_tau"] is not None:
+            ax.annotate("champion now", (x, h["mean_tau"]), xytext=(0, 7), textcoords="offset points", ha="center",
+                        fontsize=7, color="tab:green")
     ax.set_xlim(-0.5, len(history) - 0.5)
+    ax.margins(y=0.15)  # room for the label
     ax.set_xticks(xs, labels, fontsize=7)
     ax.set(ylabel="mean tau", title="champion against challenger, last registered versions")
     ax.legend(fontsize=8, loc="best")

@@ -213,19 +213,20 @@ def _tag_number(tags: dict[str, str], key: str) -> float | None:
         return None
 
 
-def version_history(client: MlflowClient, name: str, limit: int = 14) -> list[dict[str, Any]]:
+def version_history(client: MlflowClient, name: str, alias: str = "champion", limit: int = 14) -> list[dict[str, Any]]:
     """The gate's decisions on the last ``limit`` versions of ``name``, oldest first: each version's (the
     challenger's) mean tau, the champion's tau it was compared with, the floor, whether it was promoted
-    (``gate.*`` tags; None where a version predates them) and whether it holds the alias now. ``[]`` when
-    the model does not exist."""
+    (``gate.*`` tags; None where a version predates them) and whether it holds ``alias`` now (``champion``).
+    ``[]`` when the model does not exist."""
     try:
         versions = sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))[-limit:]
     except MlflowException:
         return []
+    holder = current_champion(client, name, alias)
     return [{"version": int(v.version), "created": v.creation_timestamp, "run_id": v.run_id,
              "mean_tau": _tag_number(v.tags, "gate.mean_tau"),
              "champion_mean_tau": _tag_number(v.tags, "gate.champion_mean_tau"),
              "mean_tau_pld": _tag_number(v.tags, "gate.mean_tau_pld"),
              "promoted": v.tags.get("gate.promoted") == "True", "eval_key": v.tags.get("eval_key", ""),
-             "aliases": list(getattr(v, "aliases", []) or [])}
+             "champion": holder is not None and holder.version == v.version}
             for v in versions]

@@ -27,9 +27,11 @@ body { font: 14px/1.4 system-ui, sans-serif; margin: 24px auto; max-width: 1040p
 h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 22px 0 6px; border-bottom: 1px solid #ddd; }
 .headline { font-size: 16px; margin: 0 0 12px; } .grid { display: flex; gap: 24px; flex-wrap: wrap; }
 .grid > div { flex: 1 1 460px; } table { border-collapse: collapse; } td, th { padding: 2px 10px 2px 0; }
-th { text-align: left; color: #555; font-weight: 600; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { text-align: left; color: #555; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code { font-size: 12px; background: #f4f4f4; padding: 1px 4px; word-break: break-all; }
-.note { color: #7a4d00; margin: 6px 0; } .caption { color: #555; font-size: 12px; margin: 2px 0; } .skipped { color: #888; } .missing { color: #888; font-style: italic; }
+.note { color: #7a4d00; margin: 6px 0; } .caption { color: #555; font-size: 12px; margin: 2px 0; }
+.skipped { color: #888; } .missing { color: #888; font-style: italic; }
 img { max-width: 100%; border: 1px solid #eee; } footer { color: #888; margin-top: 24px; font-size: 12px; }
 """
 
@@ -66,8 +68,9 @@ def _datasets(s: RunSummary) -> str:
 
 
 def _rows(rows: list[tuple[str, str]], code: set[str]) -> str:
-    body = "".join(f"<tr><th>{escape(label)}</th><td>{f'<code>{escape(text)}</code>' if label in code else escape(text)}"
-                   "</td></tr>" for label, text in rows)
+    body = "".join(f"<tr><th>{escape(label)}</th>"
+                   f"<td>{f'<code>{escape(text)}</code>' if label in code else escape(text)}</td></tr>"
+                   for label, text in rows)
     return f"<table>{body}</table>"
 
 
@@ -103,7 +106,8 @@ def render_report(s: RunSummary, *, training: list[dict[str, Any]], eval_report:
 <h2>Training curves</h2>{curves}
 <p class="caption">A dashed line marks where a training stage starts: a new objective, whose loss is not
 comparable with the previous stage's (a jump there is expected).</p>
-<div class="grid"><div><h2>Acceptance per draft depth</h2>{alpha}</div><div><h2>tau against the floor</h2>{floor}</div></div>
+<div class="grid"><div><h2>Acceptance per draft depth</h2>{alpha}</div>
+<div><h2>tau against the floor</h2>{floor}</div></div>
 <h2>Champion against challenger</h2>{gate}
 <footer>generated {when} by specdraft</footer>
 </body></html>

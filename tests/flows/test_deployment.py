@@ -60,6 +60,7 @@ def run(cmd: list[str], env: dict, timeout: int = 180) -> str:
     return out.stdout
 
 
+@pytest.mark.timeout(1200)  # the flow run gets 900 s (--watch-timeout): on a loaded machine more than the default 600
 def test_nightly_deployment_runs_to_completion(tiny_toy_target, tmp_path):
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
@@ -85,8 +86,10 @@ def test_nightly_deployment_runs_to_completion(tiny_toy_target, tmp_path):
         "eval.settings.decode.topk=3", "eval.settings.decode.total_tokens=6", "tracking.experiment=deploy-test",
         "register.model_name=deploy-test-draft", "ray.num_cpus=2",
     ]
-    server = start(PREFECT + ["server", "start", "--host", "127.0.0.1", "--port", str(port)], env,
-                   tmp_path / "server.log")
+    # as the README starts it: streaming flow-run logs out, so that --watch shows them
+    server = start(PREFECT + ["server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                   {**env, "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
+                    "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true"}, tmp_path / "server.log")
     worker = None
     try:
         deadline = time.time() + 120

@@ -91,12 +91,14 @@ def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target,
     assert any(k.startswith("tau.") for k in parent.data.metrics)
     # the run summary is the flow-run log's last word (what a deployment's worker output shows), and with the
     # report an artifact of the parent run; the report is in the workdir
-    logged = [r.getMessage() for r in caplog.records if r.name == "prefect.flow_runs" and "run summary" in r.getMessage()]
+    logged = [r.getMessage() for r in caplog.records
+              if r.name == "prefect.flow_runs" and "run summary" in r.getMessage()]
     assert len(logged) == 1 and second["summary"] in logged[0]
     for needle in ("promoted to champion", f"run {parent.info.run_id}", f"sqlite:///{root / 'mlflow.db'}",
                    f"mlflow ui --backend-store-uri sqlite:///{root / 'mlflow.db'}", str(root / "work")):
         assert needle in second["summary"], needle
-    assert Path(second["report"]).parent == root / "work" / "reports" and f"report    {second['report']}" in second["summary"]
+    assert Path(second["report"]).parent == root / "work" / "reports"
+    assert f"report    {second['report']}" in second["summary"]
     assert {"report.html", "summary.txt"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
 
     # 3. identical rerun, through the CLI: every stage skipped (no seconds: the earlier run's are not this one's),

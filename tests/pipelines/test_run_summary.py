@@ -62,7 +62,8 @@ def test_summary_says_what_happened_and_where(tmp_path):
         return re.search(f"^{pattern}$", text, re.M) is not None
 
     # a stage done by an earlier run shows no seconds: not that run's 50.8 or 150.9
-    assert row(r"features\s+skipped\s+-\s+toy_prompts\.jsonl") and row(r"train\s+skipped\s+-\s+done by an earlier run.*")
+    assert row(r"features\s+skipped\s+-\s+toy_prompts\.jsonl")
+    assert row(r"train\s+skipped\s+-\s+done by an earlier run.*")
     assert "50.8" not in text and "150.9" not in text
     assert row(r"regenerate\s+done\s+12\.3\s+toy_prompts\.jsonl") and row(r"register\s+done\s+1\.2")
     # tau beside the floor and the speedup (no engine measured: no engine column), a speedup below 1
@@ -130,7 +131,7 @@ HISTORY = [
     {"version": 3, "created": 1_790_172_800_000, "mean_tau": 2.3, "champion_mean_tau": 2.41, "mean_tau_pld": 1.37,
      "promoted": False},
     {"version": 4, "created": 1_790_259_200_000, "mean_tau": 2.65, "champion_mean_tau": 2.41, "mean_tau_pld": 1.37,
-     "promoted": True},
+     "promoted": True, "champion": True},
 ]
 
 
@@ -169,9 +170,9 @@ def test_the_report_renders_its_plots_in_a_real_browser(tmp_path):
 
     # every plot decodes: the browser's naturalWidth of each image, written into the DOM on load
     probe = tmp_path / "probe.html"
-    probe.write_text(html.replace("</body>", "<script>addEventListener('load', () => { for (const i of document.images) "
-                                             "i.setAttribute('data-natural', i.naturalWidth + 'x' + i.naturalHeight) })"
-                                             "</script></body>"))
+    script = ("<script>addEventListener('load', () => { for (const i of document.images) "
+              "i.setAttribute('data-natural', i.naturalWidth + 'x' + i.naturalHeight) })</script>")
+    probe.write_text(html.replace("</body>", script + "</body>"))
     dom = headless(tmp_path, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()).stdout
     sizes = re.findall(r'data-natural="(\d+)x(\d+)"', dom)
     assert len(sizes) == 4 and all(int(w) >= 500 and int(h) >= 300 for w, h in sizes), sizes
