@@ -304,33 +304,12 @@ def _run(args: argparse.Namespace) -> int:
     cfg, _ = command_config(args)  # a bad key exits with code 2 here, before Prefect starts
     preflight(args, cfg)
     from flows.local_api import local_prefect_api
-    from flows.regenerate_and_train import regenerate_and_train
+    from flows.regenerate_and_train import regenerate_and_train, summary_off_the_console
 
-    with local_prefect_api(cfg.workdir):  # started reliably, stopped before exit
+    # the flow logs its summary (pipelines.summary) to the flow-run log; here it is printed once, last
+    with local_prefect_api(cfg.workdir), summary_off_the_console():  # API started reliably, stopped before exit
         result = regenerate_and_train(config=args.config, overrides=list(args.overrides))
-    print("\nstage        status   seconds")
-    rows = [("prepare", result["prepare"])] + [("regenerate", r) for r in result["regenerate"]]
-    rows += [("features", r) for r in result["features"]] + [("train", result["train"]), ("eval", result["eval"])]
-    for name, rec in rows:
-        print(f"{name:<12} {'skipped' if rec.get('skipped') else 'done':<8} {rec.get('wall_s', 0.0):8.1f}")
-    print("\ndataset              tau")
-    for name, tau in result["eval"]["tau"].items():
-        print(f"{name:<20} {tau:.3f}")
-    reg = result["register"]
-    if reg.get("version") is not None:
-        print(f"\nregistered {reg['model_name']} v{reg['version']}: "
-              f"{'promoted to ' + reg['alias'] if reg['promoted'] else 'not promoted'} ({reg['reason']})")
-        exports = reg.get("exports") or {}
-        print("exported: " + (", ".join(f"{fmt} {path}" for fmt, path in sorted(exports.items())) if exports
-                              else f"nothing ({reg.get('export_note') or 'no format'})"))
-        if reg.get("serve"):
-            print(f"serve the {reg['alias']} (v{reg['serving_champion']}):")
-            for engine, command in sorted(reg["serve"].items()):
-                print(f"  {engine}: {command}")
-        elif reg.get("serving_champion") is not None:
-            print(f"the {reg['alias']} (v{reg['serving_champion']}) has no exported serving format")
-    if result.get("mlflow_parent_run"):
-        print(f"mlflow parent run: {result['mlflow_parent_run']}")
+    print("\n" + result["summary"])
     return 0
 
 

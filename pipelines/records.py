@@ -95,6 +95,9 @@ class Evaluated(Record):
     tau_pld: dict[str, float] = field(default_factory=dict)  # the floor per set; empty when not measured
     tau_over_pld: dict[str, float] = field(default_factory=dict)
     mean_tau_pld: float | None = None
+    # eval set -> the serving engine's acceptance length at the same K (empty: no engine measured it); the run
+    # summary shows it beside tau and warns on a gap
+    engine_tau: dict[str, float] = field(default_factory=dict)
     lossless_mismatches: int = 0
     wall_s: float = 0.0
     skipped: bool = False

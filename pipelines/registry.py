@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import mlflow
+from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -82,11 +83,16 @@ def register_draft(
         if existing:
             v = existing[0]
             champion = current_champion(client, model_name, alias)
-            return {"model_name": model_name, "version": int(v.version), "run_id": v.run_id, "mean_tau": mean_tau,
-                    "alias": alias,
-                    "promoted": champion is not None and champion.version == v.version,
-                    "champion_version": int(champion.version) if champion else None, "champion_mean_tau": None,
-                    "mean_tau_pld": mean_tau_pld, "reason": "already registered (same trained draft)"}
+            decision = {"model_name": model_name, "version": int(v.version), "run_id": v.run_id, "mean_tau": mean_tau,
+                        "alias": alias,
+                        "promoted": champion is not None and champion.version == v.version,
+                        "champion_version": int(champion.version) if champion else None, "champion_mean_tau": None,
+                        "mean_tau_pld": mean_tau_pld,
+                        "reason": f"already registered (same trained draft) as v{v.version} by run {v.run_id}"}
+            # the run asking records what it found: the version, its run, the champion now (nothing is registered)
+            client.log_batch(run_id, tags=[RunTag(f"gate.{'version_run_id' if k == 'run_id' else k}", str(value))
+                                           for k, value in decision.items()])
+            return decision
     client.log_artifacts(run_id, str(draft_dir), "draft")
     try:
         client.create_registered_model(model_name, description="specdraft speculative-decoding drafts")
@@ -198,3 +204,29 @@ def champion_exports(client: MlflowClient, name: str, alias: str, dst: str | Pat
         exports[fmt] = str(root / fmt)
     return {"version": int(champion.version), "exports": exports, "arch": champion.tags.get("specdraft.arch", ""),
             "target": champion.tags.get("specdraft.target", "")}
+
+
+def _tag_number(tags: dict[str, str], key: str) -> float | None:
+    try:
+        return float(tags[key])
+    except (KeyError, ValueError):  # absent, or "None"
+        return None
+
+
+def version_history(client: MlflowClient, name: str, alias: str = "champion", limit: int = 14) -> list[dict[str, Any]]:
+    """The gate's decisions on the last ``limit`` versions of ``name``, oldest first: each version's (the
+    challenger's) mean tau, the champion's tau it was compared with, the floor, whether it was promoted
+    (``gate.*`` tags; None where a version predates them) and whether it holds ``alias`` now (``champion``).
+    ``[]`` when the model does not exist."""
+    try:
+        versions = sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))[-limit:]
+    except MlflowException:
+        return []
+    holder = current_champion(client, name, alias)
+    return [{"version": int(v.version), "created": v.creation_timestamp, "run_id": v.run_id,
+             "mean_tau": _tag_number(v.tags, "gate.mean_tau"),
+             "champion_mean_tau": _tag_number(v.tags, "gate.champion_mean_tau"),
+             "mean_tau_pld": _tag_number(v.tags, "gate.mean_tau_pld"),
+             "promoted": v.tags.get("gate.promoted") == "True", "eval_key": v.tags.get("eval_key", ""),
+             "champion": holder is not None and holder.version == v.version}
+            for v in versions]

@@ -73,7 +73,10 @@ class MlflowLogger:
                 all_tags["mlflow.parentRunId"] = parent_run_id
             run = self.client.create_run(exp_id, run_name=run_name, tags=all_tags)
             run_id = run.info.run_id
+        else:
+            exp_id = self.client.get_run(run_id).info.experiment_id
         self.run_id = run_id
+        self.experiment_id = exp_id
         self._closed = False
 
     def log_params(self, params: dict[str, Any]) -> None:
@@ -112,6 +115,7 @@ class NullRun:
     enabled = False
     run_id = None
     uri = None
+    experiment_id = None
 
     def log_params(self, params: dict[str, Any]) -> None:
         return None

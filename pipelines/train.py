@@ -118,6 +118,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                                    "train.total_steps": trainer.total_steps,
                                    "train.max_tokens_used": run.reader.max_tokens,
                                    "train.warmup_used": warmup_of(cfg.optim, trainer.total_steps),
+                                   "train.stage_kinds": ",".join(s.kind for s in stages),  # the report's labels
                                    "train.warnings": " | ".join(trainer.warnings) or "none"})
 
     epoch_offsets = [sum(s.epochs for s in stages[:i]) for i in range(len(stages))]

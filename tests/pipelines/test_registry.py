@@ -13,7 +13,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from pipelines.registry import register_draft
+from pipelines.registry import register_draft, version_history
 
 ALIAS, KEY = "champion", "evalkey1"
 
@@ -86,6 +86,14 @@ def test_a_draft_above_the_floor_is_promoted_and_then_must_beat_the_champion(sto
     decision, _ = register(store, mean_tau=2.9, mean_tau_pld=1.7, train_key="d")
     assert decision["promoted"] and decision["version"] == 4 and champion_version(store) == "4"
     assert calls == []
+    # what the run report plots: each version's tau against the champion it met, oldest first
+    history = version_history(client, store[3])
+    rows = [(h["version"], h["mean_tau"], h["champion_mean_tau"], h["mean_tau_pld"], h["promoted"]) for h in history]
+    assert rows == [(1, 2.4, None, 1.7, True), (2, 2.2, 2.4, 1.7, False), (3, 2.5, 2.4, 2.6, False),
+                    (4, 2.9, 2.4, 1.7, True)]
+    assert [h["champion"] for h in history] == [False, False, False, True]
+    assert [h["version"] for h in version_history(client, store[3], ALIAS, limit=2)] == [3, 4]
+    assert version_history(client, "no-such-model") == []
 
 
 def test_without_a_floor_the_gate_is_the_champion_rule_and_says_so(store):
@@ -93,5 +101,10 @@ def test_without_a_floor_the_gate_is_the_champion_rule_and_says_so(store):
     assert decision["promoted"] and decision["above_floor"] is None
     assert decision["reason"] == "no prompt-lookup floor measured; no champion yet"
     assert f"mean_tau_pld.{KEY}" not in store[0].get_model_version(store[3], "1").tags
-    again, _ = register(store, mean_tau=1.1, mean_tau_pld=None, train_key="a")  # same trained draft
-    assert again["version"] == 1 and again["reason"] == "already registered (same trained draft)"
+    again, rerun = register(store, mean_tau=1.1, mean_tau_pld=None, train_key="a")  # same trained draft
+    assert again["version"] == 1 and again["reason"].startswith("already registered (same trained draft) as v1")
+    # the rerun's run records what it found, though it registers nothing
+    tags = store[0].get_run(rerun).data.tags
+    assert tags["gate.version"] == "1" and tags["gate.reason"] == again["reason"] and tags["gate.promoted"] == "True"
+    assert tags["gate.version_run_id"] == store[0].get_model_version(store[3], "1").run_id != rerun
+    assert len(store[0].search_model_versions(f"name='{store[3]}'")) == 1
