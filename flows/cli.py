@@ -48,7 +48,7 @@ def _train_sugar(args: argparse.Namespace) -> list[str]:
 
 def _eval_sugar(args: argparse.Namespace) -> list[str]:
     out = [f"decode.mode={args.mode}"] if args.mode is not None else []
-    return out + ([f"engine.engine={args.engine}"] if args.engine is not None else [])
+    return out + ([f"engine.name={args.engine}"] if args.engine is not None else [])
 
 
 def command_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -393,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", metavar="MODE", help="same as decode.mode=MODE (chain of gamma tokens, or EAGLE-2 tree)")
     p.add_argument("--ray", action="store_true", help="spread questions over Ray Data replicas (settings: ray.*)")
     p.add_argument("--engine", metavar="ENGINE", choices=["vllm", "none"],
-                   help="same as engine.engine=ENGINE: also serve the draft in vLLM (exported for it) on the same "
+                   help="same as engine.name=ENGINE: also serve the draft in vLLM (exported for it) on the same "
                         "questions and report the engine's acceptance and speedup beside ours (settings: engine.*)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_config_options(p, EVAL, example="decode.gamma=4 max_questions=10 ray.replicas=2")

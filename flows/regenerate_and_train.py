@@ -158,6 +158,14 @@ def eval_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained) -> Eva
         for i, a in enumerate(d["alpha"]):
             if a is not None:
                 run.log_metrics({f"alpha.{name}": a}, step=i + 1)
+    for name, d in (report.get("engine") or {}).get("datasets", {}).items():  # the serving engine beside ours
+        run.log_metrics({key: d[field] for key, field in ((f"engine_tau.{name}", "acceptance_length"),
+                                                          (f"engine_tau_ours.{name}", "tau_ours"),
+                                                          (f"engine_gap.{name}", "gap"),
+                                                          (f"engine_speedup.{name}", "speedup"))
+                         if d.get(field) is not None}, step=0)
+        for i, a in enumerate(d["accepted_per_pos"]):
+            run.log_metrics({f"engine_accepted_per_pos.{name}": a}, step=i + 1)
     return record
 
 
@@ -172,12 +180,13 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
     if evaluated.mean_tau is None:
         raise RuntimeError("evaluation produced no tau: nothing to compare, refusing to register")
 
-    def evaluate_champion(uri: str) -> float | None:
+    def evaluate_champion(uri: str) -> tuple[float | None, float | None]:
         import mlflow
 
         with tempfile.TemporaryDirectory() as tmp:
             local = mlflow.artifacts.download_artifacts(uri, dst_path=tmp, tracking_uri=run.uri)
-            return stages.evaluate_draft(cfg, prepared, local, f"champion:{uri}").mean_tau
+            champion = stages.evaluate_draft(cfg, prepared, local, f"champion:{uri}")
+            return champion.mean_tau, champion.mean_engine_tau
 
     exported = stages.export_formats(cfg, prepared, trained.draft, trained.key)
     tags = {"specdraft.arch": exported.arch, "specdraft.target": prepared.target,
@@ -186,7 +195,8 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
                               model_name=cfg.register.model_name, alias=cfg.register.alias,
                               eval_key=evaluated.eval_key, mean_tau=evaluated.mean_tau,
                               taus=evaluated.tau, train_key=trained.key, evaluate_champion=evaluate_champion,
-                              mean_tau_pld=evaluated.mean_tau_pld, tags=tags)
+                              mean_tau_pld=evaluated.mean_tau_pld, mean_engine_tau=evaluated.mean_engine_tau,
+                              tags=tags)
     log_exports(run.client, decision["run_id"], exported.exports)
     champion = champion_exports(run.client, cfg.register.model_name, cfg.register.alias,
                                 Path(cfg.workdir) / "export" / "champion",

@@ -293,10 +293,17 @@ def evaluate_draft(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
     taus = {name: d["tau"] for name, d in report["datasets"].items() if d["tau"] is not None}
     floors = {name: report["datasets"][name].get("tau_pld") for name in taus}  # the prompt-lookup floor
     floors = floors if taus and all(v is not None for v in floors.values()) else {}
+    engine = report.get("engine") or {}  # the serving engine's measurement (eval.settings.engine)
+    engine_tau = {name: d["acceptance_length"] for name, d in (engine.get("datasets") or {}).items()
+                  if name in taus and d.get("acceptance_length") is not None}
+    engine_tau = engine_tau if len(engine_tau) == len(taus) else {}
     record = Evaluated(key=key, eval_key=evals, report=str(out / "report.json"), tau=taus,
                        mean_tau=sum(taus.values()) / len(taus) if taus else None,
                        tau_pld=floors, tau_over_pld={name: taus[name] / v for name, v in floors.items()},
                        mean_tau_pld=sum(floors.values()) / len(floors) if floors else None,
+                       engine_tau=engine_tau,
+                       mean_engine_tau=sum(engine_tau.values()) / len(engine_tau) if engine_tau else None,
+                       engine_warnings=list(engine.get("warnings") or []),
                        lossless_mismatches=sum(d.get("lossless_mismatches") or 0 for d in report["datasets"].values()),
                        wall_s=time.perf_counter() - started)
     _finish(out, _done(record))

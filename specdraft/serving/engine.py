@@ -38,7 +38,7 @@ METRIC = "vllm:spec_decode_"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EngineSettings:
-    engine: Literal["none", "vllm"] = "none"  # measure served acceptance too: vllm (the draft exported, then served)
+    name: Literal["none", "vllm"] = "none"  # measure served acceptance too: vllm (the draft exported, then served)
     speculative_tokens: int = 3  # K: draft tokens per step (vLLM drafts chains)
     dtype: str = "auto"  # auto: float32 on CPU, the target's dtype on GPU | float32 | bfloat16 | float16
     max_model_len: int = 2048  # the engine's context (prompt + answer)
@@ -50,8 +50,8 @@ class EngineSettings:
     timeout_s: float = 3600.0  # the engine process is stopped after this long
 
     def __post_init__(self) -> None:
-        if self.engine not in ("none", "vllm"):
-            raise ConfigError(f"engine: must be 'none' or 'vllm', got {self.engine!r}")
+        if self.name not in ("none", "vllm"):
+            raise ConfigError(f"name: must be 'none' or 'vllm', got {self.name!r}")
         if self.speculative_tokens < 1:
             raise ConfigError(f"speculative_tokens={self.speculative_tokens}: must be >= 1")
         if self.max_model_len < 2:
@@ -67,7 +67,7 @@ class EngineSettings:
 
     @property
     def enabled(self) -> bool:
-        return self.engine != "none"
+        return self.name != "none"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -35,12 +35,13 @@ def store(mlflow_store, request):
     return (*mlflow_store, f"gate-{request.node.name}")  # a registered model per test
 
 
-def register(store, mean_tau, mean_tau_pld, train_key, evaluate_champion=None):
+def register(store, mean_tau, mean_tau_pld, train_key, evaluate_champion=None, mean_engine_tau=None, key=KEY):
     client, experiment, draft, name = store
     run_id = client.create_run(experiment).info.run_id
-    decision = register_draft(client, run_id=run_id, draft_dir=draft, model_name=name, alias=ALIAS, eval_key=KEY,
+    decision = register_draft(client, run_id=run_id, draft_dir=draft, model_name=name, alias=ALIAS, eval_key=key,
                               mean_tau=mean_tau, taus={"toy": mean_tau}, train_key=train_key,
-                              evaluate_champion=evaluate_champion, mean_tau_pld=mean_tau_pld)
+                              evaluate_champion=evaluate_champion, mean_tau_pld=mean_tau_pld,
+                              mean_engine_tau=mean_engine_tau)
     return decision, run_id
 
 
@@ -108,3 +109,26 @@ def test_without_a_floor_the_gate_is_the_champion_rule_and_says_so(store):
     assert tags["gate.version"] == "1" and tags["gate.reason"] == again["reason"] and tags["gate.promoted"] == "True"
     assert tags["gate.version_run_id"] == store[0].get_model_version(store[3], "1").run_id != rerun
     assert len(store[0].search_model_versions(f"name='{store[3]}'")) == 1
+
+
+def test_with_an_engine_the_gate_compares_the_engines_acceptance(store):
+    """The engine serves the draft: champion and challenger are compared by what it measured, even where our
+    decoder ranks them the other way; the floor is still our decoder's (prompt lookup measured beside it)."""
+    client = store[0]
+    decision, _ = register(store, mean_tau=2.4, mean_tau_pld=1.7, train_key="a", mean_engine_tau=2.3)
+    assert decision["promoted"] and decision["compared_by"] == "engine acceptance length"
+    assert client.get_model_version(store[3], "1").tags[f"mean_engine_tau.{KEY}"] == "2.300000"
+    # a better tau of ours, a worse one served: not promoted
+    decision, _ = register(store, mean_tau=2.6, mean_tau_pld=1.7, train_key="b", mean_engine_tau=2.2)
+    assert not decision["promoted"] and decision["champion_mean_tau"] == 2.3 and champion_version(store) == "1"
+    assert "engine acceptance 2.2000 <= champion 2.3000" in decision["reason"]
+    # a worse tau of ours, a better one served: promoted
+    decision, _ = register(store, mean_tau=2.35, mean_tau_pld=1.7, train_key="c", mean_engine_tau=2.5)
+    assert decision["promoted"] and champion_version(store) == "3"
+    # on other eval sets the champion is served again, and both of its numbers are kept
+    calls = []
+    decision, _ = register(store, mean_tau=2.5, mean_tau_pld=1.7, train_key="d", mean_engine_tau=2.45, key="other",
+                           evaluate_champion=lambda uri: calls.append(uri) or (2.6, 2.4))
+    assert calls == [f"models:/{store[3]}/3"] and decision["promoted"] and decision["champion_mean_tau"] == 2.4
+    tags = client.get_model_version(store[3], "3").tags
+    assert tags["mean_tau.other"] == "2.600000" and tags["mean_engine_tau.other"] == "2.400000"

@@ -25,7 +25,8 @@ from pipelines.summary import Place, render_text, summarize
 SERVE = "vllm serve /t --host 127.0.0.1 --speculative-config '{\"method\": \"eagle3\"}'"
 
 
-def records(tmp_path: Path, *, engine: dict[str, float] | None = None, registered: Registered | None = None) -> dict:
+def records(tmp_path: Path, *, engine: dict[str, float] | None = None, registered: Registered | None = None,
+            engine_warnings: list[str] | None = None) -> dict:
     """The dict the flow returns: regenerate ran now, features and train were done by an earlier run
     (their DONE files hold that run's 50.8 s and 150.9 s), eval and register ran now."""
     prompt = "/data/toy_prompts.jsonl"
@@ -43,7 +44,7 @@ def records(tmp_path: Path, *, engine: dict[str, float] | None = None, registere
                          skipped=True).to_dict(),
         "eval": Evaluated(key="e", eval_key="ek", report=str(tmp_path / "report.json"), tau={"toy": 2.65},
                           mean_tau=2.65, tau_pld={"toy": 1.37}, tau_over_pld={"toy": 1.93}, mean_tau_pld=1.37,
-                          engine_tau=engine or {}, wall_s=7.5).to_dict(),
+                          engine_tau=engine or {}, engine_warnings=engine_warnings or [], wall_s=7.5).to_dict(),
         "register": registered.to_dict(),
         "mlflow_parent_run": "abc123",
     }
@@ -88,8 +89,10 @@ def test_summary_says_what_happened_and_where(tmp_path):
 def test_summary_engine_column_tracking_server_and_the_runs_that_register_nothing(tmp_path):
     close = render_text(summarize("toy", records(tmp_path, engine={"toy": 2.62}), PLACE, EVAL_REPORT))
     assert re.search(r"^toy\s+2\.65\s+1\.37\s+1\.93\s+0\.17\s+2\.62$", close, re.M) and "warning" not in close
-    far = render_text(summarize("toy", records(tmp_path, engine={"toy": 2.40}), PLACE, EVAL_REPORT))
-    assert "warning: toy: the engine's acceptance 2.40 vs our tau 2.65 (-9.4%, more than 3%)" in " ".join(far.split())
+    gap = "toy: the engine's acceptance length 2.400 differs from ours 2.650 by -9.4% (more than 3%)"  # engine report's
+    far = render_text(summarize("toy", records(tmp_path, engine={"toy": 2.40}, engine_warnings=[gap]), PLACE,
+                                EVAL_REPORT))
+    assert f"warning: {gap}: the served draft does not behave as evaluated here" in " ".join(far.split())
 
     server = replace(PLACE, tracking_uri="http://mlflow.internal:5000/")
     text = render_text(summarize("toy", records(tmp_path), server, EVAL_REPORT))
