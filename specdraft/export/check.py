@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 
 from specdraft.export.llama import expected_shapes
-from specdraft.export.spec import ExportError, ExportSpec
+from specdraft.export.spec import VLLM_FORMATS, ExportError, ExportSpec
 from specdraft.placement import dtype_name, resolve_dtype
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -124,6 +124,14 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
                             "drops fc.bias (load_state_dict(strict=False))")
     elif "bias" in config:
         problems.append("a top-level 'bias' key: vLLM and SGLang read it as the attention bias of the layer")
+    if spec.format in VLLM_FORMATS and config.get("architectures") in (["LlamaForCausalLM"], ["EagleLlamaForCausalLM"]) \
+            and c.arch == "eagle":
+        problems.append("vLLM's own EagleLlamaForCausalLM builds fc without a bias and drops the checkpoint's fc.bias "
+                        "with only a DEBUG line: the draft's logits would not be reproduced (export format 'vllm' "
+                        "writes specdraft's plugin architecture, which keeps it)")
+    if spec.format == "speculators" and layer.get("model_type") not in ("llama", "qwen3"):
+        problems.append(f"transformer_layer_config.model_type = {layer.get('model_type')!r}: vLLM's speculators "
+                        "converter builds only 'llama' or 'qwen3' draft layers")
     if layout.plugin:
         from specdraft.serving.vllm_plugin import ARCHITECTURES
 
