@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.config import ConfigError
-from specdraft.preflight import check_draft, check_files, check_target
+from specdraft.preflight import check_draft, check_engine, check_files, check_target
 
 GLOB = "*?["
 
@@ -33,6 +33,7 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
         check_target(args.target)
         check_draft(args.draft)
         check_files(args.questions, "--questions")
+        check_engine(cfg.engine)
     elif command == "train":
         check_target(args.target, tokenizer=cfg.features == "online")  # offline: the heads and config only
         from specdraft.store import location
@@ -61,6 +62,7 @@ def check_run(cfg: Any) -> None:
         raise ConfigError(f"data.prompts: {err}") from None
     if cfg.eval.questions:
         check_files(cfg.eval.questions, "eval.questions")
+    check_engine(cfg.eval.settings.engine, "eval.settings.engine.name")
     workdir = Path(cfg.workdir)
     if workdir.exists() and not workdir.is_dir():
         raise ConfigError(f"workdir={cfg.workdir}: exists and is not a directory")
