@@ -128,3 +128,22 @@ def test_vllm_serves_the_recipe_as_trained(recipe, target, drafts, served, targe
     assert abs(overall["gap"]) <= 0.03, (recipe, formats[recipe], overall)
     assert overall["accepted_per_pos"] == pytest.approx(overall["accepted_per_pos_ours"], abs=0.03), overall
     assert not report["warnings"]
+
+
+def test_eval_with_the_engine_prints_its_acceptance_beside_ours(target, drafts, tmp_path, capsys):
+    """``specdraft eval --engine vllm``: the draft exported for vLLM and served on the same questions."""
+    import json
+
+    from flows.cli import main
+
+    out = tmp_path / "report.json"
+    assert main(["eval", "--target", str(target), "--draft", str(drafts["beagle"]), "--questions", str(QUESTIONS),
+                 "--out", str(out), "--mode", "chain", "--engine", "vllm", "--quiet", "max_questions=4",
+                 "decode.gamma=3", f"decode.max_new_tokens={MAX_NEW}", "engine.max_model_len=512"]) == 0
+    printed = capsys.readouterr().out
+    engine = json.loads(out.read_text())["engine"]
+    row = engine["datasets"]["toy_questions"]
+    assert engine["format"] == "vllm" and engine["speculative_tokens"] == 3 and row["prompts"] >= 4
+    assert abs(row["gap"]) <= 0.03 and row["same_answer_as_ours"] == row["prompts"]
+    assert (f"toy_questions: acceptance length {row['acceptance_length']:.3f} vs ours {row['tau_ours']:.3f}"
+            in printed), printed
