@@ -70,6 +70,7 @@ OUTPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "eval": (("target", "draft", "questions"), ()),
     "quickstart": ((), ("report.json",)),
     "toy-data": ((), ("toy_prompts.jsonl", "toy_questions.jsonl")),
+    "toy-target": ((), ("toy_target.json",)),
 }
 
 
@@ -108,7 +109,7 @@ def _toy_target(args: argparse.Namespace) -> int:
     from specdraft.toy.build import build_toy_target, compare_with_prebuilt
 
     cfg, _ = command_config(args)
-    out = build_toy_target(args.out, cfg, progress=not args.quiet, prebuilt=args.prebuilt)
+    out = build_toy_target(args.out, cfg, progress=not args.quiet, prebuilt=args.prebuilt, overwrite=args.overwrite)
     print(f"toy target ready: {out}")
     diff = compare_with_prebuilt(out)
     if diff["same_config"] and not args.prebuilt:  # a from-scratch rebuild of the shipped target
@@ -302,7 +303,10 @@ def _export(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     cfg, _ = command_config(args)  # a bad key exits with code 2 here, before Prefect starts
-    preflight(args, cfg)
+    preflight(args, cfg)  # the workdir too: not an input, and a run's own unless --overwrite
+    from specdraft.outputs import mark_output
+
+    mark_output(cfg.workdir, "run")  # the flow's own pre-flight finds it the run's
     from flows.local_api import local_prefect_api
     from flows.regenerate_and_train import regenerate_and_train, summary_off_the_console
 
@@ -322,11 +326,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
 
     p = sub.add_parser("run", help="run the regenerate-and-train flow locally (ephemeral Prefect API unless PREFECT_API_URL)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="run in a non-empty workdir that is not a run's own (its stage directories are written beside "
+                        "the files there; never one holding an input)")
     add_config_options(p, RUN, default="configs/toy.yaml", example="train.recipe=hass train.epochs=[5] eval.settings.decode.mode=chain")
     p.set_defaults(func=_run, sugar=_no_sugar)
 
     p = sub.add_parser("toy-target", help="build the toy target model directory (small Llama + tokenizer)")
-    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--out", required=True, help="output model directory (an earlier toy build there is replaced)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out that is not a toy build (only the build's files are replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--prebuilt", action="store_true",
                    help="copy the target shipped with specdraft when the config is its (the default) one, instead "

@@ -37,6 +37,7 @@ from pipelines.tracking import MlflowLogger, NullRun, TrackingConfig, open_run
 from flows.preflight import check_run
 from specdraft import files
 from specdraft.config import ConfigError, config_hash, flatten, from_dict, load, to_dict
+from specdraft.outputs import mark_output
 
 
 
@@ -228,6 +229,7 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
     """Run every stage for ``config`` (+ ``key=value`` overrides); returns the stage records as dicts."""
     cfg = load(RunConfig, config, list(overrides or []))
     check_run(cfg)  # the pre-flight: a bad path fails here, before Ray, a model or a stage starts
+    mark_output(cfg.workdir, "run")  # the workdir a run's own from now on (specdraft/outputs.py)
     data = to_dict(cfg)
     retries = cfg.retries
     parent, tr = open_parent_run(cfg)
