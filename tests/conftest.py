@@ -194,6 +194,6 @@ def s3_bucket(s3_env) -> str:
 def s3_ray(local_ray, s3_env) -> dict[str, str]:
     """Ray whose workers see the endpoint and (dummy) credentials, as every node of a real cluster must:
     the session's cluster (``local_ray`` starts it with them); returns them."""
-    workers = local_ray.get(local_ray.remote(num_cpus=0)(lambda: {k: os.environ.get(k) for k in s3_env}).remote())
-    assert workers == s3_env, f"the session's Ray workers see {workers}, not the local S3 server"
+    workers = local_ray.get_runtime_context().runtime_env.get("env_vars", {})  # what every worker of the job sees
+    assert {k: workers.get(k) for k in s3_env} == s3_env, f"the session's Ray workers see {workers}, not the local S3 server"
     return s3_env
