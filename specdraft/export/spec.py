@@ -20,7 +20,7 @@ from specdraft.target import TargetMismatch, check_target, load_target_config, t
 
 FORMATS = ("speculators", "sglang", "eagle")
 DTYPES = tuple(placement.DTYPES)  # the dtype names an export writes
-ARCH_FORMATS = {"eagle3": ("speculators", "sglang"), "eagle": ("sglang", "eagle"), "beagle": ()}
+ARCH_FORMATS = {"eagle3": ("speculators", "sglang"), "eagle": ("sglang", "eagle"), "beagle": (), "dflash": ("speculators",)}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,6 +47,12 @@ LAYOUTS = {
                                           ("eagle_aux_hidden_state_layer_ids", 0))),
     ("sglang", "eagle"): Layout(architectures=("LlamaForCausalLMEagle",), layer_prefix="layers.0."),
     ("eagle", "eagle"): Layout(architectures=("LlamaForCausalLM",), layer_prefix="layers.0."),
+    # vLLM's speculators "dflash" type (update_dflash -> DFlashDraftModel = DFlashQwen3ForCausalLM): the draft's own
+    # multi-layer names (layers.i.self_attn.*, top-level fc / hidden_norm / norm); aux_hidden_state_layer_ids in
+    # vLLM's convention (the state entering layer i), turned by vLLM into dflash_config.target_layer_ids = i - 1
+    ("speculators", "dflash"): Layout(architectures=("DFlashSpeculator",), layer_prefix="",
+                                      layer_config="transformer_layer_config",
+                                      aux_ids=(("aux_hidden_state_layer_ids", 0),)),
 }
 
 
@@ -55,11 +61,14 @@ class ExportConfig:
     """The choices of an export (``specdraft export``, the register stage's ``register.serving``)."""
 
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # of the written tensors; None: the target's
-    speculative_tokens: int = 3  # K drafted per step: the speculators proposal and the printed serve commands
+    # K drafted per step: the speculators proposal and the printed serve commands (None: 3; a block draft: its
+    # block's block_size - 1 masked positions)
+    speculative_tokens: int | None = None
     verifier: str = ""  # how engines find the target in a speculators config (hub id or path); empty: its path
 
     def __post_init__(self) -> None:
-        assert self.speculative_tokens >= 1, f"speculative_tokens must be >= 1, got {self.speculative_tokens}"
+        assert self.speculative_tokens is None or self.speculative_tokens >= 1, (
+            f"speculative_tokens must be >= 1, got {self.speculative_tokens}")
 
 
 class ExportError(ValueError):
@@ -106,6 +115,11 @@ def read_target_facts(path: str | Path) -> TargetFacts:
     )
 
 
+def default_speculative_tokens(config: DraftConfig) -> int:
+    """K when none is asked for: a block draft's masked positions (block_size - 1), else 3."""
+    return config.block_size - 1 if config.drafts_blocks else 3
+
+
 def formats_for(arch: str) -> tuple[str, ...]:
     """The formats an engine can load a draft of ``arch`` from (empty for Beagle)."""
     return ARCH_FORMATS.get(arch, ())
@@ -120,6 +134,12 @@ def refuse_unservable(config: DraftConfig, fmt: str) -> None:
             "no serving engine runs Beagle drafts yet: vLLM and SGLang serve EAGLE-1/2 (eagle, hass recipes) and "
             "EAGLE-3 (eagle3 recipes) drafts only. Evaluate a Beagle draft with `specdraft eval`, or train an "
             "EAGLE-family recipe to serve one"
+        )
+    if config.drafts_blocks and not config.block_self_attention:
+        raise ExportError(
+            "this block draft's positions never attend to each other (the beagle-dflash recipe); vLLM's DFlash layer "
+            "always attends within the block, so its exported weights would not reproduce the draft's logits. "
+            "Evaluate it with `specdraft eval`, or train the dflash recipe to serve one"
         )
     if config.legacy:
         raise ExportError(
