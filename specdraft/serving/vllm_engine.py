@@ -73,7 +73,9 @@ def run_engines(jobs: list[EngineJob], timeout: float = 1800.0) -> list[dict[str
         done = subprocess.run([sys.executable, "-m", "specdraft.serving.vllm_engine", str(spec), str(out)],
                               env=env, timeout=timeout, capture_output=True, text=True)
         if done.returncode != 0 or not out.is_file():
-            raise RuntimeError(f"vLLM engine process failed (exit {done.returncode}):\n{done.stderr[-6000:]}")
+            causes = [line for line in done.stderr.splitlines() if "Error" in line and "plugin" not in line]
+            raise RuntimeError(f"vLLM engine process failed (exit {done.returncode}); errors it printed:\n"
+                               + "\n".join(causes[:20]) + f"\n... its last output:\n{done.stderr[-3000:]}")
         return json.loads(out.read_text())
 
 

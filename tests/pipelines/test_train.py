@@ -236,6 +236,13 @@ def test_eagle3_recipe_trains_on_a_store_dumped_with_aux_layers(local_ray, tiny_
     assert len(losses) >= 4 and all(np.isfinite(losses))
     with pytest.raises(StoreError, match="recipe 'eagle3' .* has no aux_hidden .* aux_layers=eagle3"):
         run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "bare")
+    block = replace(cfg, recipe="dflash", draft_layers=1, block_size=4)  # the block draft, on the same store
+    summary = run_training(block, [store], tiny_toy_target, tmp_path / "block")
+    draft = load_draft(summary["draft"], target=tiny_toy_target)
+    assert draft.config.arch == "dflash" and draft.config.aux_layers == [0, 1] and draft.config.block_size == 4
+    assert not draft.config.own_vocab and not (tmp_path / "block" / "draft_vocab.json").exists()  # the target's head
+    rows = [r for r in read_metrics(tmp_path / "block") if r["kind"] == "metrics" and "loss" in r]
+    assert len(rows) >= 4 and all(np.isfinite(r["loss"]) for r in rows) and "acc_step3" in rows[-1]
 
 
 
