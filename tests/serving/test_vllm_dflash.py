@@ -2,7 +2,7 @@
 ``method: "dflash"``, greedy, and vLLM's output and acceptance are ours.
 
 One target (a 3-layer toy Llama with 2 heads of 32: vLLM's CPU attention needs head_dim >= 32), one
-trained block draft (2 layers, blocks of 8, over the states entering target layers 1 and 2), its
+briefly trained block draft (2 layers, blocks of 8, over the states entering target layers 1 and 2), its
 speculators export, and ONE engine in one child process (``specdraft.serving.vllm_engine``; an engine start
 costs about 20 s on an idle CPU, minutes on a loaded one). Checked: vLLM's tokens equal the target's greedy
 tokens (our HF decoding) prompt for prompt, and vLLM's mean acceptance length (1 + accepted / drafts) is
@@ -52,7 +52,7 @@ def served(tmp_path_factory):
                           lr=1e-2, warmup_steps=5, num_eval_conversations=8)
     target = build_toy_target(root / "target", cfg, progress=False)
     model, tokenizer = load_target_model(target), load_tokenizer(target)
-    samples = compute_features(model, tokenizer, generate_conversations(160, seed=5), max_length=128, topk=10,
+    samples = compute_features(model, tokenizer, generate_conversations(96, seed=5), max_length=128, topk=10,
                                progress=False, aux_layers=AUX)
     torch.manual_seed(0)
     heads = load_target_heads(target)
@@ -61,7 +61,7 @@ def served(tmp_path_factory):
                                     block_size=BLOCK)
     draft = build_draft(dcfg, heads.embed, heads.lm_head)
     batches = [pad_batch(samples[i : i + 8]) for i in range(0, len(samples), 8)]
-    stage = StageConfig(kind="block", epochs=10, anchors=64, step_decay=math.exp(-1 / 4), noise_std=0.0,
+    stage = StageConfig(kind="block", epochs=3, anchors=32, step_decay=math.exp(-1 / 4), noise_std=0.0,
                         loss=LossWeights(ce=1.0))  # DFlash Eq. 4: gamma = 4 for blocks of 8
     Trainer(draft, [stage], OptimConfig(lr=3e-3, warmup_steps=10), len(batches), seed=0).run(lambda s, e: batches)
     draft_dir = save_draft(draft.eval(), root / "draft")
@@ -90,6 +90,6 @@ def test_vllm_acceptance_is_ours_at_the_same_block_size(served):
         gen = speculative_decode(model, drafter, prompt, cfg)  # no EOS stop, as the engine job
         rounds, accepted = rounds + gen.rounds, accepted + sum(gen.accepted)
     ours = 1 + accepted / rounds
-    assert ours > 1.2, f"the draft accepts too little ({ours:.2f}) for the comparison to mean anything"
+    assert ours > 1.1, f"the draft accepts too little ({ours:.2f}) for the comparison to mean anything"
     assert engine["drafts"] > 0 and engine["draft_tokens"] == engine["drafts"] * (BLOCK - 1)
     assert abs(engine["acceptance_length"] - ours) / ours <= 0.03, (engine, rounds, accepted)
