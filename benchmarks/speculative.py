@@ -58,58 +58,34 @@ def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Nam
     return out
 
 
-def engine_acceptance(target: Path, drafts: dict[str, tuple[Path, int]], files: list[Path], work: Path,
-                      max_new_tokens: int) -> dict[str, Any]:
-    """vLLM's acceptance of each exported draft beside our decoder's, on the questions' first turns.
 
-    ``drafts``: recipe -> (draft directory, K drafted tokens per step). Each draft is exported in vLLM's
-    speculators format (``specdraft.export``) and served by a real vLLM engine (all engines in one child
-    process, ``specdraft.serving.vllm_engine``), greedy, decoding every prompt to ``max_new_tokens`` with the
-    EOS stop off; our decoder runs the same prompts with the same K and no EOS stop. Reported per recipe: the
-    mean acceptance length of both (1 + accepted / drafts), their relative gap, vLLM's counters, and whether
-    vLLM's tokens equal the target's greedy tokens (our vanilla decoding)."""
-    from specdraft.decoding import DecodeConfig, ModelDrafter, speculative_decode, vanilla_generate
-    from specdraft.decoding.block import BlockDrafter
-    from specdraft.decoding.eval import load_question_sets, render_prompt
-    from specdraft.export import export_draft
-    from specdraft.models import load_draft
-    from specdraft.serving.vllm_engine import EngineJob, run_engines
-    from specdraft.target import load_target_model, load_tokenizer
+def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], work: Path, max_new_tokens: int,
+                      k: int) -> dict[str, Any]:
+    """vLLM's acceptance of each draft beside our decoder's (``specdraft.serving.engine``): every draft exported in
+    its vLLM format and served from one vLLM process (the target alone, then with each draft, on the questions),
+    our decoder a chain of ``k`` on the same prompts counted as vLLM counts; per recipe the overall report of
+    ``serving.engine.compare`` (acceptance length on both sides, the gap, per-position rates, greedy equality)."""
+    from dataclasses import asdict
 
-    tokenizer, model = load_tokenizer(target), load_target_model(target)
-    prompts = [render_prompt(tokenizer, [{"role": "user", "content": q["turns"][0]}])
-               for q in load_question_sets(files)]
-    jobs, names = [], []
-    for recipe, (draft_dir, k) in drafts.items():
-        out = export_draft(draft_dir, "speculators", work / "export" / recipe, target=target, speculative_tokens=k,
-                           overwrite=True)
-        method = "dflash" if recipe.endswith("dflash") else "eagle3"
-        jobs.append(EngineJob(target=str(target), prompts=prompts, max_new_tokens=max_new_tokens,
-                              speculative={"method": method, "model": str(out), "num_speculative_tokens": k}))
-        names.append(recipe)
+    from specdraft.decoding import DecodeConfig
+    from specdraft.decoding.eval import EvalSettings, load_models, load_question_sets
+    from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
+    from specdraft.models import read_draft_config
+    from specdraft.serving.engine import EngineRequest, EngineSettings, compare, measure_engine
+
+    exports = {}
+    for recipe, draft in drafts.items():
+        fmt = next(f for f in formats_for(read_draft_config(draft)) if f in VLLM_FORMATS)
+        out = export_draft(draft, fmt, work / "export" / recipe, target=target, speculative_tokens=k, overwrite=True)
+        exports[recipe] = {"model": str(out), "method": export_layout(fmt, out).method}
+    engine = EngineSettings(name="vllm", speculative_tokens=k, max_model_len=512)
     started = time.perf_counter()
-    served = run_engines(jobs)
-    engine_s = round(time.perf_counter() - started, 1)
-    cfg = DecodeConfig(mode="chain", max_new_tokens=max_new_tokens)
-    greedy = [vanilla_generate(model, p, cfg).tokens for p in prompts]
-    result: dict[str, Any] = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "engine_process_s": engine_s,
-                              "note": "greedy, EOS stop off in both; acceptance length = 1 + accepted / drafts"}
-    for recipe, engine in zip(names, served):
-        draft_dir, k = drafts[recipe]
-        draft = load_draft(draft_dir, target=target)
-        chain = DecodeConfig(mode="chain", gamma=k, max_new_tokens=max_new_tokens)
-        drafter = (BlockDrafter(draft, k, chain.sampling) if draft.config.drafts_blocks
-                   else ModelDrafter(draft, chain))
-        rounds = accepted = 0
-        for p in prompts:
-            gen = speculative_decode(model, drafter, p, chain)
-            rounds, accepted = rounds + gen.rounds, accepted + sum(gen.accepted)
-        ours = 1 + accepted / max(1, rounds)
-        theirs = engine["acceptance_length"]
-        result[recipe] = {
-            "speculative_tokens": k, "vllm_acceptance_length": theirs, "ours_acceptance_length": round(ours, 4),
-            "relative_gap": None if theirs is None else round(abs(theirs - ours) / ours, 4),
-            "vllm_drafts": engine["drafts"], "vllm_accepted": engine["accepted"], "ours_rounds": rounds,
-            "ours_accepted": accepted, "vllm_equals_target_greedy": engine["tokens"] == greedy,
-        }
+    run = measure_engine(EngineRequest(target=str(target), drafts=exports, questions=load_question_sets(files),
+                                       settings=asdict(engine), max_new_tokens=max_new_tokens), engine)
+    result: dict[str, Any] = {"engine": run.engine, "speculative_tokens": k, "prompts": len(run.prompts),
+                              "engine_process_s": round(time.perf_counter() - started, 1)}
+    settings = EvalSettings(decode=DecodeConfig(mode="chain", gamma=k, max_new_tokens=max_new_tokens))
+    for recipe, draft in drafts.items():
+        report = compare(run, recipe, load_models(target, draft, settings), settings.decode, engine)
+        result[recipe] = {**report["overall"], "warnings": report["warnings"]}
     return result

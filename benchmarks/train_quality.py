@@ -17,8 +17,9 @@ checkpoints), and trains in a fresh spawned process. Per recipe it reports:
   ``--mt-bench N --mt-bench-path FILE`` adds the first N questions of an MT-Bench file. A block draft
   drafts one block per round: ``gamma`` tokens in the chain column, its whole block (block_size - 1) in the
   tree column;
-* ``--engine``: the acceptance a real vLLM engine measures for the recipes it serves (``eagle3``, ``dflash``;
-  ``benchmarks.speculative.engine_acceptance``) beside our decoder's on the same prompts and K.
+* ``--engine``: the acceptance a real vLLM engine measures for every recipe it serves (all but
+  ``beagle-dflash``; ``benchmarks.speculative.engine_acceptance``) beside our decoder's on the same prompts, chain
+  of ``--gamma``.
 
 ``--ray`` also trains one recipe through ``pipelines.train.run_training`` (Ray Train, one worker) and
 reports the Ray overhead and how far its draft is from the single-process one. The host's load average
@@ -53,7 +54,6 @@ from benchmarks.toy_data import (
 
 RECIPE_ORDER = ("eagle", "hass", "beagle-early", "beagle", "beagle-topk", "eagle3", "eagle3-hass", "beagle3", "dflash",
                 "beagle-dflash")
-ENGINE_RECIPES = ("eagle3", "dflash")  # the recipes vLLM serves as they are (speculators format)
 
 
 def ray_run(args: argparse.Namespace, shared: dict[str, Any], store: Path, target: Path, work: Path,
@@ -143,12 +143,12 @@ def print_table(result: dict[str, Any]) -> None:
           f" on {load['cpus']} CPUs; total {result['total_s']:.0f} s")
     if "engine" in result:
         e = result["engine"]
-        for recipe in ENGINE_RECIPES:
+        for recipe in rows:
             if recipe in e:
                 r = e[recipe]
-                print(f"vLLM ({recipe}, K={r['speculative_tokens']}): acceptance length {r['vllm_acceptance_length']} "
-                      f"vs ours {r['ours_acceptance_length']} (gap {r['relative_gap']}); vLLM tokens == target greedy: "
-                      f"{r['vllm_equals_target_greedy']}")
+                print(f"vLLM ({recipe}, K={e['speculative_tokens']}): acceptance length {_fmt(r['acceptance_length'], '.3f')}"
+                      f" vs ours {_fmt(r['tau_ours'], '.3f')} (gap {_fmt(r['gap'], '+.4f')}); answers equal ours "
+                      f"{r['same_answer_as_ours']}/{r['prompts']}, engine lossless {r['engine_lossless']}/{r['prompts']}")
     if "ray" in result:
         r = result["ray"]
         print(f"ray ({r['recipe']}): init {r['ray_init_s']} s + run_training {r['run_training_s']} s; "
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedule", default="cosine", choices=("constant", "cosine", "linear"))
     ap.add_argument("--skip-decode", action="store_true", help="no speculative decoding evaluation")
     ap.add_argument("--ray", action="store_true", help="also train one recipe through run_training (Ray Train)")
-    ap.add_argument("--engine", action="store_true", help="also serve eagle3 / dflash drafts in vLLM (acceptance)")
+    ap.add_argument("--engine", action="store_true", help="also serve the drafts in vLLM (acceptance beside ours)")
     for flag, default, text in OPTIONS:
         ap.add_argument(flag, type=TYPES.get(flag, type(default)), default=default, help=text)
     args = ap.parse_args(argv)
@@ -256,10 +256,13 @@ def main(argv: list[str] | None = None) -> int:
         engine_result = None
         if args.engine:
             t0 = time.perf_counter()
-            served = {r: (Path(results[r]["draft"]), args.gamma if r == "eagle3" else args.block_size - 1)
-                      for r in ENGINE_RECIPES if r in results}
-            print(f"[train_quality] vLLM engines for {sorted(served)} ...", file=sys.stderr, flush=True)
-            engine_result = engine_acceptance(target, served, files, work, args.max_new_tokens)
+            from specdraft.export import VLLM_FORMATS, formats_for
+            from specdraft.models import read_draft_config
+
+            served = {r: Path(results[r]["draft"]) for r in recipes
+                      if set(formats_for(read_draft_config(results[r]["draft"]))) & set(VLLM_FORMATS)}
+            print(f"[train_quality] vLLM engine for {sorted(served)} ...", file=sys.stderr, flush=True)
+            engine_result = engine_acceptance(target, served, files, work, args.max_new_tokens, args.gamma)
             phase("engine_s", t0)
         ray_result = None
         if args.ray:

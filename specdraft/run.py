@@ -30,6 +30,7 @@ from specdraft.loggers import MetricLogger, NullLogger
 from specdraft.models import (
     DraftConfig,
     build_draft,
+    check_draft_target,
     draft_config_from_target,
     set_frozen_dtype,
 )
@@ -46,7 +47,7 @@ from specdraft.store import (
 )
 from specdraft.store.manifest import check_store_target
 from specdraft.target import load_target_config, load_target_heads, target_fingerprint
-from specdraft.training import Trainer, resolve_precision
+from specdraft.training import DRAFT_DIR, Trainer, resolve_precision
 from specdraft.vocab import coverage, select_vocab
 
 
@@ -184,11 +185,15 @@ def feature_plan(
     resumed run keeps its vocabulary).
 
     First, before any model or cluster is touched, every store is checked against ``target``
-    (``check_store_target``: ``TargetMismatch`` naming the store, its fingerprint and the target's).
+    (``check_store_target``: ``TargetMismatch`` naming the store, its fingerprint and the target's), and
+    so is every draft the run already wrote under ``out`` — its checkpoints', which a rerun resumes from,
+    and a finished run's (``check_draft_target``: ``TargetMismatch`` naming that draft and both fingerprints).
     """
     if cfg.features != "online":
         for store in stores:
             check_store_target(store, target)
+    for config in sorted(Path(out).glob(f"**/{DRAFT_DIR}/config.json")):  # a resumed run's own drafts
+        check_draft_target(config.parent, target)
     if not cfg.eagle3_features:
         return [], None
     where = f"recipe {cfg.recipe!r} (arch {cfg.resolved()[0]!r}) reads auxiliary target layers"

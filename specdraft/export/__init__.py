@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft.export.check import check_export
-from specdraft.export.commands import serve_commands, sglang_command, vllm_command
+from specdraft.export.commands import export_layout, serve_commands, sglang_command, vllm_command, vllm_config
 from specdraft.export.llama import engine_tensors
 from specdraft.export.spec import (
     DTYPES,
@@ -38,10 +38,12 @@ from specdraft.export.spec import (
     ExportConfig,
     ExportError,
     ExportSpec,
+    VLLM_FORMATS,
     TargetFacts,
     default_speculative_tokens,
     formats_for,
     read_target_facts,
+    variant,
     refuse_unknown_target,
     refuse_unservable,
 )
@@ -106,8 +108,8 @@ def export_draft(
         raise ExportError(f"{draft_dir}: weights do not match its config.json: {err}") from None
     with write_directory(out_dir, carry=foreign_entries(out_dir, EXPORT_FILES)) as tmp:
         write_export(state, spec, tmp)
-        reference = engine_tensors(state, LAYOUTS[(fmt, spec.draft.arch)].layer_prefix,
-                                   resolve_dtype(spec.dtype, torch.device("cpu")))
+        reference = engine_tensors(state, spec.layout.layer_prefix, resolve_dtype(spec.dtype, torch.device("cpu")),
+                                   spec.vocab_maps)
         check_export(tmp, spec, reference)
         (tmp / MARKER).write_text(marker_text("export"))
     return Path(out_dir)
@@ -123,10 +125,14 @@ __all__ = [
     "ExportSpec",
     "OutputError",
     "TargetFacts",
+    "VLLM_FORMATS",
     "check_export",
     "export_draft",
     "export_spec",
+    "export_layout",
     "formats_for",
+    "variant",
+    "vllm_config",
     "read_target_facts",
     "serve_commands",
     "sglang_command",

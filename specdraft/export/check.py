@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 
 from specdraft.export.llama import expected_shapes
-from specdraft.export.spec import LAYOUTS, ExportError, ExportSpec
+from specdraft.export.spec import VLLM_FORMATS, ExportError, ExportSpec
 from specdraft.placement import dtype_name, resolve_dtype
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -38,7 +38,7 @@ def _get(config: dict[str, Any], path: str) -> Any:
 def _aux_problems(config: dict[str, Any], spec: ExportSpec) -> list[str]:
     problems = []
     aux = list(spec.draft.aux_layers)
-    for path, offset in LAYOUTS[(spec.format, spec.draft.arch)].aux_ids:
+    for path, offset in spec.layout.aux_ids:
         want = [i + offset for i in aux]
         got = _get(config, path)
         meaning = "the output of layer k (SGLang)" if offset == -1 else "the state entering layer i (vLLM)"
@@ -55,6 +55,11 @@ def _aux_problems(config: dict[str, Any], spec: ExportSpec) -> list[str]:
 
 def _vocab_problems(tensors: dict[str, torch.Tensor], spec: ExportSpec) -> list[str]:
     c = spec.draft
+    if not spec.vocab_maps:
+        present = sorted({"d2t", "t2d"} & set(tensors))
+        return [f"{present} present for a draft vocabulary that is the whole target vocabulary: vLLM builds its "
+                "draft-to-target id map only for a smaller vocabulary and refuses to load these tensors "
+                "(\"no module or parameter named 'draft_id_to_target_id'\")"] if present else []
     if "d2t" not in tensors:
         return ["d2t is missing: vLLM then maps draft id i to target id i (an identity it initialises to zero "
                 "offsets) and SGLang has no hot-token map, so every draft token beyond the shared prefix of the "
@@ -107,7 +112,7 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
     cast), compared exactly.
     """
     out = Path(out_dir)
-    layout = LAYOUTS[(spec.format, spec.draft.arch)]
+    layout = spec.layout
     problems: list[str] = []
     for name in ("config.json", "model.safetensors"):
         if not (out / name).is_file():
@@ -143,10 +148,27 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
                             "drops fc.bias (load_state_dict(strict=False))")
     elif "bias" in config:
         problems.append("a top-level 'bias' key: vLLM and SGLang read it as the attention bias of the layer")
-    if c.arch == "eagle3":
+    if spec.format in VLLM_FORMATS and config.get("architectures") in (["LlamaForCausalLM"], ["EagleLlamaForCausalLM"]) \
+            and c.arch == "eagle":
+        problems.append("vLLM's own EagleLlamaForCausalLM builds fc without a bias and drops the checkpoint's fc.bias "
+                        "with only a DEBUG line: the draft's logits would not be reproduced (export format 'vllm' "
+                        "writes specdraft's plugin architecture, which keeps it)")
+    if spec.format == "speculators" and layer.get("model_type") not in ("llama", "qwen3"):
+        problems.append(f"transformer_layer_config.model_type = {layer.get('model_type')!r}: vLLM's speculators "
+                        "converter builds only 'llama' or 'qwen3' draft layers")
+    if layout.plugin:
+        from specdraft.serving.vllm_plugin import ARCHITECTURES
+
+        unknown = [a for a in config.get("architectures") or [] if a not in ARCHITECTURES]
+        if unknown:
+            problems.append(f"architectures {unknown} are not registered by specdraft's vLLM plugin "
+                            f"({sorted(ARCHITECTURES)}): vLLM would refuse the draft")
+    if c.aux_layers and not c.drafts_blocks:  # a block draft's fields: ``_block_problems``
         for key, want in (("draft_vocab_size", c.draft_vocab_size),
                           ("target_hidden_size", c.target_hidden_size or c.hidden_size),
                           ("norm_before_residual", c.norm_before_residual)):
+            if key == "norm_before_residual" and c.arch != "eagle3":
+                continue
             if config.get(key) != want:
                 problems.append(f"{key} = {config.get(key)!r}, the draft has {want!r}"
                                 + (" (vLLM defaults it to True when absent)" if key == "norm_before_residual" else ""))

@@ -33,6 +33,9 @@ LAYER = {  # specdraft name -> name inside the engine's decoder layer
     "post_attention_layernorm.weight": "post_attention_layernorm.weight",
     "input_layernorm.weight": "input_layernorm.weight",  # EAGLE-3: the embedding's norm
     "hidden_norm.weight": "hidden_norm.weight",  # EAGLE-3: the feature's norm
+    "norm_query.weight": "query_norm.weight",  # Beagle: the token embedding's norm (queries)
+    "norm_state.weight": "state_norm.weight",  # Beagle: the states' norm (keys/values)
+    "norm_mlp.weight": "post_attention_layernorm.weight",  # Beagle: the MLP's input norm
 }
 TOP = {  # specdraft name -> top-level engine name
     "fc.weight": "fc.weight",
@@ -44,10 +47,15 @@ TOP = {  # specdraft name -> top-level engine name
 }
 
 
-def engine_tensors(state: dict[str, torch.Tensor], layer_prefix: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The draft's tensors under the engine's names, floating ones cast to ``dtype`` (d2t int64, t2d bool kept)."""
+def engine_tensors(
+    state: dict[str, torch.Tensor], layer_prefix: str, dtype: torch.dtype, vocab_maps: bool = True
+) -> dict[str, torch.Tensor]:
+    """The draft's tensors under the engine's names, floating ones cast to ``dtype`` (d2t int64, t2d bool kept;
+    left out without ``vocab_maps``, see ``ExportSpec.vocab_maps``)."""
     out = {}
     for name, tensor in state.items():
+        if name in ("heads.d2t", "heads.t2d") and not vocab_maps:
+            continue
         if name in TOP:
             new = TOP[name]
         elif name in LAYER:
@@ -69,6 +77,7 @@ def expected_shapes(spec: ExportSpec, layer_prefix: str) -> dict[str, tuple[int,
     if c.drafts_blocks:
         return block_shapes(spec)
     attn_in = 2 * d if c.arch == "eagle3" else d  # EAGLE-3's q/k/v read cat(norm(embed), norm(feature))
+    # (Beagle's q reads the embedding, its k/v the states: both d wide)
     shapes = {
         "self_attn.q_proj.weight": (q, attn_in),
         "self_attn.k_proj.weight": (kv, attn_in),
@@ -82,10 +91,17 @@ def expected_shapes(spec: ExportSpec, layer_prefix: str) -> dict[str, tuple[int,
     out = {layer_prefix + k: v for k, v in shapes.items()}
     if c.arch == "eagle3":
         out |= {layer_prefix + "input_layernorm.weight": (d,), layer_prefix + "hidden_norm.weight": (d,),
-                "fc.weight": (d, c.feature_size), "norm.weight": (d,), "lm_head.weight": (c.draft_vocab_size, d),
-                "d2t": (c.draft_vocab_size,), "t2d": (c.vocab_size,)}
+                "fc.weight": (d, c.feature_size)}
+    elif c.arch == "beagle":
+        out |= {layer_prefix + "query_norm.weight": (d,), layer_prefix + "state_norm.weight": (d,)}
+        if c.aux_layers:
+            out["fc.weight"] = (d, c.feature_size)
     else:
         out |= {"fc.weight": (d, 2 * d), "fc.bias": (d,)}
+    if c.own_vocab:
+        out |= {"norm.weight": (d,), "lm_head.weight": (c.draft_vocab_size, d)}
+        if spec.vocab_maps:
+            out |= {"d2t": (c.draft_vocab_size,), "t2d": (c.vocab_size,)}
     return out
 
 
@@ -102,7 +118,9 @@ def block_shapes(spec: ExportSpec) -> dict[str, tuple[int, ...]]:
     out = {f"layers.{i}.{name}": shape for i in range(c.num_layers) for name, shape in layer.items()}
     out |= {"fc.weight": (d, c.feature_size), "hidden_norm.weight": (d,), "norm.weight": (d,)}
     if c.own_vocab:
-        out |= {"lm_head.weight": (c.draft_vocab_size, d), "d2t": (c.draft_vocab_size,), "t2d": (c.vocab_size,)}
+        out["lm_head.weight"] = (c.draft_vocab_size, d)
+        if spec.vocab_maps:
+            out |= {"d2t": (c.draft_vocab_size,), "t2d": (c.vocab_size,)}
     return out
 
 

@@ -28,14 +28,14 @@ import torch
 from safetensors.torch import save_file
 
 from specdraft.export.llama import engine_tensors, layer_config
-from specdraft.export.spec import LAYOUTS, ExportSpec
+from specdraft.export.spec import ExportSpec
 from specdraft.placement import resolve_dtype
 
 
 def aux_fields(spec: ExportSpec) -> dict[str, Any]:
     """The auxiliary-layer ids in each of the format's own conventions (nested paths as dicts)."""
     out: dict[str, Any] = {}
-    for path, offset in LAYOUTS[(spec.format, spec.draft.arch)].aux_ids:
+    for path, offset in spec.layout.aux_ids:
         *parents, key = path.split(".")
         node = out
         for parent in parents:
@@ -48,7 +48,7 @@ def speculators_header(spec: ExportSpec, algorithm: str) -> dict[str, Any]:
     """The speculators fields every type shares: architectures, type, a greedy proposal of K tokens, the verifier."""
     target = spec.target
     return {
-        "architectures": list(LAYOUTS[("speculators", spec.draft.arch)].architectures),
+        "architectures": list(spec.layout.architectures),
         "speculators_model_type": algorithm,
         "speculators_config": {
             "algorithm": algorithm,
@@ -94,7 +94,7 @@ def dflash_config(spec: ExportSpec) -> dict[str, Any]:
 
 
 def sglang_config(spec: ExportSpec) -> dict[str, Any]:
-    c, layout = spec.draft, LAYOUTS[("sglang", spec.draft.arch)]
+    c, layout = spec.draft, spec.layout
     config = layer_config(spec, list(layout.architectures))
     if c.arch == "eagle3":
         config |= {"draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size or c.hidden_size,
@@ -104,19 +104,31 @@ def sglang_config(spec: ExportSpec) -> dict[str, Any]:
 
 
 def eagle_config(spec: ExportSpec) -> dict[str, Any]:
-    config = layer_config(spec, list(LAYOUTS[("eagle", "eagle")].architectures))
+    config = layer_config(spec, list(spec.layout.architectures))
     if config["rope_scaling"] is not None:  # the reference accepts exactly {"type", "factor"}
         config["rope_scaling"] = {"type": config["rope_scaling"].get("rope_type", config["rope_scaling"].get("type")),
                                   "factor": float(config["rope_scaling"]["factor"])}
     return config | {"bias": True}  # cnets1.Model(bias=config["bias"]): our fc has one
 
 
-CONFIGS = {"speculators": speculators_config, "sglang": sglang_config, "eagle": eagle_config}
+def vllm_config(spec: ExportSpec) -> dict[str, Any]:
+    """specdraft's plugin architectures (``specdraft/serving/vllm_models.py``): the one-layer Llama config, with
+    the EAGLE-3 side (draft vocabulary, target width, auxiliary layers in vLLM's convention) for Beagle over
+    EAGLE-3 features. No ``bias`` key: vLLM's Llama layer would read it as an attention bias."""
+    c = spec.draft
+    config = layer_config(spec, list(spec.layout.architectures))
+    if c.aux_layers:
+        config |= {"draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size or c.hidden_size,
+                   **aux_fields(spec)}
+    return config
+
+
+CONFIGS = {"speculators": speculators_config, "vllm": vllm_config, "sglang": sglang_config, "eagle": eagle_config}
 
 
 def write_export(state: dict[str, torch.Tensor], spec: ExportSpec, out: Path) -> None:
     """Write the format's ``config.json`` and ``model.safetensors`` for the draft tensors ``state`` into ``out``."""
-    layout = LAYOUTS[(spec.format, spec.draft.arch)]
-    tensors = engine_tensors(state, layout.layer_prefix, resolve_dtype(spec.dtype, torch.device("cpu")))
+    tensors = engine_tensors(state, spec.layout.layer_prefix, resolve_dtype(spec.dtype, torch.device("cpu")),
+                             spec.vocab_maps)
     (out / "config.json").write_text(json.dumps(CONFIGS[spec.format](spec), indent=2) + "\n")
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})

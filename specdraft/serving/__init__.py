@@ -1,4 +1,5 @@
-"""Serving engines run for real: the drafts exported by ``specdraft.export`` loaded and decoded by vLLM
-("Efficient Memory Management for Large Language Model Serving with PagedAttention" (vLLM), §4), so
-what an engine accepts is measured, not assumed. The only place specdraft imports vllm.
+"""Serving engines' side of specdraft: the vLLM plugin (``vllm_plugin``, ``vllm_models``) that lets vLLM
+serve every draft specdraft trains, and the engine-measured evaluation (``engine``).
+
+The only part of specdraft that imports vLLM, and only lazily: importing this package imports nothing.
 """

@@ -1,5 +1,5 @@
 """Ray Train job: learning on a toy store, FSDP == DDP == accumulation, DDP/FSDP gradient sync and
-sharding, resume after a failure (one worker, and two FSDP workers).
+sharding, resume after a failure (two FSDP workers; one worker: tests/faults/test_results.py).
 
 Reference runs that are not about workers run in Ray Train's local mode (``scaling.num_workers=0``:
 the same training loop in the test's process), saving a worker group's start-up each."""
@@ -157,8 +157,8 @@ def test_fsdp_run_resumes_from_a_checkpoint_after_a_failure(local_ray, tiny_toy_
     """The Beagle recipe (noise, random window offsets per rank) on 2 FSDP workers, killed after a
     checkpoint, resumes from it: the steps it re-does repeat the killed run's exactly (loss, global gradient
     norm, learning rate: weights, optimizer, schedule, data order and every rank's random streams restored
-    from the checkpoint), and it ends at the planned step count. (The one-worker test below also compares
-    with an uninterrupted run.)"""
+    from the checkpoint), and it ends at the planned step count. (One worker restarted by Ray Train after a
+    failure is compared with an uninterrupted run in tests/faults/test_results.py.)"""
     cfg = small_config(min_steps=1, val_max_batches=2, checkpoint_every=3, epochs=[1, 1],
                        reader=ReaderConfig(max_tokens=1024, val_fraction=0.2, seed=0),
                        scaling=ScalingSection(num_workers=2, strategy="fsdp"))
@@ -180,10 +180,6 @@ def test_fsdp_run_resumes_from_a_checkpoint_after_a_failure(local_ray, tiny_toy_
     load_draft(resumed["draft"], target=tiny_toy_target)
 
 
-# the one-worker Beagle run below, uninterrupted, is the reference of two tests: they run on one xdist worker
-ONE_WORKER = pytest.mark.xdist_group("train-one-worker-reference")
-
-
 @pytest.fixture(scope="module")
 def one_worker_run(local_ray, tiny_toy_target, toy_store, tmp_path_factory) -> dict:
     """An uninterrupted run of ``small_config(min_steps=1)`` (the store's own batches: a few steps, noise
@@ -198,20 +194,6 @@ def same_weights(a: str | Path, b: str | Path, target: Path, atol: float) -> Non
     assert da.keys() == db.keys()
     for name, value in da.items():
         assert torch.allclose(value, db[name], atol=atol, rtol=0), name
-
-
-@ONE_WORKER
-def test_failed_run_resumes_from_checkpoint_with_same_step_count(one_worker_run, tiny_toy_target, toy_store,
-                                                                 tmp_path):
-    cfg = small_config(min_steps=1)
-    with pytest.raises(Exception, match="injected failure"):
-        run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "run", fail_at_step=6)
-    rows_before = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "metrics"]
-    resumed = run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "run")
-    assert resumed["metrics"]["state_step"] == one_worker_run["metrics"]["state_step"]
-    new_rows = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "metrics" and r not in rows_before]
-    assert max(r["step"] for r in rows_before) >= 6 and min(r["step"] for r in new_rows) > 4  # resumed, not restarted
-    same_weights(resumed["draft"], one_worker_run["draft"], tiny_toy_target, atol=1e-5)
 
 
 def test_eagle3_recipe_trains_on_a_store_dumped_with_aux_layers(local_ray, tiny_toy_target, toy_store, tmp_path):
@@ -510,7 +492,6 @@ def test_gradient_sync_and_sharding_in_ray_train_workers(local_ray, tmp_path):
     assert result.error is None and sorted(p.name for p in tmp_path.glob("passed-*")) == ["passed-0", "passed-1"]
 
 
-@ONE_WORKER
 def test_training_reads_a_store_from_s3_like_the_same_store_on_disk(s3_ray, s3_bucket, one_worker_run, tiny_toy_target,
                                                                     toy_store, tmp_path):
     """The store copied to an object-store URL (a real S3 server on 127.0.0.1): the Ray Train worker reads it

@@ -38,7 +38,7 @@ from specdraft.decoding.block import BlockDrafter
 from specdraft.decoding.drafting import new_pool, query_nodes, start_draft, target_logprobs
 from specdraft.decoding.sampling import SamplingConfig
 from specdraft.export import ExportError, check_export, export_draft, export_spec, formats_for, serve_commands
-from specdraft.models import build_draft, draft_config_from_target, load_draft, save_draft
+from specdraft.models import build_draft, draft_config_from_target, load_draft, read_draft_config, save_draft
 from specdraft.batch import pad_batch
 from specdraft.objectives import LossWeights, StageConfig
 from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_id
@@ -350,9 +350,10 @@ def test_exported_block_draft_reproduces_the_drafts_logits(kind, toy3, samples, 
 
 
 def test_every_applicable_format_and_the_serve_commands(toy3, drafts, tmp_path):
-    assert formats_for("eagle3") == ("speculators", "sglang") and formats_for("eagle") == ("sglang", "eagle")
+    e3, hass = read_draft_config(drafts["eagle3"]), read_draft_config(drafts["hass"])
+    assert formats_for(e3) == ("speculators", "sglang") and formats_for(hass) == ("vllm", "sglang", "eagle")
     exports = {f: str(export_draft(drafts["eagle3"], f, tmp_path / f, target=toy3, speculative_tokens=4))
-               for f in formats_for("eagle3")}
+               for f in formats_for(e3)}
     spec_cfg = json.loads((tmp_path / "speculators" / "config.json").read_text())
     assert spec_cfg["architectures"] == ["Eagle3Speculator"] and spec_cfg["norm_before_residual"] is False
     assert spec_cfg["speculators_config"]["verifier"]["name_or_path"] == str(toy3.resolve())
@@ -362,18 +363,23 @@ def test_every_applicable_format_and_the_serve_commands(toy3, drafts, tmp_path):
     sgl = json.loads((tmp_path / "sglang" / "config.json").read_text())
     assert sgl["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in AUX]  # output of layer k
     assert sgl["architectures"] == ["LlamaForCausalLMEagle3"] and sgl["tie_word_embeddings"] is False
-    commands = serve_commands(exports, "eagle3", str(toy3), 4)
+    commands = serve_commands(exports, str(toy3), 4)
     assert commands["vllm"].startswith(f"vllm serve {toy3} --host 127.0.0.1 --speculative-config ")
     assert json.loads(commands["vllm"].split("--speculative-config ")[1].strip("'")) == {
         "method": "eagle3", "model": exports["speculators"], "num_speculative_tokens": 4}
     assert "--speculative-algorithm EAGLE3" in commands["sglang"] and exports["sglang"] in commands["sglang"]
     assert "--speculative-num-draft-tokens 5" in commands["sglang"]
-    hass = {f: str(export_draft(drafts["hass"], f, tmp_path / f"h-{f}", target=toy3)) for f in formats_for("eagle")}
+    exported = {f: str(export_draft(drafts["hass"], f, tmp_path / f"h-{f}", target=toy3)) for f in formats_for(hass)}
     assert json.loads((tmp_path / "h-eagle" / "config.json").read_text())["bias"] is True
-    assert set(serve_commands(hass, "eagle", str(toy3), 3)) == {"sglang"}  # vLLM's EAGLE-1 fc has no bias
-    assert formats_for("dflash") == ("speculators",)
+    vllm_cfg = json.loads((tmp_path / "h-vllm" / "config.json").read_text())
+    assert "bias" not in vllm_cfg  # vLLM's Llama layer would read it as an attention bias
+    assert vllm_cfg["architectures"] == ["EagleSpecdraftLlamaForCausalLM"]  # the plugin's EAGLE-1 keeps fc.bias
+    assert "fc.bias" in load_file(str(tmp_path / "h-vllm" / "model.safetensors"))
+    commands = serve_commands(exported, str(toy3), 3)
+    assert set(commands) == {"vllm", "sglang"} and '"method": "eagle"' in commands["vllm"]
+    assert formats_for(read_draft_config(drafts["dflash"])) == ("speculators",)
     block = {"speculators": str(export_draft(drafts["dflash"], "speculators", tmp_path / "dfl", target=toy3))}
-    command = serve_commands(block, "dflash", str(toy3), None)["vllm"]  # K: the export's, its block's 4 masks
+    command = serve_commands(block, str(toy3), None)["vllm"]  # K: the export's, its block's 4 masks
     assert json.loads(command.split("--speculative-config ")[1].strip("'")) == {
         "method": "dflash", "model": block["speculators"], "num_speculative_tokens": BLOCK - 1}
     with pytest.raises(ExportError, match="trained on blocks of 5"):
@@ -391,20 +397,29 @@ def test_bfloat16_export_and_a_rerun_replaces_the_directory(toy3, drafts, tmp_pa
     check_export(out, export_spec(drafts["eagle3"], "speculators", target=toy3))
 
 
-def test_beagle_and_legacy_drafts_are_refused_clearly(toy3, drafts, tmp_path):
+def test_beagle_drafts_export_for_vllm_only_and_legacy_drafts_are_refused_clearly(toy3, drafts, tmp_path):
     tcfg, tid = load_target_config(toy3), target_id(toy3)
     heads = load_target_heads(toy3)
     beagle = save_draft(build_draft(draft_config_from_target(tcfg, "beagle", target_id=tid), heads.embed,
                                     heads.lm_head), tmp_path / "beagle")
     for fmt in ("speculators", "sglang", "eagle"):
-        with pytest.raises(ExportError, match="no serving engine runs Beagle drafts yet"):
+        with pytest.raises(ExportError, match="only vLLM serves Beagle drafts, through specdraft's plugin"):
             export_draft(beagle, fmt, tmp_path / fmt, target=toy3)
-    assert formats_for("beagle") == ()
+    assert formats_for(read_draft_config(beagle)) == ("vllm",)
+    out = export_draft(beagle, "vllm", tmp_path / "vllm", target=toy3)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["EagleSpecdraftBeagleForCausalLM"] and config["num_hidden_layers"] == 1
+    tensors = load_file(str(out / "model.safetensors"))
+    assert {"layers.0.query_norm.weight", "layers.0.state_norm.weight", "layers.0.self_attn.q_proj.weight",
+            "layers.0.post_attention_layernorm.weight"} <= set(tensors) and not any("embed" in k for k in tensors)
+    assert '"method": "eagle"' in serve_commands({"vllm": str(out)}, str(toy3), 3)["vllm"]
     cross = save_draft(build_draft(draft_config_from_target(tcfg, "dflash", target_id=tid, aux_layers=AUX,
                                                             block_self_attention=False), heads.embed, heads.lm_head),
                        tmp_path / "beagle-dflash")
-    with pytest.raises(ExportError, match="never attend to each other .the beagle-dflash recipe."):
-        export_draft(cross, "speculators", tmp_path / "bd", target=toy3)
+    assert formats_for(read_draft_config(cross)) == ()
+    for fmt in ("speculators", "vllm"):
+        with pytest.raises(ExportError, match="never attend to each other .the beagle-dflash recipe."):
+            export_draft(cross, fmt, tmp_path / f"bd-{fmt}", target=toy3)
     legacy = tmp_path / "legacy"  # a specdraft 0.1 directory: input_layernorm on the fc output
     legacy.mkdir()
     config = json.loads((drafts["hass"] / "config.json").read_text())
@@ -417,6 +432,6 @@ def test_beagle_and_legacy_drafts_are_refused_clearly(toy3, drafts, tmp_path):
     save_file(state, str(legacy / "model.safetensors"))
     with pytest.raises(ExportError, match="written by specdraft 0.1.*Retrain"):
         export_draft(legacy, "sglang", tmp_path / "out", target=toy3)
-    with pytest.raises(ExportError, match="cannot carry an 'eagle3' draft"):
+    with pytest.raises(ExportError, match="cannot carry a 'eagle3' draft"):
         export_draft(drafts["eagle3"], "eagle", tmp_path / "out", target=toy3)
     assert not (tmp_path / "out").exists()
