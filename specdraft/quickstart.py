@@ -109,12 +109,14 @@ def train_on_samples(
     progress: bool = False,
 ) -> Trained:
     """Train ``cfg``'s recipe on in-memory samples (``compute_features``; with ``aux_layers`` for an EAGLE-3
-    recipe, whose draft vocabulary is counted from ``train`` as the trainer counts it from a store), set up by
+    recipe, whose draft vocabulary is counted from ``train`` as the trainer counts it from a store; a block draft
+    keeps the target's head unless ``cfg.draft_vocab``), set up by
     ``build_run`` as every trainer is. The draft is ``result.run.draft``."""
     recipe = RECIPES[cfg.recipe]
     vocab = None
     if recipe.eagle3_features:
         assert aux_layers, f"recipe {cfg.recipe!r} reads the EAGLE-3 features: give aux_layers"
+    if recipe.eagle3_features and cfg.own_vocab:  # a block draft predicts with the target's head unless asked
         ids = torch.cat([s["input_ids"] for s in train]).numpy()
         mask = torch.cat([s["loss_mask"] for s in train]).numpy()
         offsets = torch.tensor([0] + [len(s["input_ids"]) for s in train]).cumsum(0).numpy()

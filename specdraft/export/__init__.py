@@ -16,7 +16,8 @@ draft      formats                                      engines
 =========  ===========================================  =====================================
 eagle3     speculators, sglang                          vLLM (both), SGLang (sglang)
 eagle      sglang, eagle (HASS / EAGLE-1/2)             SGLang, the EAGLE reference
-beagle     none (no engine serves Beagle drafts yet)
+dflash     speculators (speculators type ``dflash``)    vLLM (``method: "dflash"``)
+beagle     none (no engine serves Beagle drafts yet; nor the beagle-dflash block draft)
 =========  ===========================================  =====================================
 """
 
@@ -39,6 +40,7 @@ from specdraft.export.spec import (
     ExportSpec,
     VLLM_FORMATS,
     TargetFacts,
+    default_speculative_tokens,
     formats_for,
     read_target_facts,
     variant,
@@ -58,7 +60,7 @@ def export_spec(
     *,
     target: str | Path,
     dtype: str | None = None,
-    speculative_tokens: int = 3,
+    speculative_tokens: int | None = None,
     verifier: str = "",
 ) -> ExportSpec:
     """What exporting ``draft_dir`` as ``fmt`` against ``target`` must produce (refusing what cannot be exact)."""
@@ -69,8 +71,12 @@ def export_spec(
     dtype = dtype or facts.dtype
     if dtype not in DTYPES:
         raise ExportError(f"dtype {dtype!r}: the target's config declares none of {list(DTYPES)}; pass one (--dtype)")
+    speculative_tokens = default_speculative_tokens(config) if speculative_tokens is None else speculative_tokens
     if speculative_tokens < 1:
         raise ExportError(f"speculative_tokens must be >= 1, got {speculative_tokens}")
+    if config.drafts_blocks and speculative_tokens > config.block_size - 1:
+        raise ExportError(f"speculative_tokens={speculative_tokens}: this block draft was trained on blocks of "
+                          f"{config.block_size} (at most {config.block_size - 1} drafted tokens per step)")
     return ExportSpec(format=fmt, draft=config, target=facts, dtype=dtype, speculative_tokens=speculative_tokens,
                       verifier=verifier)
 
@@ -82,7 +88,7 @@ def export_draft(
     *,
     target: str | Path,
     dtype: str | None = None,
-    speculative_tokens: int = 3,
+    speculative_tokens: int | None = None,
     verifier: str = "",
     overwrite: bool = False,
 ) -> Path:

@@ -81,6 +81,30 @@ def _vocab_problems(tensors: dict[str, torch.Tensor], spec: ExportSpec) -> list[
             f"(or leave [0, {c.vocab_size}) or are not increasing)"]
 
 
+def _block_problems(config: dict[str, Any], layer: dict[str, Any], spec: ExportSpec) -> list[str]:
+    """What vLLM's speculators ``dflash`` reader (``update_dflash``, ``DFlashQwen3ForCausalLM``) would misread."""
+    c, problems = spec.draft, []
+    for key, want in (("mask_token_id", c.mask_token_id), ("block_size", c.block_size),
+                      ("draft_vocab_size", c.output_vocab_size),
+                      ("target_hidden_size", c.target_hidden_size or c.hidden_size)):
+        if config.get(key) != want:
+            problems.append(f"{key} = {config.get(key)!r}, the draft has {want!r}")
+    if config.get("sliding_window_non_causal", True) is not True:
+        problems.append("sliding_window_non_causal is false: vLLM then builds the draft's attention CAUSAL "
+                        "(dflash_config.causal = not this flag), while a DFlash block attends bidirectionally")
+    if layer.get("model_type") not in ("qwen3", "llama") or layer.get("hidden_act") != "silu":
+        problems.append(f"transformer_layer_config model_type {layer.get('model_type')!r} / hidden_act "
+                        f"{layer.get('hidden_act')!r}: vLLM builds Qwen3 layers with a SiLU MLP")
+    theta = (layer.get("rope_parameters") or {}).get("rope_theta")
+    if theta != c.rope_parameters.get("rope_theta"):
+        problems.append(f"rope_parameters.rope_theta = {theta!r}, the draft's is {c.rope_parameters.get('rope_theta')!r} "
+                        "(vLLM's DFlash layer falls back to 1e6 when it is missing)")
+    if layer.get("attention_bias") or layer.get("layer_types") or layer.get("is_causal"):
+        problems.append("attention_bias / layer_types / is_causal set: vLLM would add biases, sliding windows or a "
+                        "causal mask the draft does not have")
+    return problems + _aux_problems(config, spec)
+
+
 def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, torch.Tensor] | None = None) -> None:
     """Raise ``ExportError`` listing every problem of the exported directory ``out_dir`` for ``spec``.
 
@@ -106,7 +130,7 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
     c, t = spec.draft, spec.target
     geometry = {"vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
                 "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-                "num_hidden_layers": 1, "tie_word_embeddings": False}
+                "num_hidden_layers": c.num_layers, "tie_word_embeddings": False}
     if spec.format != "eagle":  # the reference derives head_dim from hidden_size / heads
         geometry["head_dim"] = c.head_dim
     for key, want in geometry.items():
@@ -139,7 +163,7 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
         if unknown:
             problems.append(f"architectures {unknown} are not registered by specdraft's vLLM plugin "
                             f"({sorted(ARCHITECTURES)}): vLLM would refuse the draft")
-    if c.aux_layers:
+    if c.aux_layers and not c.drafts_blocks:  # a block draft's fields: ``_block_problems``
         for key, want in (("draft_vocab_size", c.draft_vocab_size),
                           ("target_hidden_size", c.target_hidden_size or c.hidden_size),
                           ("norm_before_residual", c.norm_before_residual)):
@@ -149,11 +173,14 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
                 problems.append(f"{key} = {config.get(key)!r}, the draft has {want!r}"
                                 + (" (vLLM defaults it to True when absent)" if key == "norm_before_residual" else ""))
         problems += _aux_problems(config, spec)
+    if c.drafts_blocks:
+        problems += _block_problems(config, layer, spec)
     if spec.format == "speculators":
         spec_cfg = config.get("speculators_config") or {}
         proposals = spec_cfg.get("proposal_methods") or [{}]
-        if config.get("speculators_model_type") != "eagle3" or spec_cfg.get("algorithm") != "eagle3":
-            problems.append("speculators_model_type / speculators_config.algorithm must be 'eagle3'")
+        algorithm = "dflash" if c.drafts_blocks else "eagle3"
+        if config.get("speculators_model_type") != algorithm or spec_cfg.get("algorithm") != algorithm:
+            problems.append(f"speculators_model_type / speculators_config.algorithm must be {algorithm!r}")
         if proposals[0].get("speculative_tokens") != spec.speculative_tokens:
             problems.append(f"speculative_tokens = {proposals[0].get('speculative_tokens')!r}, "
                             f"expected {spec.speculative_tokens}")

@@ -3,7 +3,9 @@
 * vLLM: ``vllm serve TARGET --speculative-config '{"method": M, "model": DIR, "num_speculative_tokens": K}'``
   with the method the export's architecture is served by (``eagle3`` for a speculators directory, which
   ``vllm serve DIR`` alone also serves since its config names the verifier; ``eagle`` / ``eagle3`` for
-  specdraft's plugin architectures, which vLLM finds when specdraft is installed beside it).
+  specdraft's plugin architectures, which vLLM finds when specdraft is installed beside it; ``dflash`` for a
+  DFlash block draft, "DFlash: Block Diffusion for Flash Speculative Decoding", with K up to its block
+  size - 1, by default the K its export proposes).
 * SGLang: ``python -m sglang.launch_server --model-path TARGET --speculative-algorithm EAGLE3``
   (``EAGLE`` for EAGLE-1/2) ``--speculative-draft-model-path DIR`` with a chain of K steps
   (``--speculative-eagle-topk 1``, ``--speculative-num-draft-tokens K+1``; raise the top-k and
@@ -39,6 +41,15 @@ def sglang_command(target: str, sglang_dir: str, algorithm: str, speculative_tok
             f"--speculative-num-draft-tokens {speculative_tokens + 1}")
 
 
+def exported_tokens(export_dir: str | Path) -> int | None:
+    """The K an exported speculators directory proposes (its greedy proposal), or None when it says none."""
+    try:
+        config = json.loads((Path(export_dir) / "config.json").read_text())
+        return int(config["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
 def export_layout(fmt: str, export_dir: str | Path) -> Layout:
     """The layout an exported directory of format ``fmt`` was written in (by its ``config.json`` architectures)."""
     architectures = tuple(json.loads((Path(export_dir) / "config.json").read_text()).get("architectures") or ())
@@ -48,14 +59,16 @@ def export_layout(fmt: str, export_dir: str | Path) -> Layout:
     raise ValueError(f"{export_dir}: architectures {list(architectures)} are not a {fmt!r} export's")
 
 
-def serve_commands(exports: dict[str, str], target: str, speculative_tokens: int) -> dict[str, str]:
-    """{"vllm": ..., "sglang": ...} for the exported directories ``exports`` (format -> path)."""
+def serve_commands(exports: dict[str, str], target: str, speculative_tokens: int | None) -> dict[str, str]:
+    """{"vllm": ..., "sglang": ...} for the exported directories ``exports`` (format -> path);
+    ``speculative_tokens`` None: the K each export proposes (3 where it says none)."""
     commands = {}
     for fmt, path in sorted(exports.items()):
         layout = export_layout(fmt, path)
+        k = speculative_tokens or exported_tokens(path) or 3
         if layout.method and "vllm" not in commands:
-            commands["vllm"] = vllm_command(target, path, layout.method, speculative_tokens)
+            commands["vllm"] = vllm_command(target, path, layout.method, k)
         if fmt == "sglang":
             algorithm = "EAGLE3" if layout.architectures[0].endswith("Eagle3") else "EAGLE"
-            commands["sglang"] = sglang_command(target, path, algorithm, speculative_tokens)
+            commands["sglang"] = sglang_command(target, path, algorithm, k)
     return commands

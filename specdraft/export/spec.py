@@ -23,7 +23,7 @@ DTYPES = tuple(placement.DTYPES)  # the dtype names an export writes
 VLLM_FORMATS = ("speculators", "vllm")  # read by vLLM (``vllm``: with specdraft's plugin, specdraft.serving)
 # by draft variant (``variant``): the formats an engine loads it from exactly, the first the one the flow serves
 VARIANT_FORMATS = {"eagle3": ("speculators", "sglang"), "eagle": ("vllm", "sglang", "eagle"), "beagle": ("vllm",),
-                   "beagle3": ("vllm",)}
+                   "beagle3": ("vllm",), "dflash": ("speculators",), "beagle-dflash": ()}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,6 +60,12 @@ LAYOUTS = {
                                           ("eagle_aux_hidden_state_layer_ids", 0))),
     ("sglang", "eagle"): Layout(architectures=("LlamaForCausalLMEagle",), layer_prefix="layers.0."),
     ("eagle", "eagle"): Layout(architectures=("LlamaForCausalLM",), layer_prefix="layers.0."),
+    # vLLM's speculators "dflash" type (update_dflash -> DFlashDraftModel = DFlashQwen3ForCausalLM): the draft's own
+    # multi-layer names (layers.i.self_attn.*, top-level fc / hidden_norm / norm); aux_hidden_state_layer_ids in
+    # vLLM's convention (the state entering layer i), turned by vLLM into dflash_config.target_layer_ids = i - 1
+    ("speculators", "dflash"): Layout(architectures=("DFlashSpeculator",), layer_prefix="",
+                                      layer_config="transformer_layer_config",
+                                      aux_ids=(("aux_hidden_state_layer_ids", 0),), method="dflash"),
 }
 
 
@@ -68,11 +74,14 @@ class ExportConfig:
     """The choices of an export (``specdraft export``, the register stage's ``register.serving``)."""
 
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # of the written tensors; None: the target's
-    speculative_tokens: int = 3  # K drafted per step: the speculators proposal and the printed serve commands
+    # K drafted per step: the speculators proposal and the printed serve commands (None: 3; a block draft: its
+    # block's block_size - 1 masked positions)
+    speculative_tokens: int | None = None
     verifier: str = ""  # how engines find the target in a speculators config (hub id or path); empty: its path
 
     def __post_init__(self) -> None:
-        assert self.speculative_tokens >= 1, f"speculative_tokens must be >= 1, got {self.speculative_tokens}"
+        assert self.speculative_tokens is None or self.speculative_tokens >= 1, (
+            f"speculative_tokens must be >= 1, got {self.speculative_tokens}")
 
 
 class ExportError(ValueError):
@@ -116,7 +125,10 @@ class ExportSpec:
 
 
 def variant(config: DraftConfig) -> str:
-    """The draft as the engines see it: its arch, and ``beagle3`` for Beagle over EAGLE-3 features."""
+    """The draft as the engines see it: its arch, ``beagle3`` for Beagle over EAGLE-3 features and
+    ``beagle-dflash`` for a block draft whose positions do not attend to each other."""
+    if config.drafts_blocks and not config.block_self_attention:
+        return "beagle-dflash"
     return "beagle3" if config.arch == "beagle" and config.aux_layers else config.arch
 
 
@@ -138,6 +150,11 @@ def read_target_facts(path: str | Path) -> TargetFacts:
     )
 
 
+def default_speculative_tokens(config: DraftConfig) -> int:
+    """K when none is asked for: a block draft's masked positions (block_size - 1), else 3."""
+    return config.block_size - 1 if config.drafts_blocks else 3
+
+
 def formats_for(config: DraftConfig) -> tuple[str, ...]:
     """The formats an engine loads the draft ``config`` from exactly, the one the flow serves first."""
     return VARIANT_FORMATS.get(variant(config), ())
@@ -147,6 +164,12 @@ def refuse_unservable(config: DraftConfig, fmt: str) -> None:
     """Raise ``ExportError`` with the reason when ``config`` cannot be written exactly in ``fmt``."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {list(FORMATS)}")
+    if config.drafts_blocks and not config.block_self_attention:
+        raise ExportError(
+            "this block draft's positions never attend to each other (the beagle-dflash recipe); vLLM's DFlash layer "
+            "always attends within the block, so its exported weights would not reproduce the draft's logits. "
+            "Evaluate it with `specdraft eval`, or train the dflash recipe to serve one"
+        )
     if config.legacy:
         raise ExportError(
             "this EAGLE draft was written by specdraft 0.1 (an RMSNorm on the fc output and a zero-state slot at "

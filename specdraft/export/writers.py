@@ -8,6 +8,11 @@
   ``eagle_config`` in SGLang's output-of-layer-k convention), EAGLE-1/2 as
   ``LlamaForCausalLMEagle``. SGLang drops tensors it does not know silently, so names matter.
 * ``eagle``: the EAGLE reference layout (``cnets1.Model``: one Llama layer, fc with ``bias``).
+* ``speculators`` for a block draft ("DFlash: Block Diffusion for Flash Speculative Decoding"; vLLM's
+  speculators type ``dflash``, ``update_dflash``): ``DFlashSpeculator`` with a Qwen3 ``transformer_layer_config``
+  of ``num_layers`` layers, ``block_size``, ``mask_token_id``, ``aux_hidden_state_layer_ids`` (vLLM's
+  convention) and ``sliding_window_non_causal`` True — vLLM makes the draft CAUSAL when that flag is false, and
+  a DFlash block attends bidirectionally.
 
 No format carries the target's embedding: every engine takes it from the target (vLLM uses a
 draft's own ``embed_tokens`` when present, so a copy would only risk a stale or random one).
@@ -39,19 +44,28 @@ def aux_fields(spec: ExportSpec) -> dict[str, Any]:
     return out
 
 
-def speculators_config(spec: ExportSpec) -> dict[str, Any]:
-    c, layout = spec.draft, spec.layout
+def speculators_header(spec: ExportSpec, algorithm: str) -> dict[str, Any]:
+    """The speculators fields every type shares: architectures, type, a greedy proposal of K tokens, the verifier."""
     target = spec.target
     return {
-        "architectures": list(layout.architectures),
-        "speculators_model_type": "eagle3",
+        "architectures": list(spec.layout.architectures),
+        "speculators_model_type": algorithm,
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": algorithm,
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": spec.speculative_tokens,
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": spec.verifier or target.path, "architectures": target.architectures},
         },
+    }
+
+
+def speculators_config(spec: ExportSpec) -> dict[str, Any]:
+    c = spec.draft
+    if c.drafts_blocks:
+        return dflash_config(spec)
+    return {
+        **speculators_header(spec, "eagle3"),
         "transformer_layer_config": layer_config(spec, None),
         "draft_vocab_size": c.draft_vocab_size,
         "target_hidden_size": c.target_hidden_size or c.hidden_size,
@@ -59,6 +73,21 @@ def speculators_config(spec: ExportSpec) -> dict[str, Any]:
         "norm_before_fc": False,
         "fc_norm": False,
         "norm_output": False,  # the draft feeds its pre-norm state back, as EAGLE-3 does
+        **aux_fields(spec),
+        "torch_dtype": spec.dtype,
+    }
+
+
+def dflash_config(spec: ExportSpec) -> dict[str, Any]:
+    c = spec.draft
+    return {
+        **speculators_header(spec, "dflash"),
+        "transformer_layer_config": layer_config(spec, None, model_type="qwen3"),
+        "draft_vocab_size": c.output_vocab_size,  # the target's vocabulary: vLLM shares its lm_head, no d2t
+        "target_hidden_size": c.target_hidden_size or c.hidden_size,
+        "block_size": c.block_size,
+        "mask_token_id": c.mask_token_id,
+        "sliding_window_non_causal": True,  # vLLM: dflash_config.causal = not this flag (absent: True)
         **aux_fields(spec),
         "torch_dtype": spec.dtype,
     }

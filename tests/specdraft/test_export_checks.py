@@ -28,7 +28,7 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("checks")
     target = tiny_target(num_hidden_layers=4, max_position_embeddings=4096)
     target.save_pretrained(root / "target")
-    drafts = {arch: save_draft(tiny_draft(target, arch), root / arch) for arch in ("eagle3", "eagle")}
+    drafts = {arch: save_draft(tiny_draft(target, arch), root / arch) for arch in ("eagle3", "eagle", "dflash")}
     return root / "target", drafts
 
 
@@ -275,3 +275,19 @@ def test_beagle_over_eagle3_features_keeps_its_aux_ids_in_vllms_convention(vllm_
     edit_config(out, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 3]))
     with pytest.raises(ExportError, match=r"eagle_aux_hidden_state_layer_ids = \[1, 2, 3\] is off by one"):
         check_export(out, export_spec(drafts["beagle3"], "vllm", target=target))
+
+
+@pytest.mark.parametrize("change,reason", [
+    (lambda c: c.update(sliding_window_non_causal=False), "vLLM then builds the draft's attention CAUSAL"),
+    (lambda c: c["transformer_layer_config"].pop("rope_parameters"), "falls back to 1e6 when it is missing"),
+    (lambda c: c.update(mask_token_id=c["mask_token_id"] - 1), "mask_token_id = .*, the draft has"),
+    (lambda c: c.update(block_size=8), "block_size = 8, the draft has 5"),
+    (lambda c: c.update(aux_hidden_state_layer_ids=[i - 1 for i in c["aux_hidden_state_layer_ids"]]),
+     "aux_hidden_state_layer_ids = .* is off by one"),
+    (lambda c: c["transformer_layer_config"].update(num_hidden_layers=1), "num_hidden_layers = 1, the draft has 2"),
+], ids=["causal", "rope-theta", "mask-token", "block-size", "aux-ids", "layers"])
+def test_block_draft_config_vllm_would_misread(setup, tmp_path, change, reason):
+    out, spec = exported(setup, tmp_path, "dflash", "speculators")
+    edit_config(out, change)
+    with pytest.raises(ExportError, match=reason):
+        check_export(out, spec)
