@@ -91,7 +91,8 @@ class RaySection:
 class FaultSection:
     """Failure drills: make a stage fail on purpose to check that a rerun recovers."""
 
-    train_fail_at_step: int | None = None  # raise once at this optimizer step
+    # raise once at this optimizer step (a test hook: hidden from --help)
+    train_fail_at_step: int | None = field(default=None, metadata={"hidden": True})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
