@@ -34,7 +34,7 @@ from pipelines.ingest import load_conversations
 from specdraft.config import flatten, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import save_draft
-from specdraft.objectives import unwrap
+from specdraft.objectives import StageConfig, stage_steps, unwrap
 from specdraft.chat import TokenizedConversations, tokenize_conversations
 from specdraft.features import EAGLE3
 from specdraft.online import OnlineDataset
@@ -132,8 +132,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             save_checkpoint(trainer, Path(tmp) if rank == 0 else None)  # every rank: the state is gathered
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
 
+    announced = [-1]  # the stage whose note was printed
+
     def on_step(tr: Trainer, metrics: dict[str, float]) -> None:
         step = tr.state.step
+        if rank == 0 and tr.state.stage != announced[0]:  # a stage starts (or a resumed run's first step)
+            announced[0] = tr.state.stage
+            print(stage_note(tr.state.stage, stages), flush=True)
         if rank == 0 and step % cfg.log_every == 0:
             done = step / max(1, tr.total_steps)
             eta = (time.perf_counter() - started) / max(done, 1e-9) * (1 - done)
@@ -172,6 +177,21 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         save_draft(unwrap(trainer.draft), Path(job.out) / DRAFT_DIR, weights=weights)
         trainer.logger.close()
     ray.train.report({"done": 1.0, **skipped(), **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
+
+
+def stage_note(index: int, stages: list[StageConfig]) -> str:
+    """The line printed when stage ``index`` starts: what it trains and what its loss is. A chained stage's loss
+    is the weighted sum of its sub-steps' losses (Beagle's late stage: beta_i = s - i + 1, 10 times a one-step
+    loss for s = 4), so without this line its first step looks like the training diverged."""
+    stage = stages[index]
+    weights = [step.weight for step in stage_steps(stage, stage.steps + stage.window, 0, "cpu")]
+    line = f"[specdraft] stage {index} ({stage.kind}, {stage.epochs} epoch{'s' * (stage.epochs != 1)})"
+    if len(weights) == 1:
+        return line + ": loss = the loss of its one step"
+    total = sum(weights)
+    return (line + f": loss = sum of beta_i * loss_i over its {len(weights)} steps, beta = "
+            f"{', '.join(f'{w:.3g}' for w in weights)} (sum {total:.3g}): about {total:.3g}x a one-step loss, not "
+            f"comparable with a one-step stage's; loss_step1..{len(weights)} in metrics.jsonl are the steps' own")
 
 
 def online_conversations(cfg: TrainConfig, target: str | Path) -> tuple[TokenizedConversations, int]:
