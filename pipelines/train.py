@@ -34,7 +34,7 @@ from pipelines.ingest import load_conversations
 from specdraft.config import flatten, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import save_draft
-from specdraft.objectives import StageConfig, stage_steps, unwrap
+from specdraft.objectives import stage_note, unwrap
 from specdraft.chat import TokenizedConversations, tokenize_conversations
 from specdraft.features import EAGLE3
 from specdraft.online import OnlineDataset
@@ -43,14 +43,7 @@ from specdraft.run import build_run, validate_draft
 from specdraft.run import feature_plan as plan_features
 from specdraft.store import FeatureDataset, ReaderConfig, location
 from specdraft.target import load_target_model, load_tokenizer, target_fingerprint, target_id
-from specdraft.training import (
-    DRAFT_DIR,
-    Trainer,
-    drop_metrics_after,
-    load_checkpoint,
-    save_checkpoint,
-    warmup_of,
-)
+from specdraft.training import DRAFT_DIR, Trainer, drop_metrics_after, load_checkpoint, save_checkpoint, warmup_of
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,7 +131,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         step = tr.state.step
         if rank == 0 and tr.state.stage != announced[0]:  # a stage starts (or a resumed run's first step)
             announced[0] = tr.state.stage
-            print(stage_note(tr.state.stage, stages), flush=True)
+            print(f"[specdraft] {stage_note(tr.state.stage, stages)}", flush=True)
         if rank == 0 and step % cfg.log_every == 0:
             done = step / max(1, tr.total_steps)
             eta = (time.perf_counter() - started) / max(done, 1e-9) * (1 - done)
@@ -177,21 +170,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         save_draft(unwrap(trainer.draft), Path(job.out) / DRAFT_DIR, weights=weights)
         trainer.logger.close()
     ray.train.report({"done": 1.0, **skipped(), **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
-
-
-def stage_note(index: int, stages: list[StageConfig]) -> str:
-    """The line printed when stage ``index`` starts: what it trains and what its loss is. A chained stage's loss
-    is the weighted sum of its sub-steps' losses (Beagle's late stage: beta_i = s - i + 1, 10 times a one-step
-    loss for s = 4), so without this line its first step looks like the training diverged."""
-    stage = stages[index]
-    weights = [step.weight for step in stage_steps(stage, stage.steps + stage.window, 0, "cpu")]
-    line = f"[specdraft] stage {index} ({stage.kind}, {stage.epochs} epoch{'s' * (stage.epochs != 1)})"
-    if len(weights) == 1:
-        return line + ": loss = the loss of its one step"
-    total = sum(weights)
-    return (line + f": loss = sum of beta_i * loss_i over its {len(weights)} steps, beta = "
-            f"{', '.join(f'{w:.3g}' for w in weights)} (sum {total:.3g}): about {total:.3g}x a one-step loss, not "
-            f"comparable with a one-step stage's; loss_step1..{len(weights)} in metrics.jsonl are the steps' own")
 
 
 def online_conversations(cfg: TrainConfig, target: str | Path) -> tuple[TokenizedConversations, int]:

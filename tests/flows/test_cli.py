@@ -140,8 +140,21 @@ def test_yaml_config_plus_overrides_and_sugar_reach_the_dataclasses(tmp_path):
 
     # run: the default config file is the toy one
     cfg, _ = command_config(parse(["run", "--config", str(REPO / "configs" / "toy.yaml"), "train.recipe=hass",
-                                   "train.epochs=[5]"]))  # toy.yaml's [4, 1] are beagle's two stages
+                                   "train.epochs=[5]"]))
     assert (cfg.name, cfg.train.recipe, cfg.eval.settings.decode.depth) == ("toy", "hass", 5)
+
+
+def test_the_toy_config_trains_any_recipe_for_its_epochs_in_all():
+    """configs/toy.yaml gives the epochs in all (one number), split over the stages of whichever recipe a run
+    picks, so ``specdraft run train.recipe=NAME`` works for every recipe without an epoch override."""
+    from specdraft.recipes import RECIPES
+
+    for recipe in sorted(RECIPES):
+        cfg, _ = command_config(parse(["run", "--config", str(REPO / "configs" / "toy.yaml"), f"train.recipe={recipe}"]))
+        stages = cfg.train.resolved()[1]
+        assert sum(s.epochs for s in stages) == cfg.train.epochs == 5 and all(s.epochs >= 1 for s in stages), recipe
+    cfg, _ = command_config(parse(["run", "--config", str(REPO / "configs" / "toy.yaml")]))
+    assert [s.epochs for s in cfg.train.resolved()[1]] == [3, 2]  # beagle: earlier stages take the rest
 
 
 @pytest.fixture(scope="module")
