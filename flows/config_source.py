@@ -33,7 +33,6 @@ HIDDEN = "hidden"  # field(metadata={"hidden": True}): a valid key left out of -
 REQUIRED = object()  # the default of a field without one
 BUILTIN_TYPES = ("int", "float", "str", "bool", "bytes", "list", "dict", "tuple", "set", "frozenset", "object")
 FACTORIES = {"list": list, "dict": dict, "tuple": tuple, "set": set}
-TYPING = {"Literal", "Optional", "Union", "Any", "ClassVar"}
 BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
           ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.Mod: operator.mod}
 

@@ -31,8 +31,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,10 +40,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.flows.processes import free_port, start, stop, wait_http
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 CRASH = re.compile(r"Traceback \(most recent call last\)|Fatal Python error|SIGABRT|Mutex corrupt|core_worker\.cc:\d+")
+FLOWS = ("specdraft run", "prefect deployment run", "specdraft train")  # commands that may run long
 PREFECT_PORT = "4200"  # the README's Prefect port, replaced by a free one
 SERVE_PENDING = ("pending the lead's vLLM engine work (issue 23 item 6): the default champion is a Beagle draft, "
                  "which `specdraft export --format speculators` refuses and vLLM does not serve yet")
@@ -165,40 +166,6 @@ def test_every_readme_block_is_accounted_for():
 # --- the session: a fresh copy of the checkout, its environment, its servers -------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group, then SIGKILL (a worker whose server has gone may ignore SIGTERM)."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=20)
-
-
-def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while True:
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, f"{proc.args} exited:\n{log.read_text()[-4000:]}"
-        assert time.time() < deadline, f"{url} did not answer in {timeout:.0f} s:\n{log.read_text()[-4000:]}"
-        time.sleep(1)
-
-
 @dataclass
 class Session:
     """One terminal: a working directory, its environment, the servers started from it, the placeholders."""
@@ -231,8 +198,7 @@ class Session:
 
     def start(self, text: str, name: str) -> tuple[subprocess.Popen, Path]:
         log = self.cwd / f".readme-{name}.log"
-        proc = subprocess.Popen(["bash", "-c", f"exec {text}"], cwd=self.cwd, env=self.env, stdout=log.open("w"),
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = start(["bash", "-c", f"exec {text}"], dict(self.env), log, self.cwd)
         self.background.append(proc)
         return proc, log
 
@@ -316,6 +282,8 @@ def params():
         rule = command.rule
         marks = {"slow": [pytest.mark.slow], "background": [pytest.mark.slow], "server": [pytest.mark.slow],
                  "pending": [pytest.mark.slow, pytest.mark.xfail(reason=rule.reason, strict=False)]}.get(rule.action, [])
+        if command.text.startswith(FLOWS):  # the whole flow (minutes; tens of them on a loaded machine)
+            marks.append(pytest.mark.timeout(3600))
         out.append(pytest.param(command, marks=marks, id=command.id))
     return out
 
@@ -336,7 +304,7 @@ def test_readme_command(command: Command, session: Session, request):
             text += f" --port {session.ports['prefect']}"
         proc, log = session.start(text, name)
         if rule.health:
-            wait_http(f"http://127.0.0.1:{session.ports['prefect']}{rule.health}", proc, log)
+            wait_http(f"http://127.0.0.1:{session.ports['prefect']}{rule.health}", proc, log, timeout=600)
         return
     if rule.action == "server" or (rule.action == "pending" and rule.prefix == "vllm serve"):
         port = str(free_port())
@@ -371,6 +339,9 @@ def follow_flow_run(session: Session, output: str, timeout: float = 3600) -> Non
         assert time.time() < deadline, f"flow run still {state}:\n{worker_log.read_text()[-4000:]}"
         time.sleep(3)
     assert state == "COMPLETED", worker_log.read_text()[-8000:]
+    server_log = (session.cwd / ".readme-server.log").read_text()
+    errors = [line for line in server_log.splitlines() if re.search(r"\| ERROR\s+\|", line)]
+    assert not errors, "the Prefect server logged errors (telemetry without internet?):\n" + "\n".join(errors[:20])
 
 
 if __name__ == "__main__":  # list the commands and what the test does with each

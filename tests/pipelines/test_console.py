@@ -23,7 +23,7 @@ import pytest
 
 from specdraft.toy.conversations import generate_prompts
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # two CLI runs with their own Ray
 REPO = Path(__file__).resolve().parents[2]
 CRASH = re.compile(r"Traceback \(most recent call last\)|Fatal Python error|SIGABRT|Mutex corrupt|core_worker\.cc:\d+")
 
