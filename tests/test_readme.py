@@ -48,6 +48,8 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 CRASH = re.compile(r"Traceback \(most recent call last\)|Fatal Python error|SIGABRT|Mutex corrupt|core_worker\.cc:\d+")
 FLOWS = ("specdraft run", "prefect deployment run", "specdraft train")  # commands that may run long
 PREFECT_PORT = "4200"  # the README's Prefect port, replaced by a free one
+# To switch "Serve the champion" on: the two `specdraft export --model-uri` rules become "slow" and the `vllm serve`
+# rule becomes "server" (health "/health"; a `check` path and `expect` text may ask it for a completion)
 SERVE_PENDING = ("pending the lead's vLLM engine work (issue 23 item 6): the default champion is a Beagle draft, "
                  "which `specdraft export --format speculators` refuses and vLLM does not serve yet")
 
