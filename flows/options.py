@@ -27,10 +27,9 @@ from typing import Any
 
 import yaml
 
-from flows.config_source import HIDDEN
+from flows.config_source import HIDDEN, REQUIRED  # REQUIRED: the default of a field without one
 from specdraft.config import ConfigError, from_dict, merge, parse_overrides, to_dict
 
-REQUIRED = object()  # marks a field without a default in the help table
 DESCRIPTION_WIDTH = 100  # columns of a field's description lines in --help
 
 
@@ -193,14 +192,13 @@ def imported_rows(spec: ConfigSpec) -> list[tuple[str, str, Any, str]]:
 def source_rows(spec: ConfigSpec) -> list[tuple[str, str, Any, str]]:
     """The rows of ``describe``, read from the dataclasses' source without importing them
     (``flows.config_source``); raises ``Unsupported`` for a form that reader does not know."""
-    from flows.config_source import REQUIRED as SOURCE_REQUIRED
     from flows.config_source import static_rows
 
     defaults = parse_overrides(spec.defaults)
     rows = list(static_rows(spec.root, "", {k: v for k, v in defaults.items() if k not in dict(spec.sections)}))
     for key, ref in spec.sections:
         rows += static_rows(ref, key + ".", defaults.get(key))
-    return [(k, t, REQUIRED if d is SOURCE_REQUIRED else d, text) for k, t, d, text in rows]
+    return rows
 
 
 def describe(spec: ConfigSpec) -> str:
