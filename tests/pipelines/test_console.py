@@ -79,6 +79,9 @@ def test_train_prints_each_line_once_and_says_what_a_stage_loss_sums(regenerated
     output = specdraft("train", "--conversations", str(conversations), "--target", str(tiny_toy_target), "--out",
                        str(tmp_path / "draft"), "--recipe", "beagle", "epochs=[1,1]", "log_every=1", "min_steps=8",
                        "reader.max_tokens=512", "checkpoint_every=0", ray_tmp=ray_tmp / "train")
+    # each line once in the worker's own logs too (the driver's log deduplication may hide a repeat on the console)
+    logged = re.findall(r"\[specdraft\] (step \d+/\d+) stage", worker_logs(ray_tmp / "train"))
+    assert logged and len(logged) == len(set(logged)), f"a worker logged its step lines {len(logged)} times"
     crash = CRASH.search(output)
     assert crash is None, f"{crash[0]!r} in a successful train:\n{output[-6000:]}"
     steps = re.findall(r"\[specdraft\] (step \d+/\d+) stage", output)
