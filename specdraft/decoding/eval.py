@@ -53,6 +53,7 @@ from specdraft.placement import (
     resolve_device,
     resolve_dtype,
 )
+from specdraft.serving.engine import EngineSettings
 from specdraft.target import load_target_model, load_tokenizer
 
 TIMING_KEYS = ("wall_s", "draft_s", "verify_s", "baseline_wall_s", "wall_s_pld", "draft_s_pld", "verify_s_pld")
@@ -72,6 +73,7 @@ class EvalSettings:
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     system_prompt: str | None = None
     warmup: bool = True  # one short untimed generation before the first timed one
+    engine: EngineSettings = field(default_factory=EngineSettings)  # the serving engine's measurement (vLLM)
 
     def __post_init__(self) -> None:
         if self.max_questions is not None and self.max_questions < 1:
