@@ -114,7 +114,10 @@ class ScalingSection:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
-    recipe: str = "beagle"
+    # the default, beagle3 (Beagle's two stages over EAGLE-3 features), wins the held-out benchmark
+    # (benchmarks/results/train_quality_cpu.json) and vLLM serves it with specdraft's plugin; it reads
+    # stores dumped with aux_layers (specdraft dump ... aux_layers=eagle3)
+    recipe: str = "beagle3"
     arch: Arch | None = None  # None: the recipe's draft
     stages: list[StageConfig] | None = None  # None: the recipe's stages
     # epochs: one number is the total, split over the recipe's stages (earlier stages take the rest), so it

@@ -154,7 +154,8 @@ def test_the_toy_config_trains_any_recipe_for_its_epochs_in_all():
         stages = cfg.train.resolved()[1]
         assert sum(s.epochs for s in stages) == cfg.train.epochs == 5 and all(s.epochs >= 1 for s in stages), recipe
     cfg, _ = command_config(parse(["run", "--config", str(REPO / "configs" / "toy.yaml")]))
-    assert [s.epochs for s in cfg.train.resolved()[1]] == [3, 2]  # beagle: earlier stages take the rest
+    assert cfg.train.recipe == "beagle3" and cfg.features.aux_layers == "eagle3"  # the default recipe and its features
+    assert [s.epochs for s in cfg.train.resolved()[1]] == [3, 2]  # beagle3: earlier stages take the rest
 
 
 @pytest.fixture(scope="module")
