@@ -17,8 +17,13 @@ every command of the README must match a rule, and every block that is not shell
 * servers get a free port (``--port``; the README's 4200 becomes it) and are waited for, and a command the
   README runs in the foreground until stopped (``mlflow ui``) is started, asked a question and stopped;
 * ``prefect deployment run`` is followed to its end (the flow run must be COMPLETED);
-* installs and the test suite itself are skipped, engines that are not here are skipped, and the serving
-  block is pending (xfail) until the vLLM engine work lands, each with its reason.
+* "Serve the champion": the export of the champion is run, then the ``vllm serve`` command it printed is started
+  (vLLM's CPU backend, a KV cache of ``VLLM_CPU_KVCACHE_SPACE`` GiB as the README's CPU notes ask) and must answer a
+  completion;
+* installs and the test suite itself are skipped, and so is what cannot run here, each with its reason: SGLang
+  (not installed; it serves no Beagle champion either), a second vLLM server for the DFlash example (vLLM
+  serving DFlash is ``tests/serving/test_vllm_engine.py``'s; its export runs here, on a DFlash draft of the toy
+  target), and regenerating with ``tensor_parallel_size=2`` (two vLLM workers on a 2-core machine).
 
 The commands that run a model are marked slow. A command that works on what earlier ones made first runs, in
 its session, every earlier command not run there yet (``Session.replay_before``): ``-k`` on one command, or a
@@ -49,10 +54,7 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 CRASH = re.compile(r"Traceback \(most recent call last\)|Fatal Python error|SIGABRT|Mutex corrupt|core_worker\.cc:\d+")
 FLOWS = ("specdraft run", "prefect deployment run", "specdraft train")  # commands that may run long
 PREFECT_PORT = "4200"  # the README's Prefect port, replaced by a free one
-# To switch "Serve the champion" on: the two `specdraft export --model-uri` rules become "slow" and the `vllm serve`
-# rule becomes "server" (health "/health"; a `check` path and `expect` text may ask it for a completion)
-SERVE_PENDING = ("pending the lead's vLLM engine work (issue 23 item 6): the default champion is a Beagle draft, "
-                 "which `specdraft export --format speculators` refuses and vLLM does not serve yet")
+VLLM_CPU_KVCACHE_GIB = "1"  # vLLM's CPU KV cache for the served champion (otherwise a share of the machine's memory)
 
 pytestmark = pytest.mark.xdist_group("readme")  # one session, in order, on one worker (see replay_before)
 
@@ -62,7 +64,7 @@ class Rule:
     """What the test does with the README commands that start with ``prefix``."""
 
     prefix: str
-    action: str  # run (stateless) | slow | env | skip | pending | server | background
+    action: str  # run (stateless) | slow | serve (slow, then its printed vllm command) | env | skip | server | background
     reason: str = ""  # skip / pending: why
     health: str = ""  # server: the path that answers once it is up
     check: str = ""  # server: a path whose answer must contain ``expect``
@@ -76,11 +78,15 @@ class Rule:
 
 RULES = [
     Rule("pip install", "skip", "installs packages: the test runs in the environment the README's install made"),
+    Rule("pip uninstall", "skip", "the install's clean-up: the test runs in the environment the README's install made"),
     Rule("python -m pytest", "skip", "the test suite itself, which this test is part of"),
     Rule("specdraft eval --help", "run"),
-    Rule("specdraft export --model-uri models:/specdraft-toy-draft@champion --format speculators", "pending",
-         SERVE_PENDING),
-    Rule("specdraft export --model-uri models:/specdraft-toy-draft@champion --format sglang", "pending", SERVE_PENDING),
+    Rule("specdraft export --model-uri models:/specdraft-toy-draft@champion --tracking-uri", "serve"),
+    Rule("specdraft export --model-uri models:/specdraft-toy-draft@champion --format sglang", "skip",
+         "SGLang serves EAGLE-3 and EAGLE-1/2 drafts, not the default champion (beagle3: the export refuses it, "
+         "tests/specdraft/test_export_checks.py), and SGLang is not installed here"),
+    Rule("specdraft regenerate --target T --prompts p.jsonl --out regen backend=vllm", "skip",
+         "two vLLM tensor-parallel workers (a GPU example); backend=vllm is tests/serving/test_regenerate_vllm.py's"),
     Rule("specdraft ", "slow"),  # the others run a model, Ray or the whole flow
     Rule("export ", "env"),  # sets the session's environment, as in a terminal
     Rule("prefect server start", "background", health="/api/health"),
@@ -88,7 +94,9 @@ RULES = [
     Rule("prefect ", "slow"),
     Rule("mlflow ui", "server", health="/health", check="/api/2.0/mlflow/experiments/search?max_results=50",
          expect="specdraft-toy"),
-    Rule("vllm serve", "pending", SERVE_PENDING),
+    Rule("vllm serve TARGET --host 127.0.0.1 --speculative-config '{\"method\": \"dflash\"", "skip",
+         "a second vLLM server (minutes on a 2-core machine): vLLM serving a DFlash draft is "
+         "tests/serving/test_vllm_engine.py's; the champion's printed vllm serve command runs here"),
     Rule("python -m sglang.launch_server", "skip", "SGLang is not installed here (a GPU serving engine)"),
 ]
 
@@ -96,6 +104,7 @@ RULES = [
 TEXT_BLOCKS = {
     "{bos}### System:": "the fallback chat template",
     "specdraft/   core:": "the repository layout",
+    "== specdraft run ": "a run summary, as `specdraft run` prints it",
 }
 
 
@@ -108,7 +117,8 @@ class Command:
 
     @property
     def rule(self) -> Rule:
-        return next(r for r in RULES if self.text.startswith(r.prefix))
+        """The first rule whose prefix starts the command (``unmatched``: none, which the accounting test names)."""
+        return next((r for r in RULES if self.text.startswith(r.prefix)), Rule("", "unmatched"))
 
     @property
     def id(self) -> str:
@@ -167,8 +177,8 @@ def test_every_readme_block_is_accounted_for():
                 f"README.md line {first}: a ``` block that is not ```bash: list it in TEXT_BLOCKS, or mark it bash")
     assert COMMANDS, "no ```bash block in README.md"
     for command in COMMANDS:
-        assert any(command.text.startswith(r.prefix) for r in RULES), f"README.md line {command.line}: {command.text!r} " \
-            "matches no rule of tests/test_readme.py: add one (run, slow, skip or pending, with the reason)"
+        assert command.rule.action != "unmatched", f"README.md line {command.line}: {command.text!r} " \
+            "matches no rule of tests/test_readme.py: add one (run, slow or skip, with the reason)"
 
 
 # --- the session: a fresh copy of the checkout, its environment, its servers -------------------------------
@@ -214,16 +224,15 @@ class Session:
     def replay_before(self, command: Command) -> None:
         """Run every command of the chain before ``command`` that this session has not run: whatever the order
         and the worker the tests get, a command finds what the README's earlier lines made (a pending one's
-        failure is expected and passed over; any other names the line this command depends on)."""
+        failure names the line this command depends on)."""
         for earlier in COMMANDS[: COMMANDS.index(command)]:
             if earlier in self.done or not earlier.rule.chained:
                 continue
             try:
                 self.execute(earlier)
             except (AssertionError, subprocess.SubprocessError) as err:
-                if earlier.rule.action != "pending":
-                    raise AssertionError(f"README line {earlier.line}, which this command follows, failed: "
-                                         f"{earlier.text}\n{err}") from None
+                raise AssertionError(f"README line {earlier.line}, which this command follows, failed: "
+                                     f"{earlier.text}\n{err}") from None
 
     def execute(self, command: Command) -> None:
         """Run one README command as the rules say (marked done even when it fails: it is not retried)."""
@@ -243,7 +252,7 @@ class Session:
             proc, log = self.start(text, text.split()[1])
             if rule.health:
                 wait_http(f"http://127.0.0.1:{self.ports['prefect']}{rule.health}", proc, log, timeout=600)
-        elif rule.action == "server" or (rule.action == "pending" and rule.prefix == "vllm serve"):
+        elif rule.action == "server":
             port = str(free_port())
             proc, log = self.start(f"{text} --port {port}", text.split()[0])
             try:
@@ -254,9 +263,33 @@ class Session:
             finally:
                 stop(proc)
         else:
+            if "runs/dflash/draft" in text:
+                dflash_draft(Path(self.places["TARGET"]), self.cwd / "runs" / "dflash" / "draft")
             output = self.run(text)
-            if text.startswith("prefect deployment run"):
+            if text.startswith("prefect deployment run"):  # with --watch too: the state, the server's log
                 follow_flow_run(self, output)
+            if rule.action == "serve":
+                self.serve(output)
+
+    def serve(self, export_output: str) -> None:
+        """Start the ``vllm serve`` command an export printed, wait for it, ask it for a completion, stop it."""
+        command = next((line.strip() for line in export_output.splitlines() if line.strip().startswith("vllm serve")),
+                       None)
+        assert command, f"the export printed no vllm serve command:\n{export_output[-3000:]}"
+        port = str(free_port())
+        self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_GIB)
+        proc, log = self.start(f"{command} --port {port}", "vllm")
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health", proc, log, timeout=900)
+            model = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0]["id"]
+            answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=300,
+                                json={"model": model, "prompt": "What is 2 plus 3?", "max_tokens": 8,
+                                      "temperature": 0}).json()
+            assert answer["choices"][0]["text"], answer
+            draft = re.search(r'"model": "([^"]+)"', command)[1]  # the engine runs with the exported draft
+            assert "speculative_config" in log.read_text() and draft in log.read_text(), log.read_text()[-3000:]
+        finally:
+            stop(proc)
 
     def make_stores(self) -> None:
         """S1 and S2: two feature stores of the toy target, made as the README makes stores (``specdraft dump``)."""
@@ -298,6 +331,24 @@ def session(tmp_path_factory):
         stop(proc)
 
 
+def dflash_draft(target: Path, out: Path) -> Path:
+    """The DFlash draft the README's example exports (``runs/dflash/draft``): random weights over the toy target's
+    three layers, as ``specdraft train --recipe dflash`` would save it (the export reads its files only)."""
+    import torch
+
+    from specdraft.models import build_draft, draft_config_from_target, save_draft
+    from specdraft.target import load_target_config, load_target_heads, target_fingerprint, target_id
+
+    if (out / "config.json").is_file():
+        return out
+    torch.manual_seed(0)
+    heads = load_target_heads(target)
+    config = draft_config_from_target(load_target_config(target), "dflash", target_id=target_id(target),
+                                      target_fingerprint=target_fingerprint(target), aux_layers=[0, 1, 2],
+                                      num_layers=2, block_size=8)
+    return save_draft(build_draft(config, heads.embed, heads.lm_head), out)
+
+
 def random_draft(target: Path, out: Path) -> Path:
     """A Beagle draft of ``target`` (random weights: eval measures it all the same), paired with it."""
     import torch
@@ -334,8 +385,6 @@ def params():
     for command in COMMANDS:
         rule = command.rule
         marks = [pytest.mark.slow] if rule.chained else []  # a chained command may replay the ones before it
-        if rule.action == "pending":
-            marks.append(pytest.mark.xfail(reason=rule.reason, strict=False))
         if command.text.startswith(FLOWS):  # the whole flow (minutes; tens of them on a loaded machine)
             marks.append(pytest.mark.timeout(3600))
         out.append(pytest.param(command, marks=marks, id=command.id))
