@@ -242,9 +242,10 @@ class Session:
             self.make_stores()
         self.write_files(command)
         text = self.expand(command)
-        if rule.action == "env":
-            name, _, value = text.removeprefix("export ").partition("=")
-            self.env[name] = " ".join(shlex.split(value))
+        if rule.action == "env":  # export NAME=VALUE [NAME=VALUE ...]
+            for assignment in shlex.split(text.removeprefix("export ")):
+                name, _, value = assignment.partition("=")
+                self.env[name] = value
         elif rule.action == "background":
             text = text.rstrip("& ")
             if rule.prefix == "prefect server start":
