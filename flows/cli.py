@@ -1,11 +1,12 @@
 """The ``specdraft`` command line: one sub-command per user-facing job.
 
 It sits at the top of the dependency chain (flows -> pipelines -> specdraft) so it can
-reach every layer; each command imports what it needs lazily so ``specdraft --help`` is
-instant (a command's own ``--help`` imports its config classes to list their fields).
+reach every layer; each command imports what it needs lazily, so ``specdraft --help`` and
+``specdraft COMMAND --help`` import no torch, Ray, Prefect or MLflow (a command's ``--help``
+reads its config classes' source: ``flows/config_source.py``).
 Config-bearing commands are bound to their config dataclass (``flows/options.py``): they
 take ``--config FILE`` plus trailing ``key=value`` overrides, and their ``--help`` lists
-every field with its default. The few other options are paths and switches, and a handful
+every field with its default and description. The few other options are paths and switches, and a handful
 of familiar flags (``train --recipe``, ``eval --mode``) are sugar for one override each.
 """
 
@@ -479,11 +480,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)  # --help answers here, before any heavy import
     from specdraft.config import ConfigError
     from specdraft.outputs import OutputError
     from specdraft.target import TargetMismatch
 
-    args = parse(argv)
     try:
         check_out(args)
         return int(args.func(args) or 0)

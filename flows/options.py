@@ -1,12 +1,14 @@
-"""Command-line options generated from the config dataclasses (issue 11, item 6).
+"""Command-line options generated from the config dataclasses (issue 11, item 6; issue 23, item 7).
 
 A config-bearing command is bound to a ``ConfigSpec``: its root dataclass, plus named
 sections of other dataclasses (``eval``'s ``ray.*`` is ``RayEvalConfig``). The command
 takes ``--config FILE`` (YAML) and trailing ``key=value`` overrides, both validated by
 ``specdraft.config`` (nested keys with dots, unknown keys are errors), and its ``--help``
-lists every field of the tree — dotted key, type, default — read from the dataclasses, so a
-field added there shows up here without an edit. Classes are named ``"module:Class"`` and
-imported only when a command runs or shows its help, so ``specdraft --help`` stays instant.
+lists every field of the tree — dotted key, type, default and the field's comment as its
+description — so a field added there shows up here without an edit; a field with
+``metadata={"hidden": True}`` (a test hook) is valid but not listed. Classes are named
+``"module:Class"``: the help reads them from their source (``flows/config_source.py``) and
+a command imports them only when it runs, so every ``--help`` answers at once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import textwrap
 import types
 import typing
 from collections.abc import Iterator
@@ -24,9 +27,10 @@ from typing import Any
 
 import yaml
 
+from flows.config_source import HIDDEN, REQUIRED  # REQUIRED: the default of a field without one
 from specdraft.config import ConfigError, from_dict, merge, parse_overrides, to_dict
 
-REQUIRED = object()  # marks a field without a default in the help table
+DESCRIPTION_WIDTH = 100  # columns of a field's description lines in --help
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,11 +112,12 @@ def type_name(tp: Any) -> str:
 
 
 def _show(value: Any) -> str:
+    """A default as the help shows it: plain data (``to_dict``) as JSON, a string as itself."""
     if value is REQUIRED:
         return "(required)"
     if isinstance(value, str):
         return value if value else '""'
-    text = json.dumps(to_dict(value), default=str)
+    text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -136,29 +141,43 @@ def _item_class(tp: Any) -> tuple[type | None, str]:
     return None, ""
 
 
-def field_rows(cls: type, prefix: str = "", instance: Any = None) -> Iterator[tuple[str, str, str]]:
-    """(dotted key, type, default) for every field of dataclass ``cls``, nested ones flattened.
+def _descriptions(cls: type) -> dict[str, str]:
+    """Field name -> description (the field's comment in its class's source), base classes included."""
+    from flows.config_source import class_descriptions
+
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            out.update(class_descriptions(klass.__module__, klass.__qualname__))
+    return out
+
+
+def field_rows(cls: type, prefix: str = "", instance: Any = None) -> Iterator[tuple[str, str, Any, str]]:
+    """(dotted key, type, default, description) for every field of dataclass ``cls`` shown in ``--help``,
+    nested ones flattened; a field with ``metadata={"hidden": True}`` (a test hook) is left out.
 
     Defaults come from ``instance`` when given (so a parent's ``default_factory`` shows), else
-    from the field definitions.
+    from the field definitions; they are plain data (``to_dict``), or ``REQUIRED``. This imports the
+    classes (``flows.config_source.static_rows`` reads the same rows from their source, at once).
     """
     hints = typing.get_type_hints(cls)
+    described = _descriptions(cls)
     for f in dataclasses.fields(cls):
-        if not f.init:
+        if not f.init or f.metadata.get(HIDDEN):
             continue
         tp, key = hints[f.name], prefix + f.name
         value = getattr(instance, f.name) if instance is not None else _default(f)
         if dataclasses.is_dataclass(tp):
             yield from field_rows(tp, key + ".", value if dataclasses.is_dataclass(value) else None)
             continue
-        yield key, type_name(tp), _show(value)
+        yield key, type_name(tp), value if value is REQUIRED else to_dict(value), described.get(f.name, "")
         item, sep = _item_class(tp)
         if item is not None:
             yield from field_rows(item, key + sep)
 
 
-def describe(spec: ConfigSpec) -> str:
-    """The help section listing every config field of the command."""
+def imported_rows(spec: ConfigSpec) -> list[tuple[str, str, Any, str]]:
+    """The rows of ``describe``, read from the imported dataclasses (the reference for ``static_rows``)."""
     root, sections = _classes(spec)
     try:
         config, parts = load_config(spec)
@@ -167,7 +186,30 @@ def describe(spec: ConfigSpec) -> str:
     rows = list(field_rows(root, "", config))
     for key, cls in sections.items():
         rows += field_rows(cls, key + ".", parts.get(key))
-    names = f"{root.__name__}" + "".join(f", {key}.*: {cls.__name__}" for key, cls in sections.items())
+    return rows
+
+
+def source_rows(spec: ConfigSpec) -> list[tuple[str, str, Any, str]]:
+    """The rows of ``describe``, read from the dataclasses' source without importing them
+    (``flows.config_source``); raises ``Unsupported`` for a form that reader does not know."""
+    from flows.config_source import static_rows
+
+    defaults = parse_overrides(spec.defaults)
+    rows = list(static_rows(spec.root, "", {k: v for k, v in defaults.items() if k not in dict(spec.sections)}))
+    for key, ref in spec.sections:
+        rows += static_rows(ref, key + ".", defaults.get(key))
+    return rows
+
+
+def describe(spec: ConfigSpec) -> str:
+    """The help section listing every config field of the command, with its description."""
+    from flows.config_source import Unsupported
+
+    try:
+        rows = source_rows(spec)
+    except Unsupported:  # a form the source reader does not know: import the classes (slower, same rows)
+        rows = imported_rows(spec)
+    names = spec.root.partition(":")[2] + "".join(f", {key}.*: {ref.partition(':')[2]}" for key, ref in spec.sections)
     kw = max(len(r[0]) for r in rows) + 2
     tw = max(len(r[1]) for r in rows) + 2
     lines = [
@@ -176,7 +218,9 @@ def describe(spec: ConfigSpec) -> str:
         "",
         f"  {'key':<{kw}}{'type':<{tw}}default",
     ]
-    lines += [f"  {k:<{kw}}{t:<{tw}}{d}" for k, t, d in rows]
+    for key, tp, default, text in rows:
+        lines.append(f"  {key:<{kw}}{tp:<{tw}}{_show(default)}")
+        lines += textwrap.wrap(text, width=DESCRIPTION_WIDTH, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines) + "\n"
 
 

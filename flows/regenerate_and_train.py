@@ -117,7 +117,7 @@ def regenerate_stage(cfg: RunConfig, run, prepared: Prepared, prompt: PromptFile
     return stages.regenerate_file(cfg, prepared, prompt)
 
 
-@_stage_task("features")
+@_stage_task("features", section=lambda cfg, *rest: stages.run_features(cfg))  # the features the dump computes
 def features_stage(cfg: RunConfig, run, prepared: Prepared, regenerated: Regenerated) -> Dumped:
     return stages.dump_file(cfg, prepared, regenerated)
 

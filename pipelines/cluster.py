@@ -13,6 +13,21 @@ and some Ray components then log the same harmless lines over and over, tracebac
   that token authentication is on (the warning that it is *off* stays visible); Ray Train reports
   every checkpoint in two lines.
 
+Some lines come from Ray's C++ core or from Ray Train's own set-up and cannot be dropped at a logger;
+they are avoided at their source instead:
+
+* every line a Ray Train worker prints appeared twice: Ray Train patches ``print`` to log to the root
+  logger (shown on stderr) and, since Ray's workers replace ``sys.stdout``, also to print it (stdout) —
+  ``RAY_TRAIN_ENABLE_PRINT_PATCH=0`` (``TRAIN_ENV``) keeps a worker's prints plain, once;
+* "has constructor arguments in the object store and max_restarts > 0" (``core_worker.cc``) is logged
+  when an actor that Ray may restart is built from an object reference: Ray Data passes every pool
+  actor its map function by reference, and Ray Train's preemption watcher is built so too. Our actor
+  pools are not restarted (``ACTOR_POOL``: a replica that dies fails its stage, which is resumable and
+  retried by the flow, instead of being retried without end), and a local cluster — one machine, no
+  preemption to watch for — runs without the watcher (``TRAIN_ENV_LOCAL``).
+
+Each is set in the Ray job's ``runtime_env`` only where the user's environment does not set it.
+
 ``KNOWN_HARMLESS`` (and ``KNOWN_HARMLESS_LOCAL``, local clusters only) list such messages per
 logger; ``quiet_known_warnings`` drops exactly those records at their logger — in the driver and,
 as the cluster's ``worker_process_setup_hook``, in every Ray worker process — so nothing else those
@@ -46,6 +61,13 @@ KNOWN_HARMLESS_LOCAL: dict[str, tuple[str, ...]] = {
         "Failed to send resource request",
     ),
 }
+
+
+# Ray Train's settings for every run (see the module docstring), and for a local cluster's runs
+TRAIN_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+TRAIN_ENV_LOCAL = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+# map_batches(..., **ACTOR_POOL) for the Ray Data actor pools (regenerate, dump, eval replicas)
+ACTOR_POOL: dict[str, Any] = {"max_restarts": 0}
 
 
 class DropKnownHarmless(logging.Filter):
@@ -116,7 +138,8 @@ def connect_ray(address: str | None = None, num_cpus: float | None = None,
     """``ray.init`` unless Ray is initialized: ``address`` None (and no ``RAY_ADDRESS``) -> a local
     cluster of ``num_cpus`` CPUs (default: all) without the dashboard UI, listening on 127.0.0.1 only
     (``bind_local_cluster_to_loopback``); else that cluster.
-    ``env_vars``: set in every worker (e.g. an object store's endpoint) beside the setup hook."""
+    ``env_vars``: set in every worker (e.g. an object store's endpoint) beside the setup hook and, where the
+    environment does not set them, ``TRAIN_ENV`` (and ``TRAIN_ENV_LOCAL`` on a local cluster)."""
     import ray
 
     local = address is None and not os.environ.get("RAY_ADDRESS")
@@ -125,6 +148,7 @@ def connect_ray(address: str | None = None, num_cpus: float | None = None,
         return
     hook = setup_local_worker if local else setup_cluster_worker
     bind_local_cluster_to_loopback(local)
+    ours = {k: v for k, v in {**TRAIN_ENV, **(TRAIN_ENV_LOCAL if local else {})}.items() if k not in os.environ}
     ray.init(address=address, num_cpus=num_cpus if local else None, include_dashboard=False,
              ignore_reinit_error=True, **({"dashboard_host": LOOPBACK} if local else {}),
-             runtime_env={"worker_process_setup_hook": hook, **({"env_vars": env_vars} if env_vars else {})}, **kwargs)
+             runtime_env={"worker_process_setup_hook": hook, "env_vars": {**ours, **(env_vars or {})}}, **kwargs)

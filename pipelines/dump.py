@@ -40,7 +40,7 @@ import torch
 import transformers
 from ray.data import ActorPoolStrategy, Datasink
 
-from pipelines.cluster import connect_ray
+from pipelines.cluster import ACTOR_POOL, connect_ray
 from pipelines.ingest import load_conversations, write_rejects
 from specdraft import store
 from specdraft.chat import tokenize_conversations
@@ -214,7 +214,7 @@ def dump_features(
             PrefillActor, batch_size=1, batch_format="numpy",
             fn_constructor_kwargs={"target": target, "cfg": cfg, "aux_layers": header["aux_layers"], "use_gpu": use_gpu},
             compute=ActorPoolStrategy(size=min(cfg.num_actors, len(todo))),
-            num_gpus=cfg.gpus_per_actor if use_gpu else 0, num_cpus=cfg.cpus_per_actor,
+            num_gpus=cfg.gpus_per_actor if use_gpu else 0, num_cpus=cfg.cpus_per_actor, **ACTOR_POOL,
         )
         ds.write_datasink(sink)
     else:

@@ -36,7 +36,7 @@ import ray
 import torch
 from tqdm.auto import tqdm
 
-from pipelines.cluster import connect_ray
+from pipelines.cluster import ACTOR_POOL, connect_ray
 from specdraft.config import from_dict, to_dict
 from specdraft.models import check_draft_target
 from specdraft.placement import describe_placement
@@ -124,6 +124,7 @@ def evaluate_with_ray(
         compute=ray.data.ActorPoolStrategy(size=_replicas(cfg, settings, use_gpu, len(rows))),
         num_gpus=settings.gpus if use_gpu else 0,  # the GPUs each replica spreads its target over
         num_cpus=cfg.num_cpus,
+        **ACTOR_POOL,  # a replica that dies fails the evaluation, never retried without end
     )
     context = ray.data.DataContext.get_current()
     bars, context.enable_progress_bars = context.enable_progress_bars, False

@@ -47,7 +47,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.utils import logging as hf_logging
 
-from pipelines.cluster import connect_ray
+from pipelines.cluster import ACTOR_POOL, connect_ray
 from pipelines.conversations import SCHEMA, done_prompts, drop_answers, prompt_digest, write_part
 from pipelines.ingest import IngestConfig, ingest
 from specdraft.chat import assistant_spans
@@ -387,9 +387,12 @@ def _stats_table(rows_in: int, rows_out: int, stats: dict[str, Any]) -> pa.Table
 def _run_hf(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
             max_model_len: int) -> Iterable[dict[str, Any]]:
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    table = pa.Table.from_pylist(pending, schema=SCHEMA)
-    blocks = [table.slice(i, cfg.batch_size) for i in range(0, len(pending), cfg.batch_size)]
-    ds = ray.data.from_arrow(blocks).map_batches(  # one block per batch: batches spread over replicas
+    blocks = [pa.Table.from_pylist(pending[i: i + cfg.batch_size], schema=SCHEMA)
+              for i in range(0, len(pending), cfg.batch_size)]
+    # one block per batch, so batches spread over the replicas; from_blocks describes the blocks here, where
+    # from_arrow ran a remote task per block whose short-lived worker, exiting idle, sometimes died of SIGABRT
+    # in Ray's C++ core ("Mutex corrupt: both reader and writer lock held") and printed it on the console
+    ds = ray.data.from_blocks(blocks).map_batches(
         HFReplica,
         fn_constructor_kwargs=dict(target=str(target), cfg=to_dict(cfg), out_dir=str(out_dir),
                                    max_model_len=max_model_len, use_gpu=use_gpu),
@@ -398,6 +401,7 @@ def _run_hf(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cf
         compute=ray.data.ActorPoolStrategy(size=cfg.concurrency),
         num_gpus=cfg.num_gpus if use_gpu else 0,
         num_cpus=cfg.num_cpus,
+        **ACTOR_POOL,  # a replica that dies fails the stage (resumable), never retried without end
     )
     for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
         yield from batch.to_pylist()

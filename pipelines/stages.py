@@ -40,7 +40,7 @@ from specdraft import __version__ as CODE_VERSION
 from specdraft import files
 from specdraft.config import ConfigError, config_hash, to_dict
 from specdraft.decoding.eval import EvalSettings
-from specdraft.features import FeaturesConfig
+from specdraft.features import EAGLE3, FeaturesConfig
 from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for, variant
 from specdraft.models import read_draft_config
 from specdraft.target import target_id
@@ -91,7 +91,8 @@ class RaySection:
 class FaultSection:
     """Failure drills: make a stage fail on purpose to check that a rerun recovers."""
 
-    train_fail_at_step: int | None = None  # raise once at this optimizer step
+    # raise once at this optimizer step (a test hook: hidden from --help)
+    train_fail_at_step: int | None = field(default=None, metadata={"hidden": True})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -223,16 +224,27 @@ def regenerate_file(cfg: RunConfig, prepared: Prepared, prompt: PromptFile) -> R
     return record
 
 
+def run_features(cfg: RunConfig) -> FeaturesConfig:
+    """The features the run computes (dumped, or online as ``train.online``): its ``features`` section, with
+    ``aux_layers: eagle3`` when the recipe reads EAGLE-3 features (the default ``beagle3`` does) and the
+    section names no layers — as online training defaults them — so no run stops at training for a store
+    without them."""
+    if cfg.train.eagle3_features and cfg.features.aux_layers is None:
+        return replace(cfg.features, aux_layers=EAGLE3)
+    return cfg.features
+
+
 def dump_file(cfg: RunConfig, prepared: Prepared, regenerated: Regenerated) -> Dumped:
-    """Dump one regenerated prompt file to its own feature store."""
-    key = stage_key(prepared.target_id, regenerated.key, cfg.features)
+    """Dump one regenerated prompt file to its own feature store (``run_features``)."""
+    features = run_features(cfg)
+    key = stage_key(prepared.target_id, regenerated.key, features)
     out = Path(cfg.workdir) / "features" / key
     if (done := _finished(out)) is not None:
         return Dumped.from_dict({**done, "skipped": True})
     ensure_ray(cfg)
     started = time.perf_counter()
     rows = read_conversations([regenerated.conversations])
-    summary = dump_features(prepared.target, rows, out, cfg.features, progress=False)
+    summary = dump_features(prepared.target, rows, out, features, progress=False)
     record = Dumped(key=key, store=str(out), summary=summary, wall_s=time.perf_counter() - started)
     _finish(out, _done(record))
     return record
@@ -240,12 +252,12 @@ def dump_file(cfg: RunConfig, prepared: Prepared, regenerated: Regenerated) -> D
 
 def train_config(cfg: RunConfig, stores: list[Dumped] | list[Regenerated]) -> TrainConfig:
     """The config training runs with: ``cfg.train``, and with online features (``train.features: online``,
-    ``stores`` are then the regenerate records: no dump ran) the run's ``features`` section as
+    ``stores`` are then the regenerate records: no dump ran) the run's features (``run_features``) as
     ``train.online`` and the regenerated conversations (ordered by key) as ``train.conversations``."""
     if cfg.train.features != "online":
         return cfg.train
     assert all(isinstance(s, Regenerated) for s in stores), "online features train on the regenerate records"
-    return replace(cfg.train, online=cfg.features,
+    return replace(cfg.train, online=run_features(cfg),
                    conversations=[s.conversations for s in sorted(stores, key=lambda s: s.key)])
 
 

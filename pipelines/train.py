@@ -34,7 +34,7 @@ from pipelines.ingest import load_conversations
 from specdraft.config import flatten, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import save_draft
-from specdraft.objectives import unwrap
+from specdraft.objectives import stage_note, unwrap
 from specdraft.chat import TokenizedConversations, tokenize_conversations
 from specdraft.features import EAGLE3
 from specdraft.online import OnlineDataset
@@ -134,8 +134,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             save_checkpoint(trainer, Path(tmp) if rank == 0 else None)  # every rank: the state is gathered
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
 
+    announced = [-1]  # the stage whose note was printed
+
     def on_step(tr: Trainer, metrics: dict[str, float]) -> None:
         step = tr.state.step
+        if rank == 0 and tr.state.stage != announced[0]:  # a stage starts (or a resumed run's first step)
+            announced[0] = tr.state.stage
+            print(f"[specdraft] {stage_note(tr.state.stage, stages)}", flush=True)
         if rank == 0 and step % cfg.log_every == 0:
             done = step / max(1, tr.total_steps)
             eta = (time.perf_counter() - started) / max(done, 1e-9) * (1 - done)

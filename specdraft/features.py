@@ -30,7 +30,9 @@ whichever way its features were made.
 
 from __future__ import annotations
 
+import itertools
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -109,7 +111,9 @@ def resolve_aux_layers(aux_layers: str | list[int] | tuple[int, ...] | None, num
     layer i, 0 = the embeddings), strictly increasing in ``[0, num_layers)``.
 
     ``None`` -> [] (no auxiliary states); ``"eagle3"`` -> the EAGLE-3 default triple, the states
-    entering layers 2, N/2 and N-3 (vLLM's and SpecForge's default); a list is checked and kept.
+    entering layers 2, N/2 and N-3 (vLLM's and SpecForge's default) — on a target too shallow for
+    three distinct such layers (N < 7), the three distinct indices nearest them (``nearest_distinct``),
+    with a warning naming them; a list is checked and kept.
     Index N (the final normed state) is refused: it is the stored ``hidden`` already, and serving
     engines never hand it to a draft.
     """
@@ -118,12 +122,19 @@ def resolve_aux_layers(aux_layers: str | list[int] | tuple[int, ...] | None, num
     if isinstance(aux_layers, str):
         if aux_layers != EAGLE3:
             raise ValueError(f"aux_layers {aux_layers!r}: expected {EAGLE3!r} or a list of layer indices")
-        layers = [2, num_layers // 2, num_layers - 3]
-        if not 2 < num_layers // 2 < num_layers - 3:
+        wanted = [2, num_layers // 2, num_layers - 3]
+        if 2 < num_layers // 2 < num_layers - 3:
+            return wanted
+        if num_layers < 3:
             raise ValueError(
-                f"aux_layers={EAGLE3} picks the states entering layers 2, N/2 and N-3, which are not three distinct "
-                f"layers for a target of N={num_layers} layers ({layers}); give an explicit list instead"
-            )
+                f"aux_layers={EAGLE3} needs three distinct auxiliary layers (the EAGLE-3 draft fuses three, as serving "
+                f"engines expect), and a target of N={num_layers} layers has only {num_layers} states below its last "
+                f"([0, {num_layers})); give an explicit shorter list instead")
+        layers = nearest_distinct(wanted, num_layers)
+        warnings.warn(
+            f"aux_layers={EAGLE3}: the states entering layers 2, N/2 and N-3 ({wanted}) are not three distinct layers of "
+            f"this N={num_layers}-layer target; using the nearest distinct ones, {layers} (HF hidden_states indices, 0 = "
+            f"the embeddings; set aux_layers to a list to choose others)", stacklevel=2)
         return layers
     layers = [int(i) for i in aux_layers]
     if not layers or layers != sorted(set(layers)) or not all(0 <= i < num_layers for i in layers):
@@ -132,6 +143,18 @@ def resolve_aux_layers(aux_layers: str | list[int] | tuple[int, ...] | None, num
             f"(i = the state entering decoder layer i, 0 = the embeddings) for this {num_layers}-layer target"
         )
     return layers
+
+
+def nearest_distinct(wanted: list[int], num_layers: int) -> list[int]:
+    """The ``len(wanted)`` distinct indices of ``[0, num_layers)`` nearest ``wanted`` (least total distance, ties
+    to the deeper layers: the embeddings, index 0, only when nothing else is left), increasing."""
+    best: tuple[int, list[int]] | None = None
+    for picked in itertools.combinations(range(num_layers), len(wanted)):  # increasing tuples
+        cost = sum(abs(p - w) for p, w in zip(picked, sorted(wanted)))
+        if best is None or cost < best[0] or (cost == best[0] and list(picked) > best[1]):
+            best = (cost, list(picked))
+    assert best is not None, f"{len(wanted)} distinct layers asked of a {num_layers}-layer target"
+    return best[1]
 
 
 def aux_layers_of(cfg: FeaturesConfig, target_config) -> list[int]:

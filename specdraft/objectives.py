@@ -254,6 +254,21 @@ def stage_steps(stage: StageConfig, length: int, offset: int, device) -> Iterato
             yield masks.align_step(length, j, stage.step_decay, device)
 
 
+def stage_note(index: int, stages: list[StageConfig]) -> str:
+    """The line printed when stage ``index`` starts: what it trains and what its loss is. A chained stage's loss
+    is the weighted sum of its sub-steps' losses (Beagle's late stage: beta_i = s - i + 1, 10 times a one-step
+    loss for s = 4), so without this line its first step looks like the training diverged."""
+    stage = stages[index]
+    weights = [step.weight for step in stage_steps(stage, stage.steps + stage.window, 0, "cpu")]
+    line = f"stage {index} ({stage.kind}, {stage.epochs} epoch{'s' * (stage.epochs != 1)})"
+    if len(weights) == 1:
+        return line + ": loss = the loss of its one step"
+    total = sum(weights)
+    return (line + f": loss = sum of beta_i * loss_i over its {len(weights)} steps, beta = "
+            f"{', '.join(f'{w:.3g}' for w in weights)} (sum {total:.3g}): about {total:.3g}x a one-step loss, not "
+            f"comparable with a one-step stage's; loss_step1..{len(weights)} in metrics.jsonl are the steps' own")
+
+
 def check_stage(core, stage: StageConfig) -> None:
     """Refuse combinations a draft cannot train, with the reason."""
     arch = core.config.arch

@@ -114,10 +114,15 @@ class ScalingSection:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
-    recipe: str = "beagle"
+    # the default, beagle3 (Beagle's two stages over EAGLE-3 features), wins the held-out benchmark
+    # (benchmarks/results/train_quality_cpu.json) and vLLM serves it with specdraft's plugin; it reads
+    # stores dumped with aux_layers (specdraft dump ... aux_layers=eagle3)
+    recipe: str = "beagle3"
     arch: Arch | None = None  # None: the recipe's draft
     stages: list[StageConfig] | None = None  # None: the recipe's stages
-    epochs: list[int] | None = None  # per-stage epoch override (same length as the stages)
+    # epochs: one number is the total, split over the recipe's stages (earlier stages take the rest), so it
+    # fits any recipe; a list gives one count per stage; None: the recipe's own
+    epochs: int | list[int] | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)
     reader: ReaderConfig = field(default_factory=lambda: ReaderConfig(val_fraction=0.05))
     intermediate_size: int | None = None  # draft MLP width (None: the target's)
@@ -174,13 +179,21 @@ class TrainConfig:
         recipe = RECIPES.get(self.recipe, Recipe("beagle", False, []))
         arch = self.arch or recipe.arch
         stages = list(self.stages) if self.stages else list(recipe.stages)
-        if self.epochs is not None:
-            if len(self.epochs) != len(stages):
-                raise ConfigError(f"epochs={self.epochs}: recipe {self.recipe!r} has {len(stages)} stage(s) "
-                                  f"({', '.join(s.kind for s in stages)}): give one epoch count per stage")
-            if any(e < 0 for e in self.epochs):
-                raise ConfigError(f"epochs={self.epochs}: an epoch count must be >= 0")
-            stages = [replace(s, epochs=e) for s, e in zip(stages, self.epochs)]
+        kinds = ", ".join(s.kind for s in stages)
+        epochs = self.epochs
+        if isinstance(epochs, int):  # the total over the stages
+            if epochs < len(stages):
+                raise ConfigError(f"epochs={epochs}: a total of {epochs} cannot give each of the {len(stages)} stage(s) "
+                                  f"of recipe {self.recipe!r} ({kinds}) an epoch; give at least {len(stages)}, or one "
+                                  f"count per stage as a list")
+            epochs = split_epochs(epochs, len(stages))
+        if epochs is not None:
+            if len(epochs) != len(stages):
+                raise ConfigError(f"epochs={epochs}: recipe {self.recipe!r} has {len(stages)} stage(s) ({kinds}): give "
+                                  f"one epoch count per stage, or one number: the total, split over the stages")
+            if any(e < 0 for e in epochs):
+                raise ConfigError(f"epochs={epochs}: an epoch count must be >= 0")
+            stages = [replace(s, epochs=e) for s, e in zip(stages, epochs)]
         if sum(s.epochs for s in stages) == 0:  # no step would run: the "draft" would be its initial weights
             raise ConfigError(f"{'epochs' if self.epochs is not None else 'stages'}="
                               f"{[s.epochs for s in stages]}: no stage trains (every epoch count is 0)")

@@ -79,7 +79,7 @@ class ToyTargetConfig:
     num_conversations: int = 12000
     vocab_size: int = 768
     # model (Llama, GQA, untied lm_head)
-    hidden_size: int = 64
+    hidden_size: int = 64  # model width d
     num_layers: int = 3
     num_heads: int = 2  # head_dim 32: the smallest head size vLLM's CPU attention serves
     num_kv_heads: int = 1

@@ -134,6 +134,7 @@ def test_specdraft_run_refuses_bad_config_before_prefect_or_ray(cli, no_tokenize
     refused(cli("run", "eval.settings.decode.gamma=0"), "gamma")
     refused(cli("run", f"target.path={no_tokenizer_target}"), "target.path", "no tokenizer files")
     refused(cli("run", "train.epochs=[0,0]"), "epochs", "no stage trains")
+    refused(cli("run", "train.epochs=1"), "epochs=1", "a total of 1 cannot give each of the 2 stage(s)")
 
 
 def test_the_flow_never_retries_a_config_error(no_tokenizer_target):

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -23,35 +20,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from specdraft.toy.conversations import generate_prompts
+from tests.flows.processes import free_port, start, stop, wait_http
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = [sys.executable, "-m", "prefect"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=15)
 
 
 def run(cmd: list[str], env: dict, timeout: int = 180) -> str:
@@ -89,28 +62,19 @@ def test_nightly_deployment_runs_to_completion(tiny_toy_target, tmp_path):
     # as the README starts it: streaming flow-run logs out, so that --watch shows them
     server = start(PREFECT + ["server", "start", "--host", "127.0.0.1", "--port", str(port)],
                    {**env, "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
-                    "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true"}, tmp_path / "server.log")
+                    "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true"}, tmp_path / "server.log", ROOT)
     worker = None
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline, (tmp_path / "server.log").read_text()[-3000:]
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            time.sleep(1)
+        wait_http(f"{api}/health", server, tmp_path / "server.log")
         run(PREFECT + ["work-pool", "create", "specdraft-process", "--type", "process"], env)
         run(PREFECT + ["--no-prompt", "deploy", "--all"], env)
-        worker = start(PREFECT + ["worker", "start", "--pool", "specdraft-process"], env, tmp_path / "worker.log")
+        worker = start(PREFECT + ["worker", "start", "--pool", "specdraft-process"], env, tmp_path / "worker.log", ROOT)
         # as the README runs it: --watch streams the flow run's logs and waits for its end (wide columns: rich
         # would fold the summary's long lines)
         watch = subprocess.run(PREFECT + ["deployment", "run", "regenerate-and-train/nightly", "--params",
                                           json.dumps({"overrides": overrides}), "--watch", "--watch-timeout", "900"],
                                cwd=ROOT, env={**env, "COLUMNS": "400"}, capture_output=True, text=True, timeout=960)
-        worker_log = (tmp_path / "worker.log").read_text().replace("\r", "")
+        worker_log = (tmp_path / "worker.log", ROOT).read_text().replace("\r", "")
         assert watch.returncode == 0, f"{watch.stdout[-3000:]}\n{watch.stderr[-2000:]}\nworker:\n{worker_log[-6000:]}"
         flow_run_id = next(line.split()[-1] for line in watch.stdout.splitlines() if "UUID" in line)
         state = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()["state"]["type"]

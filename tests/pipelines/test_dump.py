@@ -396,6 +396,27 @@ def test_cli_dump_eagle3_aux_layers(local_ray, deep_llama, tmp_path, capsys):
     assert any(p.startswith("shard-00000.zarr/aux_hidden") for p in store.validate(out).problems)
 
 
+def test_eagle3_on_the_3_layer_toy_target_takes_its_nearest_distinct_layers_and_says_which(local_ray, tmp_path,
+                                                                                           capsys):
+    """The default toy target has 3 layers, too few for the states entering layers 2, N/2, N-3: ``aux_layers=eagle3``
+    stores the three distinct states it has, [0, 1, 2], with a warning naming them, instead of an error."""
+    from flows.cli import main
+    from pipelines.conversations import write_conversations
+
+    target = build_toy_target(tmp_path / "toy", ToyTargetConfig(), progress=False, prebuilt=True)
+    assert json.loads((target / "config.json").read_text())["num_hidden_layers"] == 3
+    rows = [{"id": f"c{i}", "messages": m, "source": "test"} for i, m in enumerate(generate_conversations(4, 5))]
+    prompts = write_conversations(tmp_path / "convs.parquet", rows)
+    out = tmp_path / "eagle3"
+    argv = ["dump", "--target", str(target), "--prompts", str(prompts), "--out", str(out), "--quiet", "max_length=96",
+            "aux_layers=eagle3"]
+    with pytest.warns(UserWarning, match=r"N=3-layer target; using the nearest distinct ones, \[0, 1, 2\]"):
+        assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["aux_layers"] == [0, 1, 2]
+    manifest = store.read_manifest(out)
+    assert manifest["aux_layers"] == [0, 1, 2] and all("aux_hidden" in r["checksums"] for r in manifest["shards"])
+
+
 def test_a_target_without_chat_template_is_dumped_with_the_fallback_not_rejected(templateless_target):
     from pipelines.dump import tokenize_shard
     from specdraft.chat import FALLBACK_CHAT_TEMPLATE

@@ -82,6 +82,21 @@ def test_train_stage_with_online_features_reads_the_regenerated_conversations(lo
     assert done == json.loads(json.dumps({k: v for k, v in record.to_dict().items() if k != "skipped"}))
 
 
+def test_the_default_recipe_reads_eagle3_features_the_run_computes_unless_its_features_name_layers():
+    """``beagle3``, the default recipe, trains on EAGLE-3 features: a run whose features section names no
+    auxiliary layers dumps (or computes online) the ``eagle3`` ones instead of failing at training; a list is
+    kept, and a recipe without them computes none."""
+    from pipelines.stages import run_features
+
+    assert TrainConfig().recipe == "beagle3" and TrainConfig().eagle3_features
+    assert run_features(RunConfig()).aux_layers == "eagle3"
+    assert run_features(RunConfig(features=FeaturesConfig(aux_layers=[0, 2]))).aux_layers == [0, 2]
+    assert run_features(RunConfig(train=TrainConfig(recipe="hass"))).aux_layers is None
+    online = RunConfig(train=TrainConfig(features="online"))
+    records = [Regenerated(key="a", prompt="a.jsonl", conversations="/c/a", summary={}, wall_s=0.0)]
+    assert train_config(online, records).online.aux_layers == "eagle3"
+
+
 def test_run_config_refuses_train_online_naming_the_features_section():
     """``specdraft run`` configures features in one place: a ``train.online.*`` it would replace is refused."""
     toy = ROOT / "configs" / "toy.yaml"

@@ -21,7 +21,7 @@ from specdraft import masks
 from specdraft.batch import Batch
 from specdraft.losses import feature_l1, soft_ce, topk_ce, weighted_mean
 from specdraft.models import KV, DraftConfig, KVCache, build_draft
-from specdraft.objectives import LossWeights, StageConfig, substeps, train_batch
+from specdraft.objectives import LossWeights, StageConfig, stage_note, substeps, train_batch
 
 TOL = 1e-5
 V, D, T, VD = 97, 64, 13, 61
@@ -260,6 +260,21 @@ def test_align_and_ttt_step_weights_decay():
         with torch.no_grad():
             weights = [s.weight for s in substeps(draft, make_batch(), stage)]
         assert weights == [1.0, 0.5, 0.25]
+
+
+def test_the_stage_note_names_the_weights_the_logged_loss_sums():
+    """A chained stage's logged ``loss`` is sum(beta_i * loss_step_i): Beagle's late stage (s = 4) logs about 10
+    times a one-step loss, and the line printed when the stage starts says so, with those weights."""
+    stages = [StageConfig(kind="early", window=4, noise_std=0.0), StageConfig(kind="late", steps=4, noise_std=0.0)]
+    draft = make_draft("beagle")
+    metrics = train_batch(draft, make_batch(), stages[1], offset=1)
+    assert metrics["loss"] == pytest.approx(sum((5 - i) * metrics[f"loss_step{i}"] for i in range(1, 5)), rel=1e-6)
+    note = stage_note(1, stages)
+    assert note.startswith("stage 1 (late, 1 epoch): loss = sum of beta_i * loss_i over its 4 steps, beta = 4, 3, 2, 1 "
+                           "(sum 10): about 10x a one-step loss"), note
+    assert stage_note(0, stages) == "stage 0 (early, 1 epoch): loss = the loss of its one step"
+    note = stage_note(0, [StageConfig(kind="ttt", steps=3, step_decay=0.5)])
+    assert "beta = 1, 0.5, 0.25 (sum 1.75)" in note
 
 
 def test_early_stage_rejects_eagle_clearly():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -561,8 +562,13 @@ def test_resolve_aux_layers():
     assert resolve_aux_layers("eagle3", 32) == [2, 16, 29]  # states entering layers 2, N/2, N-3
     assert resolve_aux_layers("eagle3", 8) == [2, 4, 5]
     assert resolve_aux_layers([0, 1], 2) == [0, 1]
-    with pytest.raises(ValueError, match="not three distinct layers for a target of N=6"):
-        resolve_aux_layers("eagle3", 6)
+    assert resolve_aux_layers("eagle3", 7) == [2, 3, 4]  # the shallowest target with three distinct defaults
+    # shallower targets: the nearest distinct layers, ties to the deeper ones, with a warning naming them
+    for n, nearest in ((6, [2, 3, 4]), (5, [1, 2, 3]), (4, [1, 2, 3]), (3, [0, 1, 2])):
+        with pytest.warns(UserWarning, match=rf"N={n}-layer target; using the nearest distinct ones, {re.escape(str(nearest))}"):
+            assert resolve_aux_layers("eagle3", n) == nearest
+    with pytest.raises(ValueError, match="needs three distinct auxiliary layers.*N=2 layers"):
+        resolve_aux_layers("eagle3", 2)
     with pytest.raises(ValueError, match=r"strictly increasing HF hidden_states indices in \[0, 2\)"):
         resolve_aux_layers([0, 2], 2)  # index N is the final normed state: refused
     with pytest.raises(ValueError, match="strictly increasing"):
