@@ -15,7 +15,9 @@ made of, alone: a decode step ``c_1``, a verification forward of n tokens ``c_v(
     tree   τ · c_1 / (c_d(1) + (depth-1) · c_d(topk) + c_v(total_tokens+1))
 
 and loop efficiency = measured speedup / that prediction (1.0: the loop costs nothing beyond its model
-calls). Speedups are ratios of total decode time over the same prompts (greedy: the same tokens), in
+calls). Every generation runs to ``--max-new-tokens`` (EOS ignored, as serving benchmarks do: the
+loop's steady state rather than short answers' prefills). Speedups are ratios of total decode time
+over the same prompts (greedy: the same tokens), in
 wall time and in process CPU time; on a CPU shared with other work the CPU-time ratios are the steady
 ones (the machine's load average is recorded around every process).
 
@@ -105,8 +107,9 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
-def summarize_runs(runs: list[dict[str, Any]], cfg: dict[str, Any], parts: dict[str, Any] | None) -> dict[str, Any]:
-    """Per decoder: tokens/s and speedups (median over the repetitions), τ, and the loop efficiency."""
+def summarize_runs(runs: list[dict[str, Any]], cfg: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per decoder: tokens/s, speedups and loop efficiency (medians over the repetitions; a repetition's
+    prediction uses the component times measured in the same repetition), and τ."""
     names = list(runs[0]["decoders"])
     out: dict[str, Any] = {}
     for name in names:
@@ -114,21 +117,16 @@ def summarize_runs(runs: list[dict[str, Any]], cfg: dict[str, Any], parts: dict[
         base = [r["decoders"]["vanilla"] for r in runs]
         row = rows[0]
         tau = row["round_tokens"] / row["rounds"] if row["rounds"] and name != "vanilla" else None
-        block = {
-            "tokens": row["tokens"],
-            "rounds": row["rounds"],
-            "tau": tau,
-            "tokens_per_s_wall": statistics.median(r["tokens"] / r["wall_s"] for r in rows),
-            "tokens_per_s_cpu": statistics.median(r["tokens"] / r["cpu_s"] for r in rows),
-            "speedup_wall": statistics.median(_ratio(b["wall_s"], r["wall_s"]) for r, b in zip(rows, base)),
-            "speedup_cpu": statistics.median(_ratio(b["cpu_s"], r["cpu_s"]) for r, b in zip(rows, base)),
-            "same_tokens_as_vanilla": all(r["answers"] == b["answers"] for r, b in zip(rows, base)),
-        }
-        if parts is not None and tau is not None:
-            for clock, i in (("wall", 0), ("cpu", 1)):
-                predicted = predicted_speedup(name, tau, cfg, parts, i)
-                block[f"predicted_speedup_{clock}"] = predicted
-                block[f"efficiency_{clock}"] = block[f"speedup_{clock}"] / predicted if predicted else None
+        block: dict[str, Any] = {"tokens": row["tokens"], "rounds": row["rounds"], "tau": tau}
+        for clock, i in (("wall", 0), ("cpu", 1)):
+            speedups = [_ratio(b[f"{clock}_s"], r[f"{clock}_s"]) for r, b in zip(rows, base)]
+            block[f"tokens_per_s_{clock}"] = statistics.median(r["tokens"] / r[f"{clock}_s"] for r in rows)
+            block[f"speedup_{clock}"] = statistics.median(speedups)
+            if tau is not None:
+                predicted = [predicted_speedup(name, tau, cfg, p, i) for p in parts]
+                block[f"predicted_speedup_{clock}"] = statistics.median(predicted)
+                block[f"efficiency_{clock}"] = statistics.median(s / p for s, p in zip(speedups, predicted))
+        block["same_tokens_as_vanilla"] = all(r["answers"] == b["answers"] for r, b in zip(rows, base))
         out[name] = block
     return out
 
@@ -148,7 +146,8 @@ def predicted_speedup(name: str, tau: float, cfg: dict[str, Any], parts: dict[st
 
 def measure_target(name: str, spec: dict[str, Any], before: Path | None, reps: int, tmp: Path,
                    cfg: dict[str, Any]) -> dict[str, Any]:
-    """Before and after, interleaved (which goes first alternates), on one target."""
+    """Before and after, interleaved (which goes first alternates), on one target; every "after" process
+    also times the components, which predict the speedups of its own and the adjacent "before" run."""
     runs: dict[str, list] = {"before": [], "after": []}
     loads = []
     for rep in range(reps):
@@ -158,21 +157,26 @@ def measure_target(name: str, spec: dict[str, Any], before: Path | None, reps: i
                 continue
             code = ROOT if which == "after" else before
             started = time.perf_counter()
-            result = run_worker({**spec, "components": which == "after" and rep == 0}, code, tmp, f"{name}-{which}-{rep}")
+            result = run_worker({**spec, "components": which == "after"}, code, tmp, f"{name}-{which}-{rep}")
             print(f"{name} {which} rep {rep}: {time.perf_counter() - started:.0f} s, load {result['load_before'][0]:.1f}"
                   f" -> {result['load_after'][0]:.1f}", file=sys.stderr, flush=True)
             runs[which].append(result)
             loads.append({"run": f"{which}-{rep}", "load_before": result["load_before"],
                           "load_after": result["load_after"]})
-    parts = runs["after"][0]["components"]
+    parts = [r["components"] for r in runs["after"]]
     out = {"components": parts, "load": loads}
     for which, rows in runs.items():
         if rows:
             out[which] = summarize_runs(rows, cfg, parts)
     if runs["before"]:  # the same answers from both loops (greedy)
-        out["before_after_same_tokens"] = all(
-            runs["before"][0]["decoders"][d]["answers"] == runs["after"][0]["decoders"][d]["answers"]
-            for d in runs["after"][0]["decoders"])
+        out["before_after_same_tokens"] = {
+            d: runs["before"][0]["decoders"][d]["answers"] == runs["after"][0]["decoders"][d]["answers"]
+            for d in runs["after"][0]["decoders"]}
+    for rows in runs.values():  # the answers served their check; the JSON keeps the counts
+        for r in rows:
+            for d in r["decoders"].values():
+                d.pop("answers")
+    out["runs"] = runs
     return out
 
 
@@ -242,8 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depth", type=int, default=5)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--total-tokens", type=int, default=24)
-    ap.add_argument("--reps", type=int, default=3, help="interleaved before/after repetitions")
+    ap.add_argument("--reps", type=int, default=5, help="interleaved before/after repetitions")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the measuring processes")
+    ap.add_argument("--stop-at-eos", action="store_true",
+                    help="stop generations at EOS (default: run every one to --max-new-tokens, the steady state)")
     ap.add_argument("--flow", action="store_true", help="also time the toy flow's eval stage against its train stage")
     args = ap.parse_args(argv)
 
@@ -258,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                  "max_new_tokens": args.max_new_tokens},
     }
     common = {"decoders": decoders, "threads": args.threads, "max_new_tokens": args.max_new_tokens,
+              "ignore_eos": not args.stop_at_eos,
               "verify_sizes": sorted({args.gamma + 1, args.total_tokens + 1}), "draft_queries": sorted({1, args.topk})}
     before = worktree(args.before, work) if args.before else None
     specs: dict[str, dict[str, Any]] = {}

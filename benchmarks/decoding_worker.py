@@ -151,7 +151,7 @@ def components(target, draft, spec: dict[str, Any]) -> dict[str, Any]:
         mask[..., length:] = torch.full((n, n), torch.finfo(dtype).min, device=device).triu(1)
         _, logits = target_forward(target, tokens, positions, cache, mask if n > 1 else None)
         logits[0].argmax(-1)
-        cache.crop(length)
+        cache.crop(-n)  # back to the context
 
     out = {"context": length}
     out["step_s"] = _median_call(lambda: forward(1), device, calls)
@@ -210,7 +210,11 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(spec.get("threads", 1))
     load_before = os.getloadavg()
     target, draft, eos = load(spec)
-    result = {"python_path": sys.path[:3], "load_before": load_before}
+    if spec.get("ignore_eos"):  # every generation runs to max_new_tokens: the steady state, not the prefill
+        eos = frozenset()
+    import specdraft
+
+    result = {"specdraft": str(Path(specdraft.__file__).parent), "load_before": load_before}  # which loop ran
     result["decoders"] = generations(target, draft, eos, spec)
     if spec.get("components"):
         result["components"] = components(target, draft, spec)

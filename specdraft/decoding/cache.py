@@ -121,6 +121,7 @@ class VerifyMask:
         self.buffer = torch.zeros(rows, capacity, dtype=dtype, device=device)  # (rows, capacity)
         self.hidden = torch.finfo(dtype).min
         self.written: tuple[int, int] = (0, 0)  # columns holding the last tree block
+        self.window: int | None | str = "unchecked"  # the target's sliding window (``verify.verify_tree`` sets it)
 
     def for_tree(self, ancestors: torch.Tensor, past: int) -> torch.Tensor:
         """Every node sees the ``past`` cached tokens and its ancestors-or-self (``ancestors`` (N, N) bool)."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from specdraft.decoding.sampling import SamplingConfig, target_probs
-from specdraft.models.layers import KVCache
+from specdraft.models.kvcache import KVCache
 
 
 @dataclass
@@ -52,6 +52,7 @@ class DraftContext:
     concate: bool = True  # append drafted states after their query (``Draft.encode_drafted``)
     dtype: torch.dtype = torch.float32  # the draft's (read once: ``module.parameters()`` walks the module tree)
     device: torch.device = torch.device("cpu")
+    pool: DraftPool | None = None  # a tree round's node pool, reused (``new_pool``)
 
 
 @dataclass
@@ -68,23 +69,22 @@ class DraftPool:
     owners: torch.Tensor  # (C,) long: the node owning each drafted cache entry, in order
     size: int = 0
     owned: int = 0  # drafted cache entries (the first ``owned`` of ``owners``)
-    visible: torch.Tensor | None = None  # (Q, true + C) bool: the queries' mask, true entries always visible
+    visible: torch.Tensor | None = None  # (Q, true + C) additive mask of the queries: true entries always visible
 
     def add(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Append nodes (m,) under existing ``parents`` (m,) (which must precede them); returns their indices (m,)."""
-        m = tokens.numel()
-        assert self.size + m <= self.tokens.numel(), f"draft pool full ({self.tokens.numel()} nodes)"
-        index = torch.arange(self.size, self.size + m, device=self.tokens.device)  # (m,)
-        self.tokens[index] = tokens
-        self.parents[index] = parents
-        self.scores[index] = scores.to(self.scores.dtype)
-        has_parent = parents >= 0
-        safe = parents.clamp(min=0)
-        self.depths[index] = torch.where(has_parent, self.depths[safe] + 1, 0)
-        self.ancestors[index] = self.ancestors[safe] & has_parent[:, None]  # (m, C)
-        self.ancestors[index, index] = True
-        self.size += m
-        return index
+        """Append nodes (m,) under existing ``parents`` (m,) (nodes before them); returns their indices (m,):
+        ``size .. size + m - 1`` before the call. Every row they take is written whole."""
+        m, start = tokens.numel(), self.size
+        assert start + m <= self.tokens.numel(), f"draft pool full ({self.tokens.numel()} nodes)"
+        end = start + m
+        self.tokens[start:end] = tokens
+        self.parents[start:end] = parents
+        self.scores[start:end] = scores
+        self.depths[start:end] = self.depths[parents] + 1
+        self.ancestors[start:end] = self.ancestors[parents]  # (m, C): the parents' ancestors-or-self ...
+        self.ancestors[start:end, start:end].diagonal().fill_(True)  # ... and themselves
+        self.size = end
+        return torch.arange(start, end, device=self.tokens.device)  # (m,)
 
     def own(self, nodes: torch.Tensor) -> None:
         """Record that the cache's next entries (one per node of ``nodes`` (Q,)) belong to ``nodes``."""
@@ -155,22 +155,27 @@ def true_length(ctx: DraftContext) -> int:
 
 
 def new_pool(ctx: DraftContext, capacity: int) -> DraftPool:
-    """A pool holding only the root, for a round drafting at most ``capacity - 1`` nodes."""
+    """A pool holding only the root, for a round drafting at most ``capacity - 1`` nodes. Its tensors are
+    allocated once per context and capacity and reused every round: ``add`` writes every row it takes,
+    so only the root's token changes."""
     assert ctx.cache.length == ctx.true_length, "draft cache holds drafted entries: crop it first"
-    device, d = ctx.cache.k.device, ctx.draft.config.hidden_size
     ctx.cache.reserve(ctx.true_length + capacity)  # the round's drafted entries fit without growing
-    pool = DraftPool(
-        tokens=torch.zeros(capacity, dtype=torch.long, device=device),
-        parents=torch.full((capacity,), -1, dtype=torch.long, device=device),
-        depths=torch.zeros(capacity, dtype=torch.long, device=device),
-        scores=torch.zeros(capacity, dtype=torch.float64, device=device),
-        ancestors=torch.zeros(capacity, capacity, dtype=torch.bool, device=device),
-        states=torch.zeros(capacity, d, dtype=ctx.dtype, device=device),
-        owners=torch.zeros(capacity, dtype=torch.long, device=device),
-        size=1,
-    )
+    pool = ctx.pool
+    if pool is None or pool.tokens.numel() != capacity:
+        device, d = ctx.device, ctx.draft.config.hidden_size
+        pool = DraftPool(
+            tokens=torch.zeros(capacity, dtype=torch.long, device=device),
+            parents=torch.full((capacity,), -1, dtype=torch.long, device=device),
+            depths=torch.zeros(capacity, dtype=torch.long, device=device),
+            scores=torch.zeros(capacity, dtype=torch.float64, device=device),
+            ancestors=torch.zeros(capacity, capacity, dtype=torch.bool, device=device),
+            states=torch.zeros(capacity, d, dtype=ctx.dtype, device=device),
+            owners=torch.zeros(capacity, dtype=torch.long, device=device),
+        )
+        pool.ancestors[0, 0] = True  # the root: depth 0, value 0, no parent
+        ctx.pool = pool
+    pool.size, pool.owned, pool.visible = 1, 0, None
     pool.tokens[0] = ctx.root_token
-    pool.ancestors[0, 0] = True
     return pool
 
 
@@ -180,15 +185,18 @@ def end_round(ctx: DraftContext) -> None:
 
 
 @torch.no_grad()
-def query_nodes(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor, root: bool = False) -> torch.Tensor:
+def query_nodes(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor, root: bool | None = None) -> torch.Tensor:
     """Run the draft on pool ``nodes`` (Q,) with tree attention (``root``: ``nodes`` is the root alone,
-    whose input came with the committed states; it is always queried first, alone).
+    whose input came with the committed states; it is always queried first, alone. None: look — one
+    read of the device, which the tree builder saves by saying).
 
     Returns the draft's log-probabilities (Q, V) of the token after each node. Each query
     sees all true entries and the drafted entries of its ancestors (and its own, if it has one
     before its query).
     """
-    with _rope_below(ctx.draft, ctx.root_pos + pool.tokens.numel(), ctx.dtype, ctx.device):  # a node's depth < the pool's capacity
+    if root is None:
+        root = nodes.numel() == 1 and int(nodes[0]) == 0
+    with _rope_below(ctx.draft, ctx.root_pos + pool.tokens.numel(), ctx.dtype, ctx.device):  # depth < capacity
         return _query_nodes(ctx, pool, nodes, root)
 
 
@@ -204,9 +212,10 @@ def _query_nodes(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor, root: 
             cache.append(kv)
             pool.own(nodes)
         t, e = ctx.true_length, pool.owned
-        if pool.visible is None or pool.visible.shape[0] < q:
-            pool.visible = torch.ones(q, t + pool.tokens.numel(), dtype=torch.bool, device=nodes.device)
-        pool.visible[:q, t : t + e] = pool.ancestors[nodes][:, pool.owners[:e]]  # (Q, E): ancestor-or-self
+        if pool.visible is None or pool.visible.shape[0] < q:  # true entries visible (0), once per round
+            pool.visible = torch.zeros(q, t + pool.tokens.numel(), dtype=ctx.dtype, device=nodes.device)
+        drafted = pool.ancestors[nodes][:, pool.owners[:e]]  # (Q, E): ancestor-or-self
+        pool.visible[:q, t : t + e] = torch.where(drafted, 0.0, float("-inf"))  # additive: every row sees t >= 1
         visible = pool.visible[None, :q, : t + e]  # (1, Q, T+E)
     h = draft.attend(x, pos, cache.view(), visible)  # (1, Q, d)
     if ctx.concate:

@@ -47,6 +47,7 @@ class DraftTree:
     scores: torch.Tensor  # (N+1,) float: cumulative draft log-prob of the path
     proposals: torch.Tensor | None = None  # (N+1, V): distribution each node was sampled from; None = chosen
     height: int | None = None  # a bound on max(depths) known without reading the device (exact for a chain)
+    chain: bool = False  # root -> 1 -> 2 -> ... (node i's parent is i - 1): acceptance takes the short way
 
     @property
     def size(self) -> int:
@@ -102,11 +103,12 @@ def tree_attention_mask(
 
 
 @lru_cache(maxsize=64)
-def chain_structure(k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Parents (k+1,), depths (k+1,) and ancestors (k+1, k+1) of a chain root -> 1 -> ... -> k, built
-    once per (k, device); shared, never written."""
+def chain_structure(k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Parents (k+1,), depths (k+1,), ancestors (k+1, k+1) and zero values (k+1,) of a chain
+    root -> 1 -> ... -> k, built once per (k, device); shared, never written."""
     steps = torch.arange(k + 1, device=device)  # (k+1,)
-    return steps - 1, steps, steps[None, :] <= steps[:, None]  # lower triangle
+    zeros = torch.zeros(k + 1, dtype=torch.float64, device=device)
+    return steps - 1, steps, steps[None, :] <= steps[:, None], zeros  # lower triangle
 
 
 def _flatten(pool: DraftPool, keep: torch.Tensor, height: int) -> DraftTree:
@@ -139,17 +141,18 @@ def build_draft_tree(ctx: DraftContext, *, depth: int = 6, topk: int = 10, total
         for level in range(depth):
             logp = query_nodes(ctx, pool, frontier, root=level == 0)  # (F, V)
             top = logp.topk(k, dim=-1)  # (F, k)
-            cand = pool.scores[frontier][:, None] + top.values.clamp(max=0).double()  # (F, k): never grows
-            layer = pool.add(top.indices.flatten(), frontier.repeat_interleave(k), cand.flatten())  # (F*k,)
+            cand = (pool.scores[frontier][:, None] + top.values.clamp(max=0).double()).flatten()  # (F*k,): never grows
+            start = pool.size  # the new nodes: start .. start + F*k - 1
+            pool.add(top.indices.flatten(), frontier.repeat_interleave(k), cand)
             if level + 1 < depth:
-                best = cand.flatten().topk(min(k, layer.numel())).indices
-                frontier = layer[best].sort().values  # (k,): the latest layer's best values
+                best = cand.topk(min(k, cand.numel())).indices  # (k,)
+                frontier = best.sort().values + start  # (k,): the latest layer's best values, in pool order
     finally:
         end_round(ctx)
-    # rerank: the total_tokens best values; ties: shallower first, then older (stable sorts, lexicographic)
+    # rerank: the total_tokens best values; ties: shallower first, then older. The pool holds the levels in
+    # order (its index order is (depth, index) order), so one stable sort by value is the lexicographic one
     n = pool.size
-    by_depth = torch.argsort(pool.depths[1:n], stable=True)  # (n-1,): (depth, index) order
-    order = by_depth[torch.argsort(-pool.scores[1:n][by_depth], stable=True)] + 1  # (-value, depth, index)
+    order = torch.argsort(-pool.scores[1:n], stable=True) + 1  # (n-1,): (-value, depth, index)
     kept = order[:total_tokens]  # (N,)
     kept = kept[torch.argsort(pool.depths[kept], stable=True)]  # parents first; siblings by value
     root = torch.zeros(1, dtype=torch.long, device=kept.device)
@@ -168,20 +171,20 @@ def build_draft_chain(
     distribution (kept as each node's proposal so verification can run speculative sampling)."""
     assert gamma >= 1, f"gamma must be >= 1, got {gamma}"
     tokens, scores, proposals = draft_chain(ctx, gamma, sampling, generator)  # (γ+1,), (γ+1,), (γ+1, V) | None
-    parents, depths, ancestors = chain_structure(gamma, tokens.device)
+    parents, depths, ancestors, _ = chain_structure(gamma, tokens.device)
     return DraftTree(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, scores=scores,
-                     proposals=proposals, height=gamma)
+                     proposals=proposals, height=gamma, chain=True)
 
 
 def chain_of_tokens(root: int, tokens, device: torch.device | str = "cpu") -> DraftTree:
     """A chain root -> tokens[0] -> ... of deterministic choices (``proposals=None``: q = δ_x);
     ``tokens`` (k,) (a tensor, numpy array or list) may be empty (a root-only tree: the round is a
     plain decode step)."""
-    ids = torch.as_tensor(tokens, dtype=torch.long).cpu()
-    assert ids.dim() == 1, f"chain tokens must be (k,), got {tuple(ids.shape)}"
-    k = ids.numel()
+    rest = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+    assert all(isinstance(t, int) for t in rest), "chain tokens must be (k,) token ids"
+    ids = [int(root), *rest]
+    k = len(rest)
     device = torch.device(device)
-    all_tokens = torch.cat([ids.new_tensor([root]), ids]).to(device, non_blocking=True)  # (k+1,)
-    parents, depths, ancestors = chain_structure(k, device)
-    return DraftTree(tokens=all_tokens, parents=parents, depths=depths, ancestors=ancestors,
-                     scores=torch.zeros(k + 1, dtype=torch.float64, device=device), height=k)
+    parents, depths, ancestors, zeros = chain_structure(k, device)
+    return DraftTree(tokens=torch.tensor(ids, device=device), parents=parents, depths=depths, ancestors=ancestors,
+                     scores=zeros, height=k, chain=True)

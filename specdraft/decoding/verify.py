@@ -113,12 +113,17 @@ def verify_tree(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One target forward over the whole tree; returns features (1, N+1, F) and logits (1, N+1, V)."""
     assert cache.get_seq_length() == past, f"target cache holds {cache.get_seq_length()} tokens, expected {past}"
-    kernel = getattr(model.config, "_attn_implementation", None) or ""
-    assert "flash" not in kernel, (
-        f"tree verification passes a 4D additive mask, which {kernel!r} cannot take: "
-        "load the target with attn_implementation='sdpa' (or 'eager')"
-    )
-    window = sliding_window_of(model.config)
+    if mask is None or mask.window == "unchecked":  # once per generation with a mask buffer
+        kernel = getattr(model.config, "_attn_implementation", None) or ""
+        assert "flash" not in kernel, (
+            f"tree verification passes a 4D additive mask, which {kernel!r} cannot take: "
+            "load the target with attn_implementation='sdpa' (or 'eager')"
+        )
+        window = sliding_window_of(model.config)
+        if mask is not None:
+            mask.window = window
+    else:
+        window = mask.window
     if window is not None:
         end = past + tree_height(tree) + 1
         if window < 0:
@@ -164,18 +169,21 @@ def _has_children(tree: DraftTree) -> torch.Tensor:
     return kids.index_fill_(0, tree.parents[1:], True) if tree.size > 1 else kids
 
 
-def _read_walk(tree: DraftTree, on_path: torch.Tensor, next_token: torch.Tensor,
+def _read_walk(tree: DraftTree, on_path: torch.Tensor, end: torch.Tensor, next_token: torch.Tensor,
                eos_ids: frozenset[int]) -> Acceptance:
     """The round's one host read: the path (nodes whose ancestors-or-self all passed, ``on_path``
-    (N+1,) bool, a root-to-node chain), its tokens and the end node's bonus ``next_token`` ()."""
+    (N+1,) bool, a root-to-node chain ending at ``end`` ()), its tokens and the bonus ``next_token`` ()."""
     n = tree.size
-    end = (on_path.long() * (tree.depths + 1)).argmax()  # () the deepest node on the path
-    packed = torch.cat([on_path.long(), tree.tokens.long(), next_token.view(1).long(),
-                        _has_children(tree)[end].view(1).long()])  # (2(N+1)+2,)
-    values = packed.tolist()  # the synchronisation
-    flags, tokens, bonus, end_has_kids = values[:n], values[n : 2 * n], values[2 * n], values[2 * n + 1]
+    end_has_kids = (end < n - 1) if tree.chain else _has_children(tree)[end]  # ()
+    packed = torch.cat([on_path.long(), tree.tokens, next_token.view(1).long(), end_has_kids.view(1).long()])
+    values = packed.tolist()  # (2(N+1)+2,): the synchronisation
+    flags, tokens, bonus, kids = values[:n], values[n : 2 * n], values[2 * n], values[2 * n + 1]
     path = [i for i in range(1, n) if flags[i]]  # parents precede children: index order is depth order
-    path_tokens = [tokens[i] for i in path]
+    return _walk(path, [tokens[i] for i in path], bonus, kids, eos_ids)
+
+
+def _walk(path: list[int], path_tokens: list[int], bonus: int, end_has_kids: int,
+          eos_ids: frozenset[int]) -> Acceptance:
     for j, t in enumerate(path_tokens):
         if t in eos_ids:  # the path ends on an EOS: nothing after it is emitted, not even a bonus
             return Acceptance(path[: j + 1], None, j + 1, path_tokens[: j + 1])
@@ -186,11 +194,17 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor, eos_ids: frozenset[int]
     """Longest path whose every token is the target's argmax at its parent; logits (N+1, V)."""
     assert logits.shape[0] == tree.size, f"{logits.shape[0]} logit rows for a tree of {tree.size}"
     best = logits.argmax(-1)  # (N+1,)
+    if tree.chain:  # the accepted prefix: the run of drafts equal to the target's argmax before them
+        k = tree.size - 1
+        accepted = (tree.tokens[1:] == best[:-1]).cumprod(0).sum().view(1)  # (1,)
+        values = torch.cat([tree.tokens, accepted, best.gather(0, accepted)]).tolist()  # the synchronisation
+        a = values[k + 1]
+        return _walk(list(range(1, a + 1)), values[1 : a + 1], values[k + 2], int(a < k), eos_ids)
     parents = tree.parents.clamp(min=0)  # (N+1,)
     passed = (tree.tokens == best[parents]) | (tree.parents < 0)  # (N+1,): the root always passes
     on_path = ~(tree.ancestors & ~passed[None, :]).any(1)  # (N+1,)
     end = (on_path.long() * (tree.depths + 1)).argmax()  # siblings are distinct: one path passes
-    return _read_walk(tree, on_path, best[end], eos_ids)
+    return _read_walk(tree, on_path, end, best[end], eos_ids)
 
 
 def accept_sampling(
@@ -216,7 +230,7 @@ def accept_sampling(
         rejected = (earlier.to(p.dtype) * px[None, :]).sum(1)  # (N+1,): mass of the earlier siblings
         ratio = px / (1 - rejected).clamp(min=torch.finfo(p.dtype).tiny)  # (N+1,)
     else:
-        assert tree.height is not None and tree.height == n - 1, "sampled proposals: one child per node (a chain)"
+        assert tree.chain, "sampled proposals: one child per node (a chain)"
         earlier = None
         q = tree.proposals.to(p.dtype)  # (N+1, V)
         ratio = px / q[torch.arange(n, device=device), tree.tokens]  # (N+1,)
@@ -226,7 +240,7 @@ def accept_sampling(
         passed &= ~(earlier & passed[None, :]).any(1)
     passed |= tree.parents < 0
     on_path = ~(tree.ancestors & ~passed[None, :]).any(1)  # (N+1,)
-    end = (on_path.long() * (tree.depths + 1)).argmax()  # ()
+    end = (on_path.long() * (tree.depths + 1)).argmax()  # () the deepest node on the path
     residual = p[end]  # (V,): every child of the end node was rejected, or it has none
     children = (tree.parents == end).to(p.dtype)  # (N+1,)
     if tree.proposals is None:
@@ -238,4 +252,4 @@ def accept_sampling(
     total = residual.sum()
     residual = torch.where(total > 0, residual / total.clamp(min=torch.finfo(p.dtype).tiny), p[end])  # (V,)
     bonus = torch.multinomial(residual, 1, generator=generator)[0]  # ()
-    return _read_walk(tree, on_path, bonus, eos_ids)
+    return _read_walk(tree, on_path, end, bonus, eos_ids)

@@ -1,5 +1,5 @@
-"""Building blocks shared by the drafts: RMSNorm, RoPE, SwiGLU MLP, masked GQA attention, KV cache,
-and the ``Chain`` of drafted states a training sub-step reads.
+"""Building blocks shared by the drafts: RMSNorm, RoPE, SwiGLU MLP, masked GQA attention, and the
+``Chain`` of drafted states a training sub-step reads (the drafting KV cache: ``kvcache``).
 
 Every draft follows the target's attention geometry (GQA head counts, head_dim, RoPE parameters —
 "Cross-Attention Speculative Decoding" (Beagle) §4.1; EAGLE's draft is one decoder layer of the
@@ -280,74 +280,24 @@ def take(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     return x.index_select(dim, index)
 
 
-class KVCache:
-    """Key/value cache for incremental drafting, in preallocated buffers.
-
-    ``append`` writes entries after the first ``length`` (growing the buffers, by doubling, only when
-    ``capacity`` is exceeded), ``crop(n)`` drops everything after the first n (the drafted entries at
-    the end of each speculative-decoding round) without touching memory, and ``view`` is the first
-    ``length`` entries (views of the buffers: valid until the next ``crop`` + ``append``). Nothing is
-    re-concatenated per token: appending m entries copies m entries.
-    """
-
-    def __init__(self, capacity: int = 0) -> None:
-        self.capacity = capacity  # entries allocated at the first append (at least what it brings)
-        self.length = 0
-        self.k: torch.Tensor | None = None  # (B, Hkv, capacity, Dh)
-        self.v: torch.Tensor | None = None  # (B, Hkv, capacity, Dh)
-
-    def reserve(self, length: int) -> None:
-        """Room for ``length`` entries (the buffers keep their contents)."""
-        if self.k is None or length <= self.k.shape[2]:
-            self.capacity = max(self.capacity, length)
-            return
-        size = max(length, 2 * self.k.shape[2])
-        k = self.k.new_empty(*self.k.shape[:2], size, self.k.shape[3])  # (B, Hkv, size, Dh)
-        v = self.v.new_empty(*self.v.shape[:2], size, self.v.shape[3])  # (B, Hkv, size, Dh)
-        k[:, :, : self.length] = self.k[:, :, : self.length]
-        v[:, :, : self.length] = self.v[:, :, : self.length]
-        self.k, self.v = k, v
-
-    def append(self, kv: KV) -> None:
-        end = self.length + kv.length
-        if torch.is_grad_enabled() and (kv.k.requires_grad or kv.v.requires_grad or self.k is not None and
-                                        self.k.requires_grad):  # autograd through the cache: never in place
-            old = self.view() if self.length else None
-            self.k, self.v = (kv.k, kv.v) if old is None else (torch.cat([old.k, kv.k], 2), torch.cat([old.v, kv.v], 2))
-            self.length = end
-            return
-        if self.k is None:
-            size = max(end, self.capacity)
-            self.k = kv.k.new_empty(*kv.k.shape[:2], size, kv.k.shape[3])  # (B, Hkv, size, Dh)
-            self.v = kv.v.new_empty(*kv.v.shape[:2], size, kv.v.shape[3])  # (B, Hkv, size, Dh)
-        self.reserve(end)
-        self.k[:, :, self.length : end] = kv.k
-        self.v[:, :, self.length : end] = kv.v
-        self.length = end
-
-    def crop(self, length: int) -> None:
-        assert 0 <= length <= self.length, f"cannot crop a cache of {self.length} entries to {length}"
-        self.length = length
-
-    def view(self) -> KV:
-        assert self.length > 0, "the cache is empty: append states before attending"
-        return KV(self.k[:, :, : self.length], self.v[:, :, : self.length])
-
-
 def masked_attention(q: torch.Tensor, kv: KV, visible: torch.Tensor | None) -> torch.Tensor:
-    """GQA attention of q (B, H, Q, Dh) over kv (B, Hkv, K, Dh) with visibility (B, Q, K) bool
-    (None: every key is visible to every query, as for a drafted chain).
+    """GQA attention of q (B, H, Q, Dh) over kv (B, Hkv, K, Dh) with visibility (B, Q, K) bool, or
+    None (every key visible to every query: a drafted chain), or a float (B, Q, K) additive bias
+    (0 visible, -inf hidden) in which every row has a visible key (a drafted tree: the true entries).
 
     Returns (B, H, Q, Dh); a query row with no visible key yields zeros.
     """
     bsz, heads, nq, dh = q.shape
     if kv.length == 0:
         return torch.zeros_like(q)
-    if visible is None:
-        gqa = heads != kv.k.shape[1]
-        return F.scaled_dot_product_attention(q, kv.k, kv.v, enable_gqa=gqa)  # (B, H, Q, Dh)
-    assert visible.shape == (bsz, nq, kv.length), f"mask {tuple(visible.shape)} != {(bsz, nq, kv.length)}"
     groups = heads // kv.k.shape[1]
+    if visible is None or visible.is_floating_point():  # no row without a key: the mask goes in as it is
+        bias = None if visible is None else visible[:, None].to(q.dtype)  # (B, 1, Q, K)
+        expand = groups > 1 and bias is not None and q.device.type != "cpu"  # as below: CUDA's masked kernel
+        k = kv.k.repeat_interleave(groups, dim=1) if expand else kv.k  # (B, H or Hkv, K, Dh)
+        v = kv.v.repeat_interleave(groups, dim=1) if expand else kv.v  # (B, H or Hkv, K, Dh)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=groups > 1 and not expand)
+    assert visible.shape == (bsz, nq, kv.length), f"mask {tuple(visible.shape)} != {(bsz, nq, kv.length)}"
     # CPU's fused kernel takes the KV heads as they are with a mask; CUDA's masked (memory-efficient)
     # kernel does not (it would fall back to the math path), so there they are repeated per query head
     gqa = groups > 1 and q.device.type == "cpu"
