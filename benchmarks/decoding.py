@@ -295,16 +295,21 @@ def main(argv: list[str] | None = None) -> int:
         "before_commit": args.before,
         "targets": {},
     }
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every part: a long run that stops keeps what it measured
+        results["machine"]["load_at_end"] = os.getloadavg()
+        results["table"] = table(results)
+        path.write_text(json.dumps(results, indent=2) + "\n")
+
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         for name, spec in specs.items():
             results["targets"][name] = measure_target(name, spec, before, args.reps, Path(tmp), cfg)
+            save()
         if args.flow:
             results["flow"] = run_flow(work, before, Path(tmp))
-    results["machine"]["load_at_end"] = os.getloadavg()
-    results["table"] = table(results)
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2) + "\n")
+            save()
     print(results["table"])
     if "flow" in results:
         f = results["flow"]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdraft.decoding.sampling import SamplingConfig, target_probs
+from specdraft.decoding.sampling import SamplingConfig, draw, target_probs
 from specdraft.models.kvcache import KVCache
 
 
@@ -266,7 +266,7 @@ def draft_chain(
                     tokens[d + 1] = logp.argmax()
                 else:
                     q = target_probs(logp, sampling)  # (V,)
-                    tokens[d + 1] = torch.multinomial(q, 1, generator=generator)[0]
+                    tokens[d + 1] = draw(q, generator)
                     proposals.append(q)
     finally:
         end_round(ctx)

@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache
 
 from specdraft.decoding.cache import VerifyMask, commit
-from specdraft.decoding.sampling import SamplingConfig, target_probs
+from specdraft.decoding.sampling import SamplingConfig, draw, target_probs
 from specdraft.decoding.tree import DraftTree, tree_attention_mask, tree_position_ids
 from specdraft.placement import input_device, output_device
 from specdraft.target import aux_states
@@ -251,5 +251,5 @@ def accept_sampling(
         residual = (residual - child_q).clamp(min=0)
     total = residual.sum()
     residual = torch.where(total > 0, residual / total.clamp(min=torch.finfo(p.dtype).tiny), p[end])  # (V,)
-    bonus = torch.multinomial(residual, 1, generator=generator)[0]  # ()
+    bonus = draw(residual, generator)  # ()
     return _read_walk(tree, on_path, end, bonus, eos_ids)
