@@ -175,9 +175,11 @@ def components(target, draft, spec: dict[str, Any]) -> dict[str, Any]:
 
 def flow(config: str, workdir: str, out: str) -> None:
     """The regenerate-and-train flow on ``config`` in ``workdir``; its stage records to ``out``."""
+    from flows.local_api import local_prefect_api
     from flows.regenerate_and_train import regenerate_and_train
 
-    result = regenerate_and_train(config, [f"workdir={workdir}"])
+    with local_prefect_api(workdir):  # as ``specdraft run`` does
+        result = regenerate_and_train(config, [f"workdir={workdir}"])
     Path(out).write_text(json.dumps(result, default=str) + "\n")
 
 
