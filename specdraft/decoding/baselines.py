@@ -60,8 +60,12 @@ def prompt_digest(prompt: list[int]) -> str:
 
 
 def machine(device: torch.device, workers: int, threads: int) -> dict[str, Any]:
-    """Where a baseline's time was measured: comparable only on the same machine, split and threads."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    """Where a baseline's time was measured: comparable only on the same machine, split and threads (a
+    driver without the GPU its replicas use names the GPU type it cannot see as ``"remote"``)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "remote"
+    else:
+        name = platform.processor() or platform.machine()
     return {"host": platform.node(), "device": device.type, "device_name": name, "cpus": os.cpu_count(),
             "workers": workers, "threads": threads}
 
