@@ -19,15 +19,20 @@ them, at a toy shape and at an 8B-like one (d = 4096). One run, per shape:
 * ``ratio`` = reader tokens/s / trainer tokens/s (wall clock); ``ratio_cpu`` the same per CPU second
   of this process (all its threads), the comparison that survives a shared host.
 
-* ``integrity`` (issue 22: integrity checked on read): the same data written twice, with per-chunk
-  crc32c checksums (every chunk verified and checked for presence on read) and without (the store
-  layout before them), read in stored form ``--repeats`` times each, interleaved; the median tokens/s
-  of each and the cost of the check (budget: 5 %). ``--integrity-only`` skips everything else.
+* ``integrity`` (issue 22: integrity checked on read; budget 5 %): the same features written twice, with
+  per-chunk crc32c checksums (every chunk verified and checked for presence on read) and without (the
+  store layout before them). At the toy shape the features are real — the toy target's hidden states and
+  top-K of ``--conversations`` toy chats, as a dump computes them — at d = 4096 synthetic. ``--repeats``
+  pairs of epochs, one of each store back to back, the order alternating (tokens/s of each); then the same
+  epochs batch by batch, each batch read from both stores at once, the order alternating: the cost is the
+  median of those pairs' time ratios (CPU and wall seconds) with a bootstrap 95 % interval, beside the
+  crc32c work timed alone (``integrity_rates``). On a loaded host the load changes from one second to the
+  next; a pair's two reads, milliseconds apart, share it. ``--integrity-only`` skips everything else.
 
 Wall-clock rates depend on what else the host runs (its load average is recorded).
 
 Usage: ``python -m benchmarks.reader [OUT.json (default benchmarks/results/reader.json)] [--sequences 48]
-[--integrity-only] [--repeats 5]``.
+[--integrity-only] [--repeats 11] [--integrity-data model|synthetic] [--conversations 3000]``.
 """
 
 from __future__ import annotations
@@ -63,12 +68,12 @@ SHAPES = {  # name -> (d, heads, kv heads, MLP width, vocabulary, padded tokens 
 }
 
 
-def build_store(root: Path, d: int, vocab: int, sequences: int, seed: int = 0, chunk_checksums: bool = True) -> dict:
-    """Synthetic features of ``sequences`` sequences (512-2048 tokens) written with the store's writer
-    (``chunk_checksums=False``: as before the per-chunk checksums)."""
+def synthetic_shards(d: int, vocab: int, sequences: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Synthetic features of ``sequences`` sequences (512-2048 tokens; hidden states N(0, 1) in fp16), 64 per
+    shard, as the writer takes them."""
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
-    records, started = [], time.perf_counter()
+    shards = []
     for index, lo in enumerate(range(0, sequences, 64)):
         lengths = rng.integers(512, 2049, size=min(64, sequences - lo))
         n = int(lengths.sum())
@@ -82,13 +87,45 @@ def build_store(root: Path, d: int, vocab: int, sequences: int, seed: int = 0, c
             offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             sample_ids=np.asarray([f"s{index}-{j}" for j in range(len(lengths))]),
         )
-        records.append(write_shard(root, index, arrays, {"d": d, "k": K, "hidden_codec": "fp16", "target_id": "bench"},
-                                   chunk_checksums=chunk_checksums))
+        shards.append(arrays)
+    return shards
+
+
+def model_shards(conversations: int, seed: int = 0, per_shard: int = 256) -> tuple[list[dict[str, np.ndarray]], int]:
+    """(shards, d): the features a dump of the toy target (the trained build shipped with specdraft, d = 64)
+    stores for ``conversations`` toy chats — real, compressible hidden states and top-K log-probs
+    (``specdraft.features.compute_features``, the dump's own computation), ``per_shard`` sequences a shard."""
+    from specdraft.features import compute_features, sample_arrays
+    from specdraft.target import load_target_model, load_tokenizer
+    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+    from specdraft.toy.conversations import generate_conversations
+
+    with tempfile.TemporaryDirectory(prefix="reader-bench-target-") as tmp:
+        target = build_toy_target(Path(tmp) / "target", ToyTargetConfig(), progress=False, prebuilt=True)
+        model, tokenizer = load_target_model(target), load_tokenizer(target)
+        samples = compute_features(model, tokenizer, generate_conversations(conversations, seed=seed), 512, K,
+                                   progress=False)
+    shards = [sample_arrays(samples[lo : lo + per_shard], [f"c{lo + i:06d}" for i in range(len(samples[lo : lo + per_shard]))])
+              for lo in range(0, len(samples), per_shard)]
+    return shards, int(samples[0]["hidden"].shape[-1])
+
+
+def write_store(root: Path, shards: list[dict[str, np.ndarray]], d: int, chunk_checksums: bool = True) -> dict:
+    """``shards`` written with the store's writer (``chunk_checksums=False``: as before the per-chunk checksums)."""
+    started = time.perf_counter()
+    attrs = {"d": d, "k": K, "hidden_codec": "fp16", "target_id": "bench"}
+    records = [write_shard(root, index, arrays, attrs, chunk_checksums=chunk_checksums)
+               for index, arrays in enumerate(shards)]
     manifest = make_manifest(header={"target_id": "bench", "d": d, "k": K, "hidden_codec": "fp16"}, shards=records)
     write_manifest(root, manifest)
     totals = manifest["totals"]
     return {"sequences": totals["sequences"], "tokens": totals["tokens"], "shards": len(records),
             "bytes_per_token": round(totals["bytes_per_token"], 1), "write_s": round(time.perf_counter() - started, 2)}
+
+
+def build_store(root: Path, d: int, vocab: int, sequences: int, seed: int = 0, chunk_checksums: bool = True) -> dict:
+    """Synthetic features (``synthetic_shards``) written to ``root``."""
+    return write_store(root, synthetic_shards(d, vocab, sequences, seed), d, chunk_checksums)
 
 
 def per_sequence_load(ds: FeatureDataset, seqs: list[int]):
@@ -129,20 +166,114 @@ def reader_rates(store: Path, max_tokens: int) -> dict:
     return out
 
 
-def integrity_rates(d: int, vocab: int, sequences: int, max_tokens: int, repeats: int) -> dict:
-    """Stored-form reader tokens/s of one store written with and without per-chunk checksums (same data),
-    each opened once, then ``repeats`` epochs each, interleaved, after one untimed warm-up epoch; medians
-    and best epochs and the check's cost in percent by each (positive: the check is slower)."""
+def _epoch(ds: FeatureDataset, epoch: int) -> tuple[int, float, float]:
+    """(tokens, wall s, CPU s of this process: all threads) of one epoch read in stored form."""
+    ds.set_epoch(epoch)
+    tokens, started, cpu = 0, time.perf_counter(), time.process_time()
+    for batch in ds:
+        tokens += int(batch.valid.sum())
+    return tokens, time.perf_counter() - started, time.process_time() - cpu
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    q = np.quantile(values, [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0])
+    return {name: round(float(v), 4) for name, v in zip(("min", "p10", "p25", "median", "p75", "p90", "max"), q)}
+
+
+def _median_ci(values: list[float], seed: int = 0, draws: int = 4000) -> list[float]:
+    """A bootstrap 95 % interval of the median of ``values``."""
+    rng = np.random.default_rng(seed)
+    medians = np.median(rng.choice(np.asarray(values), size=(draws, len(values)), replace=True), axis=1)
+    return [round(float(x), 4) for x in np.quantile(medians, [0.025, 0.975])]
+
+
+def crc_cost(store: Path, ds: FeatureDataset, epoch: int) -> dict:
+    """The check's own work apart from everything else an epoch does: the chunks Zarr's crc32c codec checks
+    in one epoch of ``ds`` (counted in the codec; a chunk is read again by every batch whose rows it holds)
+    and the CPU seconds ``google_crc32c`` (the codec's implementation) takes over that many bytes of this
+    store's chunks, already in memory — a floor under what a verified epoch adds."""
+    import google_crc32c
+    import zarr.codecs.crc32c_ as codec
+
+    calls, checked = [0], [0]
+
+    class Counting:  # the codec's module attribute, for one epoch
+        @staticmethod
+        def value(data) -> int:
+            calls[0] += 1
+            checked[0] += memoryview(data).nbytes
+            return google_crc32c.value(data)
+
+    codec.google_crc32c = Counting
+    try:
+        _epoch(ds, epoch)
+    finally:
+        codec.google_crc32c = google_crc32c
+    chunks = [np.frombuffer(p.read_bytes(), np.uint8) for pattern in ("c/*", "c/*/*")
+              for p in sorted(store.rglob(pattern)) if p.is_file()]
+    stored = sum(len(c) - 4 for c in chunks)
+    times = []
+    for _ in range(5):
+        cpu = time.process_time()
+        for data in chunks:
+            google_crc32c.value(data[:-4])  # as Zarr's codec: the chunk's bytes but its stored checksum
+        times.append(time.process_time() - cpu)
+    per_byte = float(np.median(times)) / stored
+    return {"chunks_stored": len(chunks), "bytes_stored": stored, "chunks_checked_per_epoch": calls[0],
+            "bytes_checked_per_epoch": checked[0], "reads_per_chunk": round(calls[0] / len(chunks), 2),
+            "gb_per_cpu_s": round(1e-9 / per_byte, 2), "cpu_s_per_epoch": round(per_byte * checked[0], 5)}
+
+
+def _ratio_of_sums_ci(v: np.ndarray, u: np.ndarray, seed: int = 0, draws: int = 4000) -> list[float]:
+    """A bootstrap 95 % interval (pairs resampled) of sum(v) / sum(u)."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(v), size=(draws, len(v)))
+    ratios = v[idx].sum(axis=1) / u[idx].sum(axis=1)
+    return [round(float(x), 4) for x in np.quantile(ratios, [0.025, 0.975])]
+
+
+def _paired(v: list[float], u: list[float]) -> dict:
+    """Verified vs unverified times of the same work, pair by pair: the ratio of their sums with its bootstrap
+    interval, and the per-pair ratios' median (with its interval) and spread."""
+    v_, u_ = np.asarray(v), np.asarray(u)
+    per_pair = list(v_ / u_)
+    return {"pairs": len(v), "ratio_of_sums": round(float(v_.sum() / u_.sum()), 4),
+            "ratio_of_sums_ci95": _ratio_of_sums_ci(v_, u_), "per_pair": _spread(per_pair),
+            "per_pair_median_ci95": _median_ci(per_pair), "pairs_verified_slower": int((v_ > u_).sum())}
+
+
+def integrity_rates(shards: list[dict[str, np.ndarray]], d: int, max_tokens: int, pairs: int, data: str) -> dict:
+    """The cost of the per-chunk check on read, measured so that it shows on a loaded, noisy host.
+
+    The same ``shards`` are written twice, with per-chunk crc32c (every chunk verified, and checked for
+    presence, on read) and without (the layout before them); each store is opened once, as a training run
+    opens it, and read one untimed epoch each. Then ``pairs`` epochs of each:
+
+    * ``epochs``: pairs of epochs, one of each store back to back in stored form (read ahead on the
+      background thread, as the trainer receives them), the order alternating (ABBA), the same epoch number
+      (the same batch plan) for both — tokens/s of each, and per pair the time ratio verified / unverified
+      (wall and CPU seconds of the process);
+    * ``batches``: the same epochs again, batch by batch: each batch read from one store and then, at once,
+      the same batch from the other (``load``, on this thread), the order alternating — thousands of pairs
+      milliseconds apart, so a change of the host's load hits both members of a pair: the median of the
+      pairs' time ratios, with its bootstrap 95 % interval, is the cost (``cost_pct`` of wall, ``cost_cpu_pct``
+      of CPU seconds; the median, as one pair hit by a burst of load moves the ratio of the summed times).
+
+    Every ratio has its per-pair spread and the count of pairs where the verified read was slower.
+    ``crc32c`` is the check's own work timed alone (``crc_cost``: the bytes the codec checks in an epoch,
+    counted, at the measured crc32c speed) as a share of an unverified epoch's CPU time: a floor under the
+    cost that no other process disturbs; the rest of the cost is Zarr's per-chunk work for the extra codec."""
     import warnings
 
+    from benchmarks.host import LoadSampler
     from specdraft.store import StoreWarning
 
-    rates: dict[str, list[float]] = {"verified": [], "unverified": []}
-    cpu_rates: dict[str, list[float]] = {"verified": [], "unverified": []}
-    with tempfile.TemporaryDirectory(prefix="reader-bench-integrity-") as tmp:
-        stores = {"verified": Path(tmp, "verified"), "unverified": Path(tmp, "unverified")}
-        built = {name: build_store(path, d, vocab, sequences, chunk_checksums=name == "verified")
-                 for name, path in stores.items()}
+    names = ("verified", "unverified")
+    runs: dict[str, list[tuple[int, float, float]]] = {name: [] for name in names}
+    batch_times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory(prefix="reader-bench-integrity-") as tmp, LoadSampler(every=2.0) as load:
+        stores = {name: Path(tmp, name) for name in names}
+        built = {name: write_store(path, shards, d, chunk_checksums=name == "verified") for name, path in stores.items()}
         datasets, open_s = {}, {}
         for name, path in stores.items():  # opened once, as a training run does (listing each shard's chunks)
             started = time.perf_counter()
@@ -151,26 +282,43 @@ def integrity_rates(d: int, vocab: int, sequences: int, max_tokens: int, repeats
                 datasets[name] = FeatureDataset(path, ReaderConfig(max_tokens=max_tokens, seed=1), split="all")
             datasets[name].load(datasets[name].batches(0)[0])  # opens the shards' arrays
             open_s[name] = round(time.perf_counter() - started, 3)
-        for i in range(-1, repeats):  # epoch -1: a warm-up of each (page cache), not timed
-            for name in (("verified", "unverified") if i % 2 == 0 else ("unverified", "verified")):
-                ds = datasets[name]
-                ds.set_epoch(max(i, 0))
-                tokens, started, cpu = 0, time.perf_counter(), time.process_time()
-                for batch in ds:
-                    tokens += int(batch.valid.sum())
-                if i >= 0:
-                    rates[name].append(tokens / (time.perf_counter() - started))
-                    cpu_rates[name].append(tokens / (time.process_time() - cpu))
-    out = {name: {"store": built[name], "open_s": open_s[name], "tokens_per_s": round(float(np.median(r)), 1),
-                  "tokens_per_s_runs": [round(x, 1) for x in r],
-                  "tokens_per_cpu_s": round(float(np.median(cpu_rates[name])), 1)} for name, r in rates.items()}
-    for name, r in rates.items():
-        out[name]["tokens_per_s_best"] = round(max(r), 1)
-    out["repeats"] = repeats
-    out["cost_pct"] = round(100 * (1 - out["verified"]["tokens_per_s"] / out["unverified"]["tokens_per_s"]), 2)
-    # the fastest epoch of each: the least disturbed by other processes on a shared host
-    out["cost_best_pct"] = round(100 * (1 - out["verified"]["tokens_per_s_best"] / out["unverified"]["tokens_per_s_best"]), 2)
-    out["cost_cpu_pct"] = round(100 * (1 - out["verified"]["tokens_per_cpu_s"] / out["unverified"]["tokens_per_cpu_s"]), 2)
+        for name in names:  # a warm-up epoch of each (page cache, Zarr's handles), not timed
+            _epoch(datasets[name], 0)
+        for i in range(pairs):
+            for name in (names if i % 2 == 0 else names[::-1]):
+                runs[name].append(_epoch(datasets[name], i))
+        flip = 0
+        for i in range(pairs):
+            plan = datasets["verified"].batches(i)
+            assert plan == datasets["unverified"].batches(i), "the two stores' batch plans differ"
+            for seqs in plan:
+                flip += 1
+                for name in (names if flip % 2 else names[::-1]):
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    datasets[name].load(seqs, lazy=True)
+                    batch_times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+        crc = crc_cost(stores["verified"], datasets["verified"], pairs)
+    assert all(runs["verified"][i][0] == runs["unverified"][i][0] for i in range(pairs)), "the pairs read different tokens"
+    out: dict = {"data": data, "pairs": pairs, "order": "alternating which store is read first in a pair"}
+    for name in names:
+        tokens = [t for t, _, _ in runs[name]]
+        out[name] = {"store": built[name], "open_s": open_s[name],
+                     "tokens_per_s": round(float(np.median([t / w for t, w, _ in runs[name]])), 1),
+                     "tokens_per_cpu_s": round(float(np.median([t / c for t, _, c in runs[name]])), 1),
+                     "epoch_s": _spread([w for _, w, _ in runs[name]]), "tokens_per_epoch": tokens[0]}
+    out["epochs"] = {"wall": _paired([w for _, w, _ in runs["verified"]], [w for _, w, _ in runs["unverified"]]),
+                     "cpu": _paired([c for _, _, c in runs["verified"]], [c for _, _, c in runs["unverified"]])}
+    out["batches"] = {"wall": _paired(*([w for w, _ in batch_times[n]] for n in names)),
+                      "cpu": _paired(*([c for _, c in batch_times[n]] for n in names))}
+    unverified_cpu = float(np.median([c for _, _, c in runs["unverified"]]))
+    out["crc32c"] = {**crc, "share_of_unverified_epoch_cpu_pct": round(100 * crc["cpu_s_per_epoch"] / unverified_cpu, 2)}
+    for key, clock in (("cost_pct", "wall"), ("cost_cpu_pct", "cpu")):  # the batch pairs' median: the estimate
+        paired = out["batches"][clock]
+        out[key] = round(100 * (paired["per_pair"]["median"] - 1), 2)
+        out[f"{key}_ci95"] = [round(100 * (x - 1), 2) for x in paired["per_pair_median_ci95"]]
+    out["budget_pct"] = 5.0
+    out["within_budget"] = out["cost_pct_ci95"][1] <= 5.0 and out["cost_cpu_pct_ci95"][1] <= 5.0
+    out["host_load"] = load.summary()
     return out
 
 
@@ -201,6 +349,17 @@ def trainer_rate(store: Path, d: int, heads: int, kv: int, mlp: int, vocab: int,
             "tokens_per_cpu_s": round(tokens / step_cpu_s, 1), "threads": torch.get_num_threads()}
 
 
+def integrity_of(name: str, d: int, vocab: int, sequences: int, args: argparse.Namespace) -> dict:
+    """``integrity_rates`` of shape ``name``: real features of the toy target at the toy shape (unless
+    ``--integrity-data synthetic``), synthetic ones at d = 4096 (no model of that width here)."""
+    if name == "toy" and args.integrity_data == "model":
+        shards, width = model_shards(args.conversations)
+        data = f"the toy target's features (real hidden states, d={width}) of {args.conversations} toy chats"
+        return integrity_rates(shards, width, args.max_tokens, args.repeats, data)
+    data = f"synthetic: {sequences} sequences of 512-2048 tokens, N(0, 1) hidden states in fp16, random top-K"
+    return integrity_rates(synthetic_shards(d, vocab, sequences), d, args.max_tokens, args.repeats, data)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", nargs="?", default=str(Path(__file__).resolve().parent / "results" / "reader.json"),
@@ -213,7 +372,12 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: 2048 toy, 512 at d=4096)")
     parser.add_argument("--integrity-only", action="store_true",
                         help="only the with/without per-chunk checksums comparison (no trainer, no other modes)")
-    parser.add_argument("--repeats", type=int, default=5, help="epochs per store in the integrity comparison")
+    parser.add_argument("--repeats", type=int, default=11,
+                        help="epochs of each store in the integrity comparison (read in pairs, then batch by batch)")
+    parser.add_argument("--integrity-data", choices=("model", "synthetic"), default="model",
+                        help="toy shape's integrity store: the toy target's real features (default) or synthetic ones")
+    parser.add_argument("--conversations", type=int, default=3000,
+                        help="toy chats whose real features make the integrity store (--integrity-data model)")
     args = parser.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
     result = {"benchmark": "reader", "host": {"cpus": os.cpu_count(), "load_avg_start": os.getloadavg(),
@@ -225,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         d, heads, kv, mlp, vocab, train_tokens = SHAPES[name]
         sequences = args.sequences or (256 if name == "toy" else 48)
         if args.integrity_only:
-            entry = {"integrity": integrity_rates(d, vocab, sequences, args.max_tokens, args.repeats)}
+            entry = {"integrity": integrity_of(name, d, vocab, sequences, args)}
             result["shapes"][name] = entry
             print(json.dumps({name: entry}, indent=1), flush=True)
             continue
@@ -238,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         entry["ratio_decoded"] = round(entry["reader"]["decoded"]["tokens_per_s"] / entry["trainer"]["tokens_per_s"], 1)
         entry["ratio_per_sequence"] = round(entry["reader"]["per_sequence"]["tokens_per_s"]
                                             / entry["trainer"]["tokens_per_s"], 1)
-        entry["integrity"] = integrity_rates(d, vocab, sequences, args.max_tokens, args.repeats)
+        entry["integrity"] = integrity_of(name, d, vocab, sequences, args)
         entry["ratio_cpu"] = round(entry["reader"]["stored"]["tokens_per_cpu_s"] / entry["trainer"]["tokens_per_cpu_s"], 1)
         result["shapes"][name] = entry
         print(json.dumps({name: entry}, indent=1), flush=True)

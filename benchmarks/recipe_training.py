@@ -20,7 +20,7 @@ import torch
 from benchmarks.host import peak_rss_mb, reset_peak_rss, rss_mb
 
 SHARED = ("threads", "seed", "epochs", "max_tokens", "lr", "warmup", "schedule", "min_lr_ratio", "noise_std",
-          "sim_depth", "val_fraction", "draft_vocab")  # the settings every recipe's training shares
+          "sim_depth", "val_fraction", "draft_vocab", "block_size", "draft_layers", "anchors")  # every recipe's
 
 
 def train_config(args: dict[str, Any], recipe: str):
@@ -34,6 +34,8 @@ def train_config(args: dict[str, Any], recipe: str):
     stages = RECIPES[recipe].stages
     if args["noise_std"] is not None:
         stages = [replace(s, noise_std=args["noise_std"]) for s in stages]
+    if args.get("anchors"):
+        stages = [replace(s, anchors=args["anchors"]) for s in stages]
     return TrainConfig(
         recipe=recipe, stages=stages, epochs=split_epochs(args["epochs"], len(stages)),
         optim=OptimConfig(lr=args["lr"], warmup_steps=args["warmup"], schedule=args["schedule"],
@@ -42,6 +44,7 @@ def train_config(args: dict[str, Any], recipe: str):
         min_steps=0, seed=args["seed"], checkpoint_every=0, sim_depth=args["sim_depth"], val_max_batches=10**6,
         log_every=10**9, scaling=ScalingSection(num_workers=1, cpus_per_worker=1.0),
         **({"draft_vocab_size": args["draft_vocab"]} if args.get("draft_vocab") else {}),
+        block_size=args.get("block_size") or 16, draft_layers=args.get("draft_layers"),
     )
 
 
@@ -132,6 +135,8 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
         },
         "sim_before": rounded(before), "sim_after": rounded(after), "history": history, "draft": str(draft_dir),
         "aux_layers": aux_layers, "draft_vocab_size": None if vocab is None else len(vocab),
+        "draft_layers": run.draft_config.num_layers, "trainable_params": sum(p.numel() for p in draft.parameters()
+                                                                              if p.requires_grad),
         "threads": torch.get_num_threads(),
     }
 

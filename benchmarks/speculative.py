@@ -56,3 +56,36 @@ def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Nam
         for name in report["datasets"]:
             out[name][mode]["eval_run_s"] = round(time.perf_counter() - started, 2)
     return out
+
+
+
+def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], work: Path, max_new_tokens: int,
+                      k: int) -> dict[str, Any]:
+    """vLLM's acceptance of each draft beside our decoder's (``specdraft.serving.engine``): every draft exported in
+    its vLLM format and served from one vLLM process (the target alone, then with each draft, on the questions),
+    our decoder a chain of ``k`` on the same prompts counted as vLLM counts; per recipe the overall report of
+    ``serving.engine.compare`` (acceptance length on both sides, the gap, per-position rates, greedy equality)."""
+    from dataclasses import asdict
+
+    from specdraft.decoding import DecodeConfig
+    from specdraft.decoding.eval import EvalSettings, load_models, load_question_sets
+    from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
+    from specdraft.models import read_draft_config
+    from specdraft.serving.engine import EngineRequest, EngineSettings, compare, measure_engine
+
+    exports = {}
+    for recipe, draft in drafts.items():
+        fmt = next(f for f in formats_for(read_draft_config(draft)) if f in VLLM_FORMATS)
+        out = export_draft(draft, fmt, work / "export" / recipe, target=target, speculative_tokens=k, overwrite=True)
+        exports[recipe] = {"model": str(out), "method": export_layout(fmt, out).method}
+    engine = EngineSettings(name="vllm", speculative_tokens=k, max_model_len=512)
+    started = time.perf_counter()
+    run = measure_engine(EngineRequest(target=str(target), drafts=exports, questions=load_question_sets(files),
+                                       settings=asdict(engine), max_new_tokens=max_new_tokens), engine)
+    result: dict[str, Any] = {"engine": run.engine, "speculative_tokens": k, "prompts": len(run.prompts),
+                              "engine_process_s": round(time.perf_counter() - started, 1)}
+    settings = EvalSettings(decode=DecodeConfig(mode="chain", gamma=k, max_new_tokens=max_new_tokens))
+    for recipe, draft in drafts.items():
+        report = compare(run, recipe, load_models(target, draft, settings), settings.decode, engine)
+        result[recipe] = {**report["overall"], "warnings": report["warnings"]}
+    return result

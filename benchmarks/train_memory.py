@@ -24,7 +24,11 @@ measurement runs in its own process so peaks do not mix:
 
 Recipes: eagle (plain), hass (align n=3), beagle early (k=5), beagle late (s=1, 4, 8), eagle3
 (training-time test k=7, aux features 3·d, draft vocabulary 32,000; also with ``recompute``:
-activation checkpointing of each sub-step's decoder layer).
+activation checkpointing of each sub-step's decoder layer), dflash ("DFlash: Block Diffusion for Flash
+Speculative Decoding" §4.2: the block stage, blocks of 16 from 512 anchors per sequence — 8,192 block
+positions for T=2048 —, aux features 3·d, the target's head; ``--dflash-layers`` decoder layers, default 1:
+the paper's 5 hold 5x the weights and activations, more than this host's memory; its baseline is the
+draft body's forward + backward on the same blocks).
 
     python -m benchmarks.train_memory OUT.json [--device cpu] [--dtype bf16] [--seq 2048] [--d 4096]
 """
@@ -62,12 +66,15 @@ RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
     "eagle3-ttt-k7": ("eagle3", dict(kind="ttt", steps=7, step_decay=0.8)),
     # the same with each sub-step's decoder layer recomputed in the backward (train.recompute=true)
     "eagle3-ttt-k7-recompute": ("eagle3", dict(kind="ttt", steps=7, step_decay=0.8, recompute=True)),
+    # DFlash: one forward over 512 blocks of 16 (anchors drawn per sequence), depth weights exp(-(k-1)/7)
+    "dflash-b16-a512": ("dflash", dict(kind="block", anchors=512, step_decay=0.8668778997501817)),
+    "dflash-b16-a128": ("dflash", dict(kind="block", anchors=128, step_decay=0.8668778997501817)),
     # how TTT memory grows with k (not run by default)
     "eagle3-ttt-k1": ("eagle3", dict(kind="ttt", steps=1, step_decay=0.8)),
     "eagle3-ttt-k3": ("eagle3", dict(kind="ttt", steps=3, step_decay=0.8)),
 }
 DEFAULT_RECIPES = ["eagle", "hass-n3", "beagle-early-k5", "beagle-late-s1", "beagle-late-s4", "beagle-late-s8",
-                   "eagle3-ttt-k7", "eagle3-ttt-k7-recompute"]
+                   "eagle3-ttt-k7", "eagle3-ttt-k7-recompute", "dflash-b16-a512"]
 
 
 def _status_mb(field: str) -> float:
@@ -108,17 +115,19 @@ def _sync(device: torch.device) -> None:
 
 
 def materialized_score(core, batch, targets, query_index, h_hat, weights, chunk=1024, live=None,
-                       defer_weight_grad=False):  # noqa: ARG001 - score's signature
+                       defer_weight_grad=False, query_weight=None):  # noqa: ARG001 - score's signature
     """The loss as computed before the fused head: full fp32 logits of every scored row, and the
     target's logits recomputed from the stored hidden state at every sub-step."""
     from specdraft.losses import soft_ce, topk_ce
 
-    scored = targets.scored[:, query_index]  # (B, Q)
+    index = query_index[None].expand(h_hat.shape[0], -1) if query_index.dim() == 1 else query_index  # (B, Q)
+    t = targets.scored.shape[1]
+    scored = targets.scored.gather(1, index.clamp(0, t - 1)) & (index >= 0) & (index < t)  # (B, Q)
     where = scored.nonzero(as_tuple=True)
     h = h_hat[where]  # (M, d)
     logp = torch.log_softmax(core.logits(h).float(), dim=-1)  # (M, V) fp32
     with torch.no_grad():
-        target_logits = (batch.hidden[:, query_index][where].to(core.heads.teacher_weight.dtype)
+        target_logits = (batch.hidden[where[0], index[where]].to(core.heads.teacher_weight.dtype)
                          @ core.heads.teacher_weight.T).float()  # (M, V)
     loss = weights.ce * soft_ce(logp, target_logits).mean()
     if weights.topk:
@@ -140,11 +149,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[spec["dtype"]]
     arch, stage_kw = RECIPES[spec["recipe"]]
     d, vocab, t = spec["d"], spec["vocab"], spec["seq"]
-    e3 = arch == "eagle3"
+    e3, block = arch == "eagle3", arch == "dflash"
     g = torch.Generator().manual_seed(0)
+    blocks = dict(num_layers=spec["dflash_layers"], block_size=16, mask_token_id=0) if block else {}
     cfg = DraftConfig(arch=arch, vocab_size=vocab, hidden_size=d, **geometry(d),
-                      aux_layers=[2, 16, 29] if e3 else [], draft_vocab_size=spec["draft_vocab"] if e3 else None,
-                      max_position_embeddings=8192)
+                      aux_layers=[2, 16, 29] if e3 or block else [],
+                      draft_vocab_size=spec["draft_vocab"] if e3 else None, max_position_embeddings=8192, **blocks)
     vocab_ids = torch.randperm(vocab, generator=g)[: spec["draft_vocab"]].sort().values if e3 else None
     embed = (torch.randn(vocab, d, generator=g) * 0.02).to(dtype)
     lm_head = (torch.randn(vocab, d, generator=g) * 0.02).to(dtype)
@@ -152,12 +162,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     set_frozen_dtype(draft, dtype)
     del embed, lm_head
     weights = LossWeights(ce=1.0, topk=1.0 if spec["recipe"].startswith("hass") else 0.0,
-                          vloss=0.0 if e3 else 1.0)
+                          vloss=0.0 if e3 or block else 1.0)
     stage = StageConfig(**stage_kw, noise_std=0.0, loss=weights)
     ids = torch.randint(vocab, (spec["batch"], t), generator=g)
     hidden = torch.randn(spec["batch"], t, d, generator=g).to(torch.float16)
     mask = torch.ones(spec["batch"], t, dtype=torch.bool)
-    aux = torch.randn(spec["batch"], t, 3 * d, generator=g).to(torch.float16) if e3 else None
+    aux = torch.randn(spec["batch"], t, 3 * d, generator=g).to(torch.float16) if e3 or block else None
     top = torch.randn(spec["batch"], t, 10, generator=g).log_softmax(-1)
     topk_ids = torch.randint(vocab, (spec["batch"], t, 10), generator=g)
     batch = Batch(ids, hidden, mask, mask, topk_ids, top, aux).to(device)
@@ -172,9 +182,15 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         base0 = _reset_peak(device)
         with autocast:
             st_q = torch.arange(t, device=device)
-            features = (batch.aux_hidden if e3 else batch.hidden).to(torch.float32)
-            h = draft(batch.input_ids, batch.positions, features, st_q, st_q,
-                      features.new_zeros(spec["batch"], t, 0, d))
+            features = (batch.aux_hidden if e3 or block else batch.hidden).to(torch.float32)
+            if block:  # the same number of blocks as the step draws
+                from specdraft.masks import sample_blocks
+
+                anchors = sample_blocks(batch.loss_mask & (batch.positions > 0), 16, stage.anchors).anchors
+                h = draft(batch.input_ids, batch.positions, features, anchors)
+            else:
+                h = draft(batch.input_ids, batch.positions, features, st_q, st_q,
+                          features.new_zeros(spec["batch"], t, 0, d))
             h.float().square().mean().backward()
         _sync(device)
         return {"baseline_mb": round(_peak_mb(device) - base0 + params_mb, 1)}
@@ -192,6 +208,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         step_s = time.perf_counter() - t0
         peak = _peak_mb(device) - start_mb
     return {**spec, "step_s": round(step_s, 3), "peak_mb": round(peak, 1),
+            **({"block_positions": spec["batch"] * min(stage.anchors, t - 1) * 16} if block else {}),
             "draft_params_mb": round(params_mb, 1), "frozen_heads_mb": round(frozen_mb, 1),
             "loss": spec["loss"], "loss_value": round(metrics["loss"], 4), "substeps": stage.num_substeps,
             "peak_note": ("max_memory_allocated growth" if device.type == "cuda" else
@@ -262,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--chunk", type=int, default=1024, help="rows per output-head chunk")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dflash-layers", type=int, default=1, help="decoder layers of the dflash rows")
     parser.add_argument("--malloc-mmap-threshold", type=int, default=None,
                         help="CPU: glibc mmap/trim threshold in the measuring processes (RSS follows live memory)")
     parser.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, choices=list(RECIPES))
@@ -274,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         for recipe in args.recipes:
             spec = dict(recipe=recipe, loss=loss, device=args.device, dtype=args.dtype, d=args.d, vocab=args.vocab,
                         draft_vocab=args.draft_vocab, seq=args.seq, batch=args.batch, chunk=args.chunk,
-                        threads=args.threads)
+                        threads=args.threads, dflash_layers=args.dflash_layers)
             row = run(spec)
             rows.append(row)
             shown = {k: row.get(k) for k in ("recipe", "loss", "step_s", "peak_mb", "baseline_mb", "error")}

@@ -1,8 +1,8 @@
 """Draft quality per training recipe on one toy feature store.
 
-Trains recipes of ``specdraft.recipes.RECIPES`` (default: all eight — ``eagle``, ``hass``, ``beagle-early``,
+Trains recipes of ``specdraft.recipes.RECIPES`` (default: all ten — ``eagle``, ``hass``, ``beagle-early``,
 ``beagle``, ``beagle-topk``, and on the EAGLE-3 features stored beside the last hidden state, ``eagle3``,
-``eagle3-hass``, ``beagle3``) on the SAME toy feature store (``benchmarks.toy_data``) for the SAME total
+``eagle3-hass``, ``beagle3`` and the block drafts ``dflash`` and ``beagle-dflash``) on the SAME toy feature store (``benchmarks.toy_data``) for the SAME total
 epochs (split over a recipe's stages, earlier stages taking the rest), optimizer, seed and held-out split.
 Each recipe is set up by ``specdraft.run.build_run``, as a Ray Train worker sets it up (minus its
 checkpoints), and trains in a fresh spawned process. Per recipe it reports:
@@ -14,7 +14,12 @@ checkpoints), and trains in a fresh spawned process. Per recipe it reports:
 * peak resident memory of the training process (VmHWM; the loop's own peak after a ``clear_refs`` reset);
 * real speculative decoding of the toy target with the trained draft (``specdraft.decoding.eval``): greedy
   chain and EAGLE-2 tree drafting on held-out toy questions, tau, alpha_i, speedup and the lossless check;
-  ``--mt-bench N --mt-bench-path FILE`` adds the first N questions of an MT-Bench file.
+  ``--mt-bench N --mt-bench-path FILE`` adds the first N questions of an MT-Bench file. A block draft
+  drafts one block per round: ``gamma`` tokens in the chain column, its whole block (block_size - 1) in the
+  tree column;
+* ``--engine``: the acceptance a real vLLM engine measures for every recipe it serves (all but
+  ``beagle-dflash``; ``benchmarks.speculative.engine_acceptance``) beside our decoder's on the same prompts, chain
+  of ``--gamma``.
 
 ``--ray`` also trains one recipe through ``pipelines.train.run_training`` (Ray Train, one worker) and
 reports the Ray overhead and how far its draft is from the single-process one. The host's load average
@@ -39,7 +44,7 @@ import torch
 
 from benchmarks.host import LoadSampler
 from benchmarks.recipe_training import SHARED, train_config, train_in_fresh_process
-from benchmarks.speculative import decode_eval
+from benchmarks.speculative import decode_eval, engine_acceptance
 from benchmarks.toy_data import (
     build_store,
     question_overlap,
@@ -47,7 +52,8 @@ from benchmarks.toy_data import (
     write_toy_questions,
 )
 
-RECIPE_ORDER = ("eagle", "hass", "beagle-early", "beagle", "beagle-topk", "eagle3", "eagle3-hass", "beagle3")
+RECIPE_ORDER = ("eagle", "hass", "beagle-early", "beagle", "beagle-topk", "eagle3", "eagle3-hass", "beagle3", "dflash",
+                "beagle-dflash")
 
 
 def ray_run(args: argparse.Namespace, shared: dict[str, Any], store: Path, target: Path, work: Path,
@@ -135,6 +141,14 @@ def print_table(result: dict[str, Any]) -> None:
     load = result["host"]["load"]
     print(f"load avg (1m) during run: min {load['load_1m_min']} mean {load['load_1m_mean']} max {load['load_1m_max']}"
           f" on {load['cpus']} CPUs; total {result['total_s']:.0f} s")
+    if "engine" in result:
+        e = result["engine"]
+        for recipe in rows:
+            if recipe in e:
+                r = e[recipe]
+                print(f"vLLM ({recipe}, K={e['speculative_tokens']}): acceptance length {_fmt(r['acceptance_length'], '.3f')}"
+                      f" vs ours {_fmt(r['tau_ours'], '.3f')} (gap {_fmt(r['gap'], '+.4f')}); answers equal ours "
+                      f"{r['same_answer_as_ours']}/{r['prompts']}, engine lossless {r['engine_lossless']}/{r['prompts']}")
     if "ray" in result:
         r = result["ray"]
         print(f"ray ({r['recipe']}): init {r['ray_init_s']} s + run_training {r['run_training_s']} s; "
@@ -165,8 +179,11 @@ OPTIONS = (  # (flag, default, help): every option but out, --recipes, --schedul
     ("--total-tokens", 60, "tree tokens per round"), ("--mt-bench", 0, "also decode the first N MT-Bench questions"),
     ("--mt-bench-path", None, "the MT-Bench question file (JSON lines) --mt-bench reads"),
     ("--ray-recipe", "beagle", "the recipe --ray trains"),
+    ("--block-size", 16, "block drafts: positions per block"), ("--draft-layers", None, "block drafts: layers"),
+    ("--anchors", None, "block drafts: anchors per sequence (default: the recipe's)"),
 )
-TYPES = {"--draft-vocab": int, "--noise-std": float, "--max-turns": int, "--mt-bench-path": str}
+TYPES = {"--draft-vocab": int, "--noise-std": float, "--max-turns": int, "--mt-bench-path": str, "--draft-layers": int,
+         "--anchors": int}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedule", default="cosine", choices=("constant", "cosine", "linear"))
     ap.add_argument("--skip-decode", action="store_true", help="no speculative decoding evaluation")
     ap.add_argument("--ray", action="store_true", help="also train one recipe through run_training (Ray Train)")
+    ap.add_argument("--engine", action="store_true", help="also serve the drafts in vLLM (acceptance beside ours)")
     for flag, default, text in OPTIONS:
         ap.add_argument(flag, type=TYPES.get(flag, type(default)), default=default, help=text)
     args = ap.parse_args(argv)
@@ -235,6 +253,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[train_quality] decoding with {recipe} ...", file=sys.stderr, flush=True)
                 results[recipe]["decode"] = decode_eval(target, Path(results[recipe]["draft"]), files, args)
             phase("decoding_s", t0)
+        engine_result = None
+        if args.engine:
+            t0 = time.perf_counter()
+            from specdraft.export import VLLM_FORMATS, formats_for
+            from specdraft.models import read_draft_config
+
+            served = {r: Path(results[r]["draft"]) for r in recipes
+                      if set(formats_for(read_draft_config(results[r]["draft"]))) & set(VLLM_FORMATS)}
+            print(f"[train_quality] vLLM engine for {sorted(served)} ...", file=sys.stderr, flush=True)
+            engine_result = engine_acceptance(target, served, files, work, args.max_new_tokens, args.gamma)
+            phase("engine_s", t0)
         ray_result = None
         if args.ray:
             t0 = time.perf_counter()
@@ -259,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "phases": phases,
         "total_s": round(time.perf_counter() - started, 1),
         **({"ray": ray_result} if ray_result is not None else {}),
+        **({"engine": engine_result} if engine_result is not None else {}),
     }
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)

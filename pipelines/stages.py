@@ -41,7 +41,7 @@ from specdraft import files
 from specdraft.config import ConfigError, config_hash, to_dict
 from specdraft.decoding.eval import EvalSettings
 from specdraft.features import FeaturesConfig
-from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for
+from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for, variant
 from specdraft.models import read_draft_config
 from specdraft.target import target_id
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
@@ -294,10 +294,17 @@ def evaluate_draft(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
     taus = {name: d["tau"] for name, d in report["datasets"].items() if d["tau"] is not None}
     floors = {name: report["datasets"][name].get("tau_pld") for name in taus}  # the prompt-lookup floor
     floors = floors if taus and all(v is not None for v in floors.values()) else {}
+    engine = report.get("engine") or {}  # the serving engine's measurement (eval.settings.engine)
+    engine_tau = {name: d["acceptance_length"] for name, d in (engine.get("datasets") or {}).items()
+                  if name in taus and d.get("acceptance_length") is not None}
+    engine_tau = engine_tau if len(engine_tau) == len(taus) else {}
     record = Evaluated(key=key, eval_key=evals, report=str(out / "report.json"), tau=taus,
                        mean_tau=sum(taus.values()) / len(taus) if taus else None,
                        tau_pld=floors, tau_over_pld={name: taus[name] / v for name, v in floors.items()},
                        mean_tau_pld=sum(floors.values()) / len(floors) if floors else None,
+                       engine_tau=engine_tau,
+                       mean_engine_tau=sum(engine_tau.values()) / len(engine_tau) if engine_tau else None,
+                       engine_warnings=list(engine.get("warnings") or []),
                        lossless_mismatches=sum(d.get("lossless_mismatches") or 0 for d in report["datasets"].values()),
                        wall_s=time.perf_counter() - started)
     _finish(out, _done(record))
@@ -308,7 +315,8 @@ def export_formats(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
     """Export the draft in every serving format that fits its architecture (``specdraft.export``) under
     ``<workdir>/export/<key>/<format>``. A draft no engine serves exactly (Beagle, a 0.1 EAGLE draft) gets no
     export and the reason (``note``); it stays registered and evaluable."""
-    arch = read_draft_config(draft_dir).arch
+    config = read_draft_config(draft_dir)
+    arch = variant(config)
     if not cfg.register.export:
         return Exported(arch=arch, exports={}, note="export disabled (register.export=false)", wall_s=0.0)
     serving = cfg.register.serving
@@ -319,7 +327,7 @@ def export_formats(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
     started = time.perf_counter()
     exports, note = {}, ""
     try:
-        for fmt in formats_for(arch) or FORMATS[:1]:  # no format: the refusal says why
+        for fmt in formats_for(config) or FORMATS[:1]:  # no format: the refusal says why
             exports[fmt] = str(export_draft(draft_dir, fmt, out / fmt, target=prepared.target,
                                             dtype=serving.dtype, speculative_tokens=serving.speculative_tokens,
                                             verifier=serving.verifier))

@@ -73,8 +73,20 @@ class MlflowLogger:
                 all_tags["mlflow.parentRunId"] = parent_run_id
             run = self.client.create_run(exp_id, run_name=run_name, tags=all_tags)
             run_id = run.info.run_id
+            self._logged: dict[str, int] = {}
+        else:  # attached (a resumed training worker, say): what the run already holds is not logged again
+            run = self.client.get_run(run_id)
+            exp_id = run.info.experiment_id
+            self._logged = self._last_steps(run_id, run.data.metrics)
         self.run_id = run_id
+        self.experiment_id = exp_id
         self._closed = False
+
+    def _last_steps(self, run_id: str, keys) -> dict[str, int]:
+        """The last step of every metric (``keys``) ``run_id`` holds: a Ray Train worker attached to it after a
+        failure resumes from a checkpoint and re-does the steps after it, which MLflow already has (with the same
+        values: the resume is exact) — they are not logged twice, so MLflow's history holds one value per step."""
+        return {key: max(m.step for m in self.client.get_metric_history(run_id, key)) for key in keys}
 
     def log_params(self, params: dict[str, Any]) -> None:
         items = [Param(k, v) for k, v in safe_params(params).items()]
@@ -83,7 +95,8 @@ class MlflowLogger:
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, int(step)) for k, v in metrics.items() if isinstance(v, (int, float))]
+        items = [Metric(k, float(v), now, int(step)) for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and int(step) > self._logged.get(k, -1)]
         for i in range(0, len(items), 500):
             self.client.log_batch(self.run_id, metrics=items[i : i + 500])
 
@@ -112,6 +125,7 @@ class NullRun:
     enabled = False
     run_id = None
     uri = None
+    experiment_id = None
 
     def log_params(self, params: dict[str, Any]) -> None:
         return None

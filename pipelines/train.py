@@ -46,6 +46,7 @@ from specdraft.target import load_target_model, load_tokenizer, target_fingerpri
 from specdraft.training import (
     DRAFT_DIR,
     Trainer,
+    distinct_across_ranks,
     drop_metrics_after,
     load_checkpoint,
     save_checkpoint,
@@ -118,6 +119,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                                    "train.total_steps": trainer.total_steps,
                                    "train.max_tokens_used": run.reader.max_tokens,
                                    "train.warmup_used": warmup_of(cfg.optim, trainer.total_steps),
+                                   "train.stage_kinds": ",".join(s.kind for s in stages),  # the report's labels
                                    "train.warnings": " | ".join(trainer.warnings) or "none"})
 
     epoch_offsets = [sum(s.epochs for s in stages[:i]) for i in range(len(stages))]
@@ -145,22 +147,23 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             Path(job.out, ".failed-once").touch()
             raise RuntimeError(f"injected failure at step {step}")
 
-    def skipped() -> dict[str, float]:  # reader.on_corrupt=skip: sequences of corrupt chunks this rank skipped
+    def skipped() -> dict[str, float]:  # reader.on_corrupt=skip: sequences of corrupt chunks the ranks skipped
         if cfg.features != "offline" or run.reader.on_corrupt != "skip":
             return {}
-        return {"skipped_corrupt_sequences": float(len({**run.train.skipped, **(run.val.skipped if run.val else {})}))}
+        names = [*run.train.skipped, *(run.val.skipped if run.val else {})]
+        return {"skipped_corrupt_sequences": float(distinct_across_ranks(names))}  # collective: every rank calls
 
     def on_epoch_end(tr: Trainer) -> None:
         counts = validate_draft(tr.draft, run.val, cfg.sim_depth, cfg.val_max_batches, device)
+        metrics = skipped()
         if float(counts.reached[0]) == 0:  # nothing measured (summed over the ranks): no metric logged as if it were
             if rank == 0:
                 print(f"[specdraft] no held-out batches (train.reader.val_fraction={cfg.reader.val_fraction}): "
                       f"sim_tau and alpha not measured at step {tr.state.step}", flush=True)
-            report({}, with_checkpoint=True)
-            return
-        metrics = {"sim_tau": counts.sim_tau, **{f"alpha_{i + 1}": a for i, a in enumerate(counts.alpha)}}
-        metrics.update(skipped())
-        tr.logger.log_metrics(metrics, tr.state.step)
+        else:
+            metrics.update({"sim_tau": counts.sim_tau, **{f"alpha_{i + 1}": a for i, a in enumerate(counts.alpha)}})
+        if metrics:
+            tr.logger.log_metrics(metrics, tr.state.step)
         report(metrics, with_checkpoint=True)
 
     def batches(stage: int, epoch: int):  # read ahead in the background, decoded on the device (Batch.to)

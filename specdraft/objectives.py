@@ -22,6 +22,12 @@ query sees is described in ``masks.py``:
              visibility as ``align``, but the fed-back states keep their graph and the whole
              unrolled chain is back-propagated once; each step's states are encoded once for
              the whole chain (``layers.Chain``), so memory grows linearly in k.
+* ``block``  one step of a block draft ("DFlash: Block Diffusion for Flash Speculative Decoding"
+             §4.2, App. A.1): ``anchors`` anchors drawn per sequence among the trained positions
+             (new ones every batch), one block of S positions each, all blocks in one forward
+             (``masks.Blocks``); block depth k is trained against the target row a + k - 1 with
+             weight step_decay^(k-1) (Eq. 4's exp(-(k-1)/gamma): step_decay = exp(-1/gamma)),
+             one weighted mean over every trained (block, depth).
 
 The caller back-propagates each sub-step before advancing the generator, except for ``ttt`` (a
 chain back-propagated once, whose sub-steps share one ``layers.Chain``; ``train_batch`` does both).
@@ -44,7 +50,7 @@ from specdraft.batch import Batch
 from specdraft.losses import HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
 from specdraft.models.layers import Chain
 
-StageKind = Literal["plain", "early", "late", "align", "ttt"]
+StageKind = Literal["plain", "early", "late", "align", "ttt", "block"]
 CHAINED = ("late", "align", "ttt")  # stages whose later steps read earlier steps' outputs
 
 
@@ -62,7 +68,8 @@ class StageConfig:
     epochs: int = 1
     window: int = 5  # early: k
     steps: int = 4  # late: s (windows of s); align: n; ttt: k
-    step_decay: float = 1.0  # align/ttt: weight of step j is step_decay ** (j - 1)
+    step_decay: float = 1.0  # align/ttt: weight of step j is step_decay ** (j - 1); block: of depth k, ** (k - 1)
+    anchors: int = 512  # block: blocks (anchors) drawn per sequence and batch
     # ttt: recompute each sub-step's decoder layer in the backward instead of keeping its
     # activations (activation checkpointing): one more layer forward per sub-step, and the chain then
     # keeps per step only its states' encodings and head inputs
@@ -71,9 +78,9 @@ class StageConfig:
     loss: LossWeights = field(default_factory=LossWeights)
 
     def __post_init__(self) -> None:
-        if self.kind not in ("plain", "early", "late", "align", "ttt"):
-            raise ConfigError(f"kind: unknown stage kind {self.kind!r}; known: plain, early, late, align, ttt")
-        for name in ("window", "steps"):
+        if self.kind not in ("plain", "early", "late", "align", "ttt", "block"):
+            raise ConfigError(f"kind: unknown stage kind {self.kind!r}; known: plain, early, late, align, ttt, block")
+        for name in ("window", "steps", "anchors"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.epochs < 0:
@@ -93,13 +100,14 @@ class StageConfig:
 class SubStep:
     step: int  # 1-based sub-step index
     weight: float  # beta for this sub-step
-    query_index: torch.Tensor  # (Q,)
+    query_index: torch.Tensor  # (Q,), or (B, Q) target rows per batch row (block: -1 where none)
     h_hat: torch.Tensor  # (B, Q, d)
     loss: torch.Tensor  # scalar: weighted sum of the enabled parts (before ``weight``)
     parts: dict[str, torch.Tensor]  # ce / topk / vloss, detached
     correct: torch.Tensor  # (B, Q) draft top-1 == target top-1 (on scored positions)
     scored: torch.Tensor  # (B, Q) positions whose prediction counts (loss mask, not padding, p > 0)
     trained: torch.Tensor  # (B, Q) scored positions that carry a loss
+    depth: torch.Tensor | None = None  # (Q,) block: each query's depth k in its block (metrics per depth)
 
 
 @dataclass
@@ -191,18 +199,27 @@ def prepare_targets(core, batch: Batch, weights: LossWeights, chunk: int = 1024)
 
 
 def score(core, batch: Batch, targets: Targets, query_index: torch.Tensor, h_hat: torch.Tensor,
-          weights: LossWeights, chunk: int = 1024, live: torch.Tensor | None = None, defer_weight_grad: bool = False):
+          weights: LossWeights, chunk: int = 1024, live: torch.Tensor | None = None, defer_weight_grad: bool = False,
+          query_weight: torch.Tensor | None = None):
     """Losses of predicted states ``h_hat`` (B, Q, d) at ``query_index`` against the target.
 
-    ``live`` (Q,): queries that have an input at all (see ``DraftConfig.needs_root_state``).
+    ``query_index``: the target row of every query, (Q,) shared by the batch rows or (B, Q) per row
+    (-1: none). ``live`` (Q,): queries that have an input at all (see ``DraftConfig.needs_root_state``).
+    ``query_weight`` (Q,): each query's weight in the weighted mean (block depths; default 1).
     ``defer_weight_grad``: a trainable head's weight gradient computed in the backward (``losses.head_loss``)."""
-    live = torch.ones_like(query_index, dtype=torch.bool) if live is None else live
-    scored = targets.scored[:, query_index] & live[None]  # (B, Q)
-    trained = targets.trainable[:, query_index] & live[None]  # (B, Q)
+    bsz, t = targets.scored.shape
+    index = query_index[None].expand(bsz, -1) if query_index.dim() == 1 else query_index  # (B, Q)
+    live = torch.ones(index.shape[1], dtype=torch.bool, device=index.device) if live is None else live
+    inside = (index >= 0) & (index < t) & live[None]  # (B, Q)
+    safe = index.clamp(0, t - 1)  # (B, Q)
+    scored = targets.scored.gather(1, safe) & inside  # (B, Q)
+    trained = targets.trainable.gather(1, safe) & inside  # (B, Q)
     where = scored.nonzero(as_tuple=True)
-    rows = targets.row[:, query_index][where]  # (M,)
+    rows = targets.row.gather(1, safe)[where]  # (M,)
     learn = trained[where].float()  # (M,) 1 on trained rows
-    count = learn.sum().clamp(min=1.0)
+    if query_weight is not None:
+        learn = learn * query_weight[where[1]].float()  # (M,)
+    count = learn.sum().clamp(min=1.0) if query_weight is None else learn.sum().clamp(min=1e-12)
     h = h_hat[where]  # (M, d)
     head = core.heads
     loss, ce, tk, correct_rows = head_loss(
@@ -215,7 +232,7 @@ def score(core, batch: Batch, targets: Targets, query_index: torch.Tensor, h_hat
     if weights.topk:
         parts["topk"] = (tk * learn).sum() / count
     if weights.vloss:
-        h_true = batch.hidden[:, query_index][where]  # (M, d)
+        h_true = batch.hidden[where[0], safe[where]]  # (M, d)
         parts["vloss"] = weighted_mean(feature_l1(h, h_true), learn)
         loss = loss + weights.vloss * parts["vloss"]
     correct = torch.zeros_like(scored)
@@ -240,6 +257,11 @@ def stage_steps(stage: StageConfig, length: int, offset: int, device) -> Iterato
 def check_stage(core, stage: StageConfig) -> None:
     """Refuse combinations a draft cannot train, with the reason."""
     arch = core.config.arch
+    if (stage.kind == "block") != core.config.drafts_blocks:
+        raise ValueError(
+            f"stage {stage.kind!r} cannot train a {arch!r} draft: a block draft (dflash) trains with the 'block' "
+            "stage only (whole blocks from anchors), and the 'block' stage trains block drafts only"
+        )
     if stage.kind == "early" and arch != "beagle":
         raise ValueError(
             f"stage 'early' needs a draft whose queries come from tokens only (beagle); {arch!r} feeds "
@@ -274,6 +296,10 @@ def substeps(
     features = add_noise(features_of(core, batch).to(dtype), stage.noise_std, generator)  # (B, T, F)
     if targets is None:
         targets = prepare_targets(core, batch, stage.loss, chunk)
+    if stage.kind == "block":
+        blocks = masks.sample_blocks(targets.scored, core.config.block_size, stage.anchors, generator)
+        yield block_substep(draft, batch, features, blocks, stage, targets, chunk)
+        return
     ids, pos = batch.input_ids, batch.positions
     t = ids.shape[1]
     # The draft's states written at each sub-step. A chain trained by one backward (ttt) hands every
@@ -294,6 +320,22 @@ def substeps(
         if stage.kind in CHAINED:
             fed = h_hat if stage.kind == "ttt" else h_hat.detach()
             chain.add(fed, q)  # (B, Q, d) at q
+
+
+def block_substep(draft, batch: Batch, features: torch.Tensor, blocks: masks.Blocks, stage: StageConfig,
+                  targets: Targets, chunk: int = 1024) -> SubStep:
+    """The one sub-step of the ``block`` stage: every block of ``blocks`` drafted in one forward, depths
+    1 .. S-1 scored against target rows a + k - 1 with weights ``step_decay^(k-1)``."""
+    core = unwrap(draft)
+    h = draft(batch.input_ids, batch.positions, features, blocks.anchors)  # (B, N, S, d)
+    bsz, n, size, d = h.shape
+    rows = blocks.rows().flatten(1)  # (B, N*(S-1))
+    depth = torch.arange(1, size, device=rows.device).repeat(n)  # (N*(S-1),)
+    weight = blocks.depth_weights(stage.step_decay).repeat(n)  # (N*(S-1),)
+    h_hat = h[:, :, 1:].reshape(bsz, n * (size - 1), d)  # (B, Q, d): the anchor's own output is not a draft
+    loss, parts, correct, scored, trained = score(core, batch, targets, rows, h_hat, stage.loss, chunk,
+                                                  query_weight=weight)
+    return SubStep(1, 1.0, rows, h_hat, loss, parts, correct, scored, trained, depth=depth)
 
 
 def unwrap(model):
@@ -354,7 +396,12 @@ def train_batch(
         metrics[f"loss_step{sub.step}"] = float(sub.loss.detach())
         for name, value in sub.parts.items():
             metrics[f"{name}_step{sub.step}"] = float(value)
-        count = sub.scored.sum().clamp(min=1)
-        metrics[f"acc_step{sub.step}"] = float((sub.correct & sub.scored).sum() / count)
+        if sub.depth is None:
+            count = sub.scored.sum().clamp(min=1)
+            metrics[f"acc_step{sub.step}"] = float((sub.correct & sub.scored).sum() / count)
+            continue
+        for k in range(1, int(sub.depth.max()) + 1):  # block: top-1 accuracy at every depth of the block
+            at = sub.scored & (sub.depth == k)[None]  # (B, Q)
+            metrics[f"acc_step{k}"] = float((sub.correct & at).sum() / at.sum().clamp(min=1))
     metrics["loss"] = total
     return metrics

@@ -43,11 +43,13 @@ def _contains(parent: str, child: str) -> bool:
     return child == parent or child.startswith(parent.rstrip("/") + "/")
 
 
-def refuse_own_input(out: str | Path, inputs: Mapping[str, Sequence[str | Path] | str | Path | None]) -> None:
+def refuse_own_input(out: str | Path, inputs: Mapping[str, Sequence[str | Path] | str | Path | None], *,
+                     option: str = "--out") -> None:
     """Raise ``OutputError`` naming both paths when ``out`` is, is inside, or holds one of ``inputs``
-    (option name -> path or paths; ``None`` and empty entries are skipped)."""
+    (option name -> path or paths; ``None`` and empty entries are skipped). ``option``: how the
+    command names ``out`` (``workdir=`` for ``specdraft run``)."""
     o = _key(out)
-    for option, paths in inputs.items():
+    for name, paths in inputs.items():
         if paths is None or isinstance(paths, (str, Path)):
             paths = [] if paths in (None, "") else [paths]
         for path in paths:
@@ -55,7 +57,7 @@ def refuse_own_input(out: str | Path, inputs: Mapping[str, Sequence[str | Path] 
             if _contains(o, p) or _contains(p, o):
                 how = "is" if o == p else ("is inside" if _contains(p, o) else "holds")
                 raise OutputError(
-                    f"--out {out} {how} the input {option} {path}: a command never writes over its own input "
+                    f"{_named(option, out)} {how} the input {name} {path}: a command never writes over its own input "
                     "(not even with --overwrite) — choose another output directory")
 
 
@@ -79,6 +81,7 @@ def check_output(
     inputs: Mapping[str, Sequence[str | Path] | str | Path | None] = {},
     overwrite: bool = False,
     own: Iterable[str] = (),
+    option: str = "--out",
 ) -> bool:
     """Refuse an ``out`` that ``command`` must not write (``OutputError``, one line naming the directory
     and ``--overwrite``, or both paths for an input); True when ``out`` is ``command``'s own earlier
@@ -87,10 +90,10 @@ def check_output(
     ``own``: glob patterns of the names only ``command`` writes, which mark an output written before
     the marker file existed as its own.
     """
-    refuse_own_input(out, inputs)
+    refuse_own_input(out, inputs, option=option)
     loc = location.as_location(out)
     if not location.is_url(loc) and Path(loc).exists() and not Path(loc).is_dir():
-        raise OutputError(f"--out {out} is a file, not a directory: choose a directory")
+        raise OutputError(f"{_named(option, out)} is a file, not a directory: choose a directory")
     names = _entries(out)
     if not names:
         return False
@@ -104,8 +107,13 @@ def check_output(
     owner = written_by(out)
     whose = f"the output of `specdraft {owner}`" if owner else f"not an earlier `specdraft {command}` output"
     raise OutputError(
-        f"--out {out} is not empty and is {whose}: refusing to write into it — choose an empty or new "
+        f"{_named(option, out)} is not empty and is {whose}: refusing to write into it — choose an empty or new "
         f"directory, or pass --overwrite (replaces only the files {command} writes; the others stay)")
+
+
+def _named(option: str, out: str | Path) -> str:
+    """``--out DIR`` or ``workdir=DIR``: the output as the user gave it."""
+    return f"{option}{out}" if option.endswith("=") else f"{option} {out}"
 
 
 def mark_output(out: str | Path, command: str) -> None:

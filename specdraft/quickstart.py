@@ -1,7 +1,8 @@
 """A laptop-sized end-to-end run of the core: toy target -> features -> a recipe's draft training.
 
 Builds (or reuses) the toy target, renders synthetic conversations with its chat
-template, computes the target's last hidden states and top-K log-probs in memory,
+template, computes the target's last hidden states (and, for the EAGLE-3 recipes, the
+auxiliary layers' states) and top-K log-probs in memory,
 trains a draft with a recipe of ``specdraft.recipes`` (default: ``beagle``, the early stage,
 k=5, then the late stage, s=4 — "Cross-Attention Speculative Decoding" (Beagle), §4.2), set up
 by ``specdraft.run.build_run`` as every trainer is, with fewer epochs, and reports the simulated chain acceptance (alpha_i, sim_tau) on held-out conversations before
@@ -22,23 +23,25 @@ from tqdm.auto import tqdm
 
 from specdraft.batch import Batch, pad_batch
 from specdraft.config import to_dict
-from specdraft.features import compute_features
+from specdraft.features import EAGLE3, compute_features, resolve_aux_layers
 from specdraft.loggers import JsonlLogger
 from specdraft.models import save_draft
 from specdraft.recipes import RECIPES, TrainConfig, split_epochs
 from specdraft.run import build_run, validate_draft
 from specdraft.store import ReaderConfig
-from specdraft.target import load_target_model, load_tokenizer
+from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import OptimConfig, Trainer
+from specdraft.vocab import DEFAULT_DRAFT_VOCAB, count_predicted_tokens, select_vocab
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class QuickstartConfig:
     seed: int = 0
     toy: ToyTargetConfig = field(default_factory=ToyTargetConfig)
-    recipe: str = "beagle"  # a recipe of specdraft.recipes that reads the last hidden state
+    recipe: str = "beagle"  # a recipe of specdraft.recipes
+    aux_layers: str | list[int] = EAGLE3  # the target layers an EAGLE-3 recipe reads (as the dump's features.aux_layers)
     epochs: int = 5  # in all, split over the recipe's stages (earlier stages take the rest)
     num_train: int = 768
     num_eval: int = 96
@@ -52,8 +55,6 @@ class QuickstartConfig:
 
     def __post_init__(self) -> None:
         assert self.recipe in RECIPES, f"unknown recipe {self.recipe!r}; known: {sorted(RECIPES)}"
-        assert not RECIPES[self.recipe].eagle3_features, (
-            f"recipe {self.recipe!r} reads the EAGLE-3 features: the quickstart computes the last hidden state only")
         assert self.epochs >= len(RECIPES[self.recipe].stages), f"epochs {self.epochs}: at least one per stage"
 
     def train_config(self) -> TrainConfig:
@@ -84,6 +85,73 @@ class SampleSplit:
         return [self.load(group) for group in self.batches(epoch)]
 
 
+@dataclass
+class Trained:
+    """A draft trained in memory (``train_on_samples``), with its run and the held-out estimates."""
+
+    run: object  # ``specdraft.run.Run``
+    before: object  # ``AcceptanceCounts`` of the fresh draft on the held-out samples
+    after: object  # and of the trained one
+    history: list[dict]  # sim_tau after each epoch
+    seconds: float
+
+
+def train_on_samples(
+    target_dir: str | Path,
+    cfg: TrainConfig,
+    train: list[dict],
+    held_out: list[dict],
+    *,
+    batch_size: int = 16,
+    aux_layers: list[int] | None = None,
+    depth: int = 5,
+    logger=None,
+    progress: bool = False,
+) -> Trained:
+    """Train ``cfg``'s recipe on in-memory samples (``compute_features``; with ``aux_layers`` for an EAGLE-3
+    recipe, whose draft vocabulary is counted from ``train`` as the trainer counts it from a store; a block draft
+    keeps the target's head unless ``cfg.draft_vocab``), set up by
+    ``build_run`` as every trainer is. The draft is ``result.run.draft``."""
+    recipe = RECIPES[cfg.recipe]
+    vocab = None
+    if recipe.eagle3_features:
+        assert aux_layers, f"recipe {cfg.recipe!r} reads the EAGLE-3 features: give aux_layers"
+    if recipe.eagle3_features and cfg.own_vocab:  # a block draft predicts with the target's head unless asked
+        ids = torch.cat([s["input_ids"] for s in train]).numpy()
+        mask = torch.cat([s["loss_mask"] for s in train]).numpy()
+        offsets = torch.tensor([0] + [len(s["input_ids"]) for s in train]).cumsum(0).numpy()
+        vocab_size = load_target_config(target_dir).vocab_size
+        counts = count_predicted_tokens(ids, mask, offsets, vocab_size)
+        vocab = select_vocab(counts, min(DEFAULT_DRAFT_VOCAB, vocab_size)).tolist()
+    splits = {"train": train, "val": held_out}
+    run = build_run(cfg, target_dir, lambda split, reader: SampleSplit(splits[split], batch_size,
+                                                                       1000 * cfg.seed, reader),
+                    aux_layers=aux_layers if recipe.eagle3_features else None, vocab=vocab,
+                    target_id=target_id(target_dir), logger=logger)
+    trainer = run.trainer
+    before = validate_draft(run.draft, run.val, depth, len(held_out), "cpu")
+    bar = tqdm(total=trainer.total_steps, desc="train", disable=not progress)
+    history: list[dict] = []
+
+    def on_step(tr: Trainer, metrics: dict[str, float]) -> None:
+        bar.update(1)
+        bar.set_postfix(stage=tr.state.stage, loss=f"{metrics['loss']:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+
+    def on_epoch_end(tr: Trainer) -> None:
+        counts = validate_draft(tr.draft, run.val, depth, len(held_out), "cpu")
+        history.append({"stage": tr.state.stage, "epoch": tr.state.epoch, "sim_tau": counts.sim_tau})
+        tr.logger.log_metrics({"sim_tau": counts.sim_tau}, tr.state.step)
+
+    offsets = [sum(s.epochs for s in run.stages[:i]) for i in range(len(run.stages))]
+    started = time.perf_counter()
+    trainer.run(lambda stage, epoch: run.train.epoch_batches(offsets[stage] + epoch), on_step=on_step,
+                on_epoch_end=on_epoch_end)
+    bar.close()
+    seconds = time.perf_counter() - started
+    after = validate_draft(run.draft, run.val, depth, len(held_out), "cpu")
+    return Trained(run=run, before=before, after=after, history=history, seconds=seconds)
+
+
 def run_quickstart(out: Path, cfg: QuickstartConfig = QuickstartConfig(), progress: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -93,55 +161,35 @@ def run_quickstart(out: Path, cfg: QuickstartConfig = QuickstartConfig(), progre
 
     tokenizer = load_tokenizer(target_dir)
     model = load_target_model(target_dir)
+    aux = (resolve_aux_layers(cfg.aux_layers, model.config.num_hidden_layers)
+           if RECIPES[cfg.recipe].eagle3_features else [])
     convs = generate_conversations(cfg.num_train + cfg.num_eval, seed=cfg.seed + 1000)
-    samples = compute_features(model, tokenizer, convs, cfg.max_length, cfg.topk, progress=progress)
+    samples = compute_features(model, tokenizer, convs, cfg.max_length, cfg.topk, progress=progress, aux_layers=aux)
     random.Random(cfg.seed).shuffle(samples)
     train, held_out = samples[cfg.num_eval :], samples[: cfg.num_eval]
-
-    train_cfg = cfg.train_config()
-    splits = {"train": train, "val": held_out}
-    run = build_run(train_cfg, target_dir, lambda split, reader: SampleSplit(splits[split], cfg.batch_size,
-                                                                               1000 * cfg.seed, reader),
-                    target_id=str(target_dir), logger=JsonlLogger(out / "metrics.jsonl"))
-    trainer = run.trainer
-    before = validate_draft(run.draft, run.val, cfg.depth, len(held_out), "cpu")
-    bar = tqdm(total=trainer.total_steps, desc="train", disable=not progress)
-    history: list[dict] = []
-
-    def on_step(tr: Trainer, metrics: dict[str, float]) -> None:
-        bar.update(1)
-        bar.set_postfix(stage=tr.state.stage, loss=f"{metrics['loss']:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
-
-    def on_epoch_end(tr: Trainer) -> None:
-        counts = validate_draft(tr.draft, run.val, cfg.depth, len(held_out), "cpu")
-        history.append({"stage": tr.state.stage, "epoch": tr.state.epoch, "sim_tau": counts.sim_tau})
-        tr.logger.log_metrics({"sim_tau": counts.sim_tau}, tr.state.step)
-
-    offsets = [sum(s.epochs for s in run.stages[:i]) for i in range(len(run.stages))]
-    t_train0 = time.perf_counter()
-    trainer.run(lambda stage, epoch: run.train.epoch_batches(offsets[stage] + epoch), on_step=on_step,
-                on_epoch_end=on_epoch_end)
-    bar.close()
-    train_s = time.perf_counter() - t_train0
-    after = validate_draft(run.draft, run.val, cfg.depth, len(held_out), "cpu")
+    trained = train_on_samples(target_dir, cfg.train_config(), train, held_out, batch_size=cfg.batch_size,
+                               aux_layers=aux or None, depth=cfg.depth, logger=JsonlLogger(out / "metrics.jsonl"),
+                               progress=progress)
+    run, trainer = trained.run, trained.run.trainer
     draft_dir = save_draft(run.draft, out / "draft")
     report = {
         "target": str(target_dir),
         "draft": str(draft_dir),
         "recipe": cfg.recipe,
         "arch": run.arch,
+        "aux_layers": aux,
         "stages": [to_dict(s) for s in run.stages],
         "train_samples": len(train),
         "eval_samples": len(held_out),
         "optimizer_steps": trainer.state.step,
         "train_tokens": trainer.state.tokens,
-        "train_seconds": round(train_s, 1),
+        "train_seconds": round(trained.seconds, 1),
         "target_seconds": round(t_target, 1),
-        "sim_alpha_before": [round(a, 4) for a in before.alpha],
-        "sim_tau_before": round(before.sim_tau, 4),
-        "sim_alpha_after": [round(a, 4) for a in after.alpha],
-        "sim_tau_after": round(after.sim_tau, 4),
-        "history": history,
+        "sim_alpha_before": [round(a, 4) for a in trained.before.alpha],
+        "sim_tau_before": round(trained.before.sim_tau, 4),
+        "sim_alpha_after": [round(a, 4) for a in trained.after.alpha],
+        "sim_tau_after": round(trained.after.sim_tau, 4),
+        "history": trained.history,
         "total_seconds": round(time.perf_counter() - t_start, 1),
     }
     (out / "report.json").write_text(json.dumps(report, indent=2))

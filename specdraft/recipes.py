@@ -13,6 +13,11 @@ and a draft vocabulary), and its stage schedule with the losses and default epoc
   Test", §3 — training-time test over 7 steps, step weights 0.8^(j-1), ce over the draft vocabulary;
   ``eagle3-hass`` HASS's alignment on the EAGLE-3 draft; ``beagle3`` Beagle's two stages with
   cross-attention keys/values from the fused EAGLE-3 features.
+* ``dflash``: "DFlash: Block Diffusion for Flash Speculative Decoding", §3-4 and App. A.1 — a 5-layer
+  block draft over auxiliary target layers with the target's frozen head, trained on blocks of 16 from
+  512 anchors per sequence, depth weights exp(-(k-1)/7) (Eq. 4), soft cross-entropy against the
+  target's distribution; ``beagle-dflash`` the same draft and training with Beagle's cross-attention
+  ("Cross-Attention Speculative Decoding" §4.1): block positions attend to the target's states only.
 
 ``RECIPES`` is the one place a recipe is added. ``TrainConfig`` (the ``train`` section of the
 configs) chooses a recipe and overrides its parts; ``TrainConfig.resolved`` gives the draft
@@ -21,8 +26,9 @@ architecture and stage schedule a run trains — checked on the driver before an
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from specdraft.config import ConfigError
 from specdraft.features import FeaturesConfig
@@ -34,6 +40,11 @@ from specdraft.vocab import DEFAULT_DRAFT_VOCAB
 
 _PAPER_LOSS = LossWeights(ce=1.0, vloss=10.0)  # Beagle App. A.3: vloss coefficient 10
 _HASS_LOSS = LossWeights(ce=1.0, topk=1.0, vloss=10.0)
+# DFlash §4.2 Eq. 4 and App. A.1: 512 anchors per sequence, depth k weighted exp(-(k-1)/gamma), gamma = 7 for blocks
+# of 16 (5 for 10, 4 for 8); soft cross-entropy against the target's distribution (the paper's hard labels are the
+# target's own sampled tokens: a one-sample estimate of the same objective)
+_DFLASH_STAGE = StageConfig(kind="block", epochs=20, anchors=512, step_decay=math.exp(-1 / 7), noise_std=0.0,
+                            loss=LossWeights(ce=1.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +55,9 @@ class Recipe:
     arch: Arch
     eagle3_features: bool
     stages: list[StageConfig]
+    own_vocab: bool | None = None  # a draft vocabulary with its own head (None: as eagle3_features)
+    draft_layers: int = 1  # decoder layers (block drafts)
+    block_self_attention: bool = True  # block drafts: block positions attend to each other
 
 
 RECIPES: dict[str, Recipe] = {
@@ -73,6 +87,11 @@ RECIPES: dict[str, Recipe] = {
         StageConfig(kind="early", epochs=10, window=5, noise_std=0.0, loss=LossWeights(ce=1.0)),
         StageConfig(kind="late", epochs=10, steps=4, noise_std=0.0, loss=LossWeights(ce=1.0)),
     ]),
+    # DFlash: a block draft of 5 layers over the auxiliary target layers, the target's frozen head (the paper's)
+    "dflash": Recipe("dflash", True, [_DFLASH_STAGE], own_vocab=False, draft_layers=5),
+    # Beagle's cross-attention in the block draft: block positions see the target's states, never each other
+    "beagle-dflash": Recipe("dflash", True, [_DFLASH_STAGE], own_vocab=False, draft_layers=5,
+                            block_self_attention=False),
 }
 
 
@@ -104,6 +123,10 @@ class TrainConfig:
     intermediate_size: int | None = None  # draft MLP width (None: the target's)
     min_steps: int = 300  # small stores: batches shrink (down to one sequence) until the run has this many steps
     draft_vocab_size: int = DEFAULT_DRAFT_VOCAB  # EAGLE-3 features: the most frequent predicted tokens
+    draft_vocab: bool | None = None  # None: the recipe's (EAGLE-3 recipes: own head; dflash: the target's frozen head)
+    draft_layers: int | None = None  # block drafts: decoder layers (None: the recipe's, dflash 5)
+    block_size: int = 16  # block drafts: positions per block (anchor + block_size - 1 masks); serve with K = block_size - 1
+    mask_token_id: int | None = None  # block drafts: target token whose embedding is the mask (None: pad token, else last id)
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPU (fp32 master weights)
     loss_chunk: int = 1024  # rows per output-head chunk
     # ttt stages: recompute each sub-step's decoder layer in the backward (activation checkpointing):
@@ -132,12 +155,16 @@ class TrainConfig:
             raise ConfigError(f"recipe: unknown recipe {self.recipe!r}; known: {sorted(RECIPES)}")
         if self.features not in ("offline", "online"):
             raise ConfigError(f"features: must be offline or online, got {self.features!r}")
-        for name in ("sim_depth", "val_max_batches", "log_every", "keep_checkpoints", "loss_chunk"):
+        for name in ("sim_depth", "val_max_batches", "log_every", "keep_checkpoints", "loss_chunk", "block_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
         for name in ("min_steps", "checkpoint_every", "max_failures"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be >= 0")
+        if self.block_size < 2:
+            raise ConfigError(f"block_size={self.block_size}: a block is the anchor plus at least one mask")
+        if self.draft_layers is not None and self.draft_layers < 1:
+            raise ConfigError(f"draft_layers={self.draft_layers}: must be >= 1")
         if self.scaling.num_workers < 0:
             raise ConfigError(f"scaling.num_workers={self.scaling.num_workers}: 0 (in this process) or more workers")
         self.resolved()  # the epoch counts against the recipe's stages
@@ -163,6 +190,26 @@ class TrainConfig:
 
     @property
     def eagle3_features(self) -> bool:
-        """Whether the draft reads auxiliary target layers and predicts over a draft vocabulary."""
+        """Whether the draft reads auxiliary target layers (and, unless ``own_vocab`` says otherwise, predicts
+        over a draft vocabulary)."""
         recipe = RECIPES.get(self.recipe)
-        return self.arch == "eagle3" or (recipe is not None and recipe.eagle3_features)
+        return self.arch in ("eagle3", "dflash") or (recipe is not None and recipe.eagle3_features)
+
+    @property
+    def own_vocab(self) -> bool:
+        """Whether the draft predicts over a draft vocabulary with its own head."""
+        if self.resolved()[0] == "eagle3":
+            return True
+        if self.draft_vocab is not None:
+            return self.draft_vocab
+        recipe = RECIPES.get(self.recipe)
+        own = recipe.own_vocab if recipe is not None else None
+        return self.eagle3_features if own is None else own
+
+    def draft_shape(self) -> dict[str, Any]:
+        """The block-draft fields of ``draft_config_from_target`` (empty for the one-layer drafts)."""
+        if self.resolved()[0] != "dflash":
+            return {}
+        recipe = RECIPES.get(self.recipe, Recipe("dflash", True, []))
+        return {"num_layers": self.draft_layers or recipe.draft_layers, "block_size": self.block_size,
+                "mask_token_id": self.mask_token_id, "block_self_attention": recipe.block_self_attention}

@@ -30,6 +30,7 @@ from specdraft.loggers import MetricLogger, NullLogger
 from specdraft.models import (
     DraftConfig,
     build_draft,
+    check_draft_target,
     draft_config_from_target,
     set_frozen_dtype,
 )
@@ -46,7 +47,7 @@ from specdraft.store import (
 )
 from specdraft.store.manifest import check_store_target
 from specdraft.target import load_target_config, load_target_heads, target_fingerprint
-from specdraft.training import Trainer, resolve_precision
+from specdraft.training import DRAFT_DIR, Trainer, resolve_precision
 from specdraft.vocab import coverage, select_vocab
 
 
@@ -107,7 +108,8 @@ def build_run(
     dcfg = draft_config_from_target(load_target_config(target), arch, intermediate_size=cfg.intermediate_size,
                                     target_id=target_id, aux_layers=aux_layers,
                                     target_fingerprint=target_fingerprint(target) if fingerprint is None else fingerprint,
-                                    draft_vocab_size=None if vocab_ids is None else vocab_ids.numel())
+                                    draft_vocab_size=None if vocab_ids is None else vocab_ids.numel(),
+                                    **cfg.draft_shape())
     draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab_ids)
     if resolve_precision(cfg.precision, torch.device(device)) == "bf16":
         set_frozen_dtype(draft, torch.bfloat16)  # frozen heads in the compute dtype; trainable weights stay fp32
@@ -172,7 +174,8 @@ def feature_plan(
     out: Path,
     conversations: Callable[[], TokenizedConversations] | None = None,
 ) -> tuple[list[int], list[int] | None]:
-    """(aux layer ids, draft vocabulary ids) for a recipe reading the EAGLE-3 features, else ([], None).
+    """(aux layer ids, draft vocabulary ids) for a recipe reading the EAGLE-3 features, else ([], None)
+    (a block draft with the target's head: (aux layer ids, None)).
 
     The aux layers are the stores' (they must all hold the same ones), or with online features
     ``cfg.online.aux_layers`` resolved for the target as the dump resolves them (the Ray adapter
@@ -182,14 +185,18 @@ def feature_plan(
     resumed run keeps its vocabulary).
 
     First, before any model or cluster is touched, every store is checked against ``target``
-    (``check_store_target``: ``TargetMismatch`` naming the store, its fingerprint and the target's).
+    (``check_store_target``: ``TargetMismatch`` naming the store, its fingerprint and the target's), and
+    so is every draft the run already wrote under ``out`` — its checkpoints', which a rerun resumes from,
+    and a finished run's (``check_draft_target``: ``TargetMismatch`` naming that draft and both fingerprints).
     """
     if cfg.features != "online":
         for store in stores:
             check_store_target(store, target)
+    for config in sorted(Path(out).glob(f"**/{DRAFT_DIR}/config.json")):  # a resumed run's own drafts
+        check_draft_target(config.parent, target)
     if not cfg.eagle3_features:
         return [], None
-    where = f"recipe {cfg.recipe!r} (arch {cfg.resolved()[0]!r}) reads the EAGLE-3 features"
+    where = f"recipe {cfg.recipe!r} (arch {cfg.resolved()[0]!r}) reads auxiliary target layers"
     if cfg.features == "online":
         try:
             layers = aux_layers_of(cfg.online, load_target_config(target))
@@ -202,6 +209,8 @@ def feature_plan(
             layers = check_aux_layers([(Path(s), read_manifest(s)) for s in stores])
         except StoreError as err:
             raise StoreError(f"{where}: {err}") from None
+    if not cfg.own_vocab:  # the target's frozen head over its whole vocabulary
+        return list(layers), None
     path = out / "draft_vocab.json"
     if path.is_file():
         return list(layers), json.loads(path.read_text())["target_ids"]

@@ -28,7 +28,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Callable, Iterable, Literal, Sequence
 
 import torch
 
@@ -323,6 +323,18 @@ def load_checkpoint(trainer: Trainer, directory: Path, rank: int = 0, world: int
               "the data partition and random streams differ from an uninterrupted run", flush=True)
     state["generator"] = generators[rank % len(generators)]
     trainer.load_state_dict(state)
+
+
+def distinct_across_ranks(names: Iterable[str]) -> int:
+    """How many distinct ``names`` the ranks hold together — the sequences each rank's reader skipped, say (a
+    sequence one rank read in one epoch may be another's in the next). Collective when ``torch.distributed``
+    is initialised: every rank calls it; without, this rank's own count."""
+    local = sorted(set(names))
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return len(local)
+    gathered: list[list[str] | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, local)
+    return len(set().union(*gathered))
 
 
 def drop_metrics_after(path: Path, step: int) -> int:

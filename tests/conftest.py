@@ -125,14 +125,20 @@ def worker_pythonpath() -> str:
 
 
 @pytest.fixture(scope="session")
-def local_ray():
-    """The local Ray of every test that needs one, started by ``connect_ray`` (its worker setup hook
-    points the state API at this cluster: an xdist worker's cluster is never alone on the machine)."""
+def local_ray(request):
+    """The local Ray of every test that needs one, started once per session by ``connect_ray`` (its worker
+    setup hook points the state API at this cluster: an xdist worker's cluster is never alone on the
+    machine). Its workers see the local S3 server's endpoint and (dummy) credentials, as every node of a
+    real cluster must (``s3_ray``): the tests on S3 need no second cluster."""
     import ray
 
     from pipelines.cluster import connect_ray
 
-    connect_ray(num_cpus=2, env_vars={"PYTHONPATH": worker_pythonpath()}, log_to_driver=False)
+    try:
+        s3 = s3_variables(request.getfixturevalue("s3_server"))
+    except pytest.skip.Exception:  # no s3fs / moto: no S3 tests either
+        s3 = {}
+    connect_ray(num_cpus=2, env_vars={"PYTHONPATH": worker_pythonpath(), **s3}, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -155,11 +161,16 @@ def s3_server():
     server.stop()
 
 
+def s3_variables(endpoint: str) -> dict[str, str]:
+    """The standard AWS variables pointing at the local server (dummy credentials)."""
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1"}
+
+
 @pytest.fixture()
 def s3_env(s3_server, monkeypatch) -> dict[str, str]:
     """Point the standard AWS variables at the local server (dummy credentials); returns them (for Ray)."""
-    env = {"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1"}
+    env = s3_variables(s3_server)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
@@ -180,15 +191,9 @@ def s3_bucket(s3_env) -> str:
 
 
 @pytest.fixture()
-def s3_ray(s3_env) -> dict[str, str]:
-    """Ray restarted so that its workers see the endpoint and (dummy) credentials, as every node of a
-    real cluster must; left running for the tests after it."""
-    import ray
-
-    ray.shutdown()
-    from pipelines.cluster import connect_ray
-
-    # the same setup hook as every other local cluster (known-harmless lines dropped in the workers)
-    connect_ray(num_cpus=2, env_vars={"PYTHONPATH": worker_pythonpath(), **s3_env}, logging_level="WARNING",
-                log_to_driver=False)
+def s3_ray(local_ray, s3_env) -> dict[str, str]:
+    """Ray whose workers see the endpoint and (dummy) credentials, as every node of a real cluster must:
+    the session's cluster (``local_ray`` starts it with them); returns them."""
+    workers = local_ray.get_runtime_context().runtime_env.get("env_vars", {})  # what every worker of the job sees
+    assert {k: workers.get(k) for k in s3_env} == s3_env, f"the session's Ray workers see {workers}, not the local S3 server"
     return s3_env

@@ -74,3 +74,16 @@ def test_the_rule_checker_sees_imports(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("import ray.data\nfrom prefect import flow\nfrom .local import x\n")
     assert imported_modules(probe) == {"ray", "prefect"}
+
+
+def test_vllm_only_in_the_serving_side():
+    """In the core, vLLM is imported by ``specdraft/serving/`` alone (the plugin vLLM loads, the engine
+    measurement), and there only inside functions or in the model module vLLM itself imports: importing
+    specdraft never imports vLLM. (``pipelines/`` may adapt it, as Ray Data's LLM processor.)"""
+    users = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "specdraft").rglob("*.py")
+                   if "vllm" in imported_modules(p))
+    assert users and all(u.startswith("specdraft/serving/") for u in users), users
+    top_level = [u for u in users if "vllm" in {
+        (n.names[0].name if isinstance(n, ast.Import) else (n.module or "")).split(".")[0]
+        for n in ast.parse((ROOT / u).read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))}]
+    assert top_level == ["specdraft/serving/vllm_models.py"], top_level

@@ -60,6 +60,7 @@ from specdraft.placement import (
     resolve_device,
     resolve_dtype,
 )
+from specdraft.serving.engine import EngineSettings
 from specdraft.target import load_target_model, load_tokenizer, target_fingerprint
 
 TIMING_KEYS = ("wall_s", "draft_s", "verify_s", "baseline_wall_s", "wall_s_pld", "draft_s_pld", "verify_s_pld")
@@ -85,6 +86,7 @@ class EvalSettings:
     # vanilla / prompt-lookup cache directory: "auto" = beside the report (``<report dir>/baselines``; the
     # flow's: ``<workdir>/eval/baselines``; no report: none), "off" = decode them every time, else a directory
     baselines: str = "auto"
+    engine: EngineSettings = field(default_factory=EngineSettings)  # the serving engine's measurement (vLLM)
 
     def __post_init__(self) -> None:
         if self.max_questions is not None and self.max_questions < 1:

@@ -19,7 +19,8 @@ drafter (a model draft here, training-free prompt lookup in ``prompt_lookup``):
 
 The seam is the ``Drafter`` protocol: plain functions over an explicit state that ``start``
 returns (gpt-fast style), no hidden state in the loop. ``speculative_generate(target, draft,
-...)`` is the loop with a ``ModelDrafter`` (Beagle / EAGLE draft, ``drafting`` + ``tree``).
+...)`` is the loop with a ``ModelDrafter`` (Beagle / EAGLE draft, ``drafting`` + ``tree``) or, for a
+block draft ("DFlash: Block Diffusion for Flash Speculative Decoding"), a ``block.BlockDrafter``.
 
 Counting convention (``Generation``): ``rounds`` = target verification forwards (the
 prefill is not one); ``round_tokens[r]`` = tokens round r appended to the output (accepted
@@ -41,6 +42,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from specdraft.config import ConfigError
+from specdraft.decoding.block import BlockDrafter, block_gamma
 from specdraft.decoding.cache import VerifyMask, commit, target_cache
 from specdraft.decoding.drafting import DraftContext, advance_draft, start_draft
 from specdraft.decoding.sampling import SamplingConfig, choose_token
@@ -314,6 +316,14 @@ def speculative_decode(
     return gen
 
 
+def drafter_for(draft: torch.nn.Module, cfg: DecodeConfig) -> Drafter:
+    """The drafter of a draft model: a block draft drafts one block per round (``block.BlockDrafter``),
+    the others a chain or a tree (``ModelDrafter``)."""
+    if draft.config.drafts_blocks:
+        return BlockDrafter(draft, block_gamma(draft, cfg), cfg.sampling)
+    return ModelDrafter(draft, cfg)
+
+
 def speculative_generate(
     target: torch.nn.Module,
     draft: torch.nn.Module,
@@ -322,8 +332,9 @@ def speculative_generate(
     eos_ids: frozenset[int] = frozenset(),
     generator: torch.Generator | None = None,
 ) -> Generation:
-    """Lossless speculative decoding of ``target`` with the draft model ``draft`` (chain or tree per ``cfg``)."""
-    return speculative_decode(target, ModelDrafter(draft, cfg), prompt_ids, cfg, eos_ids, generator)
+    """Lossless speculative decoding of ``target`` with the draft model ``draft`` (chain or tree per ``cfg``;
+    a block draft: one block per round)."""
+    return speculative_decode(target, drafter_for(draft, cfg), prompt_ids, cfg, eos_ids, generator)
 
 
 @torch.no_grad()

@@ -16,7 +16,8 @@ draft      formats                                      engines
 =========  ===========================================  =====================================
 eagle3     speculators, sglang                          vLLM (both), SGLang (sglang)
 eagle      sglang, eagle (HASS / EAGLE-1/2)             SGLang, the EAGLE reference
-beagle     none (no engine serves Beagle drafts yet)
+dflash     speculators (speculators type ``dflash``)    vLLM (``method: "dflash"``)
+beagle     none (no engine serves Beagle drafts yet; nor the beagle-dflash block draft)
 =========  ===========================================  =====================================
 """
 
@@ -28,7 +29,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft.export.check import check_export
-from specdraft.export.commands import serve_commands, sglang_command, vllm_command
+from specdraft.export.commands import export_layout, serve_commands, sglang_command, vllm_command, vllm_config
 from specdraft.export.llama import engine_tensors
 from specdraft.export.spec import (
     DTYPES,
@@ -37,9 +38,12 @@ from specdraft.export.spec import (
     ExportConfig,
     ExportError,
     ExportSpec,
+    VLLM_FORMATS,
     TargetFacts,
+    default_speculative_tokens,
     formats_for,
     read_target_facts,
+    variant,
     refuse_unknown_target,
     refuse_unservable,
 )
@@ -56,7 +60,7 @@ def export_spec(
     *,
     target: str | Path,
     dtype: str | None = None,
-    speculative_tokens: int = 3,
+    speculative_tokens: int | None = None,
     verifier: str = "",
 ) -> ExportSpec:
     """What exporting ``draft_dir`` as ``fmt`` against ``target`` must produce (refusing what cannot be exact)."""
@@ -67,8 +71,12 @@ def export_spec(
     dtype = dtype or facts.dtype
     if dtype not in DTYPES:
         raise ExportError(f"dtype {dtype!r}: the target's config declares none of {list(DTYPES)}; pass one (--dtype)")
+    speculative_tokens = default_speculative_tokens(config) if speculative_tokens is None else speculative_tokens
     if speculative_tokens < 1:
         raise ExportError(f"speculative_tokens must be >= 1, got {speculative_tokens}")
+    if config.drafts_blocks and speculative_tokens > config.block_size - 1:
+        raise ExportError(f"speculative_tokens={speculative_tokens}: this block draft was trained on blocks of "
+                          f"{config.block_size} (at most {config.block_size - 1} drafted tokens per step)")
     return ExportSpec(format=fmt, draft=config, target=facts, dtype=dtype, speculative_tokens=speculative_tokens,
                       verifier=verifier)
 
@@ -80,7 +88,7 @@ def export_draft(
     *,
     target: str | Path,
     dtype: str | None = None,
-    speculative_tokens: int = 3,
+    speculative_tokens: int | None = None,
     verifier: str = "",
     overwrite: bool = False,
 ) -> Path:
@@ -100,8 +108,8 @@ def export_draft(
         raise ExportError(f"{draft_dir}: weights do not match its config.json: {err}") from None
     with write_directory(out_dir, carry=foreign_entries(out_dir, EXPORT_FILES)) as tmp:
         write_export(state, spec, tmp)
-        reference = engine_tensors(state, LAYOUTS[(fmt, spec.draft.arch)].layer_prefix,
-                                   resolve_dtype(spec.dtype, torch.device("cpu")))
+        reference = engine_tensors(state, spec.layout.layer_prefix, resolve_dtype(spec.dtype, torch.device("cpu")),
+                                   spec.vocab_maps)
         check_export(tmp, spec, reference)
         (tmp / MARKER).write_text(marker_text("export"))
     return Path(out_dir)
@@ -117,10 +125,14 @@ __all__ = [
     "ExportSpec",
     "OutputError",
     "TargetFacts",
+    "VLLM_FORMATS",
     "check_export",
     "export_draft",
     "export_spec",
+    "export_layout",
     "formats_for",
+    "variant",
+    "vllm_config",
     "read_target_facts",
     "serve_commands",
     "sglang_command",

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 
 from specdraft.export.llama import expected_shapes
-from specdraft.export.spec import LAYOUTS, ExportError, ExportSpec
+from specdraft.export.spec import VLLM_FORMATS, ExportError, ExportSpec
 from specdraft.placement import dtype_name, resolve_dtype
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -38,7 +38,7 @@ def _get(config: dict[str, Any], path: str) -> Any:
 def _aux_problems(config: dict[str, Any], spec: ExportSpec) -> list[str]:
     problems = []
     aux = list(spec.draft.aux_layers)
-    for path, offset in LAYOUTS[(spec.format, spec.draft.arch)].aux_ids:
+    for path, offset in spec.layout.aux_ids:
         want = [i + offset for i in aux]
         got = _get(config, path)
         meaning = "the output of layer k (SGLang)" if offset == -1 else "the state entering layer i (vLLM)"
@@ -55,6 +55,11 @@ def _aux_problems(config: dict[str, Any], spec: ExportSpec) -> list[str]:
 
 def _vocab_problems(tensors: dict[str, torch.Tensor], spec: ExportSpec) -> list[str]:
     c = spec.draft
+    if not spec.vocab_maps:
+        present = sorted({"d2t", "t2d"} & set(tensors))
+        return [f"{present} present for a draft vocabulary that is the whole target vocabulary: vLLM builds its "
+                "draft-to-target id map only for a smaller vocabulary and refuses to load these tensors "
+                "(\"no module or parameter named 'draft_id_to_target_id'\")"] if present else []
     if "d2t" not in tensors:
         return ["d2t is missing: vLLM then maps draft id i to target id i (an identity it initialises to zero "
                 "offsets) and SGLang has no hot-token map, so every draft token beyond the shared prefix of the "
@@ -76,6 +81,30 @@ def _vocab_problems(tensors: dict[str, torch.Tensor], spec: ExportSpec) -> list[
             f"(or leave [0, {c.vocab_size}) or are not increasing)"]
 
 
+def _block_problems(config: dict[str, Any], layer: dict[str, Any], spec: ExportSpec) -> list[str]:
+    """What vLLM's speculators ``dflash`` reader (``update_dflash``, ``DFlashQwen3ForCausalLM``) would misread."""
+    c, problems = spec.draft, []
+    for key, want in (("mask_token_id", c.mask_token_id), ("block_size", c.block_size),
+                      ("draft_vocab_size", c.output_vocab_size),
+                      ("target_hidden_size", c.target_hidden_size or c.hidden_size)):
+        if config.get(key) != want:
+            problems.append(f"{key} = {config.get(key)!r}, the draft has {want!r}")
+    if config.get("sliding_window_non_causal", True) is not True:
+        problems.append("sliding_window_non_causal is false: vLLM then builds the draft's attention CAUSAL "
+                        "(dflash_config.causal = not this flag), while a DFlash block attends bidirectionally")
+    if layer.get("model_type") not in ("qwen3", "llama") or layer.get("hidden_act") != "silu":
+        problems.append(f"transformer_layer_config model_type {layer.get('model_type')!r} / hidden_act "
+                        f"{layer.get('hidden_act')!r}: vLLM builds Qwen3 layers with a SiLU MLP")
+    theta = (layer.get("rope_parameters") or {}).get("rope_theta")
+    if theta != c.rope_parameters.get("rope_theta"):
+        problems.append(f"rope_parameters.rope_theta = {theta!r}, the draft's is {c.rope_parameters.get('rope_theta')!r} "
+                        "(vLLM's DFlash layer falls back to 1e6 when it is missing)")
+    if layer.get("attention_bias") or layer.get("layer_types") or layer.get("is_causal"):
+        problems.append("attention_bias / layer_types / is_causal set: vLLM would add biases, sliding windows or a "
+                        "causal mask the draft does not have")
+    return problems + _aux_problems(config, spec)
+
+
 def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, torch.Tensor] | None = None) -> None:
     """Raise ``ExportError`` listing every problem of the exported directory ``out_dir`` for ``spec``.
 
@@ -83,7 +112,7 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
     cast), compared exactly.
     """
     out = Path(out_dir)
-    layout = LAYOUTS[(spec.format, spec.draft.arch)]
+    layout = spec.layout
     problems: list[str] = []
     for name in ("config.json", "model.safetensors"):
         if not (out / name).is_file():
@@ -101,7 +130,7 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
     c, t = spec.draft, spec.target
     geometry = {"vocab_size": c.vocab_size, "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
                 "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-                "num_hidden_layers": 1, "tie_word_embeddings": False}
+                "num_hidden_layers": c.num_layers, "tie_word_embeddings": False}
     if spec.format != "eagle":  # the reference derives head_dim from hidden_size / heads
         geometry["head_dim"] = c.head_dim
     for key, want in geometry.items():
@@ -119,19 +148,39 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
                             "drops fc.bias (load_state_dict(strict=False))")
     elif "bias" in config:
         problems.append("a top-level 'bias' key: vLLM and SGLang read it as the attention bias of the layer")
-    if c.arch == "eagle3":
+    if spec.format in VLLM_FORMATS and config.get("architectures") in (["LlamaForCausalLM"], ["EagleLlamaForCausalLM"]) \
+            and c.arch == "eagle":
+        problems.append("vLLM's own EagleLlamaForCausalLM builds fc without a bias and drops the checkpoint's fc.bias "
+                        "with only a DEBUG line: the draft's logits would not be reproduced (export format 'vllm' "
+                        "writes specdraft's plugin architecture, which keeps it)")
+    if spec.format == "speculators" and layer.get("model_type") not in ("llama", "qwen3"):
+        problems.append(f"transformer_layer_config.model_type = {layer.get('model_type')!r}: vLLM's speculators "
+                        "converter builds only 'llama' or 'qwen3' draft layers")
+    if layout.plugin:
+        from specdraft.serving.vllm_plugin import ARCHITECTURES
+
+        unknown = [a for a in config.get("architectures") or [] if a not in ARCHITECTURES]
+        if unknown:
+            problems.append(f"architectures {unknown} are not registered by specdraft's vLLM plugin "
+                            f"({sorted(ARCHITECTURES)}): vLLM would refuse the draft")
+    if c.aux_layers and not c.drafts_blocks:  # a block draft's fields: ``_block_problems``
         for key, want in (("draft_vocab_size", c.draft_vocab_size),
                           ("target_hidden_size", c.target_hidden_size or c.hidden_size),
                           ("norm_before_residual", c.norm_before_residual)):
+            if key == "norm_before_residual" and c.arch != "eagle3":
+                continue
             if config.get(key) != want:
                 problems.append(f"{key} = {config.get(key)!r}, the draft has {want!r}"
                                 + (" (vLLM defaults it to True when absent)" if key == "norm_before_residual" else ""))
         problems += _aux_problems(config, spec)
+    if c.drafts_blocks:
+        problems += _block_problems(config, layer, spec)
     if spec.format == "speculators":
         spec_cfg = config.get("speculators_config") or {}
         proposals = spec_cfg.get("proposal_methods") or [{}]
-        if config.get("speculators_model_type") != "eagle3" or spec_cfg.get("algorithm") != "eagle3":
-            problems.append("speculators_model_type / speculators_config.algorithm must be 'eagle3'")
+        algorithm = "dflash" if c.drafts_blocks else "eagle3"
+        if config.get("speculators_model_type") != algorithm or spec_cfg.get("algorithm") != algorithm:
+            problems.append(f"speculators_model_type / speculators_config.algorithm must be {algorithm!r}")
         if proposals[0].get("speculative_tokens") != spec.speculative_tokens:
             problems.append(f"speculative_tokens = {proposals[0].get('speculative_tokens')!r}, "
                             f"expected {spec.speculative_tokens}")
@@ -167,7 +216,7 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
         if want_dtype is None and tensor.dtype != resolve_dtype(spec.dtype, torch.device("cpu")):
             problems.append(f"{name} is {dtype_name(tensor.dtype)}, not the requested/target dtype "
                             f"{spec.dtype}")
-    if c.arch == "eagle3":
+    if c.own_vocab:
         problems += _vocab_problems(tensors, spec)
     if reference is not None and not problems:
         differ = sorted(k for k, v in reference.items() if k in tensors and not torch.equal(tensors[k], v))

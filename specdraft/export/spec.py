@@ -18,9 +18,12 @@ from specdraft import placement
 from specdraft.models.config import DraftConfig
 from specdraft.target import TargetMismatch, check_target, load_target_config, target_id
 
-FORMATS = ("speculators", "sglang", "eagle")
+FORMATS = ("speculators", "vllm", "sglang", "eagle")
 DTYPES = tuple(placement.DTYPES)  # the dtype names an export writes
-ARCH_FORMATS = {"eagle3": ("speculators", "sglang"), "eagle": ("sglang", "eagle"), "beagle": ()}
+VLLM_FORMATS = ("speculators", "vllm")  # read by vLLM (``vllm``: with specdraft's plugin, specdraft.serving)
+# by draft variant (``variant``): the formats an engine loads it from exactly, the first the one the flow serves
+VARIANT_FORMATS = {"eagle3": ("speculators", "sglang"), "eagle": ("vllm", "sglang", "eagle"), "beagle": ("vllm",),
+                   "beagle3": ("vllm",), "dflash": ("speculators",), "beagle-dflash": ()}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -32,6 +35,8 @@ class Layout:
     layer_config: str | None = None  # key of the nested Llama layer config (None: at the top level)
     aux_ids: tuple[tuple[str, int], ...] = ()  # (config path, offset added to the HF hidden_states index)
     embedding: bool = False  # whether the checkpoint must carry the embedding (none does: engines share the target's)
+    method: str = ""  # vLLM's speculative method for it ("" : not a vLLM format)
+    plugin: bool = False  # the architecture is specdraft's (vLLM needs specdraft installed: its plugin registers it)
 
 
 LAYOUTS = {
@@ -39,7 +44,15 @@ LAYOUTS = {
     # (the state entering decoder layer i); tensors layers.0.*; the target's embedding is shared.
     ("speculators", "eagle3"): Layout(architectures=("Eagle3Speculator",), layer_prefix="layers.0.",
                                       layer_config="transformer_layer_config",
-                                      aux_ids=(("eagle_aux_hidden_state_layer_ids", 0),)),
+                                      aux_ids=(("eagle_aux_hidden_state_layer_ids", 0),), method="eagle3"),
+    # specdraft's plugin classes (specdraft/serving/vllm_models.py), named as vLLM's EAGLEConfig leaves them:
+    # EAGLE-1/2 with its fc bias, Beagle over the last state, Beagle over the EAGLE-3 features
+    ("vllm", "eagle"): Layout(architectures=("EagleSpecdraftLlamaForCausalLM",), layer_prefix="layers.0.",
+                              method="eagle", plugin=True),
+    ("vllm", "beagle"): Layout(architectures=("EagleSpecdraftBeagleForCausalLM",), layer_prefix="layers.0.",
+                               method="eagle", plugin=True),
+    ("vllm", "beagle3"): Layout(architectures=("Eagle3SpecdraftBeagleForCausalLM",), layer_prefix="layers.0.",
+                                aux_ids=(("eagle_aux_hidden_state_layer_ids", 0),), method="eagle3", plugin=True),
     # SGLang: explicit ids under eagle_config mean the OUTPUT of layer k (it captures k + 1); the top-level
     # list, in vLLM's convention, is for vLLM reading the same directory (it maps midlayer. to layers.0.).
     ("sglang", "eagle3"): Layout(architectures=("LlamaForCausalLMEagle3",), layer_prefix="midlayer.",
@@ -47,6 +60,12 @@ LAYOUTS = {
                                           ("eagle_aux_hidden_state_layer_ids", 0))),
     ("sglang", "eagle"): Layout(architectures=("LlamaForCausalLMEagle",), layer_prefix="layers.0."),
     ("eagle", "eagle"): Layout(architectures=("LlamaForCausalLM",), layer_prefix="layers.0."),
+    # vLLM's speculators "dflash" type (update_dflash -> DFlashDraftModel = DFlashQwen3ForCausalLM): the draft's own
+    # multi-layer names (layers.i.self_attn.*, top-level fc / hidden_norm / norm); aux_hidden_state_layer_ids in
+    # vLLM's convention (the state entering layer i), turned by vLLM into dflash_config.target_layer_ids = i - 1
+    ("speculators", "dflash"): Layout(architectures=("DFlashSpeculator",), layer_prefix="",
+                                      layer_config="transformer_layer_config",
+                                      aux_ids=(("aux_hidden_state_layer_ids", 0),), method="dflash"),
 }
 
 
@@ -55,11 +74,14 @@ class ExportConfig:
     """The choices of an export (``specdraft export``, the register stage's ``register.serving``)."""
 
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # of the written tensors; None: the target's
-    speculative_tokens: int = 3  # K drafted per step: the speculators proposal and the printed serve commands
+    # K drafted per step: the speculators proposal and the printed serve commands (None: 3; a block draft: its
+    # block's block_size - 1 masked positions)
+    speculative_tokens: int | None = None
     verifier: str = ""  # how engines find the target in a speculators config (hub id or path); empty: its path
 
     def __post_init__(self) -> None:
-        assert self.speculative_tokens >= 1, f"speculative_tokens must be >= 1, got {self.speculative_tokens}"
+        assert self.speculative_tokens is None or self.speculative_tokens >= 1, (
+            f"speculative_tokens must be >= 1, got {self.speculative_tokens}")
 
 
 class ExportError(ValueError):
@@ -87,6 +109,28 @@ class ExportSpec:
     speculative_tokens: int = 3  # K proposed per step (speculators' greedy proposal; serve commands)
     verifier: str = ""  # name_or_path written for the verifier; empty: the target path
 
+    @property
+    def layout(self) -> Layout:
+        return LAYOUTS[(self.format, variant(self.draft))]
+
+    @property
+    def vocab_maps(self) -> bool:
+        """Whether the checkpoint carries ``d2t``/``t2d``: a draft vocabulary, except where it is the whole
+        target vocabulary and vLLM reads it (vLLM builds its id map only for a smaller draft vocabulary and
+        refuses the tensors otherwise; speculators' trainer leaves them out)."""
+        c = self.draft
+        if not c.own_vocab:
+            return False
+        return not (self.format in VLLM_FORMATS and c.draft_vocab_size == c.vocab_size)
+
+
+def variant(config: DraftConfig) -> str:
+    """The draft as the engines see it: its arch, ``beagle3`` for Beagle over EAGLE-3 features and
+    ``beagle-dflash`` for a block draft whose positions do not attend to each other."""
+    if config.drafts_blocks and not config.block_self_attention:
+        return "beagle-dflash"
+    return "beagle3" if config.arch == "beagle" and config.aux_layers else config.arch
+
 
 def read_target_facts(path: str | Path) -> TargetFacts:
     """The facts of the target directory ``path`` (from its ``config.json``)."""
@@ -106,20 +150,25 @@ def read_target_facts(path: str | Path) -> TargetFacts:
     )
 
 
-def formats_for(arch: str) -> tuple[str, ...]:
-    """The formats an engine can load a draft of ``arch`` from (empty for Beagle)."""
-    return ARCH_FORMATS.get(arch, ())
+def default_speculative_tokens(config: DraftConfig) -> int:
+    """K when none is asked for: a block draft's masked positions (block_size - 1), else 3."""
+    return config.block_size - 1 if config.drafts_blocks else 3
+
+
+def formats_for(config: DraftConfig) -> tuple[str, ...]:
+    """The formats an engine loads the draft ``config`` from exactly, the one the flow serves first."""
+    return VARIANT_FORMATS.get(variant(config), ())
 
 
 def refuse_unservable(config: DraftConfig, fmt: str) -> None:
     """Raise ``ExportError`` with the reason when ``config`` cannot be written exactly in ``fmt``."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {list(FORMATS)}")
-    if config.arch == "beagle":
+    if config.drafts_blocks and not config.block_self_attention:
         raise ExportError(
-            "no serving engine runs Beagle drafts yet: vLLM and SGLang serve EAGLE-1/2 (eagle, hass recipes) and "
-            "EAGLE-3 (eagle3 recipes) drafts only. Evaluate a Beagle draft with `specdraft eval`, or train an "
-            "EAGLE-family recipe to serve one"
+            "this block draft's positions never attend to each other (the beagle-dflash recipe); vLLM's DFlash layer "
+            "always attends within the block, so its exported weights would not reproduce the draft's logits. "
+            "Evaluate it with `specdraft eval`, or train the dflash recipe to serve one"
         )
     if config.legacy:
         raise ExportError(
@@ -127,9 +176,11 @@ def refuse_unservable(config: DraftConfig, fmt: str) -> None:
             "position 0); the engines' EAGLE layer has neither, so its exported weights would not reproduce its "
             "logits. Retrain it with this version (recipes eagle / hass) to export it"
         )
-    if fmt not in formats_for(config.arch):
+    if fmt not in formats_for(config):
+        engines = " (only vLLM serves Beagle drafts, through specdraft's plugin)" if config.arch == "beagle" else ""
         raise ExportError(
-            f"format {fmt!r} cannot carry an {config.arch!r} draft; formats for it: {list(formats_for(config.arch))}"
+            f"format {fmt!r} cannot carry a {variant(config)!r} draft{engines}; formats for it: "
+            f"{list(formats_for(config))}"
         )
     if config.arch == "eagle3":
         if len(config.aux_layers) != 3:

@@ -22,6 +22,7 @@ from specdraft.config import from_dict, to_dict
 from specdraft.files import write_directory
 from specdraft.models.beagle import BeagleDraft
 from specdraft.models.config import DraftConfig, draft_config_from_target
+from specdraft.models.dflash import DFlashDraft
 from specdraft.models.eagle import EagleDraft
 from specdraft.models.eagle3 import Eagle3Draft
 from specdraft.models.heads import Heads
@@ -44,6 +45,10 @@ class Draft(Protocol):
     * ``attend(x, positions, kv, visible)``: predicted states (1, Q, d) of queries over the cache;
     * ``encode_drafted(h, positions)``: the entries a node's predicted state adds after its query
       (seen by its descendants: Beagle's "concate"), or None.
+
+    A block draft (``DFlashDraft``) trains whole blocks (``forward(input_ids, positions, features,
+    anchors)``) and drafts a block at a time over a per-layer context cache (``context_kv`` /
+    ``draft_block``, ``decoding/block.py``) instead of the per-token API above.
     """
 
     config: DraftConfig
@@ -76,7 +81,7 @@ class Draft(Protocol):
     def encode_drafted(self, h: torch.Tensor, positions: torch.Tensor) -> KV | None: ...
 
 
-ARCHS = {"beagle": BeagleDraft, "eagle": EagleDraft, "eagle3": Eagle3Draft}
+ARCHS = {"beagle": BeagleDraft, "eagle": EagleDraft, "eagle3": Eagle3Draft, "dflash": DFlashDraft}
 
 
 def build_draft(
@@ -195,6 +200,7 @@ __all__ = [
     "KV",
     "BeagleDraft",
     "Draft",
+    "DFlashDraft",
     "DraftConfig",
     "Eagle3Draft",
     "EagleDraft",

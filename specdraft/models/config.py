@@ -14,6 +14,13 @@ Speculative Decoding" §2.4; README "Serving a draft"):
 * ``draft_vocab_size`` None: the draft predicts over the target's whole vocabulary with the
   target's frozen lm_head; otherwise over a draft vocabulary of that size with its own
   trainable lm_head after a final norm (``d2t``/``t2d`` maps saved with the weights).
+
+Block drafts ("DFlash: Block Diffusion for Flash Speculative Decoding" §3-4, arch ``dflash``):
+``num_layers`` decoder layers fill a block of ``block_size`` positions — the anchor token, then
+``block_size - 1`` copies of ``mask_token_id`` (a target token id: its frozen embedding is the mask)
+— in one forward, conditioned on the auxiliary target layers; a final norm always precedes the
+output head. ``block_self_attention`` False is the Beagle-style variant (``beagle-dflash``): the
+block's positions attend to the target's context states only, never to each other.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Arch = Literal["beagle", "eagle", "eagle3"]
+Arch = Literal["beagle", "eagle", "eagle3", "dflash"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,9 +50,13 @@ class DraftConfig:
     draft_vocab_size: int | None = None  # None: the target's vocabulary and frozen lm_head
     norm_before_residual: bool = False  # eagle3: residual from hidden_norm(feature) instead of the feature
     legacy: bool = False  # eagle: specdraft 0.1 layout (RMSNorm on the fc output, zero-state slot at 0)
+    num_layers: int = 1  # dflash: decoder layers (the other drafts are one layer)
+    block_size: int = 16  # dflash: positions per drafted block (anchor + block_size - 1 masks)
+    mask_token_id: int | None = None  # dflash: the target token id whose frozen embedding fills masked positions
+    block_self_attention: bool = True  # dflash: block positions attend to each other (False: context only)
 
     def __post_init__(self) -> None:
-        assert self.arch in ("beagle", "eagle", "eagle3"), f"unknown draft arch {self.arch!r}"
+        assert self.arch in ("beagle", "eagle", "eagle3", "dflash"), f"unknown draft arch {self.arch!r}"
         assert self.num_attention_heads % self.num_key_value_heads == 0, (
             f"num_attention_heads={self.num_attention_heads} must be a multiple of "
             f"num_key_value_heads={self.num_key_value_heads}"
@@ -67,6 +78,15 @@ class DraftConfig:
             f"hidden_size ({self.target_hidden_size} != {self.hidden_size})"
         )
         assert not self.legacy or self.arch == "eagle", "legacy applies to eagle drafts only"
+        if self.arch == "dflash":
+            assert self.aux_layers, "a dflash draft reads auxiliary target layers: aux_layers must not be empty"
+            assert self.num_layers >= 1, f"num_layers={self.num_layers}: a dflash draft has at least one layer"
+            assert self.block_size >= 2, f"block_size={self.block_size}: a block is the anchor plus >= 1 mask"
+            assert self.mask_token_id is not None and 0 <= self.mask_token_id < self.vocab_size, (
+                f"mask_token_id={self.mask_token_id}: a dflash draft needs a target token id in [0, {self.vocab_size})"
+            )
+        else:
+            assert self.num_layers == 1, f"num_layers={self.num_layers}: only dflash drafts have several layers"
 
     @property
     def feature_size(self) -> int:
@@ -79,6 +99,16 @@ class DraftConfig:
         """Self-attention drafts over slots (EAGLE family): a chain needs a true root slot, i.e. a true
         state before it, so a query whose true cutoff is 0 has no input and is never trained."""
         return self.arch in ("eagle", "eagle3") and not self.legacy
+
+    @property
+    def drafts_blocks(self) -> bool:
+        """Whether the draft fills whole blocks in one forward (block drafts), not one token per query."""
+        return self.arch == "dflash"
+
+    @property
+    def head_norm(self) -> bool:
+        """Whether a final norm precedes the output head (an own head, and every block draft)."""
+        return self.own_vocab or self.drafts_blocks
 
     @property
     def own_vocab(self) -> bool:
@@ -99,8 +129,15 @@ def draft_config_from_target(
     target_fingerprint: str = "",
     aux_layers: list[int] | None = None,
     draft_vocab_size: int | None = None,
+    num_layers: int = 1,
+    block_size: int = 16,
+    mask_token_id: int | None = None,
+    block_self_attention: bool = True,
 ) -> DraftConfig:
-    """Derive a draft's geometry from a transformers target config (Llama/Qwen2/Qwen3/Mistral)."""
+    """Derive a draft's geometry from a transformers target config (Llama/Qwen2/Qwen3/Mistral).
+
+    ``mask_token_id`` (dflash) None: the target's ``pad_token_id`` when it has one, else its last
+    vocabulary id (an unused row in Llama-3's and Qwen's tables)."""
     cfg = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -125,4 +162,15 @@ def draft_config_from_target(
         target_hidden_size=cfg.hidden_size,
         aux_layers=list(aux_layers or []),
         draft_vocab_size=draft_vocab_size,
+        **(dict(num_layers=num_layers, block_size=block_size, block_self_attention=block_self_attention,
+                mask_token_id=default_mask_token(cfg) if mask_token_id is None else mask_token_id)
+           if arch == "dflash" else {}),
     )
+
+
+def default_mask_token(cfg: Any) -> int:
+    """The mask token a block draft uses when none is given: the target's pad token, else its last id."""
+    pad = getattr(cfg, "pad_token_id", None)
+    if isinstance(pad, list):
+        pad = pad[0] if pad else None
+    return int(pad) if pad is not None and 0 <= int(pad) < cfg.vocab_size else int(cfg.vocab_size) - 1

@@ -7,6 +7,8 @@ Speculative Decoding" (Beagle) §4.1; EAGLE likewise). Its output head is either
   Test" §3; README "Serving a draft"): ``norm`` then a trainable ``lm_head`` over a draft vocabulary of
   ``draft_vocab_size`` target ids, with ``d2t`` (offsets: target id = draft id + d2t[draft id])
   and ``t2d`` (which target ids the draft can emit), initialised from the target's lm_head rows.
+A block draft ("DFlash: Block Diffusion for Flash Speculative Decoding" §3) keeps its trainable final
+``norm`` in front of either head.
 
 The frozen tensors are non-persistent buffers: they are not trainable, not sharded by FSDP, not
 saved with the draft (a draft references its target), and they take the compute dtype
@@ -35,8 +37,9 @@ class Heads(nn.Module):
         self.register_buffer("embed_weight", torch.empty(0), persistent=False)
         # the shared head IS the teacher; an own vocabulary keeps the teacher's rows of its ids separately
         self.register_buffer("teacher_rows" if config.own_vocab else "lm_head_weight", torch.empty(0), persistent=False)
-        if config.own_vocab:
+        if config.head_norm:  # an own head, and every block draft (its final norm precedes the head)
             self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.own_vocab:
             self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
             self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
@@ -104,8 +107,8 @@ class Heads(nn.Module):
         return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t  # (Vd,)
 
     def head_input(self, h: torch.Tensor) -> torch.Tensor:
-        """What the output projection consumes: norm(h) with an own head, else h."""
-        return self.norm(h) if self.config.own_vocab else h
+        """What the output projection consumes: norm(h) with an own head or a block draft, else h."""
+        return self.norm(h) if self.config.head_norm else h
 
     @property
     def weight(self) -> torch.Tensor:

@@ -341,6 +341,33 @@ def attention(q: torch.Tensor, kv: KV, visible: torch.Tensor | None, extra: list
     return out
 
 
+def block_attention(q: torch.Tensor, context: KV, visible: torch.Tensor, block: KV | None, size: int) -> torch.Tensor:
+    """Attention of the positions of N blocks of ``size`` ("DFlash: Block Diffusion for Flash Speculative
+    Decoding" §3.2): each query sees the context keys ``visible`` (B, Q, L) allows and, with ``block``,
+    every key of its own block, in one softmax.
+
+    q (B, H, Q, Dh) with Q = N * size (block-major); ``context`` (B, Hkv, L, Dh); ``block`` keys/values
+    (B, Hkv, Q, Dh) of the same positions, or None (context only: ``masked_attention``). The context part
+    is one masked SDPA call, the in-block part N small (size x size) products, joined through the context
+    part's log-sum-exp — nothing is (Q x L+Q): blocks never attend to each other. Returns (B, H, Q, Dh).
+    """
+    shared = masked_attention(q, context, visible)  # (B, H, Q, Dh), zero rows where no context key is visible
+    if block is None:
+        return shared
+    bsz, heads, nq, dh = q.shape
+    hkv, n = block.k.shape[1], nq // size
+    assert n * size == nq and block.k.shape == (bsz, hkv, nq, dh), f"{nq} queries are not blocks of {size}"
+    lse = shared_logsumexp(q, context, visible)  # (B, H, Q), -inf where no context key is visible
+    qg = q.view(bsz, hkv, heads // hkv, n, size, dh)  # (B, Hkv, G, N, S, Dh)
+    kb = block.k.view(bsz, hkv, 1, n, size, dh)  # (B, Hkv, 1, N, S, Dh)
+    vb = block.v.view(bsz, hkv, 1, n, size, dh)
+    own = (qg @ kb.transpose(-1, -2)).float() * dh**-0.5  # (B, Hkv, G, N, S, S)
+    scores = torch.cat([lse.view(bsz, hkv, heads // hkv, n, size, 1), own], dim=-1)  # (B, Hkv, G, N, S, 1+S)
+    w = torch.softmax(scores, dim=-1).to(q.dtype)
+    out = w[..., :1] * shared.view(bsz, hkv, heads // hkv, n, size, dh) + w[..., 1:] @ vb  # (B, Hkv, G, N, S, Dh)
+    return out.reshape(bsz, heads, nq, dh)
+
+
 def shared_logsumexp(q: torch.Tensor, kv: KV, visible: torch.Tensor, budget: int = 1 << 24) -> torch.Tensor:
     """log sum_k exp(q.k / sqrt(Dh)) over each query's visible shared keys: (B, H, Q) fp32, -inf where none.
 

@@ -200,11 +200,19 @@ def test_training_on_a_store_with_flipped_bytes_fails_or_under_skip_counts_the_s
     assert isinstance(caught.value, StoreError), repr(caught.value)
     assert_one_line_naming(caught.value, root, "shard-00001.zarr", "hidden", "c/1/0")
     assert not (tmp_path / "run" / "draft").exists()
-    # reader.on_corrupt=skip: the run trains without the bad chunk's sequences and counts them
-    skip = replace(cfg, reader=replace(cfg.reader, on_corrupt="skip"))
+    # reader.on_corrupt=skip on two Ray Train workers: the run trains without the bad chunks' sequences and
+    # counts them — every rank's, not rank 0's alone
+    for chunk in sorted((root / "shard-00001.zarr/hidden/c").iterdir(), key=lambda c: int(c.name))[2:]:
+        flip_bytes(chunk / "0")  # chunks 2.. too (1 is flipped): bad sequences on both ranks
+    skip = replace(cfg, reader=replace(cfg.reader, on_corrupt="skip"), scaling=ScalingSection(num_workers=2))
     summary = run_training(skip, [root], tiny_toy_target, tmp_path / "skip")
     assert Path(summary["draft"]).is_dir()
-    assert summary["metrics"]["skipped_corrupt_sequences"] >= 1, summary["metrics"]
+    ends = location.open_group(root / "shard-00001.zarr", "r")["offsets"][1:]
+    bad = {f"s1-{j}" for j, end in enumerate(ends) if end > CHUNK}  # a row in chunk 1 or after
+    ranks = [FeatureDataset([root], skip.reader, split="train", rank=r, world_size=2) for r in (0, 1)]
+    read = [bad & {ds.sample_ids[i] for batch in ds.batches(0) for i in batch} for ds in ranks]
+    assert read[0] and read[1], read  # each rank skips some: rank 0's count alone is not the run's
+    assert summary["metrics"]["skipped_corrupt_sequences"] == len(read[0] | read[1]), (summary["metrics"], read)
 
 
 @pytest.mark.slow

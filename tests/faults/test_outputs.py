@@ -254,3 +254,83 @@ def test_dump_into_a_foreign_directory_with_overwrite_then_resume(local_ray, tin
     assert main(argv) == 0  # its own store now: the rerun resumes (nothing to redo), no --overwrite needed
     again = json.loads(capsys.readouterr().out)
     assert (again["shards_kept"], again["shards_written"], again["rows_out"]) == (2, 0, 6)
+
+
+# --------------------------------------------------------------------------- toy-target and run's workdir
+
+
+def test_toy_target_into_a_foreign_directory_is_refused_unless_overwrite(tmp_path, capsys):
+    """toy-target's --out is checked like every other command's: refused with one line (exit 2), written beside
+    the user's files with --overwrite, its own from then on."""
+    from specdraft.toy.build import is_complete_build
+
+    out = user_dir(tmp_path / "mine")
+    before = snapshot(out)
+    argv = ["toy-target", "--prebuilt", "--quiet", "--out", str(out)]
+    assert main(argv) == 2  # today: exit 1, a FileExistsError traceback, and no --overwrite to pass
+    err = one_line_error(capsys)
+    assert str(out) in err and "--overwrite" in err and "`specdraft toy-target`" in err, err
+    assert snapshot(out) == before
+
+    assert main([*argv, "--overwrite"]) == 0
+    assert {k: v for k, v in snapshot(out).items() if k in before} == before  # the user's files kept
+    assert stat.S_IMODE((out / ".private").stat().st_mode) == 0o600
+    assert is_complete_build(out) and json.loads((out / MARKER).read_text()) == {"command": "toy-target"}
+    assert main(argv) == 0  # its own build now: no --overwrite needed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # no temporary left
+    capsys.readouterr()
+    assert main(["toy-data", "--out", str(out)]) == 2  # another command's output
+    assert "is the output of `specdraft toy-target`" in one_line_error(capsys)
+
+
+def run_argv(workdir: Path, inputs: dict, *extra: str) -> list[str]:
+    return ["run", "--config", "configs/toy.yaml", f"workdir={workdir}", "tracking.enabled=false", "target.path=",
+            f"data.prompts=[{inputs['convs']}]", f"eval.questions=[{inputs['questions']}]", *extra]
+
+
+def test_run_refuses_a_foreign_workdir_and_one_holding_its_inputs(inputs, tmp_path, capsys):
+    """`specdraft run`'s workdir is its --out: a non-empty one that is not a run's is refused unless --overwrite,
+    one that is, is inside or holds an input even with it — one line, exit 2, before Prefect or Ray starts."""
+    foreign = user_dir(tmp_path / "mine")
+    before = snapshot(tmp_path)
+    assert main(run_argv(foreign, inputs)) == 2  # today: the run writes its stages among the user's files
+    err = one_line_error(capsys)
+    assert err.startswith(f"specdraft run: workdir={foreign} is not empty") and "--overwrite" in err, err
+    cases = [  # (workdir, the input named)
+        (inputs["data"], inputs["convs"]),  # holds the prompts (and the questions)
+        (tmp_path, inputs["convs"]),
+        (inputs["data"] / "runs", inputs["data"]),  # inside a prompt directory: its outputs would be read back
+    ]
+    for workdir, named in cases:
+        prompts = inputs["data"] if workdir == inputs["data"] / "runs" else inputs["convs"]
+        argv = run_argv(workdir, {**inputs, "convs": prompts}, "--overwrite")
+        assert main(argv) == 2, argv
+        err = one_line_error(capsys)
+        assert err.startswith(f"specdraft run: workdir={workdir} ") and str(named) in err, (workdir, err)
+    assert snapshot(tmp_path) == before and not (inputs["data"] / "runs").exists()
+
+
+def test_a_run_workdir_is_the_runs_own_after_overwrite_or_an_earlier_run(inputs, world, tmp_path):
+    """The checks of the CLI and of the flow itself (a deployment has no --overwrite): --overwrite marks the
+    directory, the flow then finds it the run's own; a workdir of a run from before the marker is known by
+    its stage directories; a workdir equal to or holding target.path is refused."""
+    from flows.preflight import check_workdir
+    from pipelines.stages import RunConfig
+    from specdraft.config import load
+
+    def cfg(workdir, target=""):
+        return load(RunConfig, None, [f"workdir={workdir}", f"target.path={target}", f"data.prompts=[{inputs['convs']}]"])
+
+    foreign = user_dir(tmp_path / "mine")
+    with pytest.raises(OutputError, match="--overwrite"):
+        check_workdir(cfg(foreign))
+    check_workdir(cfg(foreign), overwrite=True)
+    mark_output(foreign, "run")  # as `specdraft run --overwrite` does before the flow starts
+    check_workdir(cfg(foreign))
+    legacy = tmp_path / "legacy"
+    (legacy / "regenerate" / "abc").mkdir(parents=True)
+    check_workdir(cfg(legacy))
+    root, target, draft = world
+    for workdir in (target, root):
+        with pytest.raises(OutputError, match=f"the input target.path {target}"):
+            check_workdir(cfg(workdir, target), overwrite=True)

@@ -28,6 +28,7 @@ from pipelines.train import run_training
 from specdraft.export import ExportError, export_draft
 from specdraft.features import FeaturesConfig
 from specdraft.models import read_draft_config
+from specdraft.outputs import MARKER
 from specdraft.recipes import ScalingSection, TrainConfig
 from specdraft.store import ReaderConfig, read_manifest
 from specdraft.store.manifest import check_store_target
@@ -195,6 +196,33 @@ def test_eval_refuses_a_draft_of_another_target_with_one_line(targets, draft, qu
     assert code == 1 and not out.exists()
     assert len(err) == 1 and "wrong target" in err[0], err
     assert names_both(err[0], draft, read_draft_config(draft).target_fingerprint, targets[which])
+
+
+def files_of(out: Path) -> list[Path]:
+    return sorted(p.relative_to(out) for p in out.rglob("*") if p.name != MARKER)
+
+
+def test_a_resumed_training_run_refuses_another_target_naming_its_checkpoint(targets, draft, rows, tmp_path, capsys):
+    """A rerun into a training run's own --out resumes from its checkpoints: with another --target (online
+    features: no store to check) it is refused before Ray starts, one line naming the checkpoint and both
+    fingerprints — for a killed run (a checkpoint only) and a finished one (its draft)."""
+    convs = tmp_path / "convs.jsonl"
+    convs.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    killed = tmp_path / "killed"  # a killed run's directory: its metrics and its latest checkpoint
+    checkpoint = killed / "ray" / "train" / "checkpoint_2026-01-01_00-00-00.000000" / "draft"
+    shutil.copytree(draft, checkpoint)
+    shutil.copy(draft.parent / "metrics.jsonl", killed / "metrics.jsonl")
+    finished = shutil.copytree(draft.parent, tmp_path / "finished", ignore=shutil.ignore_patterns("ray"))
+    fingerprint = read_draft_config(draft).target_fingerprint
+    for out, named in ((killed, checkpoint), (finished, finished / "draft")):
+        before = files_of(out)
+        argv = ["train", "--conversations", str(convs), "--target", str(targets["other"]), "--out", str(out),
+                "recipe=hass", "epochs=[1]", "min_steps=4", "scaling.num_workers=0"]
+        assert main(argv) == 1  # today: trains on, resuming the other target's checkpoint (exit 0)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "wrong target" in err[0], err
+        assert names_both(err[0], named, fingerprint, targets["other"]), err[0]
+        assert files_of(out) == before  # nothing started, nothing written (but the ownership marker)
 
 
 def test_eval_with_ray_refuses_on_the_driver(targets, draft, questions):

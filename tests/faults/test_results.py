@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipelines.train import run_training
 from specdraft.config import ConfigError, load
@@ -76,17 +78,48 @@ def test_an_empty_held_out_split_logs_no_sim_tau(local_ray, tiny_toy_target, sma
 
 
 def test_a_resumed_run_logs_each_step_once(local_ray, tiny_toy_target, small_store, tmp_path):
+    """A worker that fails after a checkpoint is restarted by Ray Train (``max_failures=1``): the new rank-0
+    worker resumes from the checkpoint — not from scratch — ends at the uninterrupted run's step count with
+    its weights, and logs each step once, to metrics.jsonl and to the MLflow run it attaches to again (a
+    real SQLite store), which already holds the steps it re-does. (A rerun of the command resumes the same
+    way: the flow and FSDP tests fail and rerun.)"""
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.tracking import MlflowLogger
+    from specdraft.models import load_draft
+
     cfg = config(epochs=[2, 1], checkpoint_every=3, reader=ReaderConfig(max_tokens=512, val_fraction=0.2, seed=0),
-                 min_steps=8)
-    with pytest.raises(Exception, match="injected failure"):
-        run_training(cfg, [small_store], tiny_toy_target, tmp_path / "run", fail_at_step=5)
-    assert max(r["step"] for r in metric_rows(tmp_path / "run")) >= 5
-    run_training(cfg, [small_store], tiny_toy_target, tmp_path / "run")
+                 min_steps=8, max_failures=1)
+    # the uninterrupted reference in Ray Train's local mode (the same loop, in this process)
+    reference = run_training(replace(cfg, scaling=ScalingSection(num_workers=0)), [small_store], tiny_toy_target,
+                             tmp_path / "reference")
+    mlflow = MlflowLogger(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="resume", run_name="train")
+    resumed = run_training(cfg, [small_store], tiny_toy_target, tmp_path / "run", fail_at_step=5,
+                           tracking=mlflow.ref())
+    mlflow.close()
+    assert (tmp_path / "run" / ".failed-once").is_file()  # it failed at step 5, after the checkpoint of step 3
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r["kind"] == "params" for r in records) == 1  # resumed from the checkpoint, not started over
+    assert resumed["metrics"]["state_step"] == reference["metrics"]["state_step"] > 5
+    weights, expected = (load_draft(r["draft"], target=tiny_toy_target).state_dict() for r in (resumed, reference))
+    assert weights.keys() == expected.keys()
+    for name, value in expected.items():
+        assert torch.allclose(weights[name], value, atol=1e-5, rtol=0), name
     rows = metric_rows(tmp_path / "run")
     steps = Counter((r["step"], "sim_tau" in r) for r in rows)  # a step's training row and its validation row
     assert all(n == 1 for n in steps.values()), sorted(k for k, n in steps.items() if n > 1)
     trained = sorted(step for step, val in steps if not val)
-    assert trained == list(range(1, trained[-1] + 1)), trained
+    assert trained == list(range(1, trained[-1] + 1)) and trained[-1] > 5, trained
+
+    client = MlflowClient(mlflow.uri)
+    for key in ("loss", "grad_norm", "lr", "sim_tau"):
+        history = client.get_metric_history(mlflow.run_id, key)
+        logged = sorted(m.step for m in history)
+        assert logged == sorted(r["step"] for r in rows if key in r), key  # today: the re-done steps twice
+        by_step = {m.step: m.value for m in history}
+        for r in rows:  # the values of metrics.jsonl (the re-done steps repeat the killed run's exactly)
+            if key in r:
+                assert by_step[r["step"]] == pytest.approx(r[key], rel=1e-6), (key, r["step"])
 
 
 def test_drop_metrics_after_keeps_params_and_earlier_steps(tmp_path):

@@ -261,8 +261,8 @@ def test_aux_layers_overrides_for_dump_and_run():
 
 def test_every_out_directory_is_checked_before_its_command_runs():
     """Each command writing an --out directory is in ``OUTPUTS`` (checked in ``main`` before it runs) or
-    checks it itself (export: ``export_draft``; toy-target: only a previous toy build is replaced),
-    and offers --overwrite where a foreign non-empty directory can be written into (README "Guarantees")."""
+    checks it itself (export: ``export_draft``), and offers --overwrite where a foreign non-empty directory can
+    be written into (README "Guarantees"); `specdraft run` checks its workdir in its pre-flight."""
     from flows.cli import OUTPUTS
 
     parser = build_parser()
@@ -271,7 +271,7 @@ def test_every_out_directory_is_checked_before_its_command_runs():
         options = {opt for action in command._actions for opt in action.option_strings}
         if "--out" not in options:
             continue
-        assert name in OUTPUTS or name in ("export", "toy-target"), name
-        assert ("--overwrite" in options) == (name not in ("eval", "toy-target")), name
+        assert name in OUTPUTS or name == "export", name
+        assert ("--overwrite" in options) == (name != "eval"), name
         for option in OUTPUTS.get(name, ((), ()))[0]:
             assert f"--{option}" in options, (name, option)  # an input the check reads

@@ -1,6 +1,7 @@
 """The README's deployment path, for real: a Prefect server and a process worker on 127.0.0.1,
 ``prefect deploy`` of ``prefect.yaml``, ``prefect deployment run regenerate-and-train/nightly``,
-then wait for COMPLETED and check MLflow for the parent/child runs and the registered model.
+then wait for COMPLETED and check MLflow for the parent/child runs and the registered model, and the
+flow-run log and the worker's output for the run summary.
 
 Server and worker run in their own process groups and are killed (SIGTERM, then SIGKILL)
 at the end: a worker whose server has gone may ignore SIGTERM.
@@ -59,6 +60,7 @@ def run(cmd: list[str], env: dict, timeout: int = 180) -> str:
     return out.stdout
 
 
+@pytest.mark.timeout(1200)  # the flow run gets 900 s (--watch-timeout): on a loaded machine more than the default 600
 def test_nightly_deployment_runs_to_completion(tiny_toy_target, tmp_path):
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
@@ -84,8 +86,10 @@ def test_nightly_deployment_runs_to_completion(tiny_toy_target, tmp_path):
         "eval.settings.decode.topk=3", "eval.settings.decode.total_tokens=6", "tracking.experiment=deploy-test",
         "register.model_name=deploy-test-draft", "ray.num_cpus=2",
     ]
-    server = start(PREFECT + ["server", "start", "--host", "127.0.0.1", "--port", str(port)], env,
-                   tmp_path / "server.log")
+    # as the README starts it: streaming flow-run logs out, so that --watch shows them
+    server = start(PREFECT + ["server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                   {**env, "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
+                    "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true"}, tmp_path / "server.log")
     worker = None
     try:
         deadline = time.time() + 120
@@ -101,18 +105,16 @@ def test_nightly_deployment_runs_to_completion(tiny_toy_target, tmp_path):
         run(PREFECT + ["work-pool", "create", "specdraft-process", "--type", "process"], env)
         run(PREFECT + ["--no-prompt", "deploy", "--all"], env)
         worker = start(PREFECT + ["worker", "start", "--pool", "specdraft-process"], env, tmp_path / "worker.log")
-        out = run(PREFECT + ["deployment", "run", "regenerate-and-train/nightly",
-                             "--params", json.dumps({"overrides": overrides})], env)
-        flow_run_id = next(line.split()[-1] for line in out.splitlines() if "UUID" in line)
-
-        deadline = time.time() + 900
-        while True:
-            state = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()["state"]["type"]
-            if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-                break
-            assert time.time() < deadline, f"flow run still {state}:\n" + (tmp_path / "worker.log").read_text()[-4000:]
-            time.sleep(3)
-        assert state == "COMPLETED", (tmp_path / "worker.log").read_text()[-6000:]
+        # as the README runs it: --watch streams the flow run's logs and waits for its end (wide columns: rich
+        # would fold the summary's long lines)
+        watch = subprocess.run(PREFECT + ["deployment", "run", "regenerate-and-train/nightly", "--params",
+                                          json.dumps({"overrides": overrides}), "--watch", "--watch-timeout", "900"],
+                               cwd=ROOT, env={**env, "COLUMNS": "400"}, capture_output=True, text=True, timeout=960)
+        worker_log = (tmp_path / "worker.log").read_text().replace("\r", "")
+        assert watch.returncode == 0, f"{watch.stdout[-3000:]}\n{watch.stderr[-2000:]}\nworker:\n{worker_log[-6000:]}"
+        flow_run_id = next(line.split()[-1] for line in watch.stdout.splitlines() if "UUID" in line)
+        state = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()["state"]["type"]
+        assert state == "COMPLETED", worker_log[-6000:]
 
         client = MlflowClient(mlflow_uri)
         exp = client.get_experiment_by_name("deploy-test")
@@ -122,6 +124,17 @@ def test_nightly_deployment_runs_to_completion(tiny_toy_target, tmp_path):
         children = {r.data.tags["specdraft.stage"] for r in runs if "mlflow.parentRunId" in r.data.tags}
         assert {"prepare", "regenerate", "features", "train", "eval", "register"} <= children
         assert str(client.get_model_version_by_alias("deploy-test-draft", "champion").version) == "1"
+
+        # the run summary is in the flow-run log, in the worker's output and in what --watch printed: tau beside
+        # the floor, the decision, the MLflow run and how to browse it
+        logs = httpx.post(f"{api}/logs/filter", timeout=10, json={
+            "logs": {"flow_run_id": {"any_": [flow_run_id]}}, "sort": "TIMESTAMP_DESC", "limit": 20}).json()
+        summary = next(log["message"] for log in logs if log["message"].startswith("run summary"))
+        for needle in ("promoted to champion", f"run {parents[0].info.run_id}",
+                       f"mlflow ui --backend-store-uri {mlflow_uri}", "tau/floor"):
+            assert needle in summary, (needle, summary)
+        assert summary in worker_log
+        assert " ".join(summary.split()) in " ".join(watch.stdout.split()), watch.stdout[-4000:]
     finally:
         if worker is not None:
             stop(worker)

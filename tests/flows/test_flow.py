@@ -2,17 +2,21 @@
 
 One sequence, because each run costs a minute: an injected train failure leaves valid
 stores and no registered model; the rerun resumes training and registers a champion;
-an identical rerun skips every stage; a changed training config reuses the stores.
+an identical rerun (through ``specdraft run``) skips every stage; a changed training config reuses the
+stores. Each run's summary and report say what happened and where.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from flows.cli import main
 from flows.regenerate_and_train import regenerate_and_train
 from specdraft.store import validate
 from specdraft.toy.conversations import generate_prompts
@@ -45,7 +49,7 @@ def overrides(root: Path, target: Path, prompts: Path, questions: Path, *extra: 
     ]
 
 
-def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target, run_files):
+def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target, run_files, caplog, capsys):
     root, prompts, questions = run_files
     config = str(Path(__file__).resolve().parents[2] / "configs" / "toy.yaml")
     args = overrides(root, tiny_toy_target, prompts, questions)
@@ -61,6 +65,7 @@ def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target,
     assert len(train_dirs) == 1 and not (train_dirs[0] / "DONE").exists()
 
     # 2. rerun: upstream stages are skipped, training resumes from its checkpoint, a champion is registered
+    caplog.set_level(logging.INFO)
     second = regenerate_and_train(config, args)
     assert all(r["skipped"] for r in second["regenerate"] + second["features"])
     assert not second["train"]["skipped"]
@@ -84,11 +89,33 @@ def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target,
     artifacts = {a.path for a in client.list_artifacts(eval_run.info.run_id, "plots")}
     assert "plots/alpha_per_depth.png" in artifacts
     assert any(k.startswith("tau.") for k in parent.data.metrics)
+    # the run summary is the flow-run log's last word (what a deployment's worker output shows), and with the
+    # report an artifact of the parent run; the report is in the workdir
+    logged = [r.getMessage() for r in caplog.records
+              if r.name == "prefect.flow_runs" and "run summary" in r.getMessage()]
+    assert len(logged) == 1 and second["summary"] in logged[0]
+    for needle in ("promoted to champion", f"run {parent.info.run_id}", f"sqlite:///{root / 'mlflow.db'}",
+                   f"mlflow ui --backend-store-uri sqlite:///{root / 'mlflow.db'}", str(root / "work")):
+        assert needle in second["summary"], needle
+    assert Path(second["report"]).parent == root / "work" / "reports"
+    assert f"report    {second['report']}" in second["summary"]
+    assert {"report.html", "summary.txt"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
 
-    # 3. identical rerun: every stage skipped, nothing registered twice
-    third = regenerate_and_train(config, args)
-    assert third["train"]["skipped"] and third["eval"]["skipped"]
+    # 3. identical rerun, through the CLI: every stage skipped (no seconds: the earlier run's are not this one's),
+    # nothing registered twice, and the register run records what it found
+    capsys.readouterr()
+    assert main(["run", "--config", config, *args]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"^train\s+skipped\s+-\s+done by an earlier run", printed, re.M), printed
+    assert re.search(r"^eval\s+skipped\s+-\s+done by an earlier run", printed, re.M), printed
+    assert "was registered by an earlier run (same trained draft)" in " ".join(printed.split())
     assert len(client.search_model_versions("name='flow-test-draft'")) == 1
+    third_parent = re.search(r"^mlflow\s+run (\w+) ", printed, re.M).group(1)
+    third_runs = {c.data.tags["specdraft.stage"]: c for c in
+                  client.search_runs([exp], f"tags.mlflow.parentRunId = '{third_parent}'")}
+    assert third_runs["register"].data.tags["gate.reason"].startswith("already registered (same trained draft) as v1")
+    assert third_runs["register"].data.tags["gate.version"] == "1"
+    assert "wall_s" not in third_runs["train"].data.metrics and "wall_s" in third_runs["register"].data.metrics
 
     # 4. a changed training config (here the cheapest: one epoch of the plain EAGLE recipe, trained in this
     # process) reuses the feature store and goes through the champion gate
@@ -100,3 +127,6 @@ def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target,
     assert decision["promoted"] == (decision["mean_tau"] > decision["champion_mean_tau"])
     tags = client.get_model_version("flow-test-draft", "2").tags
     assert tags["gate.promoted"] == str(decision["promoted"])
+    # the report plots training, alpha, tau against the floor and the gate over both versions
+    report = Path(fourth["report"]).read_text()
+    assert report.count('<img src="data:image/png;base64,') == 4 and "no registered versions" not in report

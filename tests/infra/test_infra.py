@@ -300,7 +300,7 @@ def _run_lines(dockerfile: str) -> str:
 def test_dockerfile_installs_like_the_readme():
     setup = _readme_setup()
     torch = re.search(r"pip install torch==(\S+)", setup)
-    project = re.search(r'pip install -c constraints\.txt -e "\.\[(\w+)\]"', setup)
+    project = re.search(r'pip install -c constraints\.txt -e "\.\[([\w,-]+)\]"', setup)
     assert torch and project, f"README set-up line changed shape: {setup!r}"
     docker = _run_lines(DOCKERFILE.read_text())
     # same torch pin as the README and constraints.txt

@@ -7,6 +7,7 @@ The target is a tiny random Llama with the toy tokenizer and chat template; its 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import types
@@ -25,12 +26,15 @@ from pipelines.regenerate import (
     RegenerateConfig,
     RowSampler,
     conversation_seed,
+    decoded_answer,
     generate_batch,
     hf_answer_fn,
     prompt_ids,
     regenerate,
     regenerate_rows,
+    split_at_stop,
     stop_token_ids,
+    vllm_processor_settings,
 )
 from pipelines.conversations import done_ids
 from specdraft.store import location
@@ -292,17 +296,44 @@ def test_regenerate_resumes_without_duplicates_or_gaps_and_is_deterministic(
         regenerate(target_dir, prompts, resumed, RegenerateConfig(**{**cfg, "temperature": 0.5}))
 
 
-def test_vllm_backend_plumbing_with_a_stand_in_processor(local_ray, target_dir, tmp_path, monkeypatch):
-    """No GPU and no vllm here: a stand-in for ``ray.data.llm`` answers "echo: <question>", which
-    checks the per-turn passes, the conditioning on earlier answers, seeds and the parts written."""
+def test_vllm_processor_settings_take_gpus_or_cpu_bundles():
+    """GPUs when the cluster has them (Ray's default placement); on a CPU-only cluster a CPU bundle per
+    engine worker — without one Ray Data reserves a GPU and the replica never starts."""
+    cfg = RegenerateConfig(backend="vllm", num_cpus=2, vllm_engine_kwargs={"tensor_parallel_size": 2})
+    gpu = vllm_processor_settings(cfg, 512, use_gpu=True)
+    assert gpu["placement_group_config"] is None and gpu["engine_kwargs"]["dtype"] == "bfloat16"
+    assert gpu["engine_kwargs"]["tensor_parallel_size"] == 2 and gpu["engine_kwargs"]["max_model_len"] == 512
+    cpu = vllm_processor_settings(cfg, 512, use_gpu=False)
+    assert cpu["placement_group_config"] == {"bundle_per_worker": {"CPU": 2}}
+    assert cpu["engine_kwargs"]["dtype"] == "float32"
+    # our prompt ids in, token ids out: no stage of the processor re-templates, re-tokenizes or decodes
+    assert not (cpu["chat_template_stage"] or cpu["tokenize_stage"] or cpu["detokenize_stage"])
+    assert cpu["engine_kwargs"]["generation_config"] == "vllm"  # the target's sampling defaults stay out
+    assert vllm_processor_settings(RegenerateConfig(dtype="float16", vllm_engine_kwargs={"dtype": "bfloat16"}), 512,
+                                   use_gpu=False)["engine_kwargs"]["dtype"] == "bfloat16"  # engine kwargs win
+
+
+def standin_tokens(prompt: list[int], stop_ids: list[int], seed: int) -> list[int]:
+    """What the stand-in engine generates: prompt tokens (so a turn's answer depends on the earlier
+    answers in its prompt), one from the row's seed, and a stop token for odd-length prompts."""
+    kept = [t for t in prompt[-8:] if t not in stop_ids][:4]
+    return kept + [10 + seed % 7] + ([stop_ids[0], 11] if len(prompt) % 2 else [12])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
+                    reason="vllm is installed: tests/serving/test_regenerate_vllm.py runs the real engine")
+def test_vllm_backend_plumbing_with_a_stand_in_processor(local_ray, target_dir, loaded, tmp_path, monkeypatch):
+    """Where vllm is absent: a stand-in for ``ray.data.llm`` (``standin_tokens``) checks the per-turn
+    passes, the conditioning on earlier answers, per-row seeds, the stop cut and the parts written."""
     def build_processor(config, preprocess, postprocess):
         assert config["model_source"] == str(target_dir) and config["engine_kwargs"]["max_model_len"] == 512
+        assert config["placement_group_config"] == {"bundle_per_worker": {"CPU": 1.0}}  # a CPU-only cluster
 
         def engine(row):
-            assert row["sampling_params"]["temperature"] == 0.7 and row["sampling_params"]["seed"] >= 0
-            last = row["messages"][-1]["content"]
-            earlier = sum(m["role"] == "assistant" for m in row["messages"])
-            return {**row, "generated_text": f"echo {earlier}: {last}", "num_generated_tokens": 3}
+            params = row["sampling_params"]
+            assert params["temperature"] == 0.7 and params["detokenize"] is False
+            tokens = standin_tokens(list(row["tokenized_prompt"]), list(params["stop_token_ids"]), params["seed"])
+            return {**row, "generated_tokens": tokens}
         return lambda ds: ds.map(preprocess).map(engine).map(postprocess)
 
     llm = types.ModuleType("ray.data.llm")
@@ -310,24 +341,31 @@ def test_vllm_backend_plumbing_with_a_stand_in_processor(local_ray, target_dir, 
     llm.vLLMEngineProcessorConfig = lambda **kwargs: kwargs
     monkeypatch.setitem(sys.modules, "ray.data.llm", llm)
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
-    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0, "GPU": 1.0})
     rows = dataset_rows(4)
     prompts = write_prompts(tmp_path / "p.jsonl", rows)
-    summary = regenerate(target_dir, prompts, tmp_path / "out",
-                         RegenerateConfig(backend="vllm", vllm_chunk_size=3, temperature=0.7), progress=False)
+    cfg = RegenerateConfig(backend="vllm", vllm_chunk_size=3, temperature=0.7, max_new_tokens=MAX_NEW)
+    summary = regenerate(target_dir, prompts, tmp_path / "out", cfg, progress=False)
     assert summary["rows_out"] == 4 and summary["files_written"] == 2 and summary["tokens_generated"] > 0
-    got = {r["id"]: r["messages"] for r in read_conversations(tmp_path / "out")}
-    for row in rows:
-        users = [m["content"] for m in row["messages"] if m["role"] == "user"]
-        answers = [m["content"] for m in got[f"p:{row['id'].split(':')[1]}"] if m["role"] == "assistant"]
-        assert answers == [f"echo {t}: {u}" for t, u in enumerate(users)]
+
+    _, tokenizer = loaded
+    stops = stop_token_ids(tokenizer, GenerationConfig.from_pretrained(target_dir))
+
+    def reference(prompts_, messages, seeds):
+        return [decoded_answer(tokenizer, *split_at_stop(standin_tokens(p, stops, s), stops))
+                for p, s in zip(prompts_, seeds)]
+    from pipelines.ingest import ingest
+
+    want, stats = regenerate_rows(ingest([prompts])[0], tokenizer, reference, cfg, 512)
+    assert 0 < stats["truncated_turns"] < stats["turns"] and summary["turns"] == stats["turns"]
+    assert max(sum(m["role"] == "user" for m in r["messages"]) for r in want) >= 2  # conditioned turns
+    assert {r["id"]: r for r in read_conversations(tmp_path / "out")} == {r["id"]: r for r in want}
 
 
 def test_vllm_backend_is_a_clear_error_without_vllm(local_ray, target_dir, tmp_path):
     pytest.importorskip("ray.data.llm")
     try:
         import vllm  # noqa: F401
-        pytest.skip("vllm is installed: needs a GPU test")
+        pytest.skip("vllm is installed: tests/serving/test_regenerate_vllm.py runs the real engine")
     except ImportError:
         pass
     prompts = write_prompts(tmp_path / "p.jsonl", dataset_rows(2))

@@ -13,7 +13,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from pipelines.registry import register_draft
+from pipelines.registry import register_draft, version_history
 
 ALIAS, KEY = "champion", "evalkey1"
 
@@ -35,12 +35,13 @@ def store(mlflow_store, request):
     return (*mlflow_store, f"gate-{request.node.name}")  # a registered model per test
 
 
-def register(store, mean_tau, mean_tau_pld, train_key, evaluate_champion=None):
+def register(store, mean_tau, mean_tau_pld, train_key, evaluate_champion=None, mean_engine_tau=None, key=KEY):
     client, experiment, draft, name = store
     run_id = client.create_run(experiment).info.run_id
-    decision = register_draft(client, run_id=run_id, draft_dir=draft, model_name=name, alias=ALIAS, eval_key=KEY,
+    decision = register_draft(client, run_id=run_id, draft_dir=draft, model_name=name, alias=ALIAS, eval_key=key,
                               mean_tau=mean_tau, taus={"toy": mean_tau}, train_key=train_key,
-                              evaluate_champion=evaluate_champion, mean_tau_pld=mean_tau_pld)
+                              evaluate_champion=evaluate_champion, mean_tau_pld=mean_tau_pld,
+                              mean_engine_tau=mean_engine_tau)
     return decision, run_id
 
 
@@ -86,6 +87,14 @@ def test_a_draft_above_the_floor_is_promoted_and_then_must_beat_the_champion(sto
     decision, _ = register(store, mean_tau=2.9, mean_tau_pld=1.7, train_key="d")
     assert decision["promoted"] and decision["version"] == 4 and champion_version(store) == "4"
     assert calls == []
+    # what the run report plots: each version's tau against the champion it met, oldest first
+    history = version_history(client, store[3])
+    rows = [(h["version"], h["mean_tau"], h["champion_mean_tau"], h["mean_tau_pld"], h["promoted"]) for h in history]
+    assert rows == [(1, 2.4, None, 1.7, True), (2, 2.2, 2.4, 1.7, False), (3, 2.5, 2.4, 2.6, False),
+                    (4, 2.9, 2.4, 1.7, True)]
+    assert [h["champion"] for h in history] == [False, False, False, True]
+    assert [h["version"] for h in version_history(client, store[3], ALIAS, limit=2)] == [3, 4]
+    assert version_history(client, "no-such-model") == []
 
 
 def test_without_a_floor_the_gate_is_the_champion_rule_and_says_so(store):
@@ -93,5 +102,33 @@ def test_without_a_floor_the_gate_is_the_champion_rule_and_says_so(store):
     assert decision["promoted"] and decision["above_floor"] is None
     assert decision["reason"] == "no prompt-lookup floor measured; no champion yet"
     assert f"mean_tau_pld.{KEY}" not in store[0].get_model_version(store[3], "1").tags
-    again, _ = register(store, mean_tau=1.1, mean_tau_pld=None, train_key="a")  # same trained draft
-    assert again["version"] == 1 and again["reason"] == "already registered (same trained draft)"
+    again, rerun = register(store, mean_tau=1.1, mean_tau_pld=None, train_key="a")  # same trained draft
+    assert again["version"] == 1 and again["reason"].startswith("already registered (same trained draft) as v1")
+    # the rerun's run records what it found, though it registers nothing
+    tags = store[0].get_run(rerun).data.tags
+    assert tags["gate.version"] == "1" and tags["gate.reason"] == again["reason"] and tags["gate.promoted"] == "True"
+    assert tags["gate.version_run_id"] == store[0].get_model_version(store[3], "1").run_id != rerun
+    assert len(store[0].search_model_versions(f"name='{store[3]}'")) == 1
+
+
+def test_with_an_engine_the_gate_compares_the_engines_acceptance(store):
+    """The engine serves the draft: champion and challenger are compared by what it measured, even where our
+    decoder ranks them the other way; the floor is still our decoder's (prompt lookup measured beside it)."""
+    client = store[0]
+    decision, _ = register(store, mean_tau=2.4, mean_tau_pld=1.7, train_key="a", mean_engine_tau=2.3)
+    assert decision["promoted"] and decision["compared_by"] == "engine acceptance length"
+    assert client.get_model_version(store[3], "1").tags[f"mean_engine_tau.{KEY}"] == "2.300000"
+    # a better tau of ours, a worse one served: not promoted
+    decision, _ = register(store, mean_tau=2.6, mean_tau_pld=1.7, train_key="b", mean_engine_tau=2.2)
+    assert not decision["promoted"] and decision["champion_mean_tau"] == 2.3 and champion_version(store) == "1"
+    assert "engine acceptance 2.2000 <= champion 2.3000" in decision["reason"]
+    # a worse tau of ours, a better one served: promoted
+    decision, _ = register(store, mean_tau=2.35, mean_tau_pld=1.7, train_key="c", mean_engine_tau=2.5)
+    assert decision["promoted"] and champion_version(store) == "3"
+    # on other eval sets the champion is served again, and both of its numbers are kept
+    calls = []
+    decision, _ = register(store, mean_tau=2.5, mean_tau_pld=1.7, train_key="d", mean_engine_tau=2.45, key="other",
+                           evaluate_champion=lambda uri: calls.append(uri) or (2.6, 2.4))
+    assert calls == [f"models:/{store[3]}/3"] and decision["promoted"] and decision["champion_mean_tau"] == 2.4
+    tags = client.get_model_version(store[3], "3").tags
+    assert tags["mean_tau.other"] == "2.600000" and tags["mean_engine_tau.other"] == "2.400000"

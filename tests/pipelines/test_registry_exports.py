@@ -59,7 +59,7 @@ def test_exports_are_logged_beside_the_version_and_the_champion_is_served(world,
     assert client.get_model_version("drafts", "1").tags["specdraft.arch"] == "eagle3"
 
     hass, second = register(client, cfg, prepared, drafts["eagle"], "k-hass", 1.5)  # worse: not promoted
-    assert not second["promoted"] and sorted(hass.exports) == ["eagle", "sglang"]
+    assert not second["promoted"] and sorted(hass.exports) == ["eagle", "sglang", "vllm"]
     assert stages.export_formats(cfg, prepared, drafts["eagle"], "k-hass").skipped  # keyed, done once
 
     champion = champion_exports(client, "drafts", "champion", tmp_path / "served")
@@ -67,7 +67,7 @@ def test_exports_are_logged_beside_the_version_and_the_champion_is_served(world,
     for fmt, path in champion["exports"].items():  # downloaded from the artifact store, still exact
         assert Path(path).parent == tmp_path / "served" / "v1"
         check_export(path, export_spec(drafts["eagle3"], fmt, target=target, speculative_tokens=4))
-    commands = serve_commands(champion["exports"], champion["arch"], champion["target"], 4)
+    commands = serve_commands(champion["exports"], champion["target"], 4)
     assert champion["exports"]["speculators"] in commands["vllm"] and '"num_speculative_tokens": 4' in commands["vllm"]
     assert "--speculative-algorithm EAGLE3" in commands["sglang"]
     again = champion_exports(client, "drafts", "champion", tmp_path / "served",
@@ -75,8 +75,8 @@ def test_exports_are_logged_beside_the_version_and_the_champion_is_served(world,
     assert again["exports"] == {"sglang": "/elsewhere/sglang"}  # this run's own export: no download
 
     beagle, third = register(client, cfg, prepared, drafts["beagle"], "k-beagle", 1.0)
-    assert beagle.exports == {} and "no serving engine runs Beagle drafts yet" in beagle.note
-    assert not list(client.list_artifacts(third["run_id"], "export"))
+    assert sorted(beagle.exports) == ["vllm"] and not beagle.note  # served by vLLM through specdraft's plugin
+    assert {a.path for a in client.list_artifacts(third["run_id"], "export")} == {"export/vllm"}
     assert third["version"] == 3 and client.get_model_version("drafts", "3").tags["specdraft.arch"] == "beagle"
 
 
@@ -109,8 +109,12 @@ def test_export_command(world, tmp_path, capsys):
     assert "not one of" in capsys.readouterr().err and (out / "model.safetensors").is_file()
     assert main(["export", "--draft", drafts["beagle"], "--format", "sglang", "--out", str(tmp_path / "b"),
                  "--target", str(target)]) == 1
-    assert "no serving engine runs Beagle drafts yet" in capsys.readouterr().err
+    assert "only vLLM serves Beagle drafts" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+    assert main(["export", "--draft", drafts["beagle"], "--format", "vllm", "--out", str(tmp_path / "b"),
+                 "--target", str(target)]) == 0
+    printed = capsys.readouterr().out
+    assert '"method": "eagle"' in printed and "specdraft's plugin" in printed
 
     client = MlflowClient(uri)  # the champion of a registry, its target found from the version's tag
     run_id = client.create_run(client.get_experiment_by_name("exp").experiment_id).info.run_id

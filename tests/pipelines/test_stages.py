@@ -18,7 +18,7 @@ from specdraft.features import FeaturesConfig
 from pipelines.records import Dumped, Evaluated, Exported, Prepared, Regenerated, Registered, Trained
 from pipelines.stages import DataSection, RunConfig, TargetSection, prepare, train, train_config
 from specdraft.config import ConfigError, load
-from specdraft.recipes import TrainConfig
+from specdraft.recipes import ScalingSection, TrainConfig
 from specdraft.store import ReaderConfig
 from specdraft.target import target_id
 from specdraft.toy.build import compare_with_prebuilt
@@ -65,7 +65,10 @@ def test_train_stage_with_online_features_reads_the_regenerated_conversations(lo
     cfg = RunConfig(workdir=str(tmp_path / "runs"), features=FeaturesConfig(max_length=80, topk=4),
                     train=TrainConfig(recipe="beagle-early", epochs=[1], features="online", min_steps=1,
                                       checkpoint_every=0, val_max_batches=1,
-                                      reader=ReaderConfig(max_tokens=1024, val_fraction=0.2)))
+                                      reader=ReaderConfig(max_tokens=1024, val_fraction=0.2),
+                                      # Ray Train's local mode (the loop in this process): online features in
+                                      # Ray Train workers are tests/pipelines/test_train.py's
+                                      scaling=ScalingSection(num_workers=0)))
     prepared = Prepared(target=str(tiny_toy_target), target_id=target_id(tiny_toy_target), prompts=[], wall_s=0.0)
 
     record = train(cfg, prepared, regenerated)
@@ -111,8 +114,8 @@ def test_records_are_frozen_pickle_and_give_the_flow_dicts():
          ["key", "draft", "metrics", "metrics_file", "wall_s", "skipped"]),
         (Evaluated(key="k", eval_key="e", report="r", tau={"toy": 2.0}, mean_tau=2.0, tau_pld={"toy": 1.6},
                    tau_over_pld={"toy": 1.25}, mean_tau_pld=1.6, lossless_mismatches=0, wall_s=4.0),
-         ["key", "eval_key", "report", "tau", "mean_tau", "tau_pld", "tau_over_pld", "mean_tau_pld",
-          "lossless_mismatches", "wall_s", "skipped"]),
+         ["key", "eval_key", "report", "tau", "mean_tau", "tau_pld", "tau_over_pld", "mean_tau_pld", "engine_tau",
+          "mean_engine_tau", "engine_warnings", "lossless_mismatches", "wall_s", "skipped"]),
         (Exported(key="k", arch="eagle3", exports={"sglang": "x"}, note="", wall_s=0.5),
          ["key", "arch", "exports", "note", "wall_s", "skipped"]),
     ]

@@ -1,5 +1,5 @@
 """Ray Train job: learning on a toy store, FSDP == DDP == accumulation, DDP/FSDP gradient sync and
-sharding, resume after a failure (one worker, and two FSDP workers).
+sharding, resume after a failure (two FSDP workers; one worker: tests/faults/test_results.py).
 
 Reference runs that are not about workers run in Ray Train's local mode (``scaling.num_workers=0``:
 the same training loop in the test's process), saving a worker group's start-up each."""
@@ -157,8 +157,8 @@ def test_fsdp_run_resumes_from_a_checkpoint_after_a_failure(local_ray, tiny_toy_
     """The Beagle recipe (noise, random window offsets per rank) on 2 FSDP workers, killed after a
     checkpoint, resumes from it: the steps it re-does repeat the killed run's exactly (loss, global gradient
     norm, learning rate: weights, optimizer, schedule, data order and every rank's random streams restored
-    from the checkpoint), and it ends at the planned step count. (The one-worker test below also compares
-    with an uninterrupted run.)"""
+    from the checkpoint), and it ends at the planned step count. (One worker restarted by Ray Train after a
+    failure is compared with an uninterrupted run in tests/faults/test_results.py.)"""
     cfg = small_config(min_steps=1, val_max_batches=2, checkpoint_every=3, epochs=[1, 1],
                        reader=ReaderConfig(max_tokens=1024, val_fraction=0.2, seed=0),
                        scaling=ScalingSection(num_workers=2, strategy="fsdp"))
@@ -180,10 +180,6 @@ def test_fsdp_run_resumes_from_a_checkpoint_after_a_failure(local_ray, tiny_toy_
     load_draft(resumed["draft"], target=tiny_toy_target)
 
 
-# the one-worker Beagle run below, uninterrupted, is the reference of two tests: they run on one xdist worker
-ONE_WORKER = pytest.mark.xdist_group("train-one-worker-reference")
-
-
 @pytest.fixture(scope="module")
 def one_worker_run(local_ray, tiny_toy_target, toy_store, tmp_path_factory) -> dict:
     """An uninterrupted run of ``small_config(min_steps=1)`` (the store's own batches: a few steps, noise
@@ -198,20 +194,6 @@ def same_weights(a: str | Path, b: str | Path, target: Path, atol: float) -> Non
     assert da.keys() == db.keys()
     for name, value in da.items():
         assert torch.allclose(value, db[name], atol=atol, rtol=0), name
-
-
-@ONE_WORKER
-def test_failed_run_resumes_from_checkpoint_with_same_step_count(one_worker_run, tiny_toy_target, toy_store,
-                                                                 tmp_path):
-    cfg = small_config(min_steps=1)
-    with pytest.raises(Exception, match="injected failure"):
-        run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "run", fail_at_step=6)
-    rows_before = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "metrics"]
-    resumed = run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "run")
-    assert resumed["metrics"]["state_step"] == one_worker_run["metrics"]["state_step"]
-    new_rows = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "metrics" and r not in rows_before]
-    assert max(r["step"] for r in rows_before) >= 6 and min(r["step"] for r in new_rows) > 4  # resumed, not restarted
-    same_weights(resumed["draft"], one_worker_run["draft"], tiny_toy_target, atol=1e-5)
 
 
 def test_eagle3_recipe_trains_on_a_store_dumped_with_aux_layers(local_ray, tiny_toy_target, toy_store, tmp_path):
@@ -236,6 +218,13 @@ def test_eagle3_recipe_trains_on_a_store_dumped_with_aux_layers(local_ray, tiny_
     assert len(losses) >= 4 and all(np.isfinite(losses))
     with pytest.raises(StoreError, match="recipe 'eagle3' .* has no aux_hidden .* aux_layers=eagle3"):
         run_training(cfg, [toy_store], tiny_toy_target, tmp_path / "bare")
+    block = replace(cfg, recipe="dflash", draft_layers=1, block_size=4)  # the block draft, on the same store
+    summary = run_training(block, [store], tiny_toy_target, tmp_path / "block")
+    draft = load_draft(summary["draft"], target=tiny_toy_target)
+    assert draft.config.arch == "dflash" and draft.config.aux_layers == [0, 1] and draft.config.block_size == 4
+    assert not draft.config.own_vocab and not (tmp_path / "block" / "draft_vocab.json").exists()  # the target's head
+    rows = [r for r in read_metrics(tmp_path / "block") if r["kind"] == "metrics" and "loss" in r]
+    assert len(rows) >= 4 and all(np.isfinite(r["loss"]) for r in rows) and "acc_step3" in rows[-1]
 
 
 
@@ -330,12 +319,14 @@ TV, TD = 53, 32
 
 
 def tiny_draft(arch: str):
-    """The same draft on every rank and call: random frozen heads; eagle3 with its own 41-token head."""
+    """The same draft on every rank and call: random frozen heads; eagle3 with its own 41-token head; dflash a
+    2-layer block draft (blocks of 4) with the target's head."""
     torch.manual_seed(0)
-    own = arch == "eagle3"
+    own, block = arch == "eagle3", arch == "dflash"
     cfg = DraftConfig(arch=arch, vocab_size=TV, hidden_size=TD, num_attention_heads=2, num_key_value_heads=1,
-                      head_dim=16, intermediate_size=64, aux_layers=[1, 2] if own else [],
-                      draft_vocab_size=41 if own else None)
+                      head_dim=16, intermediate_size=64, aux_layers=[1, 2] if own or block else [],
+                      draft_vocab_size=41 if own else None,
+                      **(dict(num_layers=2, block_size=4, mask_token_id=0) if block else {}))
     g = torch.Generator().manual_seed(1)
     vocab = torch.randperm(TV, generator=g)[:41].sort().values if own else None
     embed, lm_head = torch.randn(TV, TD, generator=g), torch.randn(TV, TD, generator=g) / TD**0.5
@@ -463,13 +454,28 @@ def sync_worker(config: dict) -> None:
     clipped = named_grads(model)
     for name, g in mean.items():
         assert torch.allclose(clipped[name], g * (float(norm) / 2) / (float(norm) + 1e-6), atol=1e-6), name
+
+    # FSDP2 on a DFlash block draft (block stage; its final norm, in heads, is used outside the forward)
+    block = StageConfig(kind="block", anchors=3, step_decay=0.8, noise_std=0.0, loss=LossWeights(ce=1.0))
+    model, sync = distribute(tiny_draft("dflash"), "fsdp", world, "cpu")
+    local = tiny_draft("dflash")
+    assert all(isinstance(p, DTensor) for p in model.parameters()) and "heads.norm.weight" in dict(
+        model.named_parameters())
+    for i, batch in enumerate(batches):  # the same anchors on both sides: seeded per rank and batch
+        train_batch(model, batch, block, scale=0.5, grad_sync=sync, sync_last=i == 1,
+                    generator=torch.Generator().manual_seed(10 * rank + i))
+        train_batch(local, batch, block, scale=0.5, generator=torch.Generator().manual_seed(10 * rank + i))
+    synced, mean = named_grads(model), rank_mean(named_grads(local))
+    for name, g in mean.items():
+        assert torch.allclose(synced[name], g, atol=1e-6), f"FSDP {name} != the ranks' mean accumulated gradient"
     Path(config["out"], f"passed-{rank}").touch()
 
 
 def test_gradient_sync_and_sharding_in_ray_train_workers(local_ray, tmp_path):
     """DDP skips the all-reduce on all but the last sub-step of an accumulation group; FSDP2 shards the
     trainable weights only, keeps the EAGLE-3 head usable outside the forward (ttt), reduces once per
-    group, clips by the global norm and gathers a full state dict on rank 0."""
+    group, clips by the global norm and gathers a full state dict on rank 0; a DFlash block draft trains
+    under FSDP2 to the ranks' mean gradient."""
     import ray.cloudpickle
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -486,7 +492,6 @@ def test_gradient_sync_and_sharding_in_ray_train_workers(local_ray, tmp_path):
     assert result.error is None and sorted(p.name for p in tmp_path.glob("passed-*")) == ["passed-0", "passed-1"]
 
 
-@ONE_WORKER
 def test_training_reads_a_store_from_s3_like_the_same_store_on_disk(s3_ray, s3_bucket, one_worker_run, tiny_toy_target,
                                                                     toy_store, tmp_path):
     """The store copied to an object-store URL (a real S3 server on 127.0.0.1): the Ray Train worker reads it

@@ -34,9 +34,11 @@ from safetensors.torch import load_file
 
 from specdraft import masks
 from specdraft.chat import render_with_loss_mask
-from specdraft.decoding.drafting import new_pool, query_nodes, start_draft
+from specdraft.decoding.block import BlockDrafter
+from specdraft.decoding.drafting import new_pool, query_nodes, start_draft, target_logprobs
+from specdraft.decoding.sampling import SamplingConfig
 from specdraft.export import ExportError, check_export, export_draft, export_spec, formats_for, serve_commands
-from specdraft.models import build_draft, draft_config_from_target, load_draft, save_draft
+from specdraft.models import build_draft, draft_config_from_target, load_draft, read_draft_config, save_draft
 from specdraft.batch import pad_batch
 from specdraft.objectives import LossWeights, StageConfig
 from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_id
@@ -48,6 +50,7 @@ from specdraft.vocab import count_predicted_tokens, select_vocab
 AUX = [0, 1, 2]  # HF hidden_states indices: the states entering decoder layers 0, 1, 2
 DRAFT_VOCAB = 160
 CHAIN = 3  # drafted tokens fed back after the first
+BLOCK = 5  # block drafts: positions per block
 
 
 # --------------------------------------------------------------------------- fixtures: target, data, drafts
@@ -101,7 +104,17 @@ def drafts(toy3, samples, tmp_path_factory):
     hass = build_draft(draft_config_from_target(tcfg, "eagle", target_id=tid), heads.embed, heads.lm_head)
     _train(hass, samples, StageConfig(kind="align", epochs=1, steps=3, noise_std=0.2,
                                       loss=LossWeights(ce=1.0, topk=1.0, vloss=1.0)))
-    out = {"eagle3": save_draft(e3, root / "eagle3"), "hass": save_draft(hass, root / "hass")}
+    dfl = build_draft(draft_config_from_target(tcfg, "dflash", target_id=tid, aux_layers=AUX, num_layers=2,
+                                               block_size=BLOCK), heads.embed, heads.lm_head)
+    _train(dfl, samples, StageConfig(kind="block", epochs=1, anchors=16, step_decay=0.8, noise_std=0.0,
+                                     loss=LossWeights(ce=1.0)))
+    dvocab = build_draft(draft_config_from_target(tcfg, "dflash", target_id=tid, aux_layers=AUX, num_layers=1,
+                                                  block_size=BLOCK, draft_vocab_size=DRAFT_VOCAB),
+                         heads.embed, heads.lm_head, vocab=vocab)
+    _train(dvocab, samples, StageConfig(kind="block", epochs=1, anchors=16, step_decay=0.8, noise_std=0.0,
+                                        loss=LossWeights(ce=1.0)))
+    out = {"eagle3": save_draft(e3, root / "eagle3"), "hass": save_draft(hass, root / "hass"),
+           "dflash": save_draft(dfl, root / "dflash"), "dflash-vocab": save_draft(dvocab, root / "dflash-vocab")}
     nbr = root / "eagle3-nbr"  # the same weights read with vLLM's norm_before_residual (residual = hidden_norm(f))
     nbr.mkdir()
     (nbr / "config.json").write_text(json.dumps({**json.loads((out["eagle3"] / "config.json").read_text()),
@@ -216,6 +229,47 @@ def engine_eagle1(out: Path, fmt: str, target_embed: torch.Tensor, target_head: 
     return run_chain(step, ids, hs[-1][0, : ids.shape[0] - 1])
 
 
+def engine_dflash(out: Path, target_embed: torch.Tensor, target_head: torch.Tensor, ids: torch.Tensor, hs,
+                  anchor: int, k: int) -> torch.Tensor:
+    """vLLM's ``DFlashQwen3ForCausalLM`` on a speculators ``dflash`` config: the context (the captured states
+    0 .. anchor-1, in layer order) through fc and hidden_norm into every layer's k_proj (+ k_norm, RoPE) and
+    v_proj; the block [anchor token, k x mask_token_id] at positions anchor .. anchor+k through Qwen3 layers
+    (q/k norms per head) attending to context ++ block, NOT causal; the final norm; the lm_head (the target's
+    when the checkpoint has none, else its own with d2t). Returns the logits of the k masked positions (k, V)."""
+    config = json.loads((out / "config.json").read_text())
+    w = load_file(str(out / "model.safetensors"))
+    cfg = config["transformer_layer_config"]
+    eps, theta, dh = cfg["rms_norm_eps"], cfg["rope_parameters"]["rope_theta"], cfg["head_dim"]
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    assert config["sliding_window_non_causal"] is True  # vLLM: causal = not this flag
+    capture = list(config["aux_hidden_state_layer_ids"])  # the state entering layer i
+    ctx = torch.cat([hs[i][0, :anchor] for i in sorted(set(capture))], -1) @ w["fc.weight"].T  # (a, d)
+    ctx = rms(ctx, w["hidden_norm.weight"], eps)
+    tokens = torch.tensor([int(ids[anchor])] + [config["mask_token_id"]] * k)
+    x = target_embed[tokens]  # (1+k, d)
+    pos_ctx, pos_blk = torch.arange(anchor), torch.arange(anchor, anchor + k + 1)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}."
+        head_norm = lambda t, name: rms(t, w[p + f"self_attn.{name}.weight"], eps)  # noqa: E731 - per head
+        a = rms(x, w[p + "input_layernorm.weight"], eps)
+        q = rope(head_norm((a @ w[p + "self_attn.q_proj.weight"].T).view(-1, heads, dh), "q_norm"), pos_blk, theta)
+        kc = rope(head_norm((ctx @ w[p + "self_attn.k_proj.weight"].T).view(-1, kv_heads, dh), "k_norm"), pos_ctx, theta)
+        kb = rope(head_norm((a @ w[p + "self_attn.k_proj.weight"].T).view(-1, kv_heads, dh), "k_norm"), pos_blk, theta)
+        vc = (ctx @ w[p + "self_attn.v_proj.weight"].T).view(-1, kv_heads, dh)
+        vb = (a @ w[p + "self_attn.v_proj.weight"].T).view(-1, kv_heads, dh)
+        keys = torch.cat([kc, kb]).repeat_interleave(heads // kv_heads, 1)  # (a+1+k, H, dh)
+        vals = torch.cat([vc, vb]).repeat_interleave(heads // kv_heads, 1)
+        attn = torch.einsum("qhd,khd->hqk", q, keys).div(math.sqrt(dh)).softmax(-1)  # every key: non-causal
+        x = x + torch.einsum("hqk,khd->qhd", attn, vals).reshape(k + 1, -1) @ w[p + "self_attn.o_proj.weight"].T
+        m = rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        x = x + (torch.nn.functional.silu(m @ w[p + "mlp.gate_proj.weight"].T) * (m @ w[p + "mlp.up_proj.weight"].T)) \
+            @ w[p + "mlp.down_proj.weight"].T
+    h = rms(x[1:], w["norm.weight"], eps)
+    if "lm_head.weight" not in w:  # vLLM shares the target's lm_head
+        return h @ target_head.T
+    return to_target_vocab(h @ w["lm_head.weight"].T, w, cfg["vocab_size"])
+
+
 # --------------------------------------------------------------------------- the draft itself
 
 
@@ -273,10 +327,33 @@ def test_exported_checkpoint_reproduces_the_drafts_logits(kind, fmt, toy3, sampl
         assert_same(ours_chain, theirs)
 
 
+@pytest.mark.parametrize("kind", ["dflash", "dflash-vocab"])
+def test_exported_block_draft_reproduces_the_drafts_logits(kind, toy3, samples, drafts, tmp_path):
+    """The speculators dflash export, read the way vLLM reads it, drafts the block our BlockDrafter drafts."""
+    out = export_draft(drafts[kind], "speculators", tmp_path / kind, target=toy3)
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "dflash" and config["architectures"] == ["DFlashSpeculator"]
+    assert config["aux_hidden_state_layer_ids"] == AUX and config["block_size"] == BLOCK
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == BLOCK - 1  # the default K
+    heads = load_target_heads(toy3)
+    draft = load_draft(drafts[kind], target=toy3)
+    drafter = BlockDrafter(draft, BLOCK - 1, SamplingConfig())
+    for sample in samples[16:18]:
+        ids, hs = sample["input_ids"], sample["hs"]
+        for anchor in (5, ids.shape[0] // 2, ids.shape[0] - 2):
+            state = drafter.start(ids[None, :anchor], sample["aux_hidden"][None, :anchor], int(ids[anchor]))
+            with torch.no_grad():
+                h = draft.draft_block(state.root_token, state.root_pos, [c.view() for c in state.caches])
+                ours = target_logprobs(draft, draft.logits(h[0, 1:]))
+            theirs = torch.log_softmax(engine_dflash(out, heads.embed, heads.lm_head, ids, hs, anchor, BLOCK - 1), -1)
+            assert_same(ours, theirs)
+
+
 def test_every_applicable_format_and_the_serve_commands(toy3, drafts, tmp_path):
-    assert formats_for("eagle3") == ("speculators", "sglang") and formats_for("eagle") == ("sglang", "eagle")
+    e3, hass = read_draft_config(drafts["eagle3"]), read_draft_config(drafts["hass"])
+    assert formats_for(e3) == ("speculators", "sglang") and formats_for(hass) == ("vllm", "sglang", "eagle")
     exports = {f: str(export_draft(drafts["eagle3"], f, tmp_path / f, target=toy3, speculative_tokens=4))
-               for f in formats_for("eagle3")}
+               for f in formats_for(e3)}
     spec_cfg = json.loads((tmp_path / "speculators" / "config.json").read_text())
     assert spec_cfg["architectures"] == ["Eagle3Speculator"] and spec_cfg["norm_before_residual"] is False
     assert spec_cfg["speculators_config"]["verifier"]["name_or_path"] == str(toy3.resolve())
@@ -286,15 +363,27 @@ def test_every_applicable_format_and_the_serve_commands(toy3, drafts, tmp_path):
     sgl = json.loads((tmp_path / "sglang" / "config.json").read_text())
     assert sgl["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in AUX]  # output of layer k
     assert sgl["architectures"] == ["LlamaForCausalLMEagle3"] and sgl["tie_word_embeddings"] is False
-    commands = serve_commands(exports, "eagle3", str(toy3), 4)
+    commands = serve_commands(exports, str(toy3), 4)
     assert commands["vllm"].startswith(f"vllm serve {toy3} --host 127.0.0.1 --speculative-config ")
     assert json.loads(commands["vllm"].split("--speculative-config ")[1].strip("'")) == {
         "method": "eagle3", "model": exports["speculators"], "num_speculative_tokens": 4}
     assert "--speculative-algorithm EAGLE3" in commands["sglang"] and exports["sglang"] in commands["sglang"]
     assert "--speculative-num-draft-tokens 5" in commands["sglang"]
-    hass = {f: str(export_draft(drafts["hass"], f, tmp_path / f"h-{f}", target=toy3)) for f in formats_for("eagle")}
+    exported = {f: str(export_draft(drafts["hass"], f, tmp_path / f"h-{f}", target=toy3)) for f in formats_for(hass)}
     assert json.loads((tmp_path / "h-eagle" / "config.json").read_text())["bias"] is True
-    assert set(serve_commands(hass, "eagle", str(toy3), 3)) == {"sglang"}  # vLLM's EAGLE-1 fc has no bias
+    vllm_cfg = json.loads((tmp_path / "h-vllm" / "config.json").read_text())
+    assert "bias" not in vllm_cfg  # vLLM's Llama layer would read it as an attention bias
+    assert vllm_cfg["architectures"] == ["EagleSpecdraftLlamaForCausalLM"]  # the plugin's EAGLE-1 keeps fc.bias
+    assert "fc.bias" in load_file(str(tmp_path / "h-vllm" / "model.safetensors"))
+    commands = serve_commands(exported, str(toy3), 3)
+    assert set(commands) == {"vllm", "sglang"} and '"method": "eagle"' in commands["vllm"]
+    assert formats_for(read_draft_config(drafts["dflash"])) == ("speculators",)
+    block = {"speculators": str(export_draft(drafts["dflash"], "speculators", tmp_path / "dfl", target=toy3))}
+    command = serve_commands(block, str(toy3), None)["vllm"]  # K: the export's, its block's 4 masks
+    assert json.loads(command.split("--speculative-config ")[1].strip("'")) == {
+        "method": "dflash", "model": block["speculators"], "num_speculative_tokens": BLOCK - 1}
+    with pytest.raises(ExportError, match="trained on blocks of 5"):
+        export_draft(drafts["dflash"], "speculators", tmp_path / "dfl8", target=toy3, speculative_tokens=BLOCK)
 
 
 def test_bfloat16_export_and_a_rerun_replaces_the_directory(toy3, drafts, tmp_path):
@@ -308,15 +397,29 @@ def test_bfloat16_export_and_a_rerun_replaces_the_directory(toy3, drafts, tmp_pa
     check_export(out, export_spec(drafts["eagle3"], "speculators", target=toy3))
 
 
-def test_beagle_and_legacy_drafts_are_refused_clearly(toy3, drafts, tmp_path):
+def test_beagle_drafts_export_for_vllm_only_and_legacy_drafts_are_refused_clearly(toy3, drafts, tmp_path):
     tcfg, tid = load_target_config(toy3), target_id(toy3)
     heads = load_target_heads(toy3)
     beagle = save_draft(build_draft(draft_config_from_target(tcfg, "beagle", target_id=tid), heads.embed,
                                     heads.lm_head), tmp_path / "beagle")
     for fmt in ("speculators", "sglang", "eagle"):
-        with pytest.raises(ExportError, match="no serving engine runs Beagle drafts yet"):
+        with pytest.raises(ExportError, match="only vLLM serves Beagle drafts, through specdraft's plugin"):
             export_draft(beagle, fmt, tmp_path / fmt, target=toy3)
-    assert formats_for("beagle") == ()
+    assert formats_for(read_draft_config(beagle)) == ("vllm",)
+    out = export_draft(beagle, "vllm", tmp_path / "vllm", target=toy3)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["EagleSpecdraftBeagleForCausalLM"] and config["num_hidden_layers"] == 1
+    tensors = load_file(str(out / "model.safetensors"))
+    assert {"layers.0.query_norm.weight", "layers.0.state_norm.weight", "layers.0.self_attn.q_proj.weight",
+            "layers.0.post_attention_layernorm.weight"} <= set(tensors) and not any("embed" in k for k in tensors)
+    assert '"method": "eagle"' in serve_commands({"vllm": str(out)}, str(toy3), 3)["vllm"]
+    cross = save_draft(build_draft(draft_config_from_target(tcfg, "dflash", target_id=tid, aux_layers=AUX,
+                                                            block_self_attention=False), heads.embed, heads.lm_head),
+                       tmp_path / "beagle-dflash")
+    assert formats_for(read_draft_config(cross)) == ()
+    for fmt in ("speculators", "vllm"):
+        with pytest.raises(ExportError, match="never attend to each other .the beagle-dflash recipe."):
+            export_draft(cross, fmt, tmp_path / f"bd-{fmt}", target=toy3)
     legacy = tmp_path / "legacy"  # a specdraft 0.1 directory: input_layernorm on the fc output
     legacy.mkdir()
     config = json.loads((drafts["hass"] / "config.json").read_text())
@@ -329,6 +432,6 @@ def test_beagle_and_legacy_drafts_are_refused_clearly(toy3, drafts, tmp_path):
     save_file(state, str(legacy / "model.safetensors"))
     with pytest.raises(ExportError, match="written by specdraft 0.1.*Retrain"):
         export_draft(legacy, "sglang", tmp_path / "out", target=toy3)
-    with pytest.raises(ExportError, match="cannot carry an 'eagle3' draft"):
+    with pytest.raises(ExportError, match="cannot carry a 'eagle3' draft"):
         export_draft(drafts["eagle3"], "eagle", tmp_path / "out", target=toy3)
     assert not (tmp_path / "out").exists()

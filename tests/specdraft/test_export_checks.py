@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import specdraft.export.check as check_module
+import specdraft.export.spec as spec_module
 from specdraft.export import ExportError, check_export, export_draft, export_spec
 from specdraft.export.spec import LAYOUTS
 from specdraft.models import build_draft, draft_config_from_target, save_draft
@@ -28,7 +28,7 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("checks")
     target = tiny_target(num_hidden_layers=4, max_position_embeddings=4096)
     target.save_pretrained(root / "target")
-    drafts = {arch: save_draft(tiny_draft(target, arch), root / arch) for arch in ("eagle3", "eagle")}
+    drafts = {arch: save_draft(tiny_draft(target, arch), root / arch) for arch in ("eagle3", "eagle", "dflash")}
     return root / "target", drafts
 
 
@@ -117,7 +117,7 @@ def test_embedding_absent_where_a_format_reads_the_drafts_own(setup, tmp_path, m
     patched = dict(LAYOUTS)
     patched[key] = type(LAYOUTS[key])(**{**{f: getattr(LAYOUTS[key], f) for f in LAYOUTS[key].__slots__},
                                          "embedding": True})
-    monkeypatch.setattr(check_module, "LAYOUTS", patched)
+    monkeypatch.setattr(spec_module, "LAYOUTS", patched)
     with pytest.raises(ExportError, match="embed_tokens.weight is missing: this format reads the draft's own"):
         check_export(out, spec)
 
@@ -203,3 +203,91 @@ def test_exporter_refuses_drafts_the_engines_cannot_reproduce(setup, tmp_path):
     with pytest.raises(ExportError, match="the draft was trained on target somewhere@0123456789abcdef"):
         export_draft(other, "speculators", tmp_path / "o", target=target_dir)
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- vLLM 0.32's quirks (README "Serving a draft")
+
+
+@pytest.fixture(scope="module")
+def vllm_drafts(setup, tmp_path_factory):
+    """Beagle, Beagle over EAGLE-3 features, and an EAGLE-3 draft over the target's whole vocabulary."""
+    target_dir, _ = setup
+    target = tiny_target(num_hidden_layers=4, max_position_embeddings=4096)
+    root = tmp_path_factory.mktemp("vllm-drafts")
+    out = {arch: save_draft(tiny_draft(target, arch), root / arch) for arch in ("beagle", "beagle3")}
+    vocab = target.config.vocab_size
+    out["eagle3-full"] = save_draft(tiny_draft(target, "eagle3", draft_vocab=vocab), root / "eagle3-full")
+    return target_dir, out
+
+
+def test_a_top_level_bias_key_is_vllms_attention_bias(setup, tmp_path):
+    """vLLM's Llama layer reads ``attention_bias or bias``: q/k/v/o get uninitialised biases, 0 accepted tokens."""
+    out, spec = exported(setup, tmp_path, "eagle", "vllm")
+    assert "bias" not in json.loads((out / "config.json").read_text())
+    edit_config(out, lambda c: c.update(bias=True))
+    with pytest.raises(ExportError, match="a top-level 'bias' key: vLLM and SGLang read it as the attention bias"):
+        check_export(out, spec)
+
+
+def test_vllms_own_eagle_class_would_drop_the_fc_bias(setup, tmp_path):
+    out, spec = exported(setup, tmp_path, "eagle", "vllm")
+    assert "fc.bias" in load_file(str(out / "model.safetensors"))
+    edit_config(out, lambda c: c.update(architectures=["LlamaForCausalLM"]))  # what vLLM maps to its EAGLE-1 class
+    with pytest.raises(ExportError, match="builds fc without a bias and drops the checkpoint's fc.bias"):
+        check_export(out, spec)
+
+
+def test_an_architecture_the_plugin_does_not_register(vllm_drafts, tmp_path):
+    target, drafts = vllm_drafts
+    out = export_draft(drafts["beagle"], "vllm", tmp_path / "b", target=target)
+    edit_config(out, lambda c: c.update(architectures=["BeagleLlamaForCausalLM"]))  # vLLM would prefix Eagle
+    with pytest.raises(ExportError, match="not registered by specdraft's vLLM plugin"):
+        check_export(out, export_spec(drafts["beagle"], "vllm", target=target))
+
+
+def test_vocab_maps_for_a_full_draft_vocabulary_are_refused_by_vllm(vllm_drafts, tmp_path):
+    """vLLM creates draft_id_to_target_id only for a smaller draft vocabulary and refuses the tensors otherwise."""
+    target, drafts = vllm_drafts
+    out = export_draft(drafts["eagle3-full"], "speculators", tmp_path / "s", target=target)
+    assert not {"d2t", "t2d"} & set(load_file(str(out / "model.safetensors")))
+    spec = export_spec(drafts["eagle3-full"], "speculators", target=target)
+    state = load_file(str(drafts["eagle3-full"] / "model.safetensors"))
+    edit_tensors(out, lambda t: t.update(d2t=state["heads.d2t"], t2d=state["heads.t2d"]))
+    with pytest.raises(ExportError, match=r"\['d2t', 't2d'\] present .*refuses to load"):
+        check_export(out, spec)
+    sgl = export_draft(drafts["eagle3-full"], "sglang", tmp_path / "g", target=target)  # SGLang reads them: kept
+    assert {"d2t", "t2d"} <= set(load_file(str(sgl / "model.safetensors")))
+
+
+def test_speculators_layer_types_vllm_can_build(setup, tmp_path):
+    out, spec = exported(setup, tmp_path, "eagle3", "speculators")
+    edit_config(out, lambda c: c["transformer_layer_config"].update(model_type="mistral"))
+    with pytest.raises(ExportError, match="builds only 'llama' or 'qwen3' draft layers"):
+        check_export(out, spec)
+
+
+def test_beagle_over_eagle3_features_keeps_its_aux_ids_in_vllms_convention(vllm_drafts, tmp_path):
+    target, drafts = vllm_drafts
+    out = export_draft(drafts["beagle3"], "vllm", tmp_path / "b3", target=target)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Eagle3SpecdraftBeagleForCausalLM"] and config["draft_vocab_size"] == 100
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    edit_config(out, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 3]))
+    with pytest.raises(ExportError, match=r"eagle_aux_hidden_state_layer_ids = \[1, 2, 3\] is off by one"):
+        check_export(out, export_spec(drafts["beagle3"], "vllm", target=target))
+
+
+@pytest.mark.parametrize("change,reason", [
+    (lambda c: c.update(sliding_window_non_causal=False), "vLLM then builds the draft's attention CAUSAL"),
+    (lambda c: c["transformer_layer_config"].pop("rope_parameters"), "falls back to 1e6 when it is missing"),
+    (lambda c: c.update(mask_token_id=c["mask_token_id"] - 1), "mask_token_id = .*, the draft has"),
+    (lambda c: c.update(block_size=8), "block_size = 8, the draft has 5"),
+    (lambda c: c.update(aux_hidden_state_layer_ids=[i - 1 for i in c["aux_hidden_state_layer_ids"]]),
+     "aux_hidden_state_layer_ids = .* is off by one"),
+    (lambda c: c["transformer_layer_config"].update(num_hidden_layers=1), "num_hidden_layers = 1, the draft has 2"),
+], ids=["causal", "rope-theta", "mask-token", "block-size", "aux-ids", "layers"])
+def test_block_draft_config_vllm_would_misread(setup, tmp_path, change, reason):
+    out, spec = exported(setup, tmp_path, "dflash", "speculators")
+    edit_config(out, change)
+    with pytest.raises(ExportError, match=reason):
+        check_export(out, spec)

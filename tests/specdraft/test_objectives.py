@@ -331,3 +331,141 @@ def test_seeded_training_is_bitwise_repeatable(draft_kind, kind):
     (l1, s1), (l2, s2) = run(), run()
     assert l1 == l2
     assert all(torch.equal(s1[k], s2[k]) for k in s1)
+
+
+# --------------------------------------------------------------------------- block drafts (DFlash)
+
+BLOCK = 4
+
+
+def make_block_draft(kind: str = "dflash", seed: int = 0):
+    """kind: dflash | dflash-vocab (own draft vocabulary) | beagle-dflash (no self-attention in the block)."""
+    torch.manual_seed(seed)
+    own = kind == "dflash-vocab"
+    cfg = DraftConfig(arch="dflash", vocab_size=V, hidden_size=D, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, intermediate_size=128, aux_layers=AUX, draft_vocab_size=VD if own else None,
+                      num_layers=2, block_size=BLOCK, mask_token_id=V - 1,
+                      block_self_attention=kind != "beagle-dflash")
+    vocab = torch.randperm(V)[:VD].sort().values if own else None
+    draft = build_draft(cfg, embed=torch.randn(V, D), lm_head=torch.randn(V, D) / D**0.5, vocab=vocab)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return draft
+
+
+def explicit_block(draft, ids: torch.Tensor, states: torch.Tensor, a: int) -> torch.Tensor:
+    """The block anchored at ``a`` written out literally: the context is the states 0..a-1 (sliced, no mask),
+    every layer's keys are [context keys ++ the block's own keys] in one plain softmax (GQA repeated by
+    hand). Returns the final states (S, d) before the head's norm."""
+    cfg, s = draft.config, draft.config.block_size
+    tokens = torch.tensor([int(ids[a])] + [cfg.mask_token_id] * (s - 1))
+    pos = torch.arange(a, a + s)[None]  # (1, S)
+    ctx = draft.hidden_norm(states[None, :a])  # (1, a, d)
+    x = draft.heads.embed(tokens)[None]  # (1, S, d)
+    for layer in draft.layers:
+        att = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = att.queries(h, pos, draft.rotary)  # (1, H, S, Dh)
+        ctx_kv = att.keys_values(ctx, torch.arange(a)[None], draft.rotary)
+        k, v = ctx_kv.k, ctx_kv.v
+        if cfg.block_self_attention:
+            own = att.keys_values(h, pos, draft.rotary)
+            k, v = torch.cat([k, own.k], 2), torch.cat([v, own.v], 2)
+        rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # (1, H, L, Dh)
+        w = torch.softmax((q @ k.transpose(-1, -2)) / cfg.head_dim**0.5, dim=-1)  # (1, H, S, L)
+        o = (w @ v).transpose(1, 2).reshape(1, s, -1)
+        x = x + att.o_proj(o)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x[0]
+
+
+def explicit_block_loss(draft, batch: Batch, blocks: masks.Blocks, h: torch.Tensor, weights: LossWeights,
+                        decay: float) -> torch.Tensor:
+    """Sum over blocks b, n and depths k of w_k * loss(row a+k-1) / sum of w_k, term by term with full logits."""
+    heads, cfg = draft.heads, draft.config
+    num, den = torch.zeros(()), torch.zeros(())
+    for b in range(h.shape[0]):
+        for n, a in enumerate(blocks.anchors[b].tolist()):
+            for k in range(1, cfg.block_size):
+                q = a + k - 1
+                if a < 0 or q >= T or not (batch.loss_mask[b, q] and batch.valid[b, q] and q > 0):
+                    continue
+                if cfg.own_vocab and batch.topk_ids is not None and not heads.t2d[batch.topk_ids[b, q, 0]]:
+                    continue  # scored, not trained: the draft cannot emit the target's top-1
+                logp = torch.log_softmax(draft.logits(h[b, n, k][None]).float(), -1)  # (1, Vd)
+                tgt = batch.hidden[b, q][None] @ heads.teacher_weight.T  # (1, Vd)
+                term = weights.ce * soft_ce(logp, tgt)
+                if weights.topk:
+                    if cfg.own_vocab:
+                        top = torch.log_softmax(tgt, -1).topk(batch.topk_ids.shape[-1], dim=-1)
+                        tid, tlp = top.indices, top.values
+                    else:
+                        tid, tlp = batch.topk_ids[b, q][None], batch.topk_logp[b, q][None]
+                    term = term + weights.topk * topk_ce(logp, tid, tlp)
+                num = num + decay ** (k - 1) * term[0]
+                den = den + decay ** (k - 1)
+    return num / den
+
+
+BLOCK_STAGE = StageConfig(kind="block", anchors=5, step_decay=0.8, noise_std=0.0, loss=LossWeights(ce=1.0, topk=0.5))
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash-vocab", "beagle-dflash"])
+def test_block_stage_matches_an_explicit_per_block_loop(kind):
+    """The block stage's one forward (every block of every row at once, one mask) == each block drafted on its
+    own from the sliced context: states, the weighted loss and its gradients (fp32, < 1e-5)."""
+    from specdraft.objectives import block_substep, prepare_targets
+
+    batch = make_batch(with_topk=True, aux=True)
+    fast, slow = make_block_draft(kind), make_block_draft(kind)
+    targets = prepare_targets(fast, batch, BLOCK_STAGE.loss)
+    blocks = masks.sample_blocks(targets.scored, BLOCK, BLOCK_STAGE.anchors, torch.Generator().manual_seed(4))
+    assert (blocks.anchors >= 0).sum() >= 8, "too few blocks for a meaningful test"
+    sub = block_substep(fast, batch, batch.aux_hidden, blocks, BLOCK_STAGE, targets)
+    sub.loss.backward()
+    explicit = torch.zeros(2, blocks.anchors.shape[1], BLOCK, D)
+    for b in range(2):
+        states = slow.project(batch.aux_hidden[b])  # (T, d)
+        for n, a in enumerate(blocks.anchors[b].tolist()):
+            if a >= 0:
+                explicit[b, n] = explicit_block(slow, batch.input_ids[b], states, a)
+    fast_h = sub.h_hat.view(2, -1, BLOCK - 1, D)  # depths 1 .. S-1
+    live = (blocks.anchors >= 0)[..., None, None]
+    assert ((fast_h - explicit[:, :, 1:]).abs() * live).max() < TOL
+    ref = explicit_block_loss(slow, batch, blocks, explicit, BLOCK_STAGE.loss, BLOCK_STAGE.step_decay)
+    assert abs(float(sub.loss.detach()) - float(ref.detach())) < TOL, (float(sub.loss.detach()), float(ref.detach()))
+    ref.backward()
+    for (name, p), (_, r) in zip(fast.named_parameters(), slow.named_parameters()):
+        assert (p.grad - r.grad).abs().max() < TOL * max(1.0, float(r.grad.abs().max())), name
+
+
+def test_block_anchors_are_distinct_trained_positions_redrawn_per_batch():
+    scored = make_batch().loss_mask & (torch.arange(T) > 0)[None]
+    first = masks.sample_blocks(scored, BLOCK, 4, torch.Generator().manual_seed(0))
+    again = masks.sample_blocks(scored, BLOCK, 4, torch.Generator().manual_seed(0))
+    other = masks.sample_blocks(scored, BLOCK, 4, torch.Generator().manual_seed(1))
+    assert torch.equal(first.anchors, again.anchors) and not torch.equal(first.anchors, other.anchors)
+    for b in range(2):
+        picked = [a for a in first.anchors[b].tolist() if a >= 0]
+        assert picked == sorted(set(picked)) and len(picked) == min(4, int(scored[b].sum()))
+        assert all(bool(scored[b, a]) for a in picked)
+    every = masks.sample_blocks(scored, BLOCK, 100)  # more than there are: every candidate once, -1 padded
+    assert sorted(a for a in every.anchors[1].tolist() if a >= 0) == scored[1].nonzero().flatten().tolist()
+    seen = first.context_visible(T)  # (B, N*S, T): block n's positions see exactly u < its anchor
+    for b in range(2):
+        for n, a in enumerate(first.anchors[b].tolist()):
+            want = torch.arange(T) < a if a >= 0 else torch.zeros(T, dtype=torch.bool)
+            assert all(torch.equal(seen[b, n * BLOCK + k], want) for k in range(BLOCK))
+
+
+def test_block_stage_weights_decay_with_depth_and_trains_block_drafts_only():
+    blocks = masks.Blocks(torch.tensor([[2, -1]]), 4)
+    assert blocks.depth_weights(0.5).tolist() == [1.0, 0.5, 0.25]
+    assert blocks.rows().tolist() == [[[2, 3, 4], [-1, -1, -1]]]
+    with pytest.raises(ValueError, match="block"):
+        list(substeps(make_draft("eagle3"), make_batch(aux=True), BLOCK_STAGE))
+    with pytest.raises(ValueError, match="block"):
+        list(substeps(make_block_draft(), make_batch(aux=True), stage_for("eagle3", "ttt")))

@@ -196,6 +196,23 @@ def test_eagle3_first_step_loss_is_the_same_online_and_offline(deep, tmp_path, m
     assert losses[1] == pytest.approx(losses[0], abs=1e-6 if max_tokens == 1 else 1e-5, rel=0)
 
 
+def test_dflash_first_step_loss_is_the_same_online_and_offline(toy, tmp_path):
+    """recipe dflash's block stage (anchors from the trainer's seeded stream) over the auxiliary layers, from a
+    store and online: the same first two losses."""
+    target, model, _, data = toy
+    store = write_store(tmp_path / "store", model, data, "fp16", aux_layers=[0, 1])
+    heads, tconf = load_target_heads(target), load_target_config(target)
+    stage = StageConfig(kind="block", epochs=1, anchors=6, step_decay=0.87, noise_std=0.0, loss=LossWeights(ce=1.0))
+    reader = ReaderConfig(max_tokens=400, seed=0, aux=True)
+    losses = []
+    for dataset in (FeatureDataset(store, reader), OnlineDataset(model, data, reader, topk=TOPK, aux_layers=[0, 1])):
+        torch.manual_seed(0)
+        dcfg = draft_config_from_target(tconf, "dflash", aux_layers=[0, 1], num_layers=2, block_size=4)
+        losses.append(first_two_losses(build_draft(dcfg, heads.embed, heads.lm_head), stage, dataset))
+    assert len(losses[0]) == 2 and losses[0][0] > 0
+    assert losses[1] == pytest.approx(losses[0], abs=1e-5, rel=0)
+
+
 def test_online_dataset_checks_its_arguments(toy):
     _, model, _, data = toy
     with pytest.raises(AssertionError, match="hidden codec"):

@@ -64,13 +64,17 @@ def tiny_draft(target, arch: str, seed: int = 1, draft_vocab: int = 100):
     """A random draft sharing the target's embedding and lm_head.
 
     ``eagle3`` / ``beagle3``: reads the target's hidden_states 0, 1, 2 and predicts over a random
-    draft vocabulary of ``draft_vocab`` target ids.
+    draft vocabulary of ``draft_vocab`` target ids. ``dflash``: a 2-layer block draft (blocks of 5) over
+    hidden_states 0, 1, 2 with the target's head; ``dflash-vocab`` with a draft vocabulary.
     """
     torch.manual_seed(seed)
-    feats = arch in ("eagle3", "beagle3")
-    vocab = torch.randperm(target.config.vocab_size)[:draft_vocab].sort().values if feats else None
-    cfg = draft_config_from_target(target.config, "beagle" if arch == "beagle3" else arch,
-                                   aux_layers=[0, 1, 2] if feats else None, draft_vocab_size=draft_vocab if feats else None)
+    own = arch in ("eagle3", "beagle3", "dflash-vocab")
+    feats = own or arch == "dflash"
+    vocab = torch.randperm(target.config.vocab_size)[:draft_vocab].sort().values if own else None
+    base = {"beagle3": "beagle", "dflash-vocab": "dflash"}.get(arch, arch)
+    blocks = dict(num_layers=2, block_size=5) if base == "dflash" else {}
+    cfg = draft_config_from_target(target.config, base, aux_layers=[0, 1, 2] if feats else None,
+                                   draft_vocab_size=draft_vocab if own else None, **blocks)
     draft = build_draft(cfg, embed=target.get_input_embeddings().weight, lm_head=target.lm_head.weight, vocab=vocab)
     with torch.no_grad():
         for name, p in draft.named_parameters():
@@ -153,6 +157,39 @@ class StubDraft(nn.Module):
                 row[(right + 1) % self.vocab] = -1.0
             rows.append(row)
         return torch.stack(rows)[None]  # (1, Q, V)
+
+    def logits(self, h):
+        return h
+
+
+class StubBlockDraft(nn.Module):
+    """Block-draft-shaped stub: block position k from a root at n proposes seq[n + k] unless n + k is in
+    ``wrong``, where a distractor is top-1 and seq[n + k] second."""
+
+    def __init__(self, seq: list[int], vocab: int, block_size: int = 6, wrong=lambda pos: False):
+        super().__init__()
+        self.seq, self.vocab, self.wrong = list(seq), vocab, wrong
+        self.dummy = nn.Parameter(torch.zeros(1))
+        self.config = DraftConfig(arch="dflash", vocab_size=vocab, hidden_size=vocab, num_attention_heads=1,
+                                  num_key_value_heads=1, head_dim=1, intermediate_size=1, aux_layers=[0],
+                                  block_size=block_size, mask_token_id=0)
+
+    def project(self, features):
+        return features
+
+    def context_kv(self, states, positions):
+        z = torch.zeros(1, 1, states.shape[1], 1)
+        return [KV(z, z)]
+
+    def draft_block(self, anchor, position, context, size=None):
+        rows = []
+        for p in range(position, position + (size or self.config.block_size)):
+            right = self.seq[p]
+            row = torch.full((self.vocab,), -30.0)
+            row[(right + 1) % self.vocab if self.wrong(p) else right] = 0.0
+            row[right if self.wrong(p) else (right + 1) % self.vocab] = -1.0
+            rows.append(row)
+        return torch.stack(rows)[None]  # (1, S, V)
 
     def logits(self, h):
         return h

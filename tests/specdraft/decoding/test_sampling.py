@@ -78,7 +78,8 @@ def sampled_counts(target, draft, cfg: DecodeConfig, n: int, seed: int) -> Count
 def models():
     target = tiny_target("llama", seed=21, logit_scale=12.0, vocab_size=V)
     drafts = {"beagle": tiny_draft(target, "beagle", seed=22), "eagle": tiny_draft(target, "eagle", seed=23),
-              "eagle3": tiny_draft(target, "eagle3", seed=24, draft_vocab=4)}  # 2 tokens it can never propose
+              "eagle3": tiny_draft(target, "eagle3", seed=24, draft_vocab=4),  # 2 tokens it can never propose
+              "dflash": tiny_draft(target, "dflash", seed=25)}
     return target, drafts
 
 
@@ -87,10 +88,12 @@ CASES = [
     ("eagle3", DecodeConfig(mode="chain", gamma=2, temperature=1.0, max_new_tokens=STEPS)),
     ("beagle", DecodeConfig(mode="tree", depth=2, topk=2, total_tokens=4, temperature=0.8, top_k=4, top_p=0.9,
                             max_new_tokens=STEPS)),
+    ("dflash", DecodeConfig(mode="chain", gamma=2, temperature=0.8, top_k=4, max_new_tokens=STEPS)),
 ]
 
 
-@pytest.mark.parametrize("arch,cfg", CASES, ids=["chain-sampled", "eagle3-draft-vocab", "tree-topk-warped"])
+@pytest.mark.parametrize("arch,cfg", CASES, ids=["chain-sampled", "eagle3-draft-vocab", "tree-topk-warped",
+                                                 "dflash-block-sampled"])
 def test_speculative_sampling_matches_the_target_distribution(models, arch, cfg):
     target, drafts = models
     exact = exact_joint(target, cfg.sampling, PROMPT, STEPS)

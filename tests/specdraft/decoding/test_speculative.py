@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from tests.specdraft.decoding.decoding_helpers import StubDraft, tiny_draft, tiny_target
+from tests.specdraft.decoding.decoding_helpers import StubBlockDraft, StubDraft, tiny_draft, tiny_target
 from specdraft.decoding import DecodeConfig, eos_token_ids, speculative_generate, vanilla_generate
 from specdraft.decoding.eval import render_prompt
 from specdraft.decoding.metrics import first_mismatch
@@ -38,7 +38,7 @@ def assert_lossless(target, draft, ids, cfg, eos_ids=frozenset()):
 
 
 @pytest.mark.parametrize("cfg", [CHAIN, TREE], ids=["chain", "tree"])
-@pytest.mark.parametrize("arch", ["beagle", "eagle", "eagle3", "beagle3"])
+@pytest.mark.parametrize("arch", ["beagle", "eagle", "eagle3", "beagle3", "dflash", "dflash-vocab"])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 def test_greedy_lossless_random_drafts(family, arch, cfg):
     target = tiny_target(family, seed=0, logit_scale=4.0)
@@ -119,6 +119,22 @@ def test_oracle_stub_draft_with_real_targets(family, cfg):
     assert sum(gen.round_tokens) / gen.rounds > 2.5
 
 
+@pytest.mark.parametrize("cfg", [CHAIN, TREE], ids=["chain", "tree"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_oracle_stub_block_draft_with_real_targets(family, cfg):
+    """A block draft knowing the target's greedy continuation, wrong at every 4th position: one block per
+    round (a chain of gamma in chain mode, the block's 5 masked positions otherwise), still lossless."""
+    target = tiny_target(family, seed=2, logit_scale=4.0)
+    ids = prompt(3)
+    ref = vanilla_generate(target, ids, DecodeConfig(max_new_tokens=60))
+    oracle = StubBlockDraft(ids + ref.tokens + [0] * 20, 128, wrong=lambda p: p % 4 == 0)
+    gen = assert_lossless(target, oracle, ids, cfg)
+    assert max(gen.accepted) == (cfg.gamma if cfg.mode == "chain" else 3)  # wrong every 4th: at most 3 in a row
+    assert sum(gen.round_tokens) / gen.rounds > 2.5
+    perfect = assert_lossless(target, StubBlockDraft(ids + ref.tokens + [0] * 20, 128), ids, cfg)
+    assert perfect.accepted[:-1] == [cfg.gamma if cfg.mode == "chain" else 5] * (perfect.rounds - 1)
+
+
 def test_eos_and_max_new_tokens():
     target = tiny_target("llama", seed=0, logit_scale=4.0)
     draft = tiny_draft(target, "eagle")
@@ -140,13 +156,14 @@ def test_vanilla_matches_transformers_generate():
     assert ours == hf[0, len(ids) :].tolist()
 
 
-@pytest.mark.parametrize("arch", ["beagle", "eagle"])
+@pytest.mark.parametrize("arch", ["beagle", "eagle", "dflash"])
 def test_greedy_lossless_on_the_toy_target(toy_target_dir, arch):
     target = load_target_model(toy_target_dir)
     tokenizer = load_tokenizer(toy_target_dir)
     heads = load_target_heads(toy_target_dir)
     torch.manual_seed(0)
-    draft = build_draft(draft_config_from_target(target.config, arch), heads.embed, heads.lm_head).eval()
+    blocks = dict(aux_layers=[0, 1], num_layers=2, block_size=4) if arch == "dflash" else {}
+    draft = build_draft(draft_config_from_target(target.config, arch, **blocks), heads.embed, heads.lm_head).eval()
     eos = eos_token_ids(target, tokenizer)
     assert eos == {tokenizer.convert_tokens_to_ids("<|end|>")}
     ids = render_prompt(tokenizer, [{"role": "user", "content": "What is 3 plus 4?"}])

