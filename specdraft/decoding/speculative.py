@@ -320,7 +320,7 @@ def drafter_for(draft: torch.nn.Module, cfg: DecodeConfig) -> Drafter:
     """The drafter of a draft model: a block draft drafts one block per round (``block.BlockDrafter``),
     the others a chain or a tree (``ModelDrafter``)."""
     if draft.config.drafts_blocks:
-        return BlockDrafter(draft, block_gamma(draft, cfg), cfg.sampling)
+        return BlockDrafter(draft, block_gamma(draft, cfg), cfg.sampling, cfg.max_new_tokens)
     return ModelDrafter(draft, cfg)
 
 
