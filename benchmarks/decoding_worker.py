@@ -29,6 +29,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +65,37 @@ def load(spec: dict[str, Any]):
         eos = frozenset()
     if "path" in draft_spec:
         heads = (target.get_input_embeddings().weight, target.get_output_embeddings().weight)
-        draft = load_draft(draft_spec["path"], device=device, dtype=dtype, heads=heads)
+        with readable_draft(draft_spec["path"]) as path:
+            draft = load_draft(path, device=device, dtype=dtype, heads=heads)
     else:
         torch.manual_seed(draft_spec.get("seed", 1))
         cfg = draft_config_from_target(target.config, draft_spec["arch"])
         draft = build_draft(cfg, target.get_input_embeddings().weight, target.get_output_embeddings().weight)
         draft = draft.to(device=device, dtype=dtype).eval()
     return target, draft, eos
+
+
+@contextmanager
+def readable_draft(path: str) -> Iterator[str]:
+    """``path``, or a copy of it whose ``config.json`` lacks the keys this ``specdraft``'s ``DraftConfig``
+    does not know: a draft saved by a newer tree carries fields (a block draft's ``block_size``,
+    ``mask_token_id``, ...) that the "before" loop's config rejects and a chain/tree draft does not use."""
+    import dataclasses
+    import shutil
+    import tempfile
+
+    from specdraft.models import DraftConfig
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    known = {f.name for f in dataclasses.fields(DraftConfig)}
+    if set(config) <= known:
+        yield path
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "draft"
+        shutil.copytree(path, copy)
+        (copy / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k in known}, indent=2))
+        yield str(copy)
 
 
 def generations(target, draft, eos, spec: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +223,8 @@ def evaluate_again(config: str, target: str, draft: str, report: str, out: str) 
     if "baselines_home" in inspect.signature(evaluate).parameters:
         extra["baselines_home"] = Path(cfg.workdir) / "eval" / "baselines"
     started = time.perf_counter()
-    evaluate(target, draft, cfg.eval.questions, report, cfg.eval.settings, progress=False, **extra)
+    with readable_draft(draft) as path:
+        evaluate(target, path, cfg.eval.questions, report, cfg.eval.settings, progress=False, **extra)
     Path(out).write_text(json.dumps({"eval_s": time.perf_counter() - started}) + "\n")
 
 
