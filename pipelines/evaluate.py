@@ -15,7 +15,12 @@ via Speculative Decoding", Leviathan et al., 2023, Section 2), beside the prompt
                          vanilla, the draft, and the prompt-lookup floor unless
                          ``settings.pld.enabled`` is off)
     -> driver            records sorted by (question, turn) -> ``build_report``, the same
-                         report as the single-process path
+                         report as the single-process path (which spreads questions over local
+                         processes instead: ``specdraft.decoding.replicas``)
+
+Both paths read vanilla decoding and the prompt-lookup floor from the cache of
+``specdraft.decoding.baselines`` when another draft was evaluated on the same questions before (the
+driver passes each question's cached turns to the replica, and writes what the replicas decoded).
 
 The speculative decoding itself lives in ``specdraft.decoding``; this module only spreads
 questions over replicas. Records depend only on (settings, question), never on which replica
@@ -42,10 +47,12 @@ from specdraft.models import check_draft_target
 from specdraft.placement import describe_placement
 from specdraft.decoding.eval import (
     EvalSettings,
+    baselines_dir,
     build_report,
     evaluate_question,
     load_models,
     load_question_sets,
+    open_baselines,
     run_eval,
     settings_dict,
     warmup,
@@ -80,7 +87,8 @@ class EvalReplica:
     def __call__(self, batch: pa.Table) -> pa.Table:
         out = []
         for row in batch.to_pylist():
-            records = evaluate_question(self.models, json.loads(row["question"]), self.settings)
+            records = evaluate_question(self.models, json.loads(row["question"]), self.settings,
+                                        json.loads(row["cached"]))
             out.append({"index": row["index"], "records": json.dumps(records), "placement": self.placement})
         return pa.Table.from_pylist(out, schema=REPLICA_SCHEMA)
 
@@ -104,8 +112,10 @@ def evaluate_with_ray(
     settings: EvalSettings = EvalSettings(),
     cfg: RayEvalConfig = RayEvalConfig(),
     progress: bool = True,
+    baselines: Path | None = None,
 ) -> dict[str, Any]:
-    """The report of ``run_eval``, computed by Ray Data actors (one question per task).
+    """The report of ``run_eval``, computed by Ray Data actors (one question per task), reusing and
+    filling the same vanilla / floor cache (``baselines``: its directory, None: off).
 
     The draft is checked against the target on the driver (``check_draft_target``), before Ray starts."""
     questions = load_question_sets(question_files, settings.max_questions)
@@ -113,7 +123,11 @@ def evaluate_with_ray(
     check_draft_target(draft, target)
     connect_ray(cfg.address)
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    rows = [{"index": q["index"], "question": json.dumps(q)} for q in questions]
+    replicas = _replicas(cfg, settings, use_gpu, len(questions))
+    cache = open_baselines(baselines, target, questions, settings, torch.device("cuda" if use_gpu else "cpu"),
+                           replicas, 0 if use_gpu else max(1, round(cfg.num_cpus)))
+    rows = [{"index": q["index"], "question": json.dumps(q), "cached": json.dumps(cache.for_question(q))}
+            for q in questions]
     ds = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
         EvalReplica,
         fn_constructor_kwargs=dict(
@@ -121,7 +135,7 @@ def evaluate_with_ray(
         ),
         batch_size=1,
         batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=_replicas(cfg, settings, use_gpu, len(rows))),
+        compute=ray.data.ActorPoolStrategy(size=replicas),
         num_gpus=settings.gpus if use_gpu else 0,  # the GPUs each replica spreads its target over
         num_cpus=cfg.num_cpus,
         **ACTOR_POOL,  # a replica that dies fails the evaluation, never retried without end
@@ -139,8 +153,10 @@ def evaluate_with_ray(
                     bar.update(1)
     finally:
         context.enable_progress_bars = bars
+    cache.absorb(records)
     extra = {"target": str(target), "draft": str(draft), "questions": [str(f) for f in question_files],
-             "placement": [json.loads(p) for p in sorted(placements)]}  # one entry per distinct replica placement
+             "placement": [json.loads(p) for p in sorted(placements)],  # one entry per distinct replica placement
+             "baselines": cache.summary()}
     return build_report(records, settings_dict(settings, **extra))
 
 
@@ -153,13 +169,19 @@ def evaluate(
     use_ray: bool = False,
     ray_cfg: RayEvalConfig = RayEvalConfig(),
     progress: bool = True,
+    baselines_home: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``draft`` against ``target`` on question files; writes the report to ``out`` if given."""
+    """Evaluate ``draft`` against ``target`` on question files; writes the report to ``out`` if given.
+
+    Vanilla decoding and the prompt-lookup floor are read from (and added to) the cache
+    ``eval.baselines_dir`` names: ``baselines_home`` (the flow's ``<workdir>/eval/baselines``), else
+    beside ``out``, unless ``settings.baselines`` names another directory or "off"."""
     started = time.perf_counter()
     if use_ray:
-        report = evaluate_with_ray(target, draft, question_files, settings, ray_cfg, progress)
+        report = evaluate_with_ray(target, draft, question_files, settings, ray_cfg, progress,
+                                   baselines_dir(settings, out, baselines_home))
     else:
-        report = run_eval(target, draft, question_files, settings, progress)
+        report = run_eval(target, draft, question_files, settings, progress, out, baselines_home)
     if settings.engine.enabled:  # the engine users serve with, on the same questions (specdraft.serving.engine)
         from specdraft.serving.engine import engine_report
 

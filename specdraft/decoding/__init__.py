@@ -2,13 +2,16 @@
 
 Modules, bottom up:
 * ``sampling``    token choice shared by vanilla and speculative decoding (warpers, RNG).
+* ``cache``       the target's preallocated KV cache (commit by index) and verification mask buffer.
 * ``drafting``    the draft's cache of true states and its tree-attention queries.
 * ``tree``        EAGLE-2 dynamic draft trees, chains, tree mask and position ids.
-* ``verify``      one-forward target verification, acceptance, KV-cache compaction.
+* ``verify``      one-forward target verification, acceptance (one host read), cache commit.
 * ``speculative`` the one generation loop ``speculative_decode`` over a ``Drafter`` seam,
                   ``speculative_generate`` (draft model) / ``vanilla_generate`` (batch 1).
 * ``prompt_lookup`` training-free prompt-lookup drafting (n-gram copy), the evaluation floor.
 * ``metrics``     τ, α_i, tokens/s, speedup, lossless counts.
+* ``baselines``   vanilla decoding and the floor of a question set, cached on disk.
+* ``replicas``    questions spread over worker processes.
 * ``eval``        MT-Bench-format question sets -> per-dataset / per-turn report.
 """
 

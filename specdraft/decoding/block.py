@@ -5,8 +5,9 @@ the block as a chain).
 The draft keeps one cache per layer of the committed context's keys/values (the projected target
 features of every committed position, §3.1's KV injection); a round runs the block — the root (the
 last committed token t_n, the block's anchor at position n) and γ masks at n+1 .. n+γ — over that
-cache, and block position k proposes the token at n + k. The γ tokens form a chain
-(``tree.chain_of_tokens``): greedy takes each position's argmax; sampling draws each position's token
+cache, and block position k proposes the token at n + k. The γ tokens form a chain (``DraftTree`` with
+``chain=True``, its tokens left on the device: the loop's one host read per round stays the acceptance's):
+greedy takes each position's argmax; sampling draws each position's token
 from its own (warped) distribution q_k, kept as the node's proposal. The block's positions do not see
 the tokens drafted beside them (they see only mask tokens), so q_k is the proposal of depth k whatever
 was drawn before it, and verification's rejection sampling stays exact. ``advance`` appends the
@@ -18,14 +19,14 @@ block: vLLM's ``num_speculative_tokens``). A block draft proposes no tree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from specdraft.decoding.drafting import target_logprobs
-from specdraft.decoding.sampling import SamplingConfig, sample, target_probs
-from specdraft.decoding.tree import DraftTree, chain_of_tokens
-from specdraft.models.layers import KVCache
+from specdraft.decoding.sampling import SamplingConfig, draw, target_probs
+from specdraft.decoding.tree import DraftTree, chain_structure
+from specdraft.models.kvcache import KVCache
 
 
 @dataclass
@@ -44,6 +45,7 @@ class BlockDrafter:
     draft: torch.nn.Module
     gamma: int  # drafted tokens per round (the block's masked positions)
     sampling: SamplingConfig
+    max_new_tokens: int = 0  # sizes the caches up front (0: they grow by doubling)
 
     @property
     def max_depth(self) -> int:
@@ -63,7 +65,8 @@ class BlockDrafter:
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor, first_token: int) -> BlockContext:
         n = prompt_ids.shape[1]
         assert features.shape[:2] == (1, n), f"features {tuple(features.shape)} do not match {n} prompt tokens"
-        state = BlockContext([KVCache() for _ in range(self.draft.config.num_layers)], n, int(first_token))
+        capacity = n + self.max_new_tokens + self.gamma + 1 if self.max_new_tokens else 0
+        state = BlockContext([KVCache(capacity) for _ in range(self.draft.config.num_layers)], n, int(first_token))
         self._extend(state, features, 0)
         return state
 
@@ -72,12 +75,19 @@ class BlockDrafter:
         context = [cache.view() for cache in state.caches]
         h = self.draft.draft_block(state.root_token, state.root_pos, context, size=self.gamma + 1)  # (1, 1+γ, d)
         logp = target_logprobs(self.draft, self.draft.logits(h[0, 1:]))  # (γ, V)
+        tokens = torch.empty(self.gamma + 1, dtype=torch.long, device=logp.device)  # (1+γ,): left on the device
+        tokens[0] = state.root_token
+        proposals = None
         if self.sampling.greedy:
-            return chain_of_tokens(state.root_token, logp.argmax(-1), logp.device)
-        q = torch.stack([target_probs(row, self.sampling) for row in logp])  # (γ, V)
-        tokens = torch.tensor([sample(row, generator) for row in q], device=logp.device)  # (γ,)
-        tree = chain_of_tokens(state.root_token, tokens, logp.device)
-        return replace(tree, proposals=torch.cat([torch.zeros_like(q[:1]), q]))  # (1+γ, V); row 0 unused
+            tokens[1:] = logp.argmax(-1)
+        else:
+            q = target_probs(logp, self.sampling)  # (γ, V)
+            for k, row in enumerate(q):  # one draw per position, in order (the generator's stream)
+                tokens[k + 1] = draw(row, generator)
+            proposals = torch.cat([torch.zeros_like(q[:1]), q])  # (1+γ, V); row 0 unused
+        parents, depths, ancestors, zeros = chain_structure(self.gamma, logp.device)
+        return DraftTree(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, scores=zeros,
+                         proposals=proposals, height=self.gamma, chain=True)
 
     def advance(self, state: BlockContext, tokens: list[int], features: torch.Tensor) -> None:
         """Commit ``tokens`` (accepted drafts + the next root); ``features`` (1, m, F) are the target's at the

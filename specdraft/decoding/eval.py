@@ -20,7 +20,13 @@ counts go into the record with the suffix ``_pld`` and the summary reports ``tau
 ``evaluate_question`` returns plain per-turn records (JSON-able: they cross process
 boundaries), ``build_report`` aggregates them per dataset and per turn (``metrics.summarize``).
 Sampling seeds depend only on (seed, question index, turn), so any split of the questions
-over workers gives the same records as one process (timings aside).
+over workers gives the same records as one process (timings aside): ``run_eval`` spreads the
+questions over processes (``replicas``: one per CPU core, or per ``gpus`` GPUs) by default.
+
+Vanilla decoding and the floor depend only on (target, questions, decode settings): they are
+decoded once and read back from a cache (``baselines``) when another draft is evaluated on the same
+questions; each record says whether its baseline / floor came from there (``baseline_cached``,
+``pld_cached``) and the report's ``settings.baselines`` what was reused.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from transformers.utils.logging import tqdm
 
 from specdraft import files
 from specdraft.config import ConfigError, to_dict
+from specdraft.decoding.baselines import CACHE_FIELD, Baselines, machine, prompt_digest
 from specdraft.decoding.metrics import first_mismatch, summarize
 from specdraft.decoding.prompt_lookup import PromptLookupConfig, prompt_lookup_generate
 from specdraft.decoding.speculative import (
@@ -54,7 +61,7 @@ from specdraft.placement import (
     resolve_dtype,
 )
 from specdraft.serving.engine import EngineSettings
-from specdraft.target import load_target_model, load_tokenizer
+from specdraft.target import load_target_model, load_tokenizer, target_fingerprint
 
 TIMING_KEYS = ("wall_s", "draft_s", "verify_s", "baseline_wall_s", "wall_s_pld", "draft_s_pld", "verify_s_pld")
 
@@ -73,6 +80,12 @@ class EvalSettings:
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     system_prompt: str | None = None
     warmup: bool = True  # one short untimed generation before the first timed one
+    # processes the questions are spread over: None = one per CPU core (CPU) or per ``gpus`` GPUs (CUDA);
+    # 1 = in this process. Records are the same whatever the split (timings aside)
+    workers: int | None = None
+    # vanilla / prompt-lookup cache directory: "auto" = beside the report (``<report dir>/baselines``; the
+    # flow's: ``<workdir>/eval/baselines``; no report: none), "off" = decode them every time, else a directory
+    baselines: str = "auto"
     engine: EngineSettings = field(default_factory=EngineSettings)  # the serving engine's measurement (vLLM)
 
     def __post_init__(self) -> None:
@@ -80,6 +93,10 @@ class EvalSettings:
             raise ConfigError(f"max_questions={self.max_questions}: must be >= 1 (or null: every question)")
         if self.gpus < 1:
             raise ConfigError(f"gpus={self.gpus}: must be >= 1")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"workers={self.workers}: must be >= 1 (or null: one per core / GPU group)")
+        if not self.baselines:
+            raise ConfigError("baselines: 'auto', 'off' or a directory")
 
 
 @dataclass
@@ -207,18 +224,26 @@ def generation_fields(gen: Generation, base: Generation, greedy: bool, suffix: s
     return {f"{key}{suffix}": value for key, value in fields.items()}
 
 
-def evaluate_question(models: Models, question: dict[str, Any], settings: EvalSettings) -> list[dict[str, Any]]:
+def evaluate_question(
+    models: Models, question: dict[str, Any], settings: EvalSettings, cached: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """Vanilla, speculative and (the floor) prompt-lookup decoding of every turn of one question;
-    one record per turn."""
+    one record per turn. ``cached`` (``Baselines.for_question``): vanilla / floor entries per turn,
+    used when the turn's prompt is the one they were decoded from; what is decoded here instead
+    travels to the cache in each record's ``CACHE_FIELD`` (popped by ``Baselines.absorb``)."""
     cfg = settings.decode
     device = output_device(models.target)  # generators live where logits are sampled (the lm_head's device)
     messages = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
-    decoders = ["base", "spec"] + (["pld"] if settings.pld.enabled else [])
+    cached = cached or {"vanilla": {}, "pld": {}}
     records = []
     for turn, text in enumerate(question["turns"], start=1):
         messages.append({"role": "user", "content": text})
         prompt = render_prompt(models.tokenizer, messages)
         seed = turn_seed(settings.seed, question["index"], turn)
+        found = {kind: cached[kind].get(str(turn)) for kind in ("vanilla", "pld")}
+        usable = {kind: e for kind, e in found.items() if e is not None and e.get("prompt") == prompt_digest(prompt)}
+        decoders = ["spec"] + ([] if "vanilla" in usable else ["base"])
+        decoders += ["pld"] if settings.pld.enabled and "pld" not in usable else []
         shift = (question["index"] + turn) % len(decoders)  # rotate the order: none always runs warm
         gens: dict[str, Generation] = {}
         for which in decoders[shift:] + decoders[:shift]:
@@ -229,7 +254,22 @@ def evaluate_question(models: Models, question: dict[str, Any], settings: EvalSe
                 gens[which] = prompt_lookup_generate(models.target, prompt, cfg, settings.pld, models.eos_ids, gen)
             else:
                 gens[which] = vanilla_generate(models.target, prompt, cfg, models.eos_ids, gen)
-        base, greedy = gens["base"], cfg.sampling.greedy
+        carry: dict[str, Any] = {}
+        if "vanilla" in usable:
+            entry = usable["vanilla"]
+            base = Generation(list(entry["tokens"]), rounds=entry["rounds"], wall_s=entry["wall_s"], stop=entry["stop"])
+        else:
+            base = gens["base"]
+            carry["vanilla"] = {"prompt": prompt_digest(prompt), "tokens": base.tokens, "rounds": base.rounds,
+                                "wall_s": base.wall_s, "stop": base.stop}
+        greedy = cfg.sampling.greedy
+        floor: dict[str, Any] = {}
+        if settings.pld.enabled:
+            if "pld" in usable:
+                floor = dict(usable["pld"]["fields"])
+            else:
+                floor = generation_fields(gens["pld"], base, greedy, "_pld")
+                carry["pld"] = {"prompt": prompt_digest(prompt), "fields": floor}
         records.append({
             "dataset": question["dataset"],
             "index": question["index"],
@@ -240,7 +280,12 @@ def evaluate_question(models: Models, question: dict[str, Any], settings: EvalSe
             **generation_fields(gens["spec"], base, greedy),
             "baseline_new_tokens": len(base.tokens),
             "baseline_wall_s": base.wall_s,
-            **(generation_fields(gens["pld"], base, greedy, "_pld") if "pld" in gens else {}),
+            "baseline_cached": "vanilla" in usable,
+            "baseline_stale": found["vanilla"] is not None and "vanilla" not in usable,
+            **floor,
+            **({"pld_cached": "pld" in usable, "pld_stale": found["pld"] is not None and "pld" not in usable}
+               if settings.pld.enabled else {}),
+            CACHE_FIELD: carry,
         })
         messages.append({"role": "assistant", "content": answer_text(models.tokenizer, base.tokens, models.eos_ids)})
     return records
@@ -264,23 +309,68 @@ def build_report(records: list[dict[str, Any]], settings: dict[str, Any]) -> dic
     return {"settings": settings, "datasets": datasets, "overall": summarize(records), "records": records}
 
 
+def baselines_dir(settings: EvalSettings, report_path: str | Path | None, home: str | Path | None = None) -> Path | None:
+    """Where the vanilla / floor cache lives (``EvalSettings.baselines``): "auto" is ``home`` when the
+    caller names one (the flow: ``<workdir>/eval/baselines``), else beside the report, else nowhere
+    (an evaluation that writes no report caches nothing)."""
+    if settings.baselines == "off":
+        return None
+    if settings.baselines != "auto":
+        return Path(settings.baselines)
+    if home is not None:
+        return Path(home)
+    return None if report_path is None else Path(report_path).parent / "baselines"
+
+
+def open_baselines(directory: Path | None, target_dir: str | Path, questions: list[dict[str, Any]],
+                   settings: EvalSettings, device: torch.device, workers: int, threads: int) -> Baselines:
+    """The vanilla / floor cache of these questions under these settings (``baselines.Baselines``)."""
+    decode = {"temperature": settings.decode.temperature, "top_k": settings.decode.top_k,
+              "top_p": settings.decode.top_p, "max_new_tokens": settings.decode.max_new_tokens, "seed": settings.seed,
+              "system_prompt": settings.system_prompt}
+    pld = None
+    if settings.pld.enabled:
+        pld = {"gamma": settings.pld.resolved_gamma(settings.decode), "max_ngram": settings.pld.max_ngram,
+               "min_ngram": settings.pld.min_ngram}
+    where = {**machine(device, workers, threads), "dtype": str(resolve_dtype(settings.dtype, device)),
+             "attn_implementation": settings.attn_implementation, "gpus": settings.gpus}
+    return Baselines.open(directory, fingerprint=target_fingerprint(target_dir), questions=questions, decode=decode,
+                          pld=pld, where=where)
+
+
 def run_eval(
     target_dir: str | Path,
     draft_dir: str | Path,
     question_files: list[str | Path],
     settings: EvalSettings = EvalSettings(),
     progress: bool = True,
+    report_path: str | Path | None = None,
+    baselines_home: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Single-process evaluation: load once, run every question, return the report."""
+    """Evaluate every question — in this process, or spread over worker processes (``replicas``) —
+    reusing cached baselines (``baselines_dir``); return the report."""
+    from specdraft.decoding.replicas import evaluate_in_processes, plan_workers
+
     questions = load_question_sets(question_files, settings.max_questions)
-    models = load_models(target_dir, draft_dir, settings)
-    if settings.warmup:
-        warmup(models, settings)
-    records = []
-    for q in tqdm(questions, desc="eval", unit="question", disable=not progress):
-        records += evaluate_question(models, q, settings)
+    check_draft_target(draft_dir, target_dir)
+    plan = plan_workers(settings, len(questions))
+    cache = open_baselines(baselines_dir(settings, report_path, baselines_home), target_dir, questions, settings, plan.device,
+                           plan.workers, plan.threads)
+    cached = [cache.for_question(q) for q in questions]
+    if plan.workers == 1:
+        models = load_models(target_dir, draft_dir, settings)
+        if settings.warmup:
+            warmup(models, settings)
+        records = []
+        for q, c in tqdm(list(zip(questions, cached)), desc="eval", unit="question", disable=not progress):
+            records += evaluate_question(models, q, settings, c)
+        placements = [describe_placement(models.target)]
+    else:
+        records, placements = evaluate_in_processes(target_dir, draft_dir, questions, cached, settings, plan, progress)
+    cache.absorb(records)
     extra = {"target": str(target_dir), "draft": str(draft_dir), "questions": [str(f) for f in question_files],
-             "placement": [describe_placement(models.target)]}  # kernel, dtype, devices actually used
+             "placement": placements,  # kernel, dtype, devices actually used
+             "workers": plan.describe(), "baselines": cache.summary()}
     return build_report(records, settings_dict(settings, **extra))
 
 

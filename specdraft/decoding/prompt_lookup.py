@@ -132,6 +132,10 @@ class PromptLookupDrafter:
         return self.gamma
 
     @property
+    def max_nodes(self) -> int:
+        return self.gamma + 1
+
+    @property
     def aux_layers(self) -> tuple[int, ...]:
         return ()  # the last hidden state: free, and unused
 
@@ -145,7 +149,7 @@ class PromptLookupDrafter:
     def propose(self, state: LookupState, generator: torch.Generator | None = None) -> DraftTree:
         context = state.context  # (L,)
         proposal = lookup_proposal(context, self.gamma, self.max_ngram, self.min_ngram)  # (k,)
-        return chain_of_tokens(int(context[-1]), torch.from_numpy(proposal), state.device)
+        return chain_of_tokens(int(context[-1]), proposal, state.device)  # structure cached per k
 
     def advance(self, state: LookupState, tokens: list[int], features: torch.Tensor) -> None:
         state.append(tokens)

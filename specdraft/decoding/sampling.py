@@ -67,15 +67,15 @@ def target_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return warp_logits(logits, cfg).softmax(-1)
 
 
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token id () drawn from a single distribution ``probs`` (V,), left on its device (no host read)."""
+    assert probs.dim() == 1, f"sample takes one distribution (V,), got {tuple(probs.shape)}"
+    return torch.multinomial(probs, 1, generator=generator)[0]
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token id drawn from a single distribution ``probs`` (V,)."""
-    assert probs.dim() == 1, f"sample takes one distribution (V,), got {tuple(probs.shape)}"
-    return int(torch.multinomial(probs, 1, generator=generator).item())
-
-
-def uniform(generator: torch.Generator | None, device: torch.device | str = "cpu") -> float:
-    """One U[0, 1) draw from ``generator``."""
-    return float(torch.rand((), generator=generator, device=device).item())
+    return int(draw(probs, generator).item())
 
 
 def choose_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:

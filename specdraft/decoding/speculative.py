@@ -3,15 +3,18 @@ Dynamic Draft Trees" §4; README "Evaluation and the prompt-lookup floor").
 
 One generation loop, ``speculative_decode(target, drafter, prompt_ids, cfg)``, serves every
 drafter (a model draft here, training-free prompt lookup in ``prompt_lookup``):
-  prefill   the target runs the prompt once (a ``DynamicCache``), its last logits give the
-            first new token (the root of round 1); ``drafter.start`` sees the prompt, the
-            target's features the drafter asks for (``aux_layers``) and that token.
+  prefill   the target runs the prompt once into a preallocated ``cache.TargetCache`` (capacity:
+            prompt + max_new_tokens + the largest tree), its last logits give the first new token
+            (the root of round 1); ``drafter.start`` sees the prompt, the target's features the
+            drafter asks for (``aux_layers``) and that token.
   round     ``drafter.propose`` returns a draft tree hanging from the root (a chain, an
             EAGLE-2 dynamic tree, or the root alone: a plain decode step), the target
-            verifies root + tree in ONE forward (tree mask, tree positions), acceptance
-            (greedy or speculative sampling) picks a path plus one target token (bonus /
-            correction), the target cache is compacted to prefix + root + path, and
-            ``drafter.advance`` commits the emitted tokens with their target features.
+            verifies root + tree in ONE forward (tree mask as a view of a preallocated buffer,
+            tree positions), acceptance (greedy or speculative sampling, on the device) picks a
+            path plus one target token (bonus / correction) and reads it to the host — the round's
+            one host synchronisation —, the target cache commits prefix + root + path by index
+            (only a tree path's entries move), and ``drafter.advance`` commits the emitted tokens
+            with their target features.
   stop      EOS (``eos_ids``) or ``max_new_tokens``.
 
 The seam is the ``Drafter`` protocol: plain functions over an explicit state that ``start``
@@ -23,9 +26,11 @@ Counting convention (``Generation``): ``rounds`` = target verification forwards 
 prefill is not one); ``round_tokens[r]`` = tokens round r appended to the output (accepted
 drafts + its bonus token, after truncation at EOS / max_new_tokens), so
 ``len(tokens) == 1 + sum(round_tokens)`` when any round ran and τ = sum(round_tokens) / rounds.
+``draft_s`` / ``verify_s`` split each round at the verification forward (CUDA events on a GPU, read
+once at the end, so timing adds no synchronisation).
 
-``vanilla_generate`` is the baseline: prefill, then one target forward per token with the
-same ``DynamicCache`` path and the same token choice (``sampling.choose_token``).
+``vanilla_generate`` is the baseline: prefill, then one target forward per token into the same
+kind of cache, with the same token choice (``sampling.choose_token``).
 """
 
 from __future__ import annotations
@@ -35,14 +40,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import torch
-from transformers import DynamicCache
 
 from specdraft.config import ConfigError
 from specdraft.decoding.block import BlockDrafter, block_gamma
+from specdraft.decoding.cache import VerifyMask, commit, target_cache
 from specdraft.decoding.drafting import DraftContext, advance_draft, start_draft
 from specdraft.decoding.sampling import SamplingConfig, choose_token
 from specdraft.decoding.tree import DraftTree, build_draft_chain, build_draft_tree
-from specdraft.decoding.verify import accept_greedy, accept_sampling, compact_cache, target_forward, verify_tree
+from specdraft.decoding.verify import accept_greedy, accept_sampling, target_forward, tree_height, verify_tree
 from specdraft.placement import input_device
 
 Mode = Literal["chain", "tree"]
@@ -76,6 +81,11 @@ class DecodeConfig:
     @property
     def max_depth(self) -> int:
         return self.gamma if self.mode == "chain" else self.depth
+
+    @property
+    def max_nodes(self) -> int:
+        """The most tree nodes a round verifies (root included)."""
+        return 1 + (self.gamma if self.mode == "chain" else self.total_tokens)
 
 
 @dataclass
@@ -114,6 +124,37 @@ def _sync(device: torch.device) -> None:
             torch.cuda.synchronize(index)
 
 
+class RoundClock:
+    """Draft / verify time per round without extra synchronisation: ``perf_counter`` on a CPU, CUDA
+    events on a GPU (queued with the work, read once by ``totals`` after the final synchronisation)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []  # (start, verify, end) per round
+        self.draft_s = self.verify_s = 0.0
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def add(self, start, verify, end) -> None:
+        if self.cuda:
+            self.marks.append((start, verify, end))
+        else:
+            self.draft_s += verify - start
+            self.verify_s += end - verify
+
+    def totals(self) -> tuple[float, float]:
+        for start, verify, end in self.marks:  # after the generation's final synchronisation
+            self.draft_s += start.elapsed_time(verify) / 1000
+            self.verify_s += verify.elapsed_time(end) / 1000
+        self.marks = []
+        return self.draft_s, self.verify_s
+
+
 def _finish(
     out: list[int], emitted: list[int], cfg: DecodeConfig, eos_ids: frozenset[int]
 ) -> tuple[list[int], str | None]:
@@ -148,6 +189,8 @@ class Drafter(Protocol):
     * ``advance(state, tokens, features (1, m, F))``: commit ``tokens`` = the accepted drafts +
       the next root; ``features`` are the target's at the old root and the accepted drafts.
     * ``max_depth``: the deepest node ``propose`` can return (sizes the α_i counts).
+    * ``max_nodes`` (optional): the most nodes a tree holds, root included (sizes the caches; they
+      grow when a round needs more).
     * ``aux_layers``: the target features the drafter reads (``verify.target_forward``): () for
       the last hidden state, else the decoder-layer inputs an EAGLE-3 draft concatenates.
     """
@@ -180,8 +223,13 @@ class ModelDrafter:
     def aux_layers(self) -> tuple[int, ...]:
         return tuple(self.draft.config.aux_layers)
 
+    @property
+    def max_nodes(self) -> int:
+        return self.cfg.max_nodes
+
     def start(self, prompt_ids: torch.Tensor, features: torch.Tensor, first_token: int) -> DraftContext:
-        return start_draft(self.draft, prompt_ids, features, first_token, self.cfg.concate)
+        capacity = prompt_ids.shape[1] + self.cfg.max_new_tokens + 2 * self.cfg.max_nodes  # + one round's drafts
+        return start_draft(self.draft, prompt_ids, features, first_token, self.cfg.concate, capacity)
 
     def propose(self, state: DraftContext, generator: torch.Generator | None) -> DraftTree:
         if self.cfg.mode == "chain":
@@ -190,6 +238,11 @@ class ModelDrafter:
 
     def advance(self, state: DraftContext, tokens: list[int], features: torch.Tensor) -> None:
         advance_draft(state, tokens, features)
+
+
+def _capacity(prompt: torch.Tensor, cfg: DecodeConfig, nodes: int) -> int:
+    """Target cache entries a generation can need: prompt, new tokens, and one unverified tree."""
+    return prompt.shape[1] + cfg.max_new_tokens + nodes + 1
 
 
 @torch.no_grad()
@@ -209,32 +262,34 @@ def speculative_decode(
     ids = _prompt_tensor(prompt_ids, device)  # (1, P)
     sampling = cfg.sampling
     depth = drafter.max_depth
+    nodes = getattr(drafter, "max_nodes", depth + 1)
     gen = Generation([], depth_tried=[0] * depth, depth_accepted=[0] * depth)
+    clock = RoundClock(device)
     _sync(device)
     start = time.perf_counter()
-    cache = DynamicCache()
+    cache = target_cache(target, _capacity(ids, cfg, nodes))
+    mask = VerifyMask(nodes, cache.capacity, next(target.parameters()).dtype, device)
     past = ids.shape[1]
     aux = list(drafter.aux_layers)
-    hidden, logits = target_forward(target, ids, torch.arange(past, device=device)[None], cache, aux_layers=aux)
+    hidden, logits = target_forward(target, ids, torch.arange(past, device=device)[None], cache, aux_layers=aux,
+                                    last_logits=True)
     first = choose_token(logits[0, -1], sampling, generator)
     gen.tokens, stop = _finish([], [first], cfg, eos_ids)
     if stop is None:
         state = drafter.start(ids, hidden, first)
     while stop is None:
-        t0 = time.perf_counter()
+        t0 = clock.mark()
         tree = drafter.propose(state, generator)
-        assert int(tree.depths.max()) <= depth, f"drafter proposed depth {int(tree.depths.max())} > max_depth {depth}"
-        _sync(device)
-        t1 = time.perf_counter()
-        hidden, logits = verify_tree(target, cache, tree, past, aux)  # (1, N+1, F), (1, N+1, V)
+        height = tree_height(tree)
+        assert height <= depth, f"drafter proposed depth {height} > max_depth {depth}"
+        t1 = clock.mark()
+        hidden, logits = verify_tree(target, cache, tree, past, aux, mask)  # (1, N+1, F), (1, N+1, V)
         if sampling.greedy:
             acc = accept_greedy(tree, logits[0], eos_ids)
         else:
             acc = accept_sampling(tree, logits[0], sampling, generator, eos_ids)
-        _sync(device)
-        gen.draft_s += t1 - t0
-        gen.verify_s += time.perf_counter() - t1
-        path_tokens = tree.tokens[acc.path].tolist()
+        clock.add(t0, t1, clock.mark())  # after acceptance's read: the round's work is done
+        path_tokens = acc.path_tokens if acc.path_tokens is not None else tree.tokens[acc.path].tolist()
         emitted = path_tokens + ([acc.next_token] if acc.next_token is not None else [])
         kept, stop = _finish(gen.tokens, emitted, cfg, eos_ids)
         gen.tokens += kept
@@ -246,12 +301,17 @@ def speculative_decode(
         for d in range(len(acc.path)):
             gen.depth_accepted[d] += 1
         if stop is None:
-            compact_cache(cache, past, acc.path)
-            keep = torch.tensor([0, *acc.path], device=hidden.device)
-            drafter.advance(state, emitted, hidden[:, keep])  # (1, 1+len(path), F)
-            past += len(acc.path) + 1
+            commit(cache, past, acc.path)
+            n = len(acc.path)
+            if acc.path == list(range(1, n + 1)):  # a chain's prefix: the features are a slice
+                features = hidden[:, : n + 1]  # (1, 1+len(path), F)
+            else:
+                features = hidden[:, torch.tensor([0, *acc.path], device=hidden.device)]  # (1, 1+len(path), F)
+            drafter.advance(state, emitted, features)
+            past += n + 1
     _sync(device)
     gen.wall_s = time.perf_counter() - start
+    gen.draft_s, gen.verify_s = clock.totals()
     gen.stop = stop
     return gen
 
@@ -260,7 +320,7 @@ def drafter_for(draft: torch.nn.Module, cfg: DecodeConfig) -> Drafter:
     """The drafter of a draft model: a block draft drafts one block per round (``block.BlockDrafter``),
     the others a chain or a tree (``ModelDrafter``)."""
     if draft.config.drafts_blocks:
-        return BlockDrafter(draft, block_gamma(draft, cfg), cfg.sampling)
+        return BlockDrafter(draft, block_gamma(draft, cfg), cfg.sampling, cfg.max_new_tokens)
     return ModelDrafter(draft, cfg)
 
 
@@ -285,23 +345,25 @@ def vanilla_generate(
     eos_ids: frozenset[int] = frozenset(),
     generator: torch.Generator | None = None,
 ) -> Generation:
-    """Autoregressive decoding, one target forward per token, with the same token choice."""
+    """Autoregressive decoding, one target forward per token, with the same token choice and the same
+    preallocated cache as speculative decoding."""
     device = input_device(target)  # token ids go to the embedding's device (the first GPU of a spread target)
     ids = _prompt_tensor(prompt_ids, device)  # (1, P)
     sampling = cfg.sampling
     gen = Generation([])
     _sync(device)
     start = time.perf_counter()
-    cache = DynamicCache()
+    cache = target_cache(target, _capacity(ids, cfg, 1))
     past = ids.shape[1]
-    _, logits = target_forward(target, ids, torch.arange(past, device=device)[None], cache)
+    positions = torch.arange(past + cfg.max_new_tokens + 1, device=device)  # (P+M+1,): one slice per step
+    _, logits = target_forward(target, ids, positions[:past][None], cache, last_logits=True)
     while True:
         token = choose_token(logits[0, -1], sampling, generator)
         kept, stop = _finish(gen.tokens, [token], cfg, eos_ids)
         gen.tokens += kept
         if stop is not None:
             break
-        _, logits = target_forward(target, ids.new_tensor([[token]]), torch.tensor([[past]], device=device), cache)
+        _, logits = target_forward(target, ids.new_tensor([[token]]), positions[past : past + 1][None], cache)
         past += 1
         gen.rounds += 1
     _sync(device)

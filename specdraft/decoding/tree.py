@@ -14,6 +14,11 @@ Language Models with Dynamic Draft Trees" §4:
 draft distribution, recorded as each node's proposal for speculative sampling);
 ``chain_of_tokens`` wraps tokens chosen elsewhere (prompt lookup) as a deterministic chain.
 
+Nothing here reads the device: the expansion, the reranking (stable sorts on the device) and the
+flattening stay queued, so a round's only host synchronisation is its acceptance's
+(``verify``). A chain's structure (parents, depths, its triangular ancestor matrix) is built once
+per length and device (``chain_structure``) and shared by every round.
+
 Conventions: node 0 of a ``DraftTree`` is the root (the last committed token t_n, at
 position n, not yet seen by the target); a node at depth d sits at position n + d.
 ``depth`` counts drafted levels (EAGLE-2's code calls depth 6 "depth=5" plus the root's
@@ -23,11 +28,12 @@ expansion); ``total_tokens`` counts drafted nodes, so verification feeds 1 + tot
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
-from specdraft.decoding.drafting import DraftContext, DraftPool, end_round, new_pool, query_nodes
-from specdraft.decoding.sampling import SamplingConfig, sample, target_probs
+from specdraft.decoding.drafting import DraftContext, DraftPool, draft_chain, end_round, new_pool, query_nodes
+from specdraft.decoding.sampling import SamplingConfig
 
 
 @dataclass
@@ -40,6 +46,8 @@ class DraftTree:
     ancestors: torch.Tensor  # (N+1, N+1) bool: [i, j] = j is i or an ancestor of i
     scores: torch.Tensor  # (N+1,) float: cumulative draft log-prob of the path
     proposals: torch.Tensor | None = None  # (N+1, V): distribution each node was sampled from; None = chosen
+    height: int | None = None  # a bound on max(depths) known without reading the device (exact for a chain)
+    chain: bool = False  # root -> 1 -> 2 -> ... (node i's parent is i - 1): acceptance takes the short way
 
     @property
     def size(self) -> int:
@@ -94,23 +102,29 @@ def tree_attention_mask(
     return mask[None, None]  # (1, 1, N, past+N)
 
 
-def _flatten(pool: DraftPool, keep: list[int], proposals: torch.Tensor | None = None) -> DraftTree:
-    """The pool's nodes ``keep`` (root first, parents before children) as a DraftTree."""
+@lru_cache(maxsize=64)
+def chain_structure(k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Parents (k+1,), depths (k+1,), ancestors (k+1, k+1) and zero values (k+1,) of a chain
+    root -> 1 -> ... -> k, built once per (k, device); shared, never written."""
+    steps = torch.arange(k + 1, device=device)  # (k+1,)
+    zeros = torch.zeros(k + 1, dtype=torch.float64, device=device)
+    return steps - 1, steps, steps[None, :] <= steps[:, None], zeros  # lower triangle
+
+
+def _flatten(pool: DraftPool, keep: torch.Tensor, height: int) -> DraftTree:
+    """The pool's nodes ``keep`` (N+1,) (root first, parents before children) as a DraftTree."""
     device = pool.tokens.device
-    index = torch.tensor(keep, device=device)  # (N+1,)
     where = torch.full((pool.size,), -1, dtype=torch.long, device=device)
-    where[index] = torch.arange(len(keep), device=device)
-    old_parents = pool.parents[index]  # (N+1,)
-    parents = torch.where(old_parents >= 0, where[old_parents.clamp(min=0)], -1)  # (N+1,)
-    lost = (old_parents >= 0) & (parents < 0)  # (N+1,)
-    assert not bool(lost.any()), "a kept node lost its parent: the tree is not connected"
+    where[keep] = torch.arange(keep.numel(), device=device)
+    old_parents = pool.parents[keep]  # (N+1,)
+    parents = torch.where(old_parents >= 0, where[old_parents.clamp(min=0)], -1)  # (N+1,): kept, as the rerank keeps
     return DraftTree(
-        tokens=pool.tokens[index],
+        tokens=pool.tokens[keep],
         parents=parents,
-        depths=pool.depths[index],
-        ancestors=pool.ancestors[index][:, index],
-        scores=pool.scores[index],
-        proposals=proposals,
+        depths=pool.depths[keep],
+        ancestors=pool.ancestors[keep][:, keep],
+        scores=pool.scores[keep],
+        height=height,
     )
 
 
@@ -125,21 +139,24 @@ def build_draft_tree(ctx: DraftContext, *, depth: int = 6, topk: int = 10, total
     try:
         frontier = torch.zeros(1, dtype=torch.long, device=pool.tokens.device)  # (F,): the root
         for level in range(depth):
-            logp = query_nodes(ctx, pool, frontier)  # (F, V)
+            logp = query_nodes(ctx, pool, frontier, root=level == 0)  # (F, V)
             top = logp.topk(k, dim=-1)  # (F, k)
-            cand = pool.scores[frontier][:, None] + top.values.clamp(max=0).double()  # (F, k): never grows
-            layer = pool.add(top.indices.flatten(), frontier.repeat_interleave(k), cand.flatten())  # (F*k,)
+            cand = (pool.scores[frontier][:, None] + top.values.clamp(max=0).double()).flatten()  # (F*k,): never grows
+            start = pool.size  # the new nodes: start .. start + F*k - 1
+            pool.add(top.indices.flatten(), frontier.repeat_interleave(k), cand)
             if level + 1 < depth:
-                best = cand.flatten().topk(min(k, layer.numel())).indices
-                frontier = layer[best].sort().values  # (k,): the latest layer's best values
+                best = cand.topk(min(k, cand.numel())).indices  # (k,)
+                frontier = best.sort().values + start  # (k,): the latest layer's best values, in pool order
     finally:
         end_round(ctx)
-    scores, depths = pool.scores[: pool.size].tolist(), pool.depths[: pool.size].tolist()
-    order = sorted(range(1, pool.size), key=lambda x: (-scores[x], depths[x], x))
-    kept = order[:total_tokens]
-    rank = {x: r for r, x in enumerate(kept)}
-    kept.sort(key=lambda x: (depths[x], rank[x]))  # parents first; siblings by value
-    return _flatten(pool, [0, *kept])
+    # rerank: the total_tokens best values; ties: shallower first, then older. The pool holds the levels in
+    # order (its index order is (depth, index) order), so one stable sort by value is the lexicographic one
+    n = pool.size
+    order = torch.argsort(-pool.scores[1:n], stable=True) + 1  # (n-1,): (-value, depth, index)
+    kept = order[:total_tokens]  # (N,)
+    kept = kept[torch.argsort(pool.depths[kept], stable=True)]  # parents first; siblings by value
+    root = torch.zeros(1, dtype=torch.long, device=kept.device)
+    return _flatten(pool, torch.cat([root, kept]), depth)
 
 
 @torch.no_grad()
@@ -153,38 +170,21 @@ def build_draft_chain(
     """A chain of ``gamma`` draft tokens: argmax when greedy, else sampled from the warped draft
     distribution (kept as each node's proposal so verification can run speculative sampling)."""
     assert gamma >= 1, f"gamma must be >= 1, got {gamma}"
-    pool = new_pool(ctx, gamma + 1)
-    proposals = []
-    try:
-        node = torch.zeros(1, dtype=torch.long, device=pool.tokens.device)  # (1,): the root
-        for _ in range(gamma):
-            logp = query_nodes(ctx, pool, node)[0]  # (V,)
-            if sampling.greedy:
-                token = logp.argmax()[None]  # (1,)
-            else:
-                q = target_probs(logp, sampling)  # (V,)
-                token = torch.tensor([sample(q, generator)], device=logp.device)
-                proposals.append(q)
-            node = pool.add(token, node, pool.scores[node] + logp[token].clamp(max=0).double())
-    finally:
-        end_round(ctx)
-    stacked = None
-    if proposals:
-        stacked = torch.stack([torch.zeros_like(proposals[0]), *proposals])  # (N+1, V); row 0 unused
-    return _flatten(pool, list(range(gamma + 1)), stacked)
+    tokens, scores, proposals = draft_chain(ctx, gamma, sampling, generator)  # (γ+1,), (γ+1,), (γ+1, V) | None
+    parents, depths, ancestors, _ = chain_structure(gamma, tokens.device)
+    return DraftTree(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, scores=scores,
+                     proposals=proposals, height=gamma, chain=True)
 
 
-def chain_of_tokens(root: int, tokens: torch.Tensor, device: torch.device | str = "cpu") -> DraftTree:
+def chain_of_tokens(root: int, tokens, device: torch.device | str = "cpu") -> DraftTree:
     """A chain root -> tokens[0] -> ... of deterministic choices (``proposals=None``: q = δ_x);
-    ``tokens`` (k,) may be empty (a root-only tree: the round is a plain decode step)."""
-    assert tokens.dim() == 1, f"chain tokens must be (k,), got {tuple(tokens.shape)}"
-    k = tokens.numel()
-    all_tokens = torch.cat([torch.tensor([root], dtype=torch.long), tokens.to("cpu", torch.long)]).to(device)  # (k+1,)
-    steps = torch.arange(k + 1, device=device)  # (k+1,)
-    return DraftTree(
-        tokens=all_tokens,
-        parents=steps - 1,
-        depths=steps,
-        ancestors=steps[None, :] <= steps[:, None],  # (k+1, k+1): lower triangle
-        scores=torch.zeros(k + 1, dtype=torch.float64, device=device),
-    )
+    ``tokens`` (k,) (a tensor, numpy array or list) may be empty (a root-only tree: the round is a
+    plain decode step)."""
+    rest = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+    assert all(isinstance(t, int) for t in rest), "chain tokens must be (k,) token ids"
+    ids = [int(root), *rest]
+    k = len(rest)
+    device = torch.device(device)
+    parents, depths, ancestors, zeros = chain_structure(k, device)
+    return DraftTree(tokens=torch.tensor(ids, device=device), parents=parents, depths=depths, ancestors=ancestors,
+                     scores=zeros, height=k, chain=True)

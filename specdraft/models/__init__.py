@@ -26,7 +26,8 @@ from specdraft.models.dflash import DFlashDraft
 from specdraft.models.eagle import EagleDraft
 from specdraft.models.eagle3 import Eagle3Draft
 from specdraft.models.heads import Heads
-from specdraft.models.layers import KV, Chain, KVCache
+from specdraft.models.kvcache import KVCache
+from specdraft.models.layers import KV, Chain
 
 EMBED_KEY, LM_HEAD_KEY = "heads.embed_weight", "heads.lm_head_weight"  # only in self-contained directories
 LEGACY_KEYS = {"embed.weight": EMBED_KEY, "lm_head.weight": LM_HEAD_KEY}  # specdraft 0.1 names

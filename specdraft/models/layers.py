@@ -1,5 +1,5 @@
-"""Building blocks shared by the drafts: RMSNorm, RoPE, SwiGLU MLP, masked GQA attention, KV cache,
-and the ``Chain`` of drafted states a training sub-step reads.
+"""Building blocks shared by the drafts: RMSNorm, RoPE, SwiGLU MLP, masked GQA attention, and the
+``Chain`` of drafted states a training sub-step reads (the drafting KV cache: ``kvcache``).
 
 Every draft follows the target's attention geometry (GQA head counts, head_dim, RoPE parameters —
 "Cross-Attention Speculative Decoding" (Beagle) §4.1; EAGLE's draft is one decoder layer of the
@@ -10,6 +10,7 @@ window holds no true state, ``masks.early``).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +30,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():  # inference (drafting): the same ops, without the autograd.Function call
+            x32 = x.float()
+            return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         return _RMSNorm.apply(x, self.weight, self.eps)
 
 
@@ -83,7 +87,10 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = matmul_input(x)  # (..., D), one cast copy for gate and up
-        return _SwiGLUDown.apply(self.gate_proj(x), self.up_proj(x), self.down_proj.weight)  # (..., D)
+        g, u = self.gate_proj(x), self.up_proj(x)  # (..., I)
+        if not torch.is_grad_enabled():  # inference (drafting): the forward of _SwiGLUDown, called directly
+            return F.linear(F.silu(g) * u, self.down_proj.weight.to(g.dtype))  # (..., D)
+        return _SwiGLUDown.apply(g, u, self.down_proj.weight)  # (..., D)
 
 
 class _SwiGLUDown(torch.autograd.Function):
@@ -126,12 +133,38 @@ class Rotary(nn.Module):
             rope_parameters=dict(rope_parameters),
         )
         self.inner = LlamaRotaryEmbedding(cfg)
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin (L, Dh) of positions < L
+        self._use_table = False
+
+    @contextmanager
+    def table(self, limit: int, dtype: torch.dtype, device: torch.device):
+        """Within the block, inference calls at positions < ``limit`` read cos/sin from a table (built once,
+        grown by doubling, in ``dtype`` on ``device``) instead of computing them per call. RoPE
+        types whose frequencies depend on the sequence length (dynamic, longrope) always compute."""
+        if "dynamic" in self.inner.rope_type or self.inner.rope_type == "longrope":
+            yield
+            return
+        cos = None if self._table is None else self._table[0]
+        if cos is None or cos.shape[0] < limit or cos.dtype != dtype or cos.device != device:
+            n = max(limit, 2 * cos.shape[0] if cos is not None else 256)
+            with torch.no_grad():  # the values a call at those positions computes
+                c, s = self.inner(torch.empty(0, dtype=dtype, device=device), torch.arange(n, device=device)[None])
+            half = c.shape[-1] // 2
+            self._table = (c[0, :, None], torch.cat([-s[0, :, :half], s[0, :, half:]], -1)[:, None])  # (n, 1, Dh)
+        self._use_table = True
+        try:
+            yield
+        finally:
+            self._use_table = False
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` (B, H, T, Dh) at integer ``positions`` (B, T)."""
+        half = x.shape[-1] // 2
+        if self._use_table and not torch.is_grad_enabled():  # sin's first half negated: roll is rotate_half
+            cos, sin = self._table[0][positions].transpose(1, 2), self._table[1][positions].transpose(1, 2)
+            return x * cos + x.roll(half, -1) * sin  # (B, H, T, Dh): the values of the formula below
         cos, sin = self.inner(x, positions)  # (B, T, Dh)
         cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, Dh)
-        half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
@@ -247,43 +280,24 @@ def take(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     return x.index_select(dim, index)
 
 
-class KVCache:
-    """Growable key/value cache for incremental drafting.
-
-    ``append`` adds entries, ``crop(n)`` drops everything after the first n (used to reset
-    the cache to the true states at the start of each speculative-decoding round).
-    """
-
-    def __init__(self) -> None:
-        self.kv: KV | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.kv is None else self.kv.length
-
-    def append(self, kv: KV) -> None:
-        self.kv = kv if self.kv is None else self.kv.cat(kv)
-
-    def crop(self, length: int) -> None:
-        assert 0 <= length <= self.length, f"cannot crop a cache of {self.length} entries to {length}"
-        if self.kv is not None:
-            self.kv = KV(self.kv.k[:, :, :length], self.kv.v[:, :, :length])
-
-    def view(self) -> KV:
-        assert self.kv is not None, "the cache is empty: append states before attending"
-        return self.kv
-
-
-def masked_attention(q: torch.Tensor, kv: KV, visible: torch.Tensor) -> torch.Tensor:
-    """GQA attention of q (B, H, Q, Dh) over kv (B, Hkv, K, Dh) with visibility (B, Q, K) bool.
+def masked_attention(q: torch.Tensor, kv: KV, visible: torch.Tensor | None) -> torch.Tensor:
+    """GQA attention of q (B, H, Q, Dh) over kv (B, Hkv, K, Dh) with visibility (B, Q, K) bool, or
+    None (every key visible to every query: a drafted chain), or a float (B, Q, K) additive bias
+    (0 visible, -inf hidden) in which every row has a visible key (a drafted tree: the true entries).
 
     Returns (B, H, Q, Dh); a query row with no visible key yields zeros.
     """
     bsz, heads, nq, dh = q.shape
     if kv.length == 0:
         return torch.zeros_like(q)
-    assert visible.shape == (bsz, nq, kv.length), f"mask {tuple(visible.shape)} != {(bsz, nq, kv.length)}"
     groups = heads // kv.k.shape[1]
+    if visible is None or visible.is_floating_point():  # no row without a key: the mask goes in as it is
+        bias = None if visible is None else visible[:, None].to(q.dtype)  # (B, 1, Q, K)
+        expand = groups > 1 and bias is not None and q.device.type != "cpu"  # as below: CUDA's masked kernel
+        k = kv.k.repeat_interleave(groups, dim=1) if expand else kv.k  # (B, H or Hkv, K, Dh)
+        v = kv.v.repeat_interleave(groups, dim=1) if expand else kv.v  # (B, H or Hkv, K, Dh)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=groups > 1 and not expand)
+    assert visible.shape == (bsz, nq, kv.length), f"mask {tuple(visible.shape)} != {(bsz, nq, kv.length)}"
     # CPU's fused kernel takes the KV heads as they are with a mask; CUDA's masked (memory-efficient)
     # kernel does not (it would fall back to the math path), so there they are repeated per query head
     gqa = groups > 1 and q.device.type == "cpu"
@@ -296,7 +310,7 @@ def masked_attention(q: torch.Tensor, kv: KV, visible: torch.Tensor) -> torch.Te
     return out * any_key[:, None, :, None].to(out.dtype)
 
 
-def attention(q: torch.Tensor, kv: KV, visible: torch.Tensor, extra: list[KV] | None = None) -> torch.Tensor:
+def attention(q: torch.Tensor, kv: KV, visible: torch.Tensor | None, extra: list[KV] | None = None) -> torch.Tensor:
     """Attention over shared keys plus one own key per query in each of ``extra``'s diagonals.
 
     q (B, H, Q, Dh) sees the shared ``kv`` (B, Hkv, K, Dh) where ``visible`` (B, Q, K) says so, and
@@ -310,6 +324,8 @@ def attention(q: torch.Tensor, kv: KV, visible: torch.Tensor, extra: list[KV] | 
     if not extra:
         return masked_attention(q, kv, visible)
     bsz, heads, nq, dh = q.shape
+    if visible is None:
+        visible = torch.ones(bsz, nq, kv.length, dtype=torch.bool, device=q.device)  # (B, Q, K)
     hkv = kv.k.shape[1]
     for d in extra:
         assert d.k.shape == (bsz, hkv, nq, dh), f"diagonal keys {tuple(d.k.shape)} do not match {nq} queries"

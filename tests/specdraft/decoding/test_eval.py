@@ -158,3 +158,76 @@ def test_a_target_without_chat_template_is_prompted_with_the_fallback(templatele
     tokenizer = load_tokenizer(templateless_target)
     ids = render_prompt(tokenizer, [{"role": "user", "content": "Hi"}])
     assert tokenizer.decode(ids) == f"{tokenizer.bos_token}### User:\nHi\n\n### Assistant:\n"
+
+
+TIMINGS = {"wall_s", "draft_s", "verify_s", "baseline_wall_s", "tokens_per_s", "baseline_tokens_per_s", "speedup",
+           "wall_s_pld", "draft_s_pld", "verify_s_pld", "tokens_per_s_pld", "speedup_pld", "workers", "baselines",
+           "placement", "baseline_cached", "pld_cached"}
+
+
+def without(obj, keys=TIMINGS):
+    if isinstance(obj, dict):
+        return {k: without(v, keys) for k, v in obj.items() if k not in keys}
+    if isinstance(obj, list):
+        return [without(v, keys) for v in obj]
+    return obj
+
+
+@pytest.fixture
+def serial_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' count: both paths run identical kernels
+    yield
+    torch.set_num_threads(before)
+
+
+def test_questions_in_parallel_give_the_serial_records(toy_target_dir, draft_dir, question_files, serial_threads):
+    decode = DecodeConfig(mode="tree", depth=3, topk=3, total_tokens=8, temperature=0.7, max_new_tokens=12)
+    serial = run_eval(toy_target_dir, draft_dir, question_files,
+                      EvalSettings(decode=decode, workers=1, baselines="off", seed=5), progress=False)
+    spread = run_eval(toy_target_dir, draft_dir, question_files,
+                      EvalSettings(decode=decode, workers=2, baselines="off", seed=5), progress=False)
+    assert serial["settings"]["workers"]["workers"] == 1 and spread["settings"]["workers"]["workers"] == 2
+    assert spread["settings"]["workers"]["threads"] == 1
+    assert without(spread) == without(serial)  # sampled: the seeds follow the question, not the worker
+    assert len(serial["records"]) == 4 and serial["overall"]["rounds"] > 0
+
+
+def test_baselines_are_decoded_once_and_reused_for_another_draft(toy_target_dir, draft_dir, question_files,
+                                                                 tmp_path, serial_threads):
+    heads = load_target_heads(toy_target_dir)
+    torch.manual_seed(1)
+    other = save_draft(build_draft(draft_config_from_target(load_target_config(toy_target_dir), "eagle"),
+                                   heads.embed, heads.lm_head), tmp_path / "eagle")
+    settings = EvalSettings(decode=DecodeConfig(mode="chain", gamma=3, max_new_tokens=12), workers=1,
+                            baselines=str(tmp_path / "cache"))
+    first = run_eval(toy_target_dir, draft_dir, question_files, settings, progress=False)
+    assert first["settings"]["baselines"]["vanilla"]["measured"] == 4
+    assert first["settings"]["baselines"]["vanilla"]["reused"] == 0
+    assert not any(r["baseline_cached"] or r["pld_cached"] for r in first["records"])
+    second = run_eval(toy_target_dir, other, question_files, settings, progress=False)
+    used = second["settings"]["baselines"]
+    assert used["vanilla"]["reused"] == used["pld"]["reused"] == 4 and used["vanilla"]["measured"] == 0
+    assert used["vanilla"]["measured_at"] is not None
+    assert all(r["baseline_cached"] and r["pld_cached"] for r in second["records"])
+    pld_keys = {k for k in first["records"][0] if k.endswith("_pld")}
+    for a, b in zip(first["records"], second["records"]):  # the same vanilla answers and floor, not decoded again
+        assert (a["baseline_new_tokens"], a["baseline_wall_s"]) == (b["baseline_new_tokens"], b["baseline_wall_s"])
+        assert {k: a[k] for k in pld_keys} == {k: b[k] for k in pld_keys}
+        assert a["prompt_tokens"] == b["prompt_tokens"]  # turn 2 saw the same (cached) vanilla answer
+    assert second["overall"]["lossless_checked"] == 4 and second["overall"]["lossless_mismatches"] == 0
+    # other settings (here the floor's gamma, via the chain length) get their own floor, the same vanilla
+    third = run_eval(toy_target_dir, other, question_files,
+                     EvalSettings(decode=DecodeConfig(mode="chain", gamma=2, max_new_tokens=12), workers=1,
+                                  baselines=str(tmp_path / "cache")), progress=False)
+    assert third["settings"]["baselines"]["vanilla"]["reused"] == 4
+    assert third["settings"]["baselines"]["pld"]["measured"] == 4
+    # a cached turn whose prompt no longer renders the same is decoded again, and counted
+    path = first["settings"]["baselines"]["vanilla"]["file"]
+    data = json.loads(open(path).read())
+    data["turns"]["0:1"]["prompt"] = "something else"
+    open(path, "w").write(json.dumps(data))
+    fourth = run_eval(toy_target_dir, other, question_files, settings, progress=False)
+    assert fourth["settings"]["baselines"]["vanilla"]["stale"] == 1
+    assert fourth["settings"]["baselines"]["vanilla"]["measured"] == 1
+    assert [r["baseline_cached"] for r in fourth["records"]] == [False, True, True, True]
