@@ -1,8 +1,8 @@
 """Draft quality per training recipe on one toy feature store.
 
 Trains recipes of ``specdraft.recipes.RECIPES`` (default: all ten — ``eagle``, ``hass``, ``beagle-early``,
-``beagle``, ``beagle-topk``, and on the EAGLE-3 features stored beside the last hidden state, ``eagle3``,
-``eagle3-hass``, ``beagle3`` and the block drafts ``dflash`` and ``beagle-dflash``) on the SAME toy feature store (``benchmarks.toy_data``) for the SAME total
+``beagle``, ``beagle-topk``, and on the stored EAGLE-3 features ``eagle3``, ``eagle3-hass``, ``beagle3`` and the
+block drafts ``dflash``, ``beagle-dflash``) on the SAME toy feature store (``benchmarks.toy_data``) for the SAME total
 epochs (split over a recipe's stages, earlier stages taking the rest), optimizer, seed and held-out split.
 Each recipe is set up by ``specdraft.run.build_run``, as a Ray Train worker sets it up (minus its
 checkpoints), and trains in a fresh spawned process. Per recipe it reports:
@@ -17,13 +17,11 @@ checkpoints), and trains in a fresh spawned process. Per recipe it reports:
   ``--mt-bench N --mt-bench-path FILE`` adds the first N questions of an MT-Bench file. A block draft
   drafts one block per round: ``gamma`` tokens in the chain column, its whole block (block_size - 1) in the
   tree column;
-* ``--engine``: the acceptance a real vLLM engine measures for every recipe it serves (all but
-  ``beagle-dflash``; ``benchmarks.speculative.engine_acceptance``) beside our decoder's on the same prompts, chain
-  of ``--gamma``.
+* ``--engine``: vLLM's measured acceptance for every recipe it serves (all but ``beagle-dflash``;
+  ``benchmarks.speculative.engine_acceptance``) beside our decoder's on the same prompts, chain of ``--gamma``.
 
-``--ray`` also trains one recipe through ``pipelines.train.run_training`` (Ray Train, one worker) and
-reports the Ray overhead and how far its draft is from the single-process one. The host's load average
-is sampled during the run and recorded.
+``--ray`` also trains one recipe through ``pipelines.train.run_training`` (Ray Train, one worker): the Ray
+overhead and its draft's distance to the single-process one. The host's load average is recorded.
 
     python -m benchmarks.train_quality runs/bench/train_quality.json [--epochs 6 --conversations 512 ...]
 """

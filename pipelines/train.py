@@ -2,20 +2,17 @@
 
 ``run_training`` (the driver) checks the config, decides the feature plan once (``feature_plan``: aux
 layers and draft vocabulary) and starts a ``TorchTrainer`` whose workers (gloo on CPU, nccl on GPU)
-run ``train_loop_per_worker``: the run set up by the core (``specdraft.run.build_run``: the draft from
-the target's heads, wrapped with DDP or FSDP2 per ``train.scaling.strategy`` by ``specdraft.parallel``,
-this rank's partition of the features, the stage schedule's ``Trainer`` — "Cross-Attention
-Speculative Decoding" (Beagle), §4.2; "Learning Harmonized Representations for Speculative
-Sampling", §3), with Ray's checkpoints and reports around the loop. Every ``checkpoint_every``
-optimizer steps and at every epoch end a checkpoint (the full draft dir + full optimizer state, scheduler,
-every rank's RNG, loop position; ``specdraft.training.save_checkpoint``), gathered with all ranks taking
-part and written by rank 0, is reported; a rerun with the same output directory, or a worker failure,
-resumes from the latest one mid-stage, whatever the strategy.
-``features: online`` (SpecForge's online mode) reads no store: each worker loads the frozen target and
-computes every batch's features from the conversations, tokenized as a dump would tokenize them
-(``specdraft.online``) — for the EAGLE-3 recipes too (``train.online.aux_layers``, default ``eagle3``).
-Validation runs the simulated chain acceptance on held-out sequences (alpha_i, sim_tau) after each
-epoch. Rank 0 logs to the configured logger.
+run ``train_loop_per_worker``: the run set up by the core (``specdraft.run.build_run``: the draft from the
+target's heads, DDP or FSDP2 per ``train.scaling.strategy`` (``specdraft.parallel``), this rank's partition of
+the features, the stage schedule's ``Trainer`` — Beagle §4.2; HASS §3), with Ray's checkpoints and reports
+around the loop. Every ``checkpoint_every`` optimizer steps and at every epoch end a checkpoint (draft, optimizer,
+scheduler, every rank's RNG, loop position; ``specdraft.training.save_checkpoint``), gathered by all ranks and
+written by rank 0, is reported; a rerun into the same output directory, or a worker failure, resumes from the
+latest one mid-stage, whatever the strategy.
+``features: online`` (SpecForge's online mode) reads no store: each worker loads the frozen target and computes
+every batch's features from the conversations, tokenized as a dump would (``specdraft.online``), for the EAGLE-3
+recipes too (``train.online.aux_layers``, default ``eagle3``). Validation runs the simulated chain acceptance on
+held-out sequences (alpha_i, sim_tau) after each epoch. Rank 0 logs to the configured logger.
 """
 
 from __future__ import annotations
@@ -135,7 +132,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
 
     announced = [-1]  # the stage whose note was printed
-
     def on_step(tr: Trainer, metrics: dict[str, float]) -> None:
         step = tr.state.step
         if rank == 0 and tr.state.stage != announced[0]:  # a stage starts (or a resumed run's first step)
@@ -161,12 +157,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     def on_epoch_end(tr: Trainer) -> None:
         counts = validate_draft(tr.draft, run.val, cfg.sim_depth, cfg.val_max_batches, device)
         metrics = skipped()
-        if float(counts.reached[0]) == 0:  # nothing measured (summed over the ranks): no metric logged as if it were
-            if rank == 0:
-                print(f"[specdraft] no held-out batches (train.reader.val_fraction={cfg.reader.val_fraction}): "
-                      f"sim_tau and alpha not measured at step {tr.state.step}", flush=True)
-        else:
+        if float(counts.reached[0]) > 0:  # nothing measured (summed over the ranks): no metric logged as if it were
             metrics.update({"sim_tau": counts.sim_tau, **{f"alpha_{i + 1}": a for i, a in enumerate(counts.alpha)}})
+        elif rank == 0:
+            print(f"[specdraft] no held-out batches (train.reader.val_fraction={cfg.reader.val_fraction}): "
+                  f"sim_tau and alpha not measured at step {tr.state.step}", flush=True)
         if metrics:
             tr.logger.log_metrics(metrics, tr.state.step)
         report(metrics, with_checkpoint=True)
