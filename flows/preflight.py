@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.config import ConfigError
-from specdraft.preflight import check_draft, check_engine, check_files, check_target
+from specdraft.preflight import check_aux_layers, check_draft, check_engine, check_files, check_target
 
 GLOB = "*?["
 
@@ -29,6 +29,8 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
     if command in ("dump", "regenerate"):
         check_target(args.target)
         _inputs(args.prompts, "--prompts")
+        if command == "dump":
+            check_aux_layers(args.target, cfg)
     elif command == "eval":
         check_target(args.target)
         check_draft(args.draft)
@@ -52,6 +54,7 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
     and the eval questions (``ConfigError`` naming the key), then the workdir (``check_workdir``)."""
     if cfg.target.path:
         check_target(cfg.target.path, "target.path")
+        check_aux_layers(cfg.target.path, cfg.features, "features.aux_layers")
     if not cfg.data.prompts:
         raise ConfigError("data.prompts: no prompt file given (files, directories or glob patterns)")
     from pipelines.stages import expand_prompts

@@ -54,6 +54,21 @@ def check_target(path: str | Path, key: str = "--target", *, tokenizer: bool = T
     return root
 
 
+def check_aux_layers(target: str | Path, features, key: str = "aux_layers") -> None:
+    """The aux layers of ``features`` (a ``specdraft.features.FeaturesConfig``) resolve on the target at
+    ``target`` (its ``config.json`` depth), so a layer it lacks is a one-line error naming ``key`` before the
+    target is loaded."""
+    if features.aux_layers is None:
+        return
+    from specdraft.features import aux_layers_of
+    from specdraft.target import load_target_config
+
+    try:
+        aux_layers_of(features, load_target_config(target))
+    except ValueError as err:
+        raise ConfigError(f"{key}: {err}") from None
+
+
 def check_draft(path: str | Path, key: str = "--draft") -> Path:
     """``path`` as a draft directory (``config.json`` + ``model.safetensors``, ``specdraft.models.save_draft``)."""
     root = Path(path)

@@ -117,6 +117,17 @@ def test_decode_gamma_0_exits_2_before_a_model_loads(cli, prebuilt, inputs, tmp_
     assert not (tmp_path / "report.json").exists()
 
 
+def test_aux_layers_the_target_lacks_exit_2_before_it_loads(cli, tiny_toy_target, inputs, tmp_path):
+    """``aux_layers=eagle3`` on a 2-layer target (three distinct layers below its last do not exist), or a layer
+    index past its depth: one line naming the key, for ``dump`` and for ``specdraft run``'s features."""
+    for aux, words in (("eagle3", ("aux_layers", "N=2")), ("[0,5]", ("aux_layers",))):
+        refused(cli("dump", "--target", str(tiny_toy_target), "--prompts", str(inputs / "prompts.jsonl"),
+                    "--out", str(tmp_path / "out"), f"aux_layers={aux}"), *words)
+    refused(cli("run", "--config", str(ROOT / "configs" / "toy.yaml"), f"target.path={tiny_toy_target}",
+                f"data.prompts=[{inputs / 'prompts.jsonl'}]", f"workdir={tmp_path / 'work'}"), "features.aux_layers", "N=2")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
+
+
 @pytest.mark.parametrize("command", ["dump", "regenerate", "eval", "train"])
 def test_a_target_without_tokenizer_files_exits_2_naming_it(cli, command, no_tokenizer_target, inputs, tmp_path):
     common = ["--target", str(no_tokenizer_target), "--out", str(tmp_path / "out")]
