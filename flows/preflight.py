@@ -54,7 +54,9 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
     and the eval questions (``ConfigError`` naming the key), then the workdir (``check_workdir``)."""
     if cfg.target.path:
         check_target(cfg.target.path, "target.path")
-        check_aux_layers(cfg.target.path, cfg.features, "features.aux_layers")
+        from pipelines.stages import run_features
+
+        check_aux_layers(cfg.target.path, run_features(cfg), "features.aux_layers")
     if not cfg.data.prompts:
         raise ConfigError("data.prompts: no prompt file given (files, directories or glob patterns)")
     from pipelines.stages import expand_prompts

@@ -55,6 +55,7 @@ def test_nightly_deployment_runs_to_completion(tiny_toy_target, tmp_path):
         # the cheapest training (one epoch of plain EAGLE, in the flow's process): the Ray Train workers
         # and the Beagle recipe are the flow test's and the train tests' job, this one is the deployment's
         "train.recipe=eagle", "train.epochs=1", "train.scaling.num_workers=0",
+        "features.aux_layers=null",  # plain EAGLE reads no EAGLE-3 features (the 2-layer target has no eagle3 triple)
         f"eval.questions={questions}", "eval.settings.decode.max_new_tokens=12", "eval.settings.decode.depth=3",
         "eval.settings.decode.topk=3", "eval.settings.decode.total_tokens=6", "tracking.experiment=deploy-test",
         "register.model_name=deploy-test-draft", "ray.num_cpus=2",
@@ -74,7 +75,7 @@ def test_nightly_deployment_runs_to_completion(tiny_toy_target, tmp_path):
         watch = subprocess.run(PREFECT + ["deployment", "run", "regenerate-and-train/nightly", "--params",
                                           json.dumps({"overrides": overrides}), "--watch", "--watch-timeout", "900"],
                                cwd=ROOT, env={**env, "COLUMNS": "400"}, capture_output=True, text=True, timeout=960)
-        worker_log = (tmp_path / "worker.log", ROOT).read_text().replace("\r", "")
+        worker_log = (tmp_path / "worker.log").read_text().replace("\r", "")
         assert watch.returncode == 0, f"{watch.stdout[-3000:]}\n{watch.stderr[-2000:]}\nworker:\n{worker_log[-6000:]}"
         flow_run_id = next(line.split()[-1] for line in watch.stdout.splitlines() if "UUID" in line)
         state = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()["state"]["type"]

@@ -41,6 +41,7 @@ def overrides(root: Path, target: Path, prompts: Path, questions: Path, *extra: 
     return [
         f"workdir={root / 'work'}", f"target.path={target}", f"data.prompts=[{prompts}]",
         "regenerate.max_new_tokens=24", "regenerate.batch_size=24", "features.samples_per_shard=32",
+        "features.aux_layers=[0,1]",  # the default beagle3 reads EAGLE-3 features: the 2-layer target's two
         "train.epochs=[1,1]", "train.checkpoint_every=25", "train.reader.max_tokens=768", "train.log_every=1000",
         f"eval.questions=[{questions}]", "eval.settings.decode.max_new_tokens=16", "eval.settings.decode.depth=3",
         "eval.settings.decode.topk=3", "eval.settings.decode.total_tokens=8",
