@@ -64,7 +64,11 @@ def check_aux_layers(target: str | Path, features, key: str = "aux_layers") -> N
     from specdraft.target import load_target_config
 
     try:
-        aux_layers_of(features, load_target_config(target))
+        config = load_target_config(target)
+    except (OSError, ValueError) as err:  # transformers: OSError for a config.json that does not parse
+        raise ConfigError(f"{target}/config.json cannot be read as a model config ({err})") from None
+    try:
+        aux_layers_of(features, config)
     except ValueError as err:
         raise ConfigError(f"{key}: {err}") from None
 

@@ -128,6 +128,15 @@ def test_aux_layers_the_target_lacks_exit_2_before_it_loads(cli, tiny_toy_target
     assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
 
 
+def test_a_target_config_that_does_not_parse_exits_2_naming_it(cli, prebuilt, inputs, tmp_path):
+    broken = tmp_path / "target"
+    shutil.copytree(prebuilt, broken)
+    (broken / "config.json").write_text("{not json")
+    line = refused(cli("dump", "--target", str(broken), "--prompts", str(inputs / "prompts.jsonl"), "--out",
+                       str(tmp_path / "out"), "aux_layers=eagle3"), "config.json")
+    assert str(broken) in line and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("command", ["dump", "regenerate", "eval", "train"])
 def test_a_target_without_tokenizer_files_exits_2_naming_it(cli, command, no_tokenizer_target, inputs, tmp_path):
     common = ["--target", str(no_tokenizer_target), "--out", str(tmp_path / "out")]

@@ -64,12 +64,14 @@ def test_the_users_own_settings_and_server_win(tmp_path):
 @pytest.mark.slow
 def test_cli_run_starts_the_api_in_the_workdir_and_exits_without_logging_errors(tmp_path):
     """A real ``specdraft run`` whose flow fails in its first stage (a target whose files are all there by
-    name, so the pre-flight passes, but whose config.json does not parse): the API starts (its database
-    appears in the workdir), the flow fails, and the server is stopped before exit — no "--- Logging
-    error ---" from an atexit stop on closed streams."""
+    name and whose config.json is a model config, so the pre-flight passes, but whose weights file is empty): the
+    API starts (its database appears in the workdir), the flow fails, and the server is stopped before exit — no
+    "--- Logging error ---" from an atexit stop on closed streams."""
     work, broken = tmp_path / "work", tmp_path / "broken-target"
     broken.mkdir()
-    for name, text in (("config.json", "{not json"), ("model.safetensors", ""), ("tokenizer.json", "{}"),
+    config = json.dumps({"model_type": "llama", "num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 2,
+                         "vocab_size": 320})
+    for name, text in (("config.json", config), ("model.safetensors", ""), ("tokenizer.json", "{}"),
                        ("tokenizer_config.json", "{}")):
         (broken / name).write_text(text)
     out = subprocess.run(

@@ -153,3 +153,26 @@ def test_eval_with_the_engine_prints_its_acceptance_beside_ours(target, drafts, 
     assert abs(row["gap"]) <= 0.03 and row["same_answer_as_ours"] == row["prompts"]
     assert (f"toy_questions: acceptance length {row['acceptance_length']:.3f} vs ours {row['tau_ours']:.3f}"
             in printed), printed
+
+
+def test_eval_with_the_engine_samples_too(target, drafts, tmp_path, capsys):
+    """``specdraft eval --engine vllm`` at temperature 1: vLLM samples with speculative decoding (its rejection
+    sampler) and reports its acceptance beside ours (our sampler on the same prompts); the answers are samples, so
+    only the counts are compared: both accept drafts, and a greedy-only comparison is not claimed."""
+    import json
+
+    from flows.cli import main
+
+    out = tmp_path / "report.json"
+    assert main(["eval", "--target", str(target), "--draft", str(drafts["beagle3"]), "--questions", str(QUESTIONS),
+                 "--out", str(out), "--mode", "chain", "--engine", "vllm", "--quiet", "max_questions=4",
+                 "decode.gamma=3", f"decode.max_new_tokens={MAX_NEW}", "decode.temperature=1.0",
+                 "engine.max_model_len=512"]) == 0
+    engine = json.loads(out.read_text())["engine"]
+    row = engine["datasets"]["toy_questions"]
+    assert engine["greedy"] is False and engine["speculative_tokens"] == 3 and row["prompts"] >= 4
+    assert row["acceptance_length"] > 1.0 and row["tau_ours"] > 1.0, row  # drafts accepted on both sides
+    assert len(row["accepted_per_pos"]) == 3 and all(0.0 <= p <= 1.0 for p in row["accepted_per_pos"]), row
+    assert row["tokens_per_s"] and row["tokens_per_s_vanilla"], row  # the engine's own speedup is measured
+    printed = capsys.readouterr().out
+    assert f"acceptance length {row['acceptance_length']:.3f} vs ours {row['tau_ours']:.3f}" in printed, printed
