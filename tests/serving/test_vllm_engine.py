@@ -156,9 +156,11 @@ def test_eval_with_the_engine_prints_its_acceptance_beside_ours(target, drafts, 
 
 
 def test_eval_with_the_engine_samples_too(target, drafts, tmp_path, capsys):
-    """``specdraft eval --engine vllm`` at temperature 1: vLLM samples with speculative decoding (its rejection
-    sampler) and reports its acceptance beside ours (our sampler on the same prompts); the answers are samples, so
-    only the counts are compared: both accept drafts, and a greedy-only comparison is not claimed."""
+    """``specdraft eval --engine vllm`` at temperature 1: vLLM samples with speculative decoding and its counters
+    are reported beside our sampled chain on the same prompts, with a warning when they differ by more than 3 %.
+    Under sampling the two are not the same algorithm — vLLM's EAGLE proposer drafts the argmax and accepts it
+    with the target's probability, our chain samples drafts from the draft's distribution and accepts with
+    min(1, p/q) — so no agreement is asserted here (measured: vLLM 1.13 vs ours 1.64 on this draft)."""
     import json
 
     from flows.cli import main
@@ -171,8 +173,9 @@ def test_eval_with_the_engine_samples_too(target, drafts, tmp_path, capsys):
     engine = json.loads(out.read_text())["engine"]
     row = engine["datasets"]["toy_questions"]
     assert engine["greedy"] is False and engine["speculative_tokens"] == 3 and row["prompts"] >= 4
-    assert row["acceptance_length"] > 1.0 and row["tau_ours"] > 1.0, row  # drafts accepted on both sides
+    assert row["drafts"] > 0 and row["acceptance_length"] >= 1.0 and row["tau_ours"] > 1.0, row
     assert len(row["accepted_per_pos"]) == 3 and all(0.0 <= p <= 1.0 for p in row["accepted_per_pos"]), row
     assert row["tokens_per_s"] and row["tokens_per_s_vanilla"], row  # the engine's own speedup is measured
+    assert (abs(row["gap"]) > 0.03) == any(w.startswith("toy_questions:") for w in engine["warnings"]), engine
     printed = capsys.readouterr().out
     assert f"acceptance length {row['acceptance_length']:.3f} vs ours {row['tau_ours']:.3f}" in printed, printed
