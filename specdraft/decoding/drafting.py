@@ -70,21 +70,21 @@ class DraftPool:
     size: int = 0
     owned: int = 0  # drafted cache entries (the first ``owned`` of ``owners``)
     visible: torch.Tensor | None = None  # (Q, true + C) additive mask of the queries: true entries always visible
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None  # () 0 and -inf in the mask's dtype
 
-    def add(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Append nodes (m,) under existing ``parents`` (m,) (nodes before them); returns their indices (m,):
-        ``size .. size + m - 1`` before the call. Every row they take is written whole."""
+    def add(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, depth: int) -> None:
+        """Append nodes (m,) at ``depth`` under existing ``parents`` (m,) (nodes before them): they take
+        indices ``size .. size + m - 1``. Every row they take is written whole."""
         m, start = tokens.numel(), self.size
         assert start + m <= self.tokens.numel(), f"draft pool full ({self.tokens.numel()} nodes)"
         end = start + m
         self.tokens[start:end] = tokens
         self.parents[start:end] = parents
         self.scores[start:end] = scores
-        self.depths[start:end] = self.depths[parents] + 1
+        self.depths[start:end] = depth
         self.ancestors[start:end] = self.ancestors[parents]  # (m, C): the parents' ancestors-or-self ...
         self.ancestors[start:end, start:end].diagonal().fill_(True)  # ... and themselves
         self.size = end
-        return torch.arange(start, end, device=self.tokens.device)  # (m,)
 
     def own(self, nodes: torch.Tensor) -> None:
         """Record that the cache's next entries (one per node of ``nodes`` (Q,)) belong to ``nodes``."""
@@ -188,7 +188,7 @@ def end_round(ctx: DraftContext) -> None:
 def query_nodes(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor, root: bool | None = None) -> torch.Tensor:
     """Run the draft on pool ``nodes`` (Q,) with tree attention (``root``: ``nodes`` is the root alone,
     whose input came with the committed states; it is always queried first, alone. None: look — one
-    read of the device, which the tree builder saves by saying).
+    read of the device).
 
     Returns the draft's log-probabilities (Q, V) of the token after each node. Each query
     sees all true entries and the drafted entries of its ancestors (and its own, if it has one
@@ -196,17 +196,24 @@ def query_nodes(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor, root: b
     """
     if root is None:
         root = nodes.numel() == 1 and int(nodes[0]) == 0
-    with _rope_below(ctx.draft, ctx.root_pos + pool.tokens.numel(), ctx.dtype, ctx.device):  # depth < capacity
-        return _query_nodes(ctx, pool, nodes, root)
+    with rope_for_round(ctx, pool):
+        return query_level(ctx, pool, nodes, (ctx.root_pos + pool.depths[nodes])[None], root)
 
 
-def _query_nodes(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor, root: bool) -> torch.Tensor:
+def rope_for_round(ctx: DraftContext, pool: DraftPool):
+    """The draft's RoPE table for every position a round's nodes can take (depth < the pool's capacity)."""
+    return _rope_below(ctx.draft, ctx.root_pos + pool.tokens.numel(), ctx.dtype, ctx.device)
+
+
+def query_level(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor, pos: torch.Tensor, root: bool) -> torch.Tensor:
+    """``query_nodes`` for a caller that knows the nodes' positions ``pos`` (1, Q) (a tree level: the root's
+    position + its depth), inside ``rope_for_round`` and ``torch.no_grad``."""
     draft, cache, q = ctx.draft, ctx.cache, nodes.numel()
-    pos = (ctx.root_pos + pool.depths[nodes])[None]  # (1, Q)
+    keep_states = draft.config.reads_parent_states  # Beagle's queries read tokens only
     if root:
         x, visible = ctx.root_input, None  # only true entries exist yet: all visible
     else:
-        parent_h = pool.states[pool.parents[nodes]][None]  # (1, Q, d)
+        parent_h = pool.states[pool.parents[nodes]][None] if keep_states else None  # (1, Q, d)
         x, kv = draft.encode_nodes(pool.tokens[nodes][None], parent_h, pos)
         if kv is not None:  # seen by the node itself and its descendants (a slot)
             cache.append(kv)
@@ -214,8 +221,10 @@ def _query_nodes(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor, root: 
         t, e = ctx.true_length, pool.owned
         if pool.visible is None or pool.visible.shape[0] < q:  # true entries visible (0), once per round
             pool.visible = torch.zeros(q, t + pool.tokens.numel(), dtype=ctx.dtype, device=nodes.device)
-        drafted = pool.ancestors[nodes][:, pool.owners[:e]]  # (Q, E): ancestor-or-self
-        pool.visible[:q, t : t + e] = torch.where(drafted, 0.0, float("-inf"))  # additive: every row sees t >= 1
+            pool.bias = (pool.visible.new_zeros(()), pool.visible.new_full((), float("-inf")))
+        drafted = pool.ancestors[nodes[:, None], pool.owners[None, :e]]  # (Q, E): ancestor-or-self
+        shown, hidden = pool.bias  # () 0 and -inf: where() writes the buffer in place with tensors only
+        torch.where(drafted, shown, hidden, out=pool.visible[:q, t : t + e])  # additive: every row sees t >= 1
         visible = pool.visible[None, :q, : t + e]  # (1, Q, T+E)
     h = draft.attend(x, pos, cache.view(), visible)  # (1, Q, d)
     if ctx.concate:
@@ -223,7 +232,8 @@ def _query_nodes(ctx: DraftContext, pool: DraftPool, nodes: torch.Tensor, root: 
         if kv is not None:  # the node's own state, appended after its query: its descendants see it
             cache.append(kv)
             pool.own(nodes)
-    pool.states[nodes] = h[0]
+    if keep_states:
+        pool.states.index_copy_(0, nodes, h[0])
     return target_logprobs(draft, draft.logits(h)[0])  # (Q, V)
 
 

@@ -32,7 +32,15 @@ from functools import lru_cache
 
 import torch
 
-from specdraft.decoding.drafting import DraftContext, DraftPool, draft_chain, end_round, new_pool, query_nodes
+from specdraft.decoding.drafting import (
+    DraftContext,
+    DraftPool,
+    draft_chain,
+    end_round,
+    new_pool,
+    query_level,
+    rope_for_round,
+)
 from specdraft.decoding.sampling import SamplingConfig
 
 
@@ -136,17 +144,21 @@ def build_draft_tree(ctx: DraftContext, *, depth: int = 6, topk: int = 10, total
     )
     k = min(topk, ctx.draft.config.output_vocab_size)
     pool = new_pool(ctx, 1 + k + (depth - 1) * k * k)
+    device = pool.tokens.device
+    levels = (ctx.root_pos + torch.arange(depth, device=device)).view(depth, 1, 1).expand(depth, 1, k)  # (D, 1, k)
     try:
-        frontier = torch.zeros(1, dtype=torch.long, device=pool.tokens.device)  # (F,): the root
-        for level in range(depth):
-            logp = query_nodes(ctx, pool, frontier, root=level == 0)  # (F, V)
-            top = logp.topk(k, dim=-1)  # (F, k)
-            cand = (pool.scores[frontier][:, None] + top.values.clamp(max=0).double()).flatten()  # (F*k,): never grows
-            start = pool.size  # the new nodes: start .. start + F*k - 1
-            pool.add(top.indices.flatten(), frontier.repeat_interleave(k), cand)
-            if level + 1 < depth:
-                best = cand.topk(min(k, cand.numel())).indices  # (k,)
-                frontier = best.sort().values + start  # (k,): the latest layer's best values, in pool order
+        frontier = torch.zeros(1, dtype=torch.long, device=device)  # (F,): the root
+        values = pool.scores[:1]  # (F,): the frontier's values (the root's: 0)
+        with rope_for_round(ctx, pool):
+            for level in range(depth):
+                logp = query_level(ctx, pool, frontier, levels[level, :, : frontier.numel()], level == 0)  # (F, V)
+                top = logp.topk(k, dim=-1)  # (F, k)
+                cand = (values[:, None] + top.values.clamp(max=0).double()).flatten()  # (F*k,): never grows
+                start = pool.size  # the new nodes: start .. start + F*k - 1
+                pool.add(top.indices.flatten(), frontier.repeat_interleave(k), cand, level + 1)
+                if level + 1 < depth:
+                    best = cand.topk(min(k, cand.numel())).indices.sort().values  # (k,): in pool order
+                    frontier, values = best + start, cand[best]  # the latest layer's best values
     finally:
         end_round(ctx)
     # rerank: the total_tokens best values; ties: shallower first, then older. The pool holds the levels in

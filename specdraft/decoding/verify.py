@@ -200,11 +200,19 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor, eos_ids: frozenset[int]
         values = torch.cat([tree.tokens, accepted, best.gather(0, accepted)]).tolist()  # the synchronisation
         a = values[k + 1]
         return _walk(list(range(1, a + 1)), values[1 : a + 1], values[k + 2], int(a < k), eos_ids)
-    parents = tree.parents.clamp(min=0)  # (N+1,)
-    passed = (tree.tokens == best[parents]) | (tree.parents < 0)  # (N+1,): the root always passes
-    on_path = ~(tree.ancestors & ~passed[None, :]).any(1)  # (N+1,)
-    end = (on_path.long() * (tree.depths + 1)).argmax()  # siblings are distinct: one path passes
-    return _read_walk(tree, on_path, end, best[end], eos_ids)
+    # a tree: each node's test on the device, the walk on the host over one packed read (N+1 is small)
+    n = tree.size
+    passed = tree.tokens == best[tree.parents.clamp(min=0)]  # (N+1,): the node's token is its parent's argmax
+    values = torch.cat([passed.long(), tree.tokens, best, tree.parents]).tolist()  # (4(N+1),): the synchronisation
+    ok, tokens, choice, parents = values[:n], values[n : 2 * n], values[2 * n : 3 * n], values[3 * n :]
+    on = [True] + [False] * (n - 1)  # on the accepted path: passed, and so did every ancestor
+    path = []
+    for i in range(1, n):  # parents first: a node's parent is decided before it
+        if ok[i] and on[parents[i]]:
+            on[i] = True
+            path.append(i)  # siblings are distinct: at most one child passes, so the path is a chain
+    end = path[-1] if path else 0
+    return _walk(path, [tokens[i] for i in path], choice[end], int(end in parents), eos_ids)
 
 
 def accept_sampling(

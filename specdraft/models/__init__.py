@@ -41,7 +41,8 @@ class Draft(Protocol):
       h_start .. h_{start+m-1} (1, m, d), with ``tokens`` (1, m+1) = t_start .. t_{start+m}, and the
       input of the root query (the last token's);
     * ``encode_nodes(tokens, parent_states, positions)``: drafted nodes' query inputs, and the
-      entries they add before their query (seen by each node itself and its descendants), or None;
+      entries they add before their query (seen by each node itself and its descendants), or None
+      (``parent_states`` is None for a draft whose ``config.reads_parent_states`` is False);
     * ``attend(x, positions, kv, visible)``: predicted states (1, Q, d) of queries over the cache;
     * ``encode_drafted(h, positions)``: the entries a node's predicted state adds after its query
       (seen by its descendants: Beagle's "concate"), or None.

@@ -101,6 +101,12 @@ class DraftConfig:
         return self.arch in ("eagle", "eagle3") and not self.legacy
 
     @property
+    def reads_parent_states(self) -> bool:
+        """Whether a drafted node's input reads its parent's predicted state (the EAGLE family's slots);
+        Beagle's queries read only their tokens, so drafting need not keep predicted states for it."""
+        return self.arch in ("eagle", "eagle3")
+
+    @property
     def drafts_blocks(self) -> bool:
         """Whether the draft fills whole blocks in one forward (block drafts), not one token per query."""
         return self.arch == "dflash"

@@ -290,8 +290,9 @@ def draft_side(draft, ids: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Ten
     pool = new_pool(ctx, CHAIN + 2)
     logp = [query_nodes(ctx, pool, torch.tensor([0]))]
     node = torch.tensor([0])
-    for _ in range(CHAIN):
-        node = pool.add(logp[-1].argmax(-1), node, torch.zeros(1))
+    for depth in range(1, CHAIN + 1):
+        pool.add(logp[-1].argmax(-1), node, torch.zeros(1), depth)
+        node = torch.tensor([pool.size - 1])
         logp.append(query_nodes(ctx, pool, node))
     return prefix, torch.cat(logp)
 
