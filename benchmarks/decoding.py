@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
                     "cpus": os.cpu_count(), "device": "cuda" if args.shape == "8b" else "cpu",
-                    "load_at_start": os.getloadavg()},
+                    "load_at_start": os.getloadavg(),
+                    "gpu": torch.cuda.get_device_name() if args.shape == "8b" else None},
         "before_commit": args.before,
         "targets": {},
     }
