@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -156,12 +156,22 @@ def _median_call(fn, device: torch.device, calls: int) -> tuple[float, float]:
 
 @torch.no_grad()
 def components(target, draft, spec: dict[str, Any]) -> dict[str, Any]:
-    """The model calls a round is made of, timed alone (see the module docstring)."""
+    """The model calls a round is made of, timed alone (see the module docstring), with the attention
+    kernels the loop decodes with."""
+    device = next(target.parameters()).device
+    try:  # the kernels the loop decodes with (a loop that has no choice: the defaults)
+        from specdraft.models.layers import decoding_attention
+    except ImportError:
+        decoding_attention = None
+    with decoding_attention(device) if decoding_attention else nullcontext():
+        return _components(target, draft, spec, device)
+
+
+def _components(target, draft, spec: dict[str, Any], device: torch.device) -> dict[str, Any]:
     from transformers import DynamicCache
 
     from specdraft.decoding.verify import target_forward
 
-    device = next(target.parameters()).device
     dtype = next(target.parameters()).dtype
     calls = spec.get("calls", 30)
     prompt = max(spec["prompts"], key=len)

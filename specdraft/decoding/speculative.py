@@ -35,6 +35,7 @@ kind of cache, with the same token choice (``sampling.choose_token``).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -48,6 +49,7 @@ from specdraft.decoding.drafting import DraftContext, advance_draft, start_draft
 from specdraft.decoding.sampling import SamplingConfig, choose_token
 from specdraft.decoding.tree import DraftTree, build_draft_chain, build_draft_tree
 from specdraft.decoding.verify import accept_greedy, accept_sampling, target_forward, tree_height, verify_tree
+from specdraft.models.layers import decoding_attention
 from specdraft.placement import input_device
 
 Mode = Literal["chain", "tree"]
@@ -245,6 +247,19 @@ def _capacity(prompt: torch.Tensor, cfg: DecodeConfig, nodes: int) -> int:
     return prompt.shape[1] + cfg.max_new_tokens + nodes + 1
 
 
+def _decoding_kernels(generate):
+    """Run ``generate(target, ...)`` with the attention kernels decoding uses on the target's device
+    (``layers.decoding_attention``: no per-shape plans)."""
+
+    @functools.wraps(generate)
+    def wrapped(target, *args, **kwargs):
+        with decoding_attention(input_device(target)):
+            return generate(target, *args, **kwargs)
+
+    return wrapped
+
+
+@_decoding_kernels
 @torch.no_grad()
 def speculative_decode(
     target: torch.nn.Module,
@@ -337,6 +352,7 @@ def speculative_generate(
     return speculative_decode(target, drafter_for(draft, cfg), prompt_ids, cfg, eos_ids, generator)
 
 
+@_decoding_kernels
 @torch.no_grad()
 def vanilla_generate(
     target: torch.nn.Module,

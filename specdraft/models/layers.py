@@ -10,7 +10,7 @@ window holds no true state, ``masks.early``).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -278,6 +278,20 @@ def take(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
         if int(index[-1]) - first + 1 == n:
             return x.narrow(dim, first, n)
     return x.index_select(dim, index)
+
+
+def decoding_attention(device: torch.device):
+    """The fused attention kernels decoding may use on ``device``: on CUDA, every SDPA kernel but
+    cuDNN's. PyTorch (2.11, Hopper) picks cuDNN's kernel for masked bf16 attention, and it builds an
+    execution plan for every new input shape: measured at 9.8 ms of host time per call on an H200
+    (``benchmarks/results/decoding_8b.json``). Training sees few shapes; decoding sees a new one at
+    nearly every call (the context grows each round, each tree level has its own query count), so
+    there the flash and memory-efficient kernels, which need no plan, do the work. Elsewhere: no change."""
+    if device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def masked_attention(q: torch.Tensor, kv: KV, visible: torch.Tensor | None) -> torch.Tensor:
