@@ -92,3 +92,21 @@ def test_rope_table_equals_rope_per_call():
         with rotary.table(301, torch.float32, torch.device("cpu")):
             assert torch.equal(rotary(x, positions), per_call)
         assert rotary._use_table is False  # only inside the block
+
+
+def test_decoding_on_cuda_leaves_cudnn_attention_out():
+    """cuDNN's SDPA kernel builds a plan per input shape (~10 ms of host time on an H200), and decoding
+    changes shapes at nearly every call: on CUDA the loop decodes with the other fused kernels, and
+    leaves the global choice as it found it. On CPU nothing changes. (The flags are process-wide
+    settings, readable without a GPU.)"""
+    from specdraft.models.layers import decoding_attention
+
+    flags = (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.flash_sdp_enabled,
+             torch.backends.cuda.mem_efficient_sdp_enabled, torch.backends.cuda.math_sdp_enabled)
+    before = [f() for f in flags]
+    assert before[0], "cuDNN attention is on by default"
+    with decoding_attention(torch.device("cpu")):
+        assert [f() for f in flags] == before
+    with decoding_attention(torch.device("cuda")):
+        assert [f() for f in flags] == [False, True, True, True]
+    assert [f() for f in flags] == before
