@@ -195,11 +195,13 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor, eos_ids: frozenset[int]
     assert logits.shape[0] == tree.size, f"{logits.shape[0]} logit rows for a tree of {tree.size}"
     best = logits.argmax(-1)  # (N+1,)
     if tree.chain:  # the accepted prefix: the run of drafts equal to the target's argmax before them
-        k = tree.size - 1
-        accepted = (tree.tokens[1:] == best[:-1]).cumprod(0).sum().view(1)  # (1,)
-        values = torch.cat([tree.tokens, accepted, best.gather(0, accepted)]).tolist()  # the synchronisation
-        a = values[k + 1]
-        return _walk(list(range(1, a + 1)), values[1 : a + 1], values[k + 2], int(a < k), eos_ids)
+        n = tree.size
+        values = torch.cat([tree.tokens, best]).tolist()  # (2(k+1),): the synchronisation
+        drafted, choice = values[1:n], values[n:]
+        a = 0
+        while a < n - 1 and drafted[a] == choice[a]:
+            a += 1
+        return _walk(list(range(1, a + 1)), drafted[:a], choice[a], int(a < n - 1), eos_ids)
     # a tree: each node's test on the device, the walk on the host over one packed read (N+1 is small)
     n = tree.size
     passed = tree.tokens == best[tree.parents.clamp(min=0)]  # (N+1,): the node's token is its parent's argmax
