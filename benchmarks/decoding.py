@@ -196,16 +196,31 @@ def run_flow(work: Path, before: Path | None, tmp: Path) -> dict[str, Any]:
     flow["eval_over_train"] = flow["eval_s"] / flow["train_s"]
     settings = json.loads(Path(result["eval"]["report"]).read_text())["settings"]
     flow["eval_workers"], flow["eval_baselines"] = settings.get("workers"), settings.get("baselines")
+    pinned = _stage_epochs("configs/toy.yaml")  # the train section as any loop's config reads it
     for which, code in (("before", before), ("after", ROOT)):
         if code is None:
             continue
         again = tmp / f"eval-again-{which}.json"
         subprocess.run([sys.executable, str(WORKER), "--eval", str(ROOT / "configs/toy.yaml"), settings["target"],
-                        result["train"]["draft"], str(workdir / "eval" / f"again-{which}" / "report.json"), str(again)],
-                       check=True, env={**env, "PYTHONPATH": str(code)}, cwd=str(code))
+                        result["train"]["draft"], str(workdir / "eval" / f"again-{which}" / "report.json"), str(again),
+                        pinned], check=True, env={**env, "PYTHONPATH": str(code)}, cwd=str(code))
         flow[f"eval_again_s_{which}"] = json.loads(again.read_text())["eval_s"]
         flow[f"eval_again_over_train_{which}"] = flow[f"eval_again_s_{which}"] / flow["train_s"]
     return flow
+
+
+def _stage_epochs(config: str) -> str:
+    """``train.epochs=[...]``: the config's epochs, one count per stage of its recipe. An older loop's config
+    loader wants them so (it predates one total split over the stages); the eval stage never reads them."""
+    from pipelines.stages import RunConfig
+    from specdraft.config import load
+    from specdraft.recipes import RECIPES, split_epochs
+
+    train = load(RunConfig, ROOT / config).train
+    epochs = train.epochs
+    if isinstance(epochs, int):
+        epochs = split_epochs(epochs, len(RECIPES[train.recipe].stages))
+    return f"train.epochs=[{','.join(str(e) for e in epochs)}]"
 
 
 def table(results: dict[str, Any]) -> str:

@@ -219,16 +219,17 @@ def flow(config: str, workdir: str, out: str) -> None:
     Path(out).write_text(json.dumps(result, default=str) + "\n")
 
 
-def evaluate_again(config: str, target: str, draft: str, report: str, out: str) -> None:
-    """The eval stage of ``config`` on ``draft`` with the ``pipelines.evaluate`` of the code on sys.path (the
-    after code reads the baselines the flow's eval stage wrote beside its reports)."""
+def evaluate_again(config: str, target: str, draft: str, report: str, out: str, *overrides: str) -> None:
+    """The eval stage of ``config`` (plus ``key=value`` ``overrides``) on ``draft`` with the
+    ``pipelines.evaluate`` of the code on sys.path (the after code reads the baselines the flow's eval
+    stage wrote beside its reports)."""
     import inspect
 
     from pipelines.evaluate import evaluate
     from pipelines.stages import RunConfig
     from specdraft.config import load
 
-    cfg = load(RunConfig, config, [f"workdir={Path(report).parents[2]}"])
+    cfg = load(RunConfig, config, [f"workdir={Path(report).parents[2]}", *overrides])
     extra = {}
     if "baselines_home" in inspect.signature(evaluate).parameters:
         extra["baselines_home"] = Path(cfg.workdir) / "eval" / "baselines"
