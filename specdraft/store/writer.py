@@ -67,10 +67,11 @@ def write_shard(
     written last, and returned for the manifest.
 
     Integrity (README "Guarantees"): every chunk ends with its crc32c (``CHUNK_CHECKSUM``, recorded in the
-    record) and every chunk is written, fill-valued ones included, so a chunk absent on read is a
-    lost chunk, not zeros. ``chunk_checksums=False`` writes a shard as before them (no crc32c,
-    fill-valued chunks not stored, no ``chunk_checksum`` in the record): the reader's compatibility
-    tests and the benchmark's unverified baseline.
+    record), and the chunks Zarr leaves unstored because they hold only fill values are listed in the
+    record (``fill_chunks``: array -> chunk indices), so a chunk absent on read that is not listed is a
+    lost chunk, not zeros (shards written with checksums before ``fill_chunks`` store every chunk).
+    ``chunk_checksums=False`` writes a shard as before them (no crc32c, no ``chunk_checksum`` or
+    ``fill_chunks`` in the record): the reader's compatibility tests and the benchmark's unverified baseline.
     """
     store_dir = location.as_location(store_dir)
     schema = array_schema(attrs["d"], attrs["k"], attrs["hidden_codec"], len(attrs.get("aux_layers") or []))
@@ -101,7 +102,7 @@ def write_shard(
                 dtype=str if name == "sample_ids" else dtype,
                 chunks=chunks,
                 compressors=_compressors(compression, level, chunk_checksums),
-                config={"write_empty_chunks": chunk_checksums},  # every chunk stored: a missing one is detectably lost
+                config={"write_empty_chunks": False},  # fill-valued chunks unstored (and listed: ``fill_chunks``)
             )
             if values.size:
                 array[...] = values
@@ -114,13 +115,31 @@ def write_shard(
             "num_tokens": n_tokens,
             "num_loss_tokens": int(np.asarray(arrays["loss_mask"]).sum()),
             "checksums": checksums,
-            **({"chunk_checksum": CHUNK_CHECKSUM} if chunk_checksums else {}),
+            **({"chunk_checksum": CHUNK_CHECKSUM, "fill_chunks": absent_chunks(out, group)} if chunk_checksums else {}),
         }
         record["bytes"] = location.tree_bytes(out)
         # last write: a shard without it is incomplete. A retried writer that finished this shard
         # first is replaced on the rename (same plan, same bytes)
         group.attrs[SHARD_ATTR] = record
     return record
+
+
+def chunk_key(array: Any, c: int) -> str:
+    """The store key (relative to the array) of row chunk ``c`` of a Zarr array: ``c/3/0``."""
+    return array.metadata.encode_chunk_key((c, *([0] * (array.ndim - 1))))
+
+
+def absent_chunks(shard: str | Path, group: Any) -> dict[str, list[int]]:
+    """Array name -> indices (along rows) of the chunks not stored in a shard, for the arrays that have
+    any; one listing of the shard."""
+    present = location.list_tree(shard)
+    absent = {}
+    for name, array in group.arrays():
+        rows = array.chunks[0]
+        lost = [c for c in range(-(-array.shape[0] // rows)) if f"{name}/{chunk_key(array, c)}" not in present]
+        if lost:
+            absent[name] = lost
+    return dict(sorted(absent.items()))
 
 
 def read_shard_record(path: str | Path) -> dict[str, Any]:

@@ -401,23 +401,33 @@ def test_mixed_codecs_in_one_batch_are_decoded_by_the_reader(tmp_path):
 
 
 def test_grouped_reads_read_each_run_once(synthetic, monkeypatch):
-    """A batch holding every sequence of a shard costs one read per array of that shard."""
+    """A batch holding every sequence of a shard costs one read per array of that shard, and each of its
+    chunks is read (and checked) once."""
+    from specdraft.store import reader
+
     root, _ = synthetic
     ds = FeatureDataset(root, ReaderConfig(max_tokens=10**6, shuffle=False), split="all")
     [seqs] = ds.batches(0)
-    arrays = ds._arrays(0)
-    reads = []
-    for name, array in list(arrays.items()):
-        class Counting:
-            def __init__(self, inner, name):
-                self.inner, self.name, self.chunks = inner, name, inner.chunks
+    reads, chunks = [], []
+    read_rows, read_chunk = reader.read_rows, reader.ShardArray.read_chunk
 
-            def __getitem__(self, key):
-                reads.append(self.name)
-                return self.inner[key]
-        arrays[name] = Counting(array, name)
+    shard = {id(source) for source in ds._sources(0).values()}  # shard 0's arrays
+
+    def counting_rows(source, *args, **kwargs):
+        if id(source) in shard:
+            reads.append(source.array.basename)
+        return read_rows(source, *args, **kwargs)
+
+    def counting_chunk(self, c):
+        if id(self) in shard:
+            chunks.append((self.array.basename, c))
+        return read_chunk(self, c)
+
+    monkeypatch.setattr(reader, "read_rows", counting_rows)
+    monkeypatch.setattr(reader.ShardArray, "read_chunk", counting_chunk)
     ds.load(seqs)
     assert sorted(reads) == sorted(["input_ids", "loss_mask", "hidden", "topk_ids", "topk_logits", "logsumexp"])
+    assert chunks and len(chunks) == len(set(chunks)), chunks
 
 
 def test_prefetcher_propagates_errors_and_stops():
