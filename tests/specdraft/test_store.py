@@ -113,6 +113,24 @@ def test_reader_yields_exact_padded_batches(synthetic):
     assert seen == set(truth)
 
 
+def test_wide_arrays_get_chunks_within_chunk_bytes_and_read_the_same(synthetic, tmp_path, monkeypatch):
+    """A chunk of a token array holds at most ``writer.CHUNK_BYTES``: hidden states (2D bytes a row) get
+    fewer rows than ``chunk_tokens`` while the narrow arrays keep them, and the batches are the same."""
+    from specdraft.store import writer
+
+    monkeypatch.setattr(writer, "CHUNK_BYTES", 4 * 2 * D)  # 4 rows of hidden states
+    truth = make_store(tmp_path)
+    group = store.location.open_group(tmp_path / "shard-00000.zarr", "r")
+    assert group["hidden"].chunks[0] == 4 and group["input_ids"].chunks[0] == 16
+    assert group["topk_ids"].chunks[0] == 4 * 2 * D // (4 * K)
+    root, _ = synthetic  # the same features in 16-row chunks
+    wide, narrow = (FeatureDataset(r, ReaderConfig(max_tokens=64), split="all") for r in (tmp_path, root))
+    assert truth.keys() == set(narrow.sample_ids) and wide.sample_ids == narrow.sample_ids
+    for a, b in zip(wide, narrow):
+        for name in ("input_ids", "loss_mask", "hidden", "topk_ids", "topk_logp", "valid"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
 def test_reader_is_deterministic_per_seed_and_epoch(synthetic):
     root, _ = synthetic
     cfg = ReaderConfig(max_tokens=48, seed=3)
