@@ -443,8 +443,9 @@ def read_rows(source: ShardArray, lo: int, hi: int | None, store, shard: str, mi
     """Rows [lo, hi) of a shard's array, every chunk checked: (values, bad chunks); ``values`` may be a
     read-only view of a decoded chunk.
 
-    A chunk that fails its crc32c or cannot be decoded, or one that is absent from a shard that stores
-    every chunk (one of ``missing``, listed when the shard was opened, or not there when read), raises a
+    A chunk that fails its crc32c or cannot be decoded, or one lost from a shard written with checksums
+    (absent but not among the fill-valued ones its record lists: one of ``missing``, listed when the shard
+    was opened, or not there when read), raises a
     one-line ``StoreError`` naming ``store``, ``shard``, the array and the chunk; with ``skip`` its rows
     are zeros instead and it is returned as (first row, end row, description).
 
