@@ -20,14 +20,16 @@ them, at a toy shape and at an 8B-like one (d = 4096). One run, per shape:
   of this process (all its threads), the comparison that survives a shared host.
 
 * ``integrity`` (issue 22: integrity checked on read; budget 5 %): the same features written twice, with
-  per-chunk crc32c checksums (every chunk verified and checked for presence on read) and without (the
+  per-chunk crc32c checksums (every chunk read verified, and checked for presence) and without (the
   store layout before them). At the toy shape the features are real — the toy target's hidden states and
   top-K of ``--conversations`` toy chats, as a dump computes them — at d = 4096 synthetic. ``--repeats``
   pairs of epochs, one of each store back to back, the order alternating (tokens/s of each); then the same
   epochs batch by batch, each batch read from both stores at once, the order alternating: the cost is the
   median of those pairs' time ratios (CPU and wall seconds) with a bootstrap 95 % interval, beside the
   crc32c work timed alone (``integrity_rates``). On a loaded host the load changes from one second to the
-  next; a pair's two reads, milliseconds apart, share it. ``--integrity-only`` skips everything else.
+  next; a pair's two reads, milliseconds apart, share it. In the same run, the same two stores read through
+  Zarr's async array reads (``zarr_path``: the reader's read path at e44983f, before issue 22's cost was
+  cut) give the before: its cost and its tokens per CPU second. ``--integrity-only`` skips everything else.
 
 Wall-clock rates depend on what else the host runs (its load average is recorded).
 
@@ -187,11 +189,25 @@ def _median_ci(values: list[float], seed: int = 0, draws: int = 4000) -> list[fl
     return [round(float(x), 4) for x in np.quantile(medians, [0.025, 0.975])]
 
 
+def zarr_path(ds: FeatureDataset) -> FeatureDataset:
+    """``ds`` reading every array through Zarr's own (async) array reads, as the reader did at e44983f,
+    instead of the chunk-by-chunk synchronous decode (``ShardArray`` without codecs: its fallback for
+    object stores). The same checks: Zarr's crc32c codec on decode, the presence listing."""
+    import dataclasses
+
+    for key in range(len(ds._shards)):
+        ds._open[key] = {name: dataclasses.replace(source, codecs=None, spec=None)
+                         for name, source in ds._sources(key).items()}
+    return ds
+
+
 def crc_cost(store: Path, ds: FeatureDataset, epoch: int) -> dict:
     """The check's own work apart from everything else an epoch does: the chunks Zarr's crc32c codec checks
     in one epoch of ``ds`` (counted in the codec; a chunk is read again by every batch whose rows it holds)
     and the CPU seconds ``google_crc32c`` (the codec's implementation) takes over that many bytes of this
-    store's chunks, already in memory — a floor under what a verified epoch adds."""
+    store's chunks, held in memory but not in cache — a reference, not a floor: the reader checks a chunk's
+    bytes right after reading them, still in cache, where the crc32c runs several times faster (chunks of
+    at most ``writer.CHUNK_BYTES``)."""
     import google_crc32c
     import zarr.codecs.crc32c_ as codec
 
@@ -245,7 +261,7 @@ def _paired(v: list[float], u: list[float]) -> dict:
 def integrity_rates(shards: list[dict[str, np.ndarray]], d: int, max_tokens: int, pairs: int, data: str) -> dict:
     """The cost of the per-chunk check on read, measured so that it shows on a loaded, noisy host.
 
-    The same ``shards`` are written twice, with per-chunk crc32c (every chunk verified, and checked for
+    The same ``shards`` are written twice, with per-chunk crc32c (every chunk read verified, and checked for
     presence, on read) and without (the layout before them); each store is opened once, as a training run
     opens it, and read one untimed epoch each. Then ``pairs`` epochs of each:
 
@@ -261,31 +277,38 @@ def integrity_rates(shards: list[dict[str, np.ndarray]], d: int, max_tokens: int
 
     Every ratio has its per-pair spread and the count of pairs where the verified read was slower.
     ``crc32c`` is the check's own work timed alone (``crc_cost``: the bytes the codec checks in an epoch,
-    counted, at the measured crc32c speed) as a share of an unverified epoch's CPU time: a floor under the
-    cost that no other process disturbs; the rest of the cost is Zarr's per-chunk work for the extra codec."""
+    counted, at the crc32c speed measured over chunks not in cache) as a share of an unverified epoch's
+    CPU time: a reference that no other process disturbs.
+
+    ``before``: the same stores read through Zarr's async array reads (``zarr_path``, the reader's read path
+    at e44983f) as two more members of every epoch round and batch round (all four in rotating order): the
+    cost that path's check had, measured the same way, and its tokens per CPU second beside this reader's."""
     import warnings
 
     from benchmarks.host import LoadSampler
     from specdraft.store import StoreWarning
 
-    names = ("verified", "unverified")
+    names = ("verified", "unverified", "verified_zarr", "unverified_zarr")
     runs: dict[str, list[tuple[int, float, float]]] = {name: [] for name in names}
     batch_times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="reader-bench-integrity-") as tmp, LoadSampler(every=2.0) as load:
-        stores = {name: Path(tmp, name) for name in names}
+        stores = {name: Path(tmp, name) for name in names[:2]}
         built = {name: write_store(path, shards, d, chunk_checksums=name == "verified") for name, path in stores.items()}
         datasets, open_s = {}, {}
-        for name, path in stores.items():  # opened once, as a training run does (listing each shard's chunks)
+        for name in names:  # opened once, as a training run does (listing each shard's chunks)
             started = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", StoreWarning)
-                datasets[name] = FeatureDataset(path, ReaderConfig(max_tokens=max_tokens, seed=1), split="all")
+                datasets[name] = FeatureDataset(stores[name.removesuffix("_zarr")],
+                                                ReaderConfig(max_tokens=max_tokens, seed=1), split="all")
+            if name.endswith("_zarr"):
+                zarr_path(datasets[name])
             datasets[name].load(datasets[name].batches(0)[0])  # opens the shards' arrays
             open_s[name] = round(time.perf_counter() - started, 3)
         for name in names:  # a warm-up epoch of each (page cache, Zarr's handles), not timed
             _epoch(datasets[name], 0)
-        for i in range(pairs):
-            for name in (names if i % 2 == 0 else names[::-1]):
+        for i in range(pairs):  # rounds of one epoch of each, the order rotating (each first and last in turn)
+            for name in _rotated(names, i):
                 runs[name].append(_epoch(datasets[name], i))
         flip = 0
         for i in range(pairs):
@@ -293,14 +316,14 @@ def integrity_rates(shards: list[dict[str, np.ndarray]], d: int, max_tokens: int
             assert plan == datasets["unverified"].batches(i), "the two stores' batch plans differ"
             for seqs in plan:
                 flip += 1
-                for name in (names if flip % 2 else names[::-1]):
+                for name in _rotated(names, flip):
                     wall, cpu = time.perf_counter(), time.process_time()
                     datasets[name].load(seqs, lazy=True)
                     batch_times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
         crc = crc_cost(stores["verified"], datasets["verified"], pairs)
-    assert all(runs["verified"][i][0] == runs["unverified"][i][0] for i in range(pairs)), "the pairs read different tokens"
-    out: dict = {"data": data, "pairs": pairs, "order": "alternating which store is read first in a pair"}
-    for name in names:
+    assert all(len({runs[n][i][0] for n in names}) == 1 for i in range(pairs)), "the rounds read different tokens"
+    out: dict = {"data": data, "pairs": pairs, "order": "rotating which read is first in a round (of all four)"}
+    for name in names[:2]:
         tokens = [t for t, _, _ in runs[name]]
         out[name] = {"store": built[name], "open_s": open_s[name],
                      "tokens_per_s": round(float(np.median([t / w for t, w, _ in runs[name]])), 1),
@@ -308,8 +331,8 @@ def integrity_rates(shards: list[dict[str, np.ndarray]], d: int, max_tokens: int
                      "epoch_s": _spread([w for _, w, _ in runs[name]]), "tokens_per_epoch": tokens[0]}
     out["epochs"] = {"wall": _paired([w for _, w, _ in runs["verified"]], [w for _, w, _ in runs["unverified"]]),
                      "cpu": _paired([c for _, _, c in runs["verified"]], [c for _, _, c in runs["unverified"]])}
-    out["batches"] = {"wall": _paired(*([w for w, _ in batch_times[n]] for n in names)),
-                      "cpu": _paired(*([c for _, c in batch_times[n]] for n in names))}
+    out["batches"] = {"wall": _paired(*([w for w, _ in batch_times[n]] for n in names[:2])),
+                      "cpu": _paired(*([c for _, c in batch_times[n]] for n in names[:2]))}
     unverified_cpu = float(np.median([c for _, _, c in runs["unverified"]]))
     out["crc32c"] = {**crc, "share_of_unverified_epoch_cpu_pct": round(100 * crc["cpu_s_per_epoch"] / unverified_cpu, 2)}
     for key, clock in (("cost_pct", "wall"), ("cost_cpu_pct", "cpu")):  # the batch pairs' median: the estimate
@@ -318,8 +341,29 @@ def integrity_rates(shards: list[dict[str, np.ndarray]], d: int, max_tokens: int
         out[f"{key}_ci95"] = [round(100 * (x - 1), 2) for x in paired["per_pair_median_ci95"]]
     out["budget_pct"] = 5.0
     out["within_budget"] = out["cost_pct_ci95"][1] <= 5.0 and out["cost_cpu_pct_ci95"][1] <= 5.0
+    before = {"read_path": "Zarr's async array reads (the reader at e44983f), the same stores, in the same rounds"}
+    for name in names[2:]:
+        before[name.removesuffix("_zarr")] = {
+            "open_s": open_s[name],
+            "tokens_per_s": round(float(np.median([t / w for t, w, _ in runs[name]])), 1),
+            "tokens_per_cpu_s": round(float(np.median([t / c for t, _, c in runs[name]])), 1)}
+    before["batches_cpu"] = _paired(*([c for _, c in batch_times[n]] for n in names[2:]))
+    before["cost_cpu_pct"] = round(100 * (before["batches_cpu"]["per_pair"]["median"] - 1), 2)
+    before["cost_cpu_pct_ci95"] = [round(100 * (x - 1), 2) for x in before["batches_cpu"]["per_pair_median_ci95"]]
+    # this reader's CPU time per batch over the Zarr path's, checked store: the per-pair median (< 1: faster)
+    speed = _paired([c for _, c in batch_times["verified"]], [c for _, c in batch_times["verified_zarr"]])
+    before["verified_cpu_ratio_now_over_before"] = speed["per_pair"]["median"]
+    before["verified_cpu_ratio_now_over_before_ci95"] = speed["per_pair_median_ci95"]
+    out["before"] = before
     out["host_load"] = load.summary()
     return out
+
+
+def _rotated(names: tuple[str, ...], i: int) -> tuple[str, ...]:
+    """``names`` rotated by ``i`` and reversed every other round: each member goes first, and last, in turn."""
+    k = i % len(names)
+    order = names[k:] + names[:k]
+    return order if (i // len(names)) % 2 == 0 else order[::-1]
 
 
 def trainer_rate(store: Path, d: int, heads: int, kv: int, mlp: int, vocab: int, max_tokens: int, steps: int) -> dict:

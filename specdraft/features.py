@@ -76,7 +76,7 @@ class FeaturesConfig:
     attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"  # flash: CUDA + flash-attn only
     cpus_per_actor: float = 1.0
     torch_threads: int | None = None  # CPU threads per actor (default: cpus_per_actor)
-    chunk_tokens: int = 1024  # Zarr chunk length along the token axis
+    chunk_tokens: int = 1024  # Zarr chunk length along the token axis (fewer rows in a chunk over 1 MiB: writer.CHUNK_BYTES)
     compression: Literal["zstd", "blosc", "none"] = "zstd"
     compression_level: int = 3
     trust_remote_code: bool = False

@@ -2,14 +2,16 @@
 
 Length-bucketed, right-padded, deterministic for (seed, epoch), split into equal batch counts per
 DDP rank, with a held-out split by sample-id hash. Fast path (issue 12.4): a batch's sequences are
-read shard by shard with one Zarr read per array and run of nearby rows, sliced in numpy; the
+read shard by shard with one read per array and run of nearby rows (locally chunk by chunk through Zarr's
+synchronous store and codec interfaces, ``ShardArray``; at a URL one Zarr read), sliced in numpy; the
 features stay in their stored dtype (float16 / bfloat16 / int8 codes + scales) until
 ``Batch.to(device)`` decodes them on the device; a ``Prefetcher`` thread reads the next batches
 (pinned when CUDA is available) while the trainer computes (``EpochBatches``, iteration).
 
 Integrity (README "Guarantees"): every chunk read is checked — against its crc32c (the writer's
-``crc32c`` codec, verified by Zarr on decode) and for presence (a shard written with checksums stores
-every chunk; Zarr would return a lost one as fill values) — and a bad chunk is a one-line
+``crc32c`` codec, verified by Zarr's codec on decode) and for presence (a shard written with checksums
+stores every chunk but those its record lists as fill-valued; Zarr would return a lost one as fill
+values) — and a bad chunk is a one-line
 ``StoreError`` naming the store, shard, array and chunk; under ``ReaderConfig.on_corrupt="skip"`` the
 sequences it holds are skipped instead (their loss masked out) and counted in ``FeatureDataset.skipped``.
 Stores written before the checksums are read unverified, with one warning per store.
@@ -28,9 +30,14 @@ from typing import Any, Iterator, Literal
 import numpy as np
 import torch
 
+from zarr.abc.codec import SupportsSyncCodec
+from zarr.abc.store import SupportsGetSync
+from zarr.core.buffer import default_buffer_prototype
+
 from specdraft.batch import Batch
 from specdraft.store import location
 from specdraft.store.manifest import read_manifest
+from specdraft.store.writer import absent_chunks, chunk_key
 from specdraft.store.schema import CHUNK_CHECKSUM, StoreError, array_schema, decode_hidden, stored_tensor
 
 ON_CORRUPT = ("error", "skip")
@@ -180,7 +187,8 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         self._shards: list[tuple[Path | str, str]] = []  # (shard dir or URL, hidden codec)
         self._where: list[tuple[Path | str, str]] = []  # per shard: (store, shard name), for errors
         self._missing_at_open: list[dict[str, set[int]]] = []  # per shard: array -> lost chunks, as listed here
-        self._verified: list[bool] = []  # per shard: written with per-chunk checksums (every chunk stored)
+        self._verified: list[bool] = []  # per shard: written with per-chunk checksums (an unlisted absent chunk is lost)
+        self._fill: list[dict[str, frozenset[int]]] = []  # per shard: array -> fill-valued chunks left unstored
         self.skipped: dict[str, str] = {}  # on_corrupt="skip": sample id -> the bad chunk it was skipped for
         keys, starts, lengths, ids = [], [], [], []
         for path, manifest in self.stores:
@@ -195,10 +203,13 @@ class FeatureDataset(torch.utils.data.IterableDataset):
                 shard = location.join(path, record["name"])
                 group = location.open_group(shard, "r")
                 verified = record.get("chunk_checksum") == CHUNK_CHECKSUM
-                missing = _missing_chunks(shard, group) if verified else {}
+                missing = _missing_chunks(shard, group, record) if verified else {}
+                fill = _fill_chunks(record)
                 self._missing_at_open.append(missing)
-                offsets, _ = read_rows(group["offsets"], 0, None, path, record["name"], missing.get("offsets"))  # (S+1,)
-                names, _ = read_rows(group["sample_ids"], 0, None, path, record["name"], missing.get("sample_ids"))
+                offsets, _ = read_rows(ShardArray.open(group["offsets"], verified, fill.get("offsets")), 0, None, path,
+                                       record["name"], missing.get("offsets"))  # (S+1,)
+                names, _ = read_rows(ShardArray.open(group["sample_ids"], verified, fill.get("sample_ids")), 0, None,
+                                     path, record["name"], missing.get("sample_ids"))
                 names = [str(s) for s in names.tolist()]
                 if offsets.shape != (record["num_sequences"] + 1,) or len(names) != record["num_sequences"]:
                     raise StoreError(f"{location.join(path, record['name'])}: offsets/sample_ids disagree with the manifest")
@@ -208,6 +219,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
                 ids += names
                 self._shards.append((shard, manifest["hidden_codec"]))
                 self._verified.append(verified)
+                self._fill.append(fill)
                 self._where.append((path, record["name"]))
         keep = np.array([split == "all" or (is_held_out(s, cfg.val_fraction) == (split == "val")) for s in ids], bool)
         self._key = np.asarray(keys, np.int64)[keep]  # (S,)
@@ -215,7 +227,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         length = np.concatenate(lengths or [np.zeros(0, np.int64)])[keep]  # (S,)
         self._length = length if cfg.max_length is None else np.minimum(length, cfg.max_length)  # (S,)
         self.sample_ids = [s for s, k in zip(ids, keep) if k]
-        self._open: dict[int, dict[str, Any]] = {}
+        self._open: dict[int, dict[str, ShardArray]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -286,8 +298,8 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         for row, i in enumerate(seqs):
             by_shard.setdefault(int(self._key[i]), []).append(row)
         for key, rows in by_shard.items():
-            arrays, shard_codec = self._arrays(key), self._shards[key][1]
-            gap = arrays["hidden"].chunks[0]
+            arrays, shard_codec = self._sources(key), self._shards[key][1]
+            gap = arrays["hidden"].array.chunks[0]
             spans = sorted((int(self._start[seqs[r]]), int(lengths[r]), r) for r in rows)  # (start, length, row)
             for run in _runs(spans, gap):
                 lo, hi = run[0][0], max(a + m for a, m, _ in run)
@@ -312,7 +324,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         )
         return batch if lazy else batch.to("cpu")
 
-    def _read_run(self, key: int, arrays: dict[str, Any], shard_codec: str, codec: str | None, lo: int, hi: int,
+    def _read_run(self, key: int, arrays: dict[str, ShardArray], shard_codec: str, codec: str | None, lo: int, hi: int,
                   spans: list[tuple[int, int, int]], out: dict[str, np.ndarray]) -> list[tuple[int, str]]:
         """Read rows [lo, hi) of shard ``key`` once per array and copy ``spans`` (batch row, offset, length) out.
 
@@ -339,7 +351,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
             values = rows(name)  # (R, F)
             scale = rows(scale_name) if shard_codec == "int8" else None  # (R,) | (R, L)
             if codec is None:  # mixed codecs in one batch: decode here
-                values, scale = decode_hidden(values, shard_codec, scale).numpy(), None
+                values, scale = decode_hidden(np.array(values), shard_codec, scale).numpy(), None  # a writable copy
             stored[name] = (values, scale, out_scale)
         for row, a, m in spans:
             out["input_ids"][row, :m] = ids[a : a + m]
@@ -352,72 +364,144 @@ class FeatureDataset(torch.utils.data.IterableDataset):
                     out[out_scale][row, :m] = scale[a : a + m]
         return [(row, chunk) for row, a, m in spans for first, end, chunk in bad if first < lo + a + m and lo + a < end]
 
-    def _arrays(self, key: int) -> dict[str, Any]:
-        """Zarr arrays of shard ``key``, opened once per process."""
+    def _sources(self, key: int) -> dict[str, ShardArray]:
+        """The arrays of shard ``key`` as the reader reads them, opened once per process."""
         if key not in self._open:
             group = location.open_group(self._shards[key][0], "r")
-            self._open[key] = {name: array for name, array in group.arrays()}
+            self._open[key] = {name: ShardArray.open(array, self._verified[key], self._fill[key].get(name))
+                               for name, array in group.arrays()}
         return self._open[key]
+
+    def _arrays(self, key: int) -> dict[str, Any]:
+        """Zarr arrays of shard ``key``."""
+        return {name: source.array for name, source in self._sources(key).items()}
 
 
 class StoreWarning(UserWarning):
     """A store the reader cannot fully verify (written before per-chunk checksums)."""
 
 
-def _missing_chunks(shard: Path | str, group) -> dict[str, set[int]]:
-    """Array name -> indices (along rows) of the chunks absent from a shard written with every chunk
-    stored; one listing of the shard."""
-    present = location.list_tree(shard)
-    missing = {}
-    for name, array in group.arrays():
-        rows = array.chunks[0]
-        lost = {c for c in range(-(-array.shape[0] // rows)) if f"{name}/{_chunk_key(array, c)}" not in present}
-        if lost:
-            missing[name] = lost
-    return missing
+MISSING_CHUNK = "is missing (lost after it was written: Zarr would read it as fill values)"
 
 
-def _chunk_key(array, c: int) -> str:
-    """The store key (relative to the array) of row chunk ``c``: ``c/3/0``."""
-    return array.metadata.encode_chunk_key((c, *([0] * (array.ndim - 1))))
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ShardArray:
+    """One array of a shard as the reader reads it: Zarr's array, whether an absent chunk is lost
+    (``complete``: written with checksums) unless it is one of ``fill`` (the fill-valued chunks the shard's
+    record lists as unstored: read as fill values without a store access), and — where the store reads
+    synchronously (a local directory) and every codec decodes synchronously — Zarr's codecs resolved for
+    the array's chunks, so that a chunk is read as its bytes (``StorePath.get_sync``) and decoded in
+    reverse codec order (``SupportsSyncCodec._decode_sync``: the crc32c checked, then the compressor,
+    then the bytes codec), the Zarr v3 decode without the async pipeline's per-chunk, per-codec tasks
+    (issue 22: those, not the checksum, were most of what the check cost). ``codecs`` None: read
+    through Zarr's own array reads (an object store)."""
+
+    array: Any  # zarr.Array
+    complete: bool
+    fill: frozenset[int] = frozenset()
+    codecs: tuple[Any, ...] | None = None  # Zarr codecs in encode order: array->array, array->bytes, bytes->bytes
+    spec: Any = None  # zarr ArraySpec of one chunk
+
+    @classmethod
+    def open(cls, array: Any, complete: bool, fill: frozenset[int] | None = None) -> "ShardArray":
+        fill = fill or frozenset()
+        codecs = tuple(array.metadata.codecs) if array.metadata.zarr_format == 3 else ()
+        sync = (codecs and isinstance(array.store_path.store, SupportsGetSync)
+                and all(isinstance(codec, SupportsSyncCodec) for codec in codecs))
+        if not sync:
+            return cls(array=array, complete=complete, fill=fill)
+        spec = array.metadata.get_chunk_spec((0,) * array.ndim, array.config, default_buffer_prototype())
+        return cls(array=array, complete=complete, fill=fill,
+                   codecs=tuple(c.evolve_from_array_spec(spec) for c in codecs), spec=spec)
+
+    def read_chunk(self, c: int) -> np.ndarray | None:
+        """Row chunk ``c`` decoded (chunk rows, ...), None when it is not stored; a codec's exception (a
+        failed crc32c: ``ValueError``) propagates."""
+        data = (self.array.store_path / chunk_key(self.array, c)).get_sync(prototype=self.spec.prototype)
+        if data is None:
+            return None
+        for codec in reversed(self.codecs):  # bytes->bytes (crc32c, compressor), array->bytes, array->array
+            data = codec._decode_sync(data, self.spec)
+        return data.as_numpy_array()
 
 
-def read_rows(array, lo: int, hi: int | None, store, shard: str, missing: set[int] | None = None,
+def _missing_chunks(shard: Path | str, group, record: dict[str, Any]) -> dict[str, set[int]]:
+    """Array name -> indices (along rows) of the chunks lost from a shard written with checksums: absent,
+    and not among the fill-valued chunks its record lists as unstored; one listing of the shard."""
+    fill = _fill_chunks(record)
+    missing = {name: set(lost) - fill.get(name, frozenset()) for name, lost in absent_chunks(shard, group).items()}
+    return {name: lost for name, lost in missing.items() if lost}
+
+
+def _fill_chunks(record: dict[str, Any]) -> dict[str, frozenset[int]]:
+    """Array name -> the chunks a shard record lists as unstored because they hold only fill values."""
+    return {name: frozenset(chunks) for name, chunks in (record.get("fill_chunks") or {}).items()}
+
+
+def read_rows(source: ShardArray, lo: int, hi: int | None, store, shard: str, missing: set[int] | None = None,
               skip: bool = False) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
-    """Rows [lo, hi) of a shard's Zarr array, every chunk checked: (values, bad chunks).
+    """Rows [lo, hi) of a shard's array, every chunk checked: (values, bad chunks); ``values`` may be a
+    read-only view of a decoded chunk.
 
-    A chunk that fails its crc32c or cannot be decoded, or one of ``missing`` (chunks lost from a shard
-    that stores every chunk), raises a one-line ``StoreError`` naming ``store``, ``shard``, the array
-    and the chunk; with ``skip`` its rows are zeros instead and it is returned as (first row, end
-    row, description). The fast path is one Zarr read; chunks are read one by one only after a failure.
+    A chunk that fails its crc32c or cannot be decoded, or one lost from a shard written with checksums
+    (absent but not among the fill-valued ones its record lists: one of ``missing``, listed when the shard
+    was opened, or not there when read), raises a
+    one-line ``StoreError`` naming ``store``, ``shard``, the array and the chunk; with ``skip`` its rows
+    are zeros instead and it is returned as (first row, end row, description).
+
+    A local shard is read chunk by chunk through Zarr's synchronous interfaces (``ShardArray.read_chunk``),
+    each chunk's failure named as it happens; elsewhere (an object store) the fast path is one Zarr read,
+    and chunks are read one by one only after a failure.
     """
+    array = source.array
     hi = array.shape[0] if hi is None else hi
     step = array.chunks[0]
     chunks = range(lo // step, -(-hi // step)) if hi > lo else range(0)
-    if not missing or not any(c in missing for c in chunks):
+    if source.codecs is None and (not missing or not any(c in missing for c in chunks)):
         try:
             return array[lo:hi], []
         except Exception:  # noqa: BLE001 - a bad chunk: found and named below
+            pass
+    whole = len(chunks) == 1 and chunks[0] not in source.fill and not (missing and chunks[0] in missing)
+    if source.codecs is not None and whole:
+        try:  # one chunk (a run within a chunk): its rows as a (read-only) view of the decoded chunk, no copy
+            block = source.read_chunk(chunks[0])
+            if block is not None:
+                return block[lo - chunks[0] * step : hi - chunks[0] * step], []
+        except Exception:  # noqa: BLE001 - a bad chunk: named below
             pass
     values = np.zeros((hi - lo, *array.shape[1:]), dtype=array.dtype if array.dtype.kind not in "OTU" else object)
     bad = []
     for c in chunks:
         a, b = max(lo, c * step), min(hi, (c + 1) * step)
+        if c in source.fill:  # stored as nothing: it held only fill values when written
+            values[a - lo : b - lo] = array.fill_value
+            continue
         if missing and c in missing:
-            reason = "is missing (lost after it was written: Zarr would read it as fill values)"
+            reason = MISSING_CHUNK
         else:
             try:
-                values[a - lo : b - lo] = array[a:b]
-                continue
+                if source.codecs is None:
+                    values[a - lo : b - lo] = array[a:b]
+                    continue
+                block = source.read_chunk(c)  # (chunk rows, ...) | None: absent
+                if block is not None:
+                    values[a - lo : b - lo] = block[a - c * step : b - c * step]
+                    continue
+                if not source.complete:  # written before the checksums: an absent chunk is fill values, as in Zarr
+                    values[a - lo : b - lo] = array.fill_value
+                    continue
+                reason = MISSING_CHUNK
             except Exception as err:  # noqa: BLE001 - any codec failure is a corrupt chunk
                 text = (str(err).splitlines() or [""])[0][:160]
                 reason = ("fails its crc32c checksum (its bytes changed or were cut after it was written)"
                           if "checksum" in text.lower() else f"cannot be decoded ({type(err).__name__}: {text})")
-        where = f"chunk {_chunk_key(array, c)} (rows {c * step}-{min(array.shape[0], (c + 1) * step) - 1})"
+        where = f"chunk {chunk_key(array, c)} (rows {c * step}-{min(array.shape[0], (c + 1) * step) - 1})"
         if not skip:
             raise StoreError(f"corrupt feature store {store}: shard {shard}, array {array.basename}, {where} {reason}; "
                              f"`specdraft validate-store {store}` lists every bad chunk, reader.on_corrupt=skip "
                              "trains without the sequences it holds") from None
+        values[a - lo : b - lo] = 0
         bad.append((a, b, f"{shard}/{array.basename} {where} {reason.split(' (')[0]}"))
     return values, bad
 
@@ -571,8 +655,10 @@ def predicted_token_counts(paths: str | Path | list[str | Path], vocab_size: int
         for record in manifest["shards"]:
             group = location.open_group(location.join(path, record["name"]), "r")
             shard = location.join(path, record["name"])
-            missing = _missing_chunks(shard, group) if record.get("chunk_checksum") == CHUNK_CHECKSUM else {}
-            ids, mask, offsets = (read_rows(group[name], 0, None, path, record["name"], missing.get(name))[0]
+            verified = record.get("chunk_checksum") == CHUNK_CHECKSUM
+            missing, fill = (_missing_chunks(shard, group, record) if verified else {}), _fill_chunks(record)
+            ids, mask, offsets = (read_rows(ShardArray.open(group[name], verified, fill.get(name)), 0, None, path,
+                                            record["name"], missing.get(name))[0]
                                   for name in ("input_ids", "loss_mask", "offsets"))
             counts += count_predicted_tokens(ids, mask, offsets, vocab_size)
     return counts

@@ -143,6 +143,48 @@ def test_skip_option_skips_and_counts_the_sequences_of_a_bad_chunk(tmp_path):
                 assert torch.equal(batch.hidden[row], good.hidden[row])
 
 
+def test_fill_valued_chunks_are_listed_unstored_and_read_as_zeros_while_a_lost_one_is_an_error(tmp_path):
+    """Zarr stores no chunk that holds only fill values; the shard record lists them (``fill_chunks``), so
+    the reader gives their zeros without reading anything while any other absent chunk is lost."""
+    location.make_dirs(tmp_path)
+    arrays, _ = synthetic_shard(0, np.random.default_rng(0), torch.Generator().manual_seed(0), per_shard=8)
+    arrays["loss_mask"][CHUNK : 2 * CHUNK] = 0  # chunk 1: only fill values
+    arrays["logsumexp"][:] = 0  # every chunk
+    record = store.write_shard(tmp_path, 0, arrays, {"d": D, "k": K, "hidden_codec": "fp16", "target_id": "t@1"},
+                               chunk_tokens=CHUNK)
+    store.write_manifest(tmp_path, store.make_manifest(header=HEADER, shards=[record]))
+    chunks = -(-len(arrays["logsumexp"]) // CHUNK)
+    assert record["fill_chunks"] == {"logsumexp": list(range(chunks)), "loss_mask": [1]}, record["fill_chunks"]
+    assert not (tmp_path / "shard-00000.zarr/loss_mask/c/1").exists()
+    ds, batches = read_all(tmp_path)
+    order = [i for seqs in ds.batches() for i in seqs]
+    lengths = np.diff(arrays["offsets"])
+    for i, batch_row in zip(order, [(b, r) for b in batches for r in range(b.input_ids.shape[0])]):
+        batch, row = batch_row
+        a, m = int(arrays["offsets"][i]), int(lengths[i])
+        assert torch.equal(batch.loss_mask[row, :m], torch.from_numpy(arrays["loss_mask"][a : a + m].astype(bool)))
+    (tmp_path / "shard-00000.zarr/loss_mask/c/0").unlink()  # a chunk that was stored: lost
+    with pytest.raises(StoreError, match="missing") as caught:
+        read_all(tmp_path)
+    assert_one_line_naming(caught.value, tmp_path, "shard-00000.zarr", "loss_mask", "c/0")
+
+
+def test_a_store_written_with_checksums_before_fill_chunks_were_listed_checks_every_chunk(tmp_path):
+    """A shard written with checksums but no ``fill_chunks`` in its record stored every chunk: any absent
+    chunk is lost."""
+    write_store(tmp_path, shards=1)
+    for path in (tmp_path / "shard-00000.zarr/zarr.json", tmp_path / "manifest.json"):  # as such a store's record
+        text = path.read_text()
+        assert text.count('"fill_chunks": {}') == 1, text
+        path.write_text(text.replace('"fill_chunks": {}', '"legacy": {}'))
+    ds, _ = read_all(tmp_path)
+    assert not ds._fill[0]
+    (tmp_path / "shard-00000.zarr/logsumexp/c/1").unlink()
+    with pytest.raises(StoreError, match="missing") as caught:
+        read_all(tmp_path)
+    assert_one_line_naming(caught.value, tmp_path, "shard-00000.zarr", "logsumexp", "c/1")
+
+
 def test_a_store_written_before_the_checksums_reads_with_one_warning(tmp_path):
     write_store(tmp_path / "new")
     write_store(tmp_path / "old", chunk_checksums=False)

@@ -113,6 +113,24 @@ def test_reader_yields_exact_padded_batches(synthetic):
     assert seen == set(truth)
 
 
+def test_wide_arrays_get_chunks_within_chunk_bytes_and_read_the_same(synthetic, tmp_path, monkeypatch):
+    """A chunk of a token array holds at most ``writer.CHUNK_BYTES``: hidden states (2D bytes a row) get
+    fewer rows than ``chunk_tokens`` while the narrow arrays keep them, and the batches are the same."""
+    from specdraft.store import writer
+
+    monkeypatch.setattr(writer, "CHUNK_BYTES", 4 * 2 * D)  # 4 rows of hidden states
+    truth = make_store(tmp_path)
+    group = store.location.open_group(tmp_path / "shard-00000.zarr", "r")
+    assert group["hidden"].chunks[0] == 4 and group["input_ids"].chunks[0] == 16
+    assert group["topk_ids"].chunks[0] == 4 * 2 * D // (4 * K)
+    root, _ = synthetic  # the same features in 16-row chunks
+    wide, narrow = (FeatureDataset(r, ReaderConfig(max_tokens=64), split="all") for r in (tmp_path, root))
+    assert truth.keys() == set(narrow.sample_ids) and wide.sample_ids == narrow.sample_ids
+    for a, b in zip(wide, narrow):
+        for name in ("input_ids", "loss_mask", "hidden", "topk_ids", "topk_logp", "valid"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
 def test_reader_is_deterministic_per_seed_and_epoch(synthetic):
     root, _ = synthetic
     cfg = ReaderConfig(max_tokens=48, seed=3)
@@ -401,23 +419,33 @@ def test_mixed_codecs_in_one_batch_are_decoded_by_the_reader(tmp_path):
 
 
 def test_grouped_reads_read_each_run_once(synthetic, monkeypatch):
-    """A batch holding every sequence of a shard costs one read per array of that shard."""
+    """A batch holding every sequence of a shard costs one read per array of that shard, and each of its
+    chunks is read (and checked) once."""
+    from specdraft.store import reader
+
     root, _ = synthetic
     ds = FeatureDataset(root, ReaderConfig(max_tokens=10**6, shuffle=False), split="all")
     [seqs] = ds.batches(0)
-    arrays = ds._arrays(0)
-    reads = []
-    for name, array in list(arrays.items()):
-        class Counting:
-            def __init__(self, inner, name):
-                self.inner, self.name, self.chunks = inner, name, inner.chunks
+    reads, chunks = [], []
+    read_rows, read_chunk = reader.read_rows, reader.ShardArray.read_chunk
 
-            def __getitem__(self, key):
-                reads.append(self.name)
-                return self.inner[key]
-        arrays[name] = Counting(array, name)
+    shard = {id(source) for source in ds._sources(0).values()}  # shard 0's arrays
+
+    def counting_rows(source, *args, **kwargs):
+        if id(source) in shard:
+            reads.append(source.array.basename)
+        return read_rows(source, *args, **kwargs)
+
+    def counting_chunk(self, c):
+        if id(self) in shard:
+            chunks.append((self.array.basename, c))
+        return read_chunk(self, c)
+
+    monkeypatch.setattr(reader, "read_rows", counting_rows)
+    monkeypatch.setattr(reader.ShardArray, "read_chunk", counting_chunk)
     ds.load(seqs)
     assert sorted(reads) == sorted(["input_ids", "loss_mask", "hidden", "topk_ids", "topk_logits", "logsumexp"])
+    assert chunks and len(chunks) == len(set(chunks)), chunks
 
 
 def test_prefetcher_propagates_errors_and_stops():
