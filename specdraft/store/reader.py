@@ -30,9 +30,13 @@ from typing import Any, Iterator, Literal
 import numpy as np
 import torch
 
-from zarr.abc.codec import SupportsSyncCodec
-from zarr.abc.store import SupportsGetSync
 from zarr.core.buffer import default_buffer_prototype
+
+try:  # Zarr's synchronous store and codec protocols (the local fast path); older 3.x: its async array reads
+    from zarr.abc.codec import SupportsSyncCodec
+    from zarr.abc.store import SupportsGetSync
+except ImportError:  # pragma: no cover - the pinned zarr has them
+    SupportsSyncCodec = SupportsGetSync = None
 
 from specdraft.batch import Batch
 from specdraft.store import location
@@ -406,7 +410,7 @@ class ShardArray:
     def open(cls, array: Any, complete: bool, fill: frozenset[int] | None = None) -> "ShardArray":
         fill = fill or frozenset()
         codecs = tuple(array.metadata.codecs) if array.metadata.zarr_format == 3 else ()
-        sync = (codecs and isinstance(array.store_path.store, SupportsGetSync)
+        sync = (codecs and SupportsGetSync is not None and isinstance(array.store_path.store, SupportsGetSync)
                 and all(isinstance(codec, SupportsSyncCodec) for codec in codecs))
         if not sync:
             return cls(array=array, complete=complete, fill=fill)
