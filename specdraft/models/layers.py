@@ -284,7 +284,7 @@ def decoding_attention(device: torch.device):
     """The fused attention kernels decoding may use on ``device``: on CUDA, every SDPA kernel but
     cuDNN's. PyTorch (2.11, Hopper) picks cuDNN's kernel for masked bf16 attention, and it builds an
     execution plan for every new input shape: measured at 9.8 ms of host time per call on an H200
-    (``benchmarks/results/decoding_8b.json``). Training sees few shapes; decoding sees a new one at
+    (``benchmarks/results/decoding_gpu_profile.txt``). Training sees few shapes; decoding sees a new one at
     nearly every call (the context grows each round, each tree level has its own query count), so
     there the flash and memory-efficient kernels, which need no plan, do the work. Elsewhere: no change."""
     if device.type != "cuda":
