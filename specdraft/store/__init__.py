@@ -11,6 +11,7 @@ directory (a local path or an fsspec URL such as ``s3://bucket/prefix``) of Zarr
                 (at a URL: in place, its record written last);
 * ``manifest``  the manifest (header, shard records, totals) and ``validate``;
 * ``plan``      a dump's shard plan, its resume (which shards are kept), its shard records and summary;
+* ``chunks``    a shard's chunks read and checked (crc32c, lost chunks, fill-valued chunks listed);
 * ``reader``    ``FeatureDataset``: ``batch.Batch`` objects for training.
 
 Only this package of ``specdraft`` imports zarr, and it imports no training code.

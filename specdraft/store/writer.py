@@ -19,6 +19,7 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from specdraft.store import location
+from specdraft.store.chunks import absent_chunks
 from specdraft.store.schema import (
     AUX_ARRAYS,
     COMPRESSIONS,
@@ -130,24 +131,6 @@ def write_shard(
         # first is replaced on the rename (same plan, same bytes)
         group.attrs[SHARD_ATTR] = record
     return record
-
-
-def chunk_key(array: Any, c: int) -> str:
-    """The store key (relative to the array) of row chunk ``c`` of a Zarr array: ``c/3/0``."""
-    return array.metadata.encode_chunk_key((c, *([0] * (array.ndim - 1))))
-
-
-def absent_chunks(shard: str | Path, group: Any) -> dict[str, list[int]]:
-    """Array name -> indices (along rows) of the chunks not stored in a shard, for the arrays that have
-    any; one listing of the shard."""
-    present = location.list_tree(shard)
-    absent = {}
-    for name, array in group.arrays():
-        rows = array.chunks[0]
-        lost = [c for c in range(-(-array.shape[0] // rows)) if f"{name}/{chunk_key(array, c)}" not in present]
-        if lost:
-            absent[name] = lost
-    return dict(sorted(absent.items()))
 
 
 def read_shard_record(path: str | Path) -> dict[str, Any]:
