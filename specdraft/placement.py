@@ -17,6 +17,8 @@ evaluation), in one place; ``target.load_target_model`` applies them:
 * ``input_device`` / ``output_device``: where a (possibly spread) target takes its token ids
   (its embedding's device) and where its last hidden state and logits come out (its lm_head's
   device — also where the draft lives during speculative decoding);
+* ``host_ids``: token ids or indices the host decided (a round's accepted path) on a device without
+  waiting for the device's queued work;
 * ``describe_placement``: the effective kernel, dtype and devices, for manifests and reports.
 
 A target spread with a ``device_map`` carries accelerate's hooks, which move activations (and
@@ -162,6 +164,16 @@ def output_device(model: torch.nn.Module) -> torch.device:
     if head is not None and getattr(head, "weight", None) is not None:
         return head.weight.device
     return list(model.parameters())[-1].device
+
+
+def host_ids(values: list[int], device: torch.device) -> torch.Tensor:
+    """``values`` as a (L,) long tensor on ``device``. On CUDA through pinned memory and a non-blocking copy:
+    a copy from pageable memory waits for every kernel queued before it (a host synchronisation, in a
+    decoding round whose one synchronisation is its acceptance's read); PyTorch's pinned allocator keeps
+    the staging block until the copy is done."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=torch.long, device=device)
+    return torch.tensor(values, dtype=torch.long, pin_memory=True).to(device, non_blocking=True)
 
 
 def describe_placement(model: torch.nn.Module) -> dict[str, Any]:

@@ -76,7 +76,7 @@ class BlockDrafter:
         h = self.draft.draft_block(state.root_token, state.root_pos, context, size=self.gamma + 1)  # (1, 1+γ, d)
         logp = target_logprobs(self.draft, self.draft.logits(h[0, 1:]))  # (γ, V)
         tokens = torch.empty(self.gamma + 1, dtype=torch.long, device=logp.device)  # (1+γ,): left on the device
-        tokens[0] = state.root_token
+        tokens[0].fill_(state.root_token)  # a fill, not a copy from the host
         proposals = None
         if self.sampling.greedy:
             tokens[1:] = logp.argmax(-1)

@@ -25,6 +25,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from specdraft.placement import host_ids
+
 
 class CommitLayer(DynamicLayer):
     """A full-attention cache layer over preallocated key/value buffers (B, Hkv, capacity, Dh)."""
@@ -110,7 +112,7 @@ def commit(cache: TargetCache, past: int, path: list[int]) -> None:
         if not layer.is_initialized:
             continue
         if index is None and not in_place:
-            index = torch.tensor(path, device=layer.key_buffer.device) + past  # (len(path),)
+            index = host_ids(path, layer.key_buffer.device) + past  # (len(path),)
         layer.commit(past, path, index)
 
 

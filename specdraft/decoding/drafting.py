@@ -37,6 +37,7 @@ import torch
 
 from specdraft.decoding.sampling import SamplingConfig, draw, target_probs
 from specdraft.models.kvcache import KVCache
+from specdraft.placement import host_ids
 
 
 @dataclass
@@ -139,7 +140,7 @@ def advance_draft(ctx: DraftContext, tokens: list[int], features: torch.Tensor) 
     assert ctx.cache.length == ctx.true_length, "draft cache holds drafted entries: end the round first"
     device = ctx.device
     states = ctx.draft.project(features.to(device, ctx.dtype))  # (1, m, d)
-    committed = torch.tensor([[ctx.root_token, *tokens]], device=device)  # (1, m+1): t_n .. t_{n+m}
+    committed = host_ids([ctx.root_token, *tokens], device)[None]  # (1, m+1): t_n .. t_{n+m}
     with _rope_below(ctx.draft, ctx.root_pos + m + 1, ctx.dtype, device):
         ctx.root_input, kv = ctx.draft.encode_committed(committed, states, ctx.root_pos)
     ctx.cache.append(kv)
@@ -175,7 +176,7 @@ def new_pool(ctx: DraftContext, capacity: int) -> DraftPool:
         pool.ancestors[0, 0] = True  # the root: depth 0, value 0, no parent
         ctx.pool = pool
     pool.size, pool.owned, pool.visible = 1, 0, None
-    pool.tokens[0] = ctx.root_token
+    pool.tokens[0].fill_(ctx.root_token)  # a fill, not a copy from the host
     return pool
 
 
@@ -252,7 +253,7 @@ def draft_chain(
     device = cache.k.device
     cache.reserve(ctx.true_length + 2 * gamma)  # at most two entries per drafted node
     tokens = torch.empty(gamma + 1, dtype=torch.long, device=device)
-    tokens[0] = ctx.root_token
+    tokens[0].fill_(ctx.root_token)  # a fill, not a copy from the host
     positions = (torch.arange(gamma, device=device) + ctx.root_pos).view(gamma, 1, 1)  # (γ, 1, 1)
     proposals = [] if not sampling.greedy else None
     logps = []

@@ -50,7 +50,7 @@ from specdraft.decoding.sampling import SamplingConfig, choose_token
 from specdraft.decoding.tree import DraftTree, build_draft_chain, build_draft_tree
 from specdraft.decoding.verify import accept_greedy, accept_sampling, target_forward, tree_height, verify_tree
 from specdraft.models.layers import decoding_attention
-from specdraft.placement import input_device
+from specdraft.placement import host_ids, input_device
 
 Mode = Literal["chain", "tree"]
 
@@ -321,7 +321,7 @@ def speculative_decode(
             if acc.path == list(range(1, n + 1)):  # a chain's prefix: the features are a slice
                 features = hidden[:, : n + 1]  # (1, 1+len(path), F)
             else:
-                features = hidden[:, torch.tensor([0, *acc.path], device=hidden.device)]  # (1, 1+len(path), F)
+                features = hidden[:, host_ids([0, *acc.path], hidden.device)]  # (1, 1+len(path), F)
             drafter.advance(state, emitted, features)
             past += n + 1
     _sync(device)
@@ -379,7 +379,7 @@ def vanilla_generate(
         gen.tokens += kept
         if stop is not None:
             break
-        _, logits = target_forward(target, ids.new_tensor([[token]]), positions[past : past + 1][None], cache)
+        _, logits = target_forward(target, host_ids([token], device)[None], positions[past : past + 1][None], cache)
         past += 1
         gen.rounds += 1
     _sync(device)

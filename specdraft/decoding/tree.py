@@ -42,6 +42,7 @@ from specdraft.decoding.drafting import (
     rope_for_round,
 )
 from specdraft.decoding.sampling import SamplingConfig
+from specdraft.placement import host_ids
 
 
 @dataclass
@@ -198,5 +199,5 @@ def chain_of_tokens(root: int, tokens, device: torch.device | str = "cpu") -> Dr
     k = len(rest)
     device = torch.device(device)
     parents, depths, ancestors, zeros = chain_structure(k, device)
-    return DraftTree(tokens=torch.tensor(ids, device=device), parents=parents, depths=depths, ancestors=ancestors,
+    return DraftTree(tokens=host_ids(ids, device), parents=parents, depths=depths, ancestors=ancestors,
                      scores=zeros, height=k, chain=True)
