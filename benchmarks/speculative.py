@@ -2,7 +2,7 @@
 
 Greedy chain drafting and the dynamic draft tree of "EAGLE-2: Faster Inference of Language Models with
 Dynamic Draft Trees" (§4), each against vanilla greedy decoding of the same questions
-(``specdraft.decoding.eval.run_eval``): tau (tokens per target forward, bonus token counted), alpha_i,
+(``specdraft.evaluation.run.run_eval``): tau (tokens per target forward, bonus token counted), alpha_i,
 speedup and the lossless check, with a bootstrap interval of tau over the questions.
 """
 
@@ -36,7 +36,8 @@ def bootstrap_tau(records: list[dict[str, Any]], samples: int = 2000, seed: int 
 def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Namespace) -> dict[str, Any]:
     """Greedy chain and tree speculative decoding of every question file; per dataset and mode."""
     from specdraft.decoding import DecodeConfig
-    from specdraft.decoding.eval import EvalSettings, run_eval
+    from specdraft.decoding.eval import EvalSettings
+    from specdraft.evaluation.run import run_eval
 
     modes = {
         "chain": DecodeConfig(mode="chain", gamma=args.gamma, max_new_tokens=args.max_new_tokens),
@@ -61,17 +62,22 @@ def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Nam
 
 def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], work: Path, max_new_tokens: int,
                       k: int) -> dict[str, Any]:
-    """vLLM's acceptance of each draft beside our decoder's (``specdraft.serving.engine``): every draft exported in
+    """vLLM's acceptance of each draft beside our decoder's (``specdraft.evaluation.engine``): every draft exported in
     its vLLM format and served from one vLLM process (the target alone, then with each draft, on the questions),
     our decoder a chain of ``k`` on the same prompts counted as vLLM counts; per recipe the overall report of
-    ``serving.engine.compare`` (acceptance length on both sides, the gap, per-position rates, greedy equality)."""
+    ``evaluation.engine_comparison.compare`` (acceptance length on both sides, the gap, per-position rates, greedy equality)."""
     from dataclasses import asdict
 
     from specdraft.decoding import DecodeConfig
-    from specdraft.decoding.eval import EvalSettings, load_models, load_question_sets
+    from specdraft.decoding.eval import EvalSettings
     from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
     from specdraft.models import read_draft_config
-    from specdraft.serving.engine import EngineRequest, EngineSettings, compare, measure_engine
+    from specdraft.evaluation.engine import measure_engine
+    from specdraft.evaluation.engine_comparison import compare
+    from specdraft.evaluation.engine_records import EngineRequest
+    from specdraft.evaluation.models import load_models
+    from specdraft.evaluation.questions import load_question_sets
+    from specdraft.serving.engine import EngineSettings
 
     exports = {}
     for recipe, draft in drafts.items():

@@ -12,7 +12,7 @@ checkpoints), and trains in a fresh spawned process. Per recipe it reports:
 * training-loop wall time (validation timed apart), trained tokens/s, store-read time, CPU seconds and
   CPU ms per token (robust to a loaded host), optimizer steps;
 * peak resident memory of the training process (VmHWM; the loop's own peak after a ``clear_refs`` reset);
-* real speculative decoding of the toy target with the trained draft (``specdraft.decoding.eval``): greedy
+* real speculative decoding of the toy target with the trained draft (``specdraft.evaluation``): greedy
   chain and EAGLE-2 tree drafting on held-out toy questions, tau, alpha_i, speedup and the lossless check;
   ``--mt-bench N --mt-bench-path FILE`` adds the first N questions of an MT-Bench file. A block draft
   drafts one block per round: ``gamma`` tokens in the chain column, its whole block (block_size - 1) in the

@@ -199,7 +199,7 @@ def _eval(args: argparse.Namespace) -> int:
               f"(speedup {fmt(d['speedup'])}), lossless {d['lossless_checked'] - d['lossless_mismatches']}"
               f"/{d['lossless_checked']}")
     if "engine" in report:
-        from specdraft.serving.engine import engine_summary
+        from specdraft.evaluation.engine import engine_summary
 
         print(engine_summary(report["engine"]))
     print(f"report: {args.out}")

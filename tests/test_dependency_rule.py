@@ -1,4 +1,19 @@
-"""The dependency rule: flows -> pipelines -> specdraft, and specdraft stays pure torch."""
+"""The dependency rule: flows -> pipelines -> specdraft, and specdraft stays pure torch.
+
+The import graph of ``specdraft``, ``pipelines`` and ``flows`` (top-level and in-function imports alike,
+as ``python3 ../shared/tools/import_graph.py`` reads it) has no circle and no upward arrow. Layers, bottom up
+(a module may import its own layer and the layers below it, never one above):
+
+0. ``specdraft.config`` — settings plumbing and ``ConfigError`` (with ``specdraft.configs`` when it lands);
+1. ``specdraft.serving`` — the vLLM plugin and its model classes (vLLM loads them; they import no other
+   specdraft code) and the engine measurement's settings;
+2. the core — every other ``specdraft`` module: models, target, features, store, training, export, ...;
+3. ``specdraft.decoding`` — the decoding algorithms (chains, trees, verification, prompt lookup, metrics)
+   and the evaluation's settings;
+4. ``specdraft.evaluation`` — questions, per-question records, baselines, replicas, report, engine measurement;
+5. ``pipelines`` — the Ray / MLflow adapters;
+6. ``flows`` — the CLI and the Prefect flows.
+"""
 
 import ast
 import json
@@ -23,6 +38,99 @@ def imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module.split(".")[0])
     return names
+
+
+def import_graph(packages=("specdraft", "pipelines", "flows")) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (anywhere in the file), for ``packages``."""
+    modules = {}
+    for package in packages:
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            modules[name.removesuffix(".__init__")] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        base = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                parts = base.split(".")
+                root = ".".join(parts[: len(parts) - node.level + 1]) if node.level else ""
+                mod = ".".join(x for x in (root, node.module or "") if x)
+                targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+            else:
+                continue
+            graph[module] |= {r for r in map(resolve, targets) if r and r != module}
+    return graph
+
+
+LAYERS = ("specdraft.config", "specdraft.serving", "specdraft", "specdraft.decoding", "specdraft.evaluation",
+          "pipelines", "flows")  # bottom up: see the module docstring
+
+
+def layer(module: str) -> int:
+    """The index in ``LAYERS`` of the longest entry that is ``module`` or a package above it."""
+    found = [i for i, name in enumerate(LAYERS) if module == name or module.startswith(name + ".")]
+    return max(found, key=lambda i: len(LAYERS[i]))
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (a package with only its own children aside:
+    an ``__init__`` that re-exports its modules)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [c for c in found if not all(x == c[0] or x.startswith(c[0] + ".") for x in c)]
+
+
+def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if layer(b) > layer(a) and not b.startswith(a + "."))  # a package's __init__ re-exporting
+
+
+def test_the_import_graph_has_no_circle_and_no_upward_arrow():
+    graph = import_graph()
+    assert len(graph) > 50 and "specdraft.evaluation.run" in graph["pipelines.evaluate"], "the graph reads imports"
+    assert not circles(graph), circles(graph)
+    assert not upward_arrows(graph), "\n".join(upward_arrows(graph))
+
+
+def test_the_graph_checks_catch_circles_and_upward_arrows():
+    assert layer("specdraft.decoding.tree") == 3 and layer("specdraft.target") == 2 and layer("flows.cli") == 6
+    assert layer("specdraft.serving.vllm_models") == 1 and layer("specdraft.config") == 0
+    graph = {"specdraft.decoding.tree": {"specdraft.evaluation.run"}, "specdraft.evaluation.run": {"specdraft.decoding.tree"},
+             "specdraft.decoding": {"specdraft.decoding.tree"}, "specdraft.target": {"pipelines.stages"},
+             "pipelines.stages": set()}
+    assert circles(graph) == [["specdraft.decoding.tree", "specdraft.evaluation.run"]]
+    assert upward_arrows(graph) == ["specdraft.decoding.tree -> specdraft.evaluation.run",
+                                    "specdraft.target -> pipelines.stages"]
 
 
 def test_layers_import_only_downwards():
@@ -76,14 +184,20 @@ def test_the_rule_checker_sees_imports(tmp_path):
     assert imported_modules(probe) == {"ray", "prefect"}
 
 
+ENGINE_PROCESS = "specdraft/evaluation/engine_process.py"
+
+
 def test_vllm_only_in_the_serving_side():
-    """In the core, vLLM is imported by ``specdraft/serving/`` alone (the plugin vLLM loads, the engine
-    measurement), and there only inside functions or in the model module vLLM itself imports: importing
-    specdraft never imports vLLM. (``pipelines/`` may adapt it, as Ray Data's LLM processor.)"""
+    """In the core, vLLM is imported by ``specdraft/serving/`` (the plugin vLLM loads) and the engine process
+    of the engine measurement alone, and there only inside functions, in the model module vLLM itself imports
+    or in the engine process's entry point (``python -m``, imported by nothing): importing specdraft never
+    imports vLLM. (``pipelines/`` may adapt it, as Ray Data's LLM processor.)"""
     users = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "specdraft").rglob("*.py")
                    if "vllm" in imported_modules(p))
-    assert users and all(u.startswith("specdraft/serving/") for u in users), users
+    assert users and all(u.startswith("specdraft/serving/") or u == ENGINE_PROCESS for u in users), users
+    importers = [m for m, targets in import_graph().items() if "specdraft.evaluation.engine_process" in targets]
+    assert not importers, importers
     top_level = [u for u in users if "vllm" in {
         (n.names[0].name if isinstance(n, ast.Import) else (n.module or "")).split(".")[0]
         for n in ast.parse((ROOT / u).read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))}]
-    assert top_level == ["specdraft/serving/vllm_models.py"], top_level
+    assert top_level == [ENGINE_PROCESS, "specdraft/serving/vllm_models.py"], top_level

@@ -10,9 +10,7 @@ Modules, bottom up:
                   ``speculative_generate`` (draft model) / ``vanilla_generate`` (batch 1).
 * ``prompt_lookup`` training-free prompt-lookup drafting (n-gram copy), the evaluation floor.
 * ``metrics``     τ, α_i, tokens/s, speedup, lossless counts.
-* ``baselines``   vanilla decoding and the floor of a question set, cached on disk.
-* ``replicas``    questions spread over worker processes.
-* ``eval``        MT-Bench-format question sets -> per-dataset / per-turn report.
+* ``eval``        the evaluation's settings (``EvalSettings``; the evaluation itself: ``specdraft.evaluation``).
 """
 
 from specdraft.decoding.prompt_lookup import PromptLookupConfig, prompt_lookup_generate

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+from pathlib import Path
 
 import pytest
 
+from flows.cli import command_config, main, parse
+from flows.preflight import check_run
 from specdraft.config import ConfigError, load
 from specdraft.decoding.eval import EvalSettings
-from specdraft.preflight import check_engine
-from specdraft.serving.engine import EngineSettings, engine_summary
+from specdraft.evaluation.engine import engine_summary
+from specdraft.preflight import check_engine, engine_model_len, target_positions
+from specdraft.serving.engine import EngineSettings
+
+REPO = Path(__file__).resolve().parents[2]
+TOY = REPO / "specdraft" / "toy" / "prebuilt"  # the shipped toy target: 1,024 positions
 
 
 def test_engine_settings_are_checked_when_loaded():
@@ -26,7 +34,7 @@ def test_an_engine_that_is_not_installed_is_refused_before_anything_runs(monkeyp
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(ConfigError, match=r"eval.settings.engine.name=vllm: vLLM is not installed .*=none"):
-        check_engine(EngineSettings(name="vllm"), "eval.settings.engine.name")
+        check_engine(EngineSettings(name="vllm"), "eval.settings.engine")
     check_engine(EngineSettings())  # none: nothing to find
 
 
@@ -40,3 +48,57 @@ def test_the_engine_lines_of_an_eval_report():
     assert ("toy: acceptance length 2.040 vs ours 2.000 (gap +2.0%), accepted per position [0.60, 0.30, 0.14], "
             "90.0 tokens/s vs 60.0 without the draft (engine speedup 1.50)") in text
     assert text.splitlines()[-1] == "  warning: toy: a gap"
+
+
+@pytest.fixture
+def vllm_found(monkeypatch):
+    """The engine counts as installed (pre-flight finds the package; nothing imports it)."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+
+
+def test_the_engine_context_is_the_targets_unless_set():
+    assert json.loads((TOY / "config.json").read_text())["max_position_embeddings"] == 1024
+    assert target_positions(TOY) == 1024
+    assert EngineSettings().max_model_len is None  # no default above a small target's positions
+    assert engine_model_len(EngineSettings(name="vllm"), 1024) == 1024  # derived from the target
+    assert engine_model_len(EngineSettings(name="vllm", max_model_len=512), 1024) == 512  # below it: as set
+    assert engine_model_len(EngineSettings(name="vllm", max_model_len=1024), 1024) == 1024
+    assert engine_model_len(EngineSettings(name="vllm"), None) is None  # the target states none: vLLM reads it
+    with pytest.raises(ConfigError, match=r"^engine.max_model_len=2048: above the target's "
+                                          r"max_position_embeddings=1024"):
+        engine_model_len(EngineSettings(name="vllm", max_model_len=2048), 1024)
+
+
+def test_a_text_config_states_the_positions_of_a_multimodal_target(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 4096},
+                                                      "max_position_embeddings": 77}))
+    assert target_positions(tmp_path) == 4096
+    (tmp_path / "config.json").write_text("{}")
+    assert target_positions(tmp_path) is None
+
+
+def test_eval_refuses_an_engine_context_above_the_target_before_anything_runs(vllm_found, tmp_path, capsys):
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    for name in ("config.json", "model.safetensors"):  # pre-flight reads names only: nothing is loaded
+        (draft / name).write_text("{}")
+    questions = tmp_path / "toy.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "turns": ["Hi"]}) + "\n")
+    out = tmp_path / "report.json"
+    argv = ["eval", "--target", str(TOY), "--draft", str(draft), "--questions", str(questions), "--out", str(out),
+            "--engine", "vllm", "engine.max_model_len=2048"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "engine.max_model_len=2048" in err[0] and "max_position_embeddings=1024" in err[0], err
+    assert not out.exists()
+
+
+def test_a_run_refuses_an_engine_context_above_the_toy_targets(vllm_found):
+    base = ["run", "--config", str(REPO / "configs" / "toy.yaml"), "eval.settings.engine.name=vllm"]
+    cfg, _ = command_config(parse(base + ["eval.settings.engine.max_model_len=2048"]))
+    assert not cfg.target.path and cfg.target.toy.max_position_embeddings == 1024  # the toy target is built
+    with pytest.raises(ConfigError, match=r"^eval.settings.engine.max_model_len=2048: above the target's"):
+        check_run(cfg)
+    cfg, _ = command_config(parse(base))  # unset: the toy target's 1,024, nothing refused
+    check_engine(cfg.eval.settings.engine, "eval.settings.engine", positions=cfg.target.toy.max_position_embeddings)

@@ -4,7 +4,7 @@ One draft per recipe is trained briefly on the shipped toy target (in-memory fea
 stages through ``build_run``; the DFlash block draft with 2 layers, blocks of 8 and 64 anchors per sequence, to
 stay cheap), exported in its vLLM format (``speculators`` for EAGLE-3 and DFlash, ``vllm`` — specdraft's
 plugin — for EAGLE-1/2, Beagle and Beagle over EAGLE-3 features) and served by one vLLM process
-(``specdraft.serving.engine``: the target alone, then with each draft, on the toy questions' prompts). Per
+(``specdraft.evaluation.engine``: the target alone, then with each draft, on the toy questions' prompts). Per
 recipe:
 * vLLM's greedy output with the draft equals its output without it and the target's own greedy output (HF);
 * vLLM's mean acceptance length (1 + accepted / drafts) is within 3 % of our decoder's, chain of K on the same
@@ -81,10 +81,12 @@ def drafts(target, tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(target, drafts, tmp_path_factory):
     """Every draft exported in its vLLM format and served by one vLLM process on the toy questions."""
-    from specdraft.decoding.eval import load_question_sets
+    from specdraft.evaluation.questions import load_question_sets
     from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
     from specdraft.models import read_draft_config
-    from specdraft.serving.engine import EngineRequest, EngineSettings, measure_engine
+    from specdraft.evaluation.engine import measure_engine
+    from specdraft.evaluation.engine_records import EngineRequest
+    from specdraft.serving.engine import EngineSettings
 
     root = tmp_path_factory.mktemp("exports")
     exports, formats = {}, {}
@@ -120,9 +122,10 @@ def test_the_engine_without_a_draft_answers_as_the_target(served, target_greedy)
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_vllm_serves_the_recipe_as_trained(recipe, target, drafts, served, target_greedy):
-    from specdraft.decoding.eval import EvalSettings, load_models
+    from specdraft.decoding.eval import EvalSettings
     from specdraft.decoding.speculative import DecodeConfig
-    from specdraft.serving.engine import compare
+    from specdraft.evaluation.engine_comparison import compare
+    from specdraft.evaluation.models import load_models
 
     run, engine, formats = served
     assert run.spec[recipe] == target_greedy, f"{recipe}: vLLM's greedy output with the draft is not the target's"

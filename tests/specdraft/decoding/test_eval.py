@@ -8,14 +8,10 @@ import pytest
 import torch
 
 from specdraft.decoding import DecodeConfig, PromptLookupConfig
-from specdraft.decoding.eval import (
-    EvalSettings,
-    build_report,
-    dataset_name,
-    load_question_sets,
-    read_questions,
-    run_eval,
-)
+from specdraft.decoding.eval import EvalSettings
+from specdraft.evaluation.questions import dataset_name, load_question_sets, read_questions, render_prompt
+from specdraft.evaluation.report import build_report
+from specdraft.evaluation.run import run_eval
 from specdraft.decoding.metrics import first_mismatch, summarize
 from specdraft.models import build_draft, draft_config_from_target, save_draft
 from specdraft.target import load_target_config, load_target_heads
@@ -152,7 +148,6 @@ def test_the_floor_can_be_switched_off(toy_target_dir, draft_dir, question_files
 
 
 def test_a_target_without_chat_template_is_prompted_with_the_fallback(templateless_target):
-    from specdraft.decoding.eval import render_prompt
     from specdraft.target import load_tokenizer
 
     tokenizer = load_tokenizer(templateless_target)

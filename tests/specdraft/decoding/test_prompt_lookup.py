@@ -14,7 +14,7 @@ import torch
 import specdraft.decoding.speculative as speculative
 from specdraft.decoding import DecodeConfig, PromptLookupConfig, prompt_lookup_generate, speculative_decode
 from specdraft.decoding import eos_token_ids, vanilla_generate
-from specdraft.decoding.eval import render_prompt
+from specdraft.evaluation.questions import render_prompt
 from specdraft.decoding.metrics import alpha, first_mismatch, tau
 from specdraft.decoding.prompt_lookup import PromptLookupDrafter, find_match, lookup_proposal
 from specdraft.decoding.sampling import sample, target_probs

@@ -40,6 +40,9 @@ import torch
 import transformers
 
 from specdraft import files
+from specdraft.decoding.eval import EvalSettings
+from specdraft.placement import resolve_dtype
+from specdraft.target import target_fingerprint
 
 FORMAT = 1
 CACHE_FIELD = "_cache"  # what a record carries to the cache (popped before the report is built)
@@ -148,7 +151,7 @@ class Baselines:
 
     def for_question(self, question: dict[str, Any]) -> dict[str, Any]:
         """What the cache holds for this question's turns: ``{"vanilla": {turn: entry}, "pld": {...}}``
-        (JSON-able; ``eval.evaluate_question`` uses an entry only when the turn's prompt digest matches)."""
+        (JSON-able; ``records.evaluate_question`` uses an entry only when the turn's prompt digest matches)."""
         out: dict[str, Any] = {"vanilla": {}, "pld": {}}
         for turn in range(1, len(question["turns"]) + 1):
             name = f"{question['index']}:{turn}"
@@ -177,3 +180,32 @@ class Baselines:
 
     def summary(self) -> dict[str, Any]:
         return {"vanilla": self.vanilla.summary(), "pld": None if self.pld is None else self.pld.summary()}
+
+
+def baselines_dir(settings: EvalSettings, report_path: str | Path | None, home: str | Path | None = None) -> Path | None:
+    """Where the vanilla / floor cache lives (``EvalSettings.baselines``): "auto" is ``home`` when the
+    caller names one (the flow: ``<workdir>/eval/baselines``), else beside the report, else nowhere
+    (an evaluation that writes no report caches nothing)."""
+    if settings.baselines == "off":
+        return None
+    if settings.baselines != "auto":
+        return Path(settings.baselines)
+    if home is not None:
+        return Path(home)
+    return None if report_path is None else Path(report_path).parent / "baselines"
+
+
+def open_baselines(directory: Path | None, target_dir: str | Path, questions: list[dict[str, Any]],
+                   settings: EvalSettings, device: torch.device, workers: int, threads: int) -> Baselines:
+    """The vanilla / floor cache of these questions under these settings (``Baselines``)."""
+    decode = {"temperature": settings.decode.temperature, "top_k": settings.decode.top_k,
+              "top_p": settings.decode.top_p, "max_new_tokens": settings.decode.max_new_tokens, "seed": settings.seed,
+              "system_prompt": settings.system_prompt}
+    pld = None
+    if settings.pld.enabled:
+        pld = {"gamma": settings.pld.resolved_gamma(settings.decode), "max_ngram": settings.pld.max_ngram,
+               "min_ngram": settings.pld.min_ngram}
+    where = {**machine(device, workers, threads), "dtype": str(resolve_dtype(settings.dtype, device)),
+             "attn_implementation": settings.attn_implementation, "gpus": settings.gpus}
+    return Baselines.open(directory, fingerprint=target_fingerprint(target_dir), questions=questions, decode=decode,
+                          pld=pld, where=where)

@@ -5,8 +5,8 @@ with MT-Bench and Chatbot Arena": questions are independent, so evaluation is em
 thread: the small-batch decoding loop is bound by per-op overhead, which threads do not shrink) or, on
 CUDA, one per ``settings.gpus`` GPUs (each worker sees only its own GPUs through
 ``CUDA_VISIBLE_DEVICES``); never more workers than questions; ``settings.workers`` overrides the count.
-``evaluate_in_processes`` runs ``eval.evaluate_question`` in the workers and returns the records in
-any order (``eval.build_report`` sorts them). A record depends only on (settings, question) — seeds
+``evaluate_in_processes`` runs ``records.evaluate_question`` in the workers and returns the records in
+any order (``report.build_report`` sorts them). A record depends only on (settings, question) — seeds
 come from (seed, question index, turn) — so the split changes timings only.
 
 Workers start with ``fork`` when that is safe (CPU, one thread per worker, a parent with no other
@@ -28,6 +28,9 @@ import torch
 from transformers.utils.logging import tqdm
 
 from specdraft.config import from_dict, to_dict
+from specdraft.decoding.eval import EvalSettings
+from specdraft.evaluation.models import load_models, warmup
+from specdraft.evaluation.records import evaluate_question
 from specdraft.placement import describe_placement, resolve_device
 
 
@@ -47,7 +50,7 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def plan_workers(settings, questions: int) -> WorkerPlan:
+def plan_workers(settings: EvalSettings, questions: int) -> WorkerPlan:
     """How ``questions`` are spread for these ``EvalSettings`` (see the module docstring)."""
     device = resolve_device(settings.device)
     if device.type == "cuda":
@@ -68,8 +71,6 @@ _WORKER: dict[str, Any] = {}
 
 def _start(target: str, draft: str, settings: dict[str, Any], threads: int, visible) -> None:
     """Worker initializer: its devices and threads, then target + draft loaded once (and warmed up)."""
-    from specdraft.decoding.eval import EvalSettings, load_models, warmup
-
     slot = visible.get() if visible is not None else None
     if slot is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = slot
@@ -84,8 +85,6 @@ def _start(target: str, draft: str, settings: dict[str, Any], threads: int, visi
 
 
 def _evaluate(question: dict[str, Any], cached: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
-    from specdraft.decoding.eval import evaluate_question
-
     return evaluate_question(_WORKER["models"], question, _WORKER["settings"], cached), _WORKER["placement"]
 
 

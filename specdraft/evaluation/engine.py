@@ -1,0 +1,96 @@
+"""Engine-measured evaluation: the target served by vLLM with an exported draft, beside our own decoder.
+
+The engine is the judge of a draft ("EAGLE-2: Faster Inference of Language Models with Dynamic Draft
+Trees" §5 defines the acceptance length our decoder reports; vLLM reports its own). ``engine_report``
+exports the draft, ``measure_engine`` runs the engine in a child process (``engine_process``: vLLM's
+global state stays out of the caller) and ``engine_comparison.compare`` puts our decoder's count beside
+the engine's. Mean acceptance length = 1 + accepted / drafts (SGLang's τ: tokens per verification).
+
+Settings (``specdraft.serving.engine.EngineSettings``, ``eval.engine`` in a run config) pass straight to
+``vllm.LLM``; the engine's context ``max_model_len`` is the target's own unless set
+(``specdraft.preflight.engine_model_len``, which refuses a value above it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from specdraft.config import ConfigError
+from specdraft.decoding.eval import EvalSettings
+from specdraft.evaluation.engine_comparison import compare
+from specdraft.evaluation.engine_records import EngineRequest, EngineRun
+from specdraft.evaluation.models import Models, load_models
+from specdraft.evaluation.questions import load_question_sets
+from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
+from specdraft.models import read_draft_config
+from specdraft.preflight import engine_model_len, target_positions
+from specdraft.serving.engine import EngineSettings
+
+
+def measure_engine(request: EngineRequest, settings: EngineSettings) -> EngineRun:
+    """Run ``request`` in a vLLM child process and return its answers and counters. The engine's context is
+    resolved here, once (``engine_model_len``: the target's unless set; above it, a ``ConfigError``)."""
+    settings = replace(settings, max_model_len=engine_model_len(settings, target_positions(request.target)))
+    request = replace(request, settings=asdict(settings))
+    with tempfile.TemporaryDirectory(prefix="specdraft-engine-") as tmp:
+        req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        req.write_text(json.dumps(asdict(request)))
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kvcache_gib),
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"}
+        if settings.tensor_parallel_size == 1:  # one process: no engine-core and worker processes to start
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        try:
+            proc = subprocess.run([sys.executable, "-m", "specdraft.evaluation.engine_process", str(req), str(res)],
+                                  env=env, capture_output=True, text=True, timeout=settings.timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the vLLM engine did not finish within {settings.timeout_s:.0f} s") from None
+        if proc.returncode != 0 or not res.is_file():
+            tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-25:])
+            raise RuntimeError(f"the vLLM engine failed (exit {proc.returncode}):\n{tail}")
+        return EngineRun(**json.loads(res.read_text()))
+
+
+def engine_report(target: str | Path, draft: str | Path, question_files: list[str | Path], settings: EvalSettings,
+                  models: Models | None = None) -> dict[str, Any]:
+    """Export ``draft`` for vLLM, serve it with ``target`` on the questions (``settings.engine`` says how) and
+    compare with our decoder (``models``: already loaded, or loaded here)."""
+    engine = settings.engine
+    config = read_draft_config(draft)
+    fmt = next((f for f in formats_for(config) if f in VLLM_FORMATS), None)
+    if fmt is None:
+        raise ConfigError(f"{draft}: no vLLM format serves this draft ({formats_for(config)})")
+    questions = load_question_sets(question_files, settings.max_questions)
+    with tempfile.TemporaryDirectory(prefix="specdraft-engine-export-") as tmp:
+        out = export_draft(draft, fmt, Path(tmp) / fmt, target=target, speculative_tokens=engine.speculative_tokens)
+        decode = settings.decode
+        request = EngineRequest(target=str(Path(target).resolve()),
+                                drafts={"draft": {"model": str(out), "method": export_layout(fmt, out).method}},
+                                questions=questions, settings=asdict(engine), temperature=decode.temperature,
+                                top_p=decode.top_p, top_k=decode.top_k, max_new_tokens=decode.max_new_tokens,
+                                seed=settings.seed, system_prompt=settings.system_prompt)
+        run = measure_engine(request, engine)
+    models = models if models is not None else load_models(target, draft, settings)
+    return {"format": fmt, **compare(run, "draft", models, settings.decode, engine)}
+
+
+def engine_summary(report: dict[str, Any]) -> str:
+    """The engine's lines of an eval report: per dataset its acceptance length beside ours, and its speedup."""
+    fmt = lambda x, spec=".3f": "n/a" if x is None else format(x, spec)  # noqa: E731
+    engine = report["engine"]
+    lines = [f"engine {engine['name']} {engine['version']} ({report['format']} export, chain K="
+             f"{report['speculative_tokens']}):"]
+    for name, d in {**report["datasets"], "overall": report["overall"]}.items():
+        pos = ", ".join(fmt(a, ".2f") for a in d["accepted_per_pos"])
+        lines.append(f"  {name}: acceptance length {fmt(d['acceptance_length'])} vs ours {fmt(d['tau_ours'])} "
+                     f"(gap {fmt(None if d['gap'] is None else 100 * d['gap'], '+.1f')}%), accepted per position "
+                     f"[{pos}], {fmt(d['tokens_per_s'], '.1f')} tokens/s vs {fmt(d['tokens_per_s_vanilla'], '.1f')} "
+                     f"without the draft (engine speedup {fmt(d['speedup'], '.2f')})")
+    lines += [f"  warning: {w}" for w in report["warnings"]]
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""MT-Bench-format question sets and their chat prompts ("Judging LLM-as-a-Judge with MT-Bench and Chatbot
+Arena": the question format; README "Evaluation and the prompt-lookup floor").
+
+A question file is JSON Lines (or a JSON list) of ``{"question_id", "category", "turns"}``; its dataset
+name is the file stem (the parent folder's name for a file called ``question.jsonl``, as in FastChat's
+``data/mt_bench/question.jsonl``). Questions are numbered globally over the files, so a question's number
+(and with it its sampling seeds) does not depend on which worker evaluates it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def dataset_name(path: str | Path) -> str:
+    path = Path(path)
+    return path.parent.name if path.stem == "question" and path.parent.name else path.stem
+
+
+def read_questions(path: str | Path) -> list[dict[str, Any]]:
+    """The questions of one MT-Bench-format file (JSON Lines or a JSON list)."""
+    text = Path(path).read_text()
+    stripped = text.lstrip()
+    rows = json.loads(text) if stripped.startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
+    for i, row in enumerate(rows):
+        turns = row.get("turns") if isinstance(row, dict) else None
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise ValueError(f"{path}: question {i} needs a non-empty list of strings under 'turns'")
+    return rows
+
+
+def load_question_sets(files: list[str | Path], max_questions: int | None = None) -> list[dict[str, Any]]:
+    """All questions of ``files`` (the first ``max_questions`` of each), numbered globally."""
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    for path in files:
+        name = dataset_name(path)
+        assert name not in names, f"two question files map to dataset {name!r}: {names.get(name)} and {path}"
+        names[name] = str(path)
+        rows = read_questions(path)
+        for row in rows[:max_questions] if max_questions is not None else rows:
+            out.append({
+                "dataset": name,
+                "index": len(out),
+                "question_id": row.get("question_id", len(out)),
+                "category": row.get("category", ""),
+                "turns": list(row["turns"]),
+            })
+    return out
+
+
+def render_prompt(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` rendered with the chat template plus the generation prompt."""
+    assert getattr(tokenizer, "chat_template", None), "the target tokenizer has no chat template"
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def answer_text(tokenizer, tokens: list[int], eos_ids: frozenset[int]) -> str:
+    """An answer's text (its stop token dropped), as the next turn's assistant message."""
+    if tokens and tokens[-1] in eos_ids:
+        tokens = tokens[:-1]
+    return tokenizer.decode(tokens, skip_special_tokens=True)

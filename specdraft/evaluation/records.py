@@ -1,0 +1,136 @@
+"""One question evaluated turn by turn: vanilla, speculative and prompt-lookup decoding on the same prompt,
+one plain record per turn (README "Evaluation and the prompt-lookup floor"; τ and α as in "EAGLE-2: Faster
+Inference of Language Models with Dynamic Draft Trees", §5).
+
+For every turn the conversation so far is rendered with the target tokenizer's chat template
+(``add_generation_prompt=True``); the target's vanilla decoding, speculative decoding and prompt-lookup
+decoding (the training-free floor, unless ``pld.enabled`` is off) run on it — in rotating order, so none
+always runs on a warm cache — and the target's own (vanilla) answer is appended as the assistant message
+before the next turn, so every decoder always sees the same context.
+
+The floor runs with the turn's decode settings (sampling, max_new_tokens, seed) and ``pld.gamma`` tokens
+per round; its counts go into the record with the suffix ``_pld``. Records are JSON-able (they cross
+process boundaries) and depend only on (settings, question): sampling seeds come from (seed, question
+index, turn). Vanilla and floor entries read from the cache (``baselines``) are used when the turn's
+prompt renders to the same ids; what is decoded here instead travels to the cache in ``CACHE_FIELD``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from specdraft.decoding.eval import EvalSettings
+from specdraft.decoding.metrics import first_mismatch
+from specdraft.decoding.prompt_lookup import prompt_lookup_generate
+from specdraft.decoding.speculative import Generation, speculative_generate, vanilla_generate
+from specdraft.evaluation.baselines import CACHE_FIELD, prompt_digest
+from specdraft.evaluation.models import Models, generator
+from specdraft.evaluation.questions import answer_text, render_prompt
+from specdraft.placement import output_device
+
+
+def turn_seed(seed: int, index: int, turn: int) -> int:
+    return (seed * 1_000_003 + index * 1_009 + turn) % (2**63)
+
+
+def generation_fields(gen: Generation, base: Generation, greedy: bool, suffix: str = "") -> dict[str, Any]:
+    """One decoder's per-turn counts (``metrics.summarize`` reads them), names ending in ``suffix``."""
+    fields = {
+        "new_tokens": len(gen.tokens),
+        "rounds": gen.rounds,
+        "round_tokens": sum(gen.round_tokens),
+        "accepted": gen.accepted,
+        "depth_tried": gen.depth_tried,
+        "depth_accepted": gen.depth_accepted,
+        "stop": gen.stop,
+        "tokens_sha": hashlib.sha256(json.dumps(gen.tokens).encode()).hexdigest()[:16],
+        "lossless": (gen.tokens == base.tokens) if greedy else None,
+        "first_mismatch": first_mismatch(gen.tokens, base.tokens) if greedy else None,
+        "wall_s": gen.wall_s,
+        "draft_s": gen.draft_s,
+        "verify_s": gen.verify_s,
+    }
+    return {f"{key}{suffix}": value for key, value in fields.items()}
+
+
+def _decode_turn(models: Models, prompt: list[int], settings: EvalSettings, seed: int, shift_by: int,
+                 usable: dict[str, Any]) -> dict[str, Generation]:
+    """The decoders the turn needs (speculative always; vanilla and the floor unless cached), in rotating
+    order, each with its own generator seeded by ``seed``."""
+    cfg = settings.decode
+    device = output_device(models.target)  # generators live where logits are sampled (the lm_head's device)
+    decoders = ["spec"] + ([] if "vanilla" in usable else ["base"])
+    decoders += ["pld"] if settings.pld.enabled and "pld" not in usable else []
+    shift = shift_by % len(decoders)  # rotate the order: none always runs warm
+    gens: dict[str, Generation] = {}
+    for which in decoders[shift:] + decoders[:shift]:
+        gen = generator(seed, device)
+        if which == "spec":
+            gens[which] = speculative_generate(models.target, models.draft, prompt, cfg, models.eos_ids, gen)
+        elif which == "pld":
+            gens[which] = prompt_lookup_generate(models.target, prompt, cfg, settings.pld, models.eos_ids, gen)
+        else:
+            gens[which] = vanilla_generate(models.target, prompt, cfg, models.eos_ids, gen)
+    return gens
+
+
+def _baseline_and_floor(gens: dict[str, Generation], usable: dict[str, Any], prompt: list[int],
+                        settings: EvalSettings) -> tuple[Generation, dict[str, Any], dict[str, Any]]:
+    """The turn's vanilla generation and floor fields (cached or just decoded), and what goes to the cache."""
+    carry: dict[str, Any] = {}
+    if "vanilla" in usable:
+        entry = usable["vanilla"]
+        base = Generation(list(entry["tokens"]), rounds=entry["rounds"], wall_s=entry["wall_s"], stop=entry["stop"])
+    else:
+        base = gens["base"]
+        carry["vanilla"] = {"prompt": prompt_digest(prompt), "tokens": base.tokens, "rounds": base.rounds,
+                            "wall_s": base.wall_s, "stop": base.stop}
+    floor: dict[str, Any] = {}
+    if settings.pld.enabled:
+        if "pld" in usable:
+            floor = dict(usable["pld"]["fields"])
+        else:
+            floor = generation_fields(gens["pld"], base, settings.decode.sampling.greedy, "_pld")
+            carry["pld"] = {"prompt": prompt_digest(prompt), "fields": floor}
+    return base, floor, carry
+
+
+def evaluate_question(
+    models: Models, question: dict[str, Any], settings: EvalSettings, cached: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Vanilla, speculative and (the floor) prompt-lookup decoding of every turn of one question;
+    one record per turn. ``cached`` (``Baselines.for_question``): vanilla / floor entries per turn,
+    used when the turn's prompt is the one they were decoded from; what is decoded here instead
+    travels to the cache in each record's ``CACHE_FIELD`` (popped by ``Baselines.absorb``)."""
+    messages = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
+    cached = cached or {"vanilla": {}, "pld": {}}
+    records = []
+    for turn, text in enumerate(question["turns"], start=1):
+        messages.append({"role": "user", "content": text})
+        prompt = render_prompt(models.tokenizer, messages)
+        seed = turn_seed(settings.seed, question["index"], turn)
+        found = {kind: cached[kind].get(str(turn)) for kind in ("vanilla", "pld")}
+        usable = {kind: e for kind, e in found.items() if e is not None and e.get("prompt") == prompt_digest(prompt)}
+        gens = _decode_turn(models, prompt, settings, seed, question["index"] + turn, usable)
+        base, floor, carry = _baseline_and_floor(gens, usable, prompt, settings)
+        records.append({
+            "dataset": question["dataset"],
+            "index": question["index"],
+            "question_id": question["question_id"],
+            "category": question["category"],
+            "turn": turn,
+            "prompt_tokens": len(prompt),
+            **generation_fields(gens["spec"], base, settings.decode.sampling.greedy),
+            "baseline_new_tokens": len(base.tokens),
+            "baseline_wall_s": base.wall_s,
+            "baseline_cached": "vanilla" in usable,
+            "baseline_stale": found["vanilla"] is not None and "vanilla" not in usable,
+            **floor,
+            **({"pld_cached": "pld" in usable, "pld_stale": found["pld"] is not None and "pld" not in usable}
+               if settings.pld.enabled else {}),
+            CACHE_FIELD: carry,
+        })
+        messages.append({"role": "assistant", "content": answer_text(models.tokenizer, base.tokens, models.eos_ids)})
+    return records
