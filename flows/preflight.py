@@ -23,6 +23,8 @@ from specdraft.preflight import (
 )
 
 GLOB = "*?["
+# ``pipelines.stages``, the store and ``specdraft.outputs`` import torch / Ray: the checks below import them
+# inside the function that needs them, so a command line refused early (and ``--help``) stays light
 
 
 def _inputs(paths: list[str], key: str) -> None:

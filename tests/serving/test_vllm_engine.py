@@ -182,3 +182,30 @@ def test_eval_with_the_engine_samples_too(target, drafts, tmp_path, capsys):
     assert (abs(row["gap"]) > 0.03) == any(w.startswith("toy_questions:") for w in engine["warnings"]), engine
     printed = capsys.readouterr().out
     assert f"acceptance length {row['acceptance_length']:.3f} vs ours {row['tau_ours']:.3f}" in printed, printed
+
+
+def test_eval_with_the_engine_on_its_default_context_runs_on_the_toy_target(target, tmp_path, capsys):
+    """``specdraft eval --engine vllm`` with no ``engine.max_model_len``: the engine's context is the toy target's
+    1,024 positions (its ``max_position_embeddings``), not a default above them that vLLM refuses after our
+    decoder's evaluation ran. A random draft: this is about the engine starting, not about acceptance."""
+    import json
+
+    import torch
+
+    from flows.cli import main
+    from specdraft.models import build_draft, draft_config_from_target, save_draft
+    from specdraft.target import load_target_config, load_target_heads
+
+    torch.manual_seed(0)
+    heads = load_target_heads(target)
+    draft = save_draft(build_draft(draft_config_from_target(load_target_config(target), "beagle"), heads.embed,
+                                   heads.lm_head), tmp_path / "beagle")
+    out = tmp_path / "report.json"
+    assert main(["eval", "--target", str(target), "--draft", str(draft), "--questions", str(QUESTIONS),
+                 "--out", str(out), "--mode", "chain", "--engine", "vllm", "--quiet", "max_questions=2",
+                 "decode.gamma=3", "decode.max_new_tokens=16", "workers=1"]) == 0
+    engine = json.loads(out.read_text())["engine"]
+    assert load_target_config(target).max_position_embeddings == 1024
+    assert engine["engine"]["name"] == "vllm" and engine["engine"]["max_model_len"] == 1024, engine["engine"]
+    assert engine["overall"]["prompts"] >= 2 and engine["overall"]["drafts"] > 0, engine["overall"]
+    assert "engine vllm" in capsys.readouterr().out
