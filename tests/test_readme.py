@@ -1,14 +1,19 @@
-"""README.md's shell blocks, run as written, in order, as a user at one terminal would (issue 23, item 1).
+"""The shell blocks of README.md and docs/*.md, run as written, in order, as a user at one terminal would (issue 23,
+item 1; issue 30, item 5: the manual moved to ``docs/``).
 
-Every command of every ```bash block is one test, run in document order in one session: a fresh copy of the
+The pages are read in the order of ``PAGES`` (README.md first: its set-up runs the main job, its serve command
+exports that run's champion; then the docs pages as a reader follows them), one document. A block is in one page
+only, so no command runs twice. Every command of every ```bash block is one test, run in document order in one
+session: a fresh copy of the
 checkout (a "fresh clone": the tracked and untracked-but-not-ignored files) as the working directory, so the
 main job, a recipe change, the deployment and serving the champion share its ``runs/`` and ``mlflow.db`` as
 they would for the user. A command runs with ``bash`` (``specdraft`` from the installed entry point, the copy
 first on ``PYTHONPATH``) and must exit 0 with nothing that looks like a crash in its output.
 
 What a command cannot do in a test is decided here, command by command (``RULES``), never by leaving it out:
-every command of the README must match a rule, and every block that is not shell must be listed in
-``TEXT_BLOCKS`` — a new block fails ``test_every_readme_block_is_accounted_for`` until it is placed.
+every command of the pages must match a rule, every block that is not shell must be listed in ``TEXT_BLOCKS``
+and every page of ``docs/`` must be in ``PAGES`` — a new block or page fails
+``test_every_readme_block_is_accounted_for`` until it is placed.
 
 * placeholders are real, tiny paths: ``T``/``TARGET`` the toy target (the prebuilt one, 3 layers, so
   ``aux_layers=eagle3`` has its layers), ``D`` a draft of it, ``S1``/``S2`` stores dumped from it; files the
@@ -27,7 +32,7 @@ every command of the README must match a rule, and every block that is not shell
 
 The commands that run a model are marked slow. A command that works on what earlier ones made first runs, in
 its session, every earlier command not run there yet (``Session.replay_before``): ``-k`` on one command, or a
-scheduler that splits the module over workers, still runs it after what the README runs before it.
+scheduler that splits the module over workers, still runs it after what the pages run before it.
 """
 
 from __future__ import annotations
@@ -49,7 +54,11 @@ import pytest
 from tests.flows.processes import free_port, start, stop, wait_http
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+# the pages whose blocks run, in the order a reader follows them (one chain: a later page's commands work on
+# what the earlier pages' made); a page not written yet is left out, a docs page not listed fails the accounting
+PAGES = ("README.md", "docs/install.md", "docs/first-run.md", "docs/commands.md", "docs/concepts.md",
+         "docs/store.md", "docs/evaluation.md", "docs/serving.md", "docs/operations.md", "docs/guarantees.md",
+         "docs/development.md", "docs/README.md")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 CRASH = re.compile(r"Traceback \(most recent call last\)|Fatal Python error|SIGABRT|Mutex corrupt|core_worker\.cc:\d+")
 FLOWS = ("specdraft run", "prefect deployment run", "specdraft train")  # commands that may run long
@@ -103,14 +112,16 @@ RULES = [
 # blocks that are not commands (first line -> what they are)
 TEXT_BLOCKS = {
     "{bos}### System:": "the fallback chat template",
-    "specdraft/   core:": "the repository layout",
+    "specdraft/   core:": "the repository layout, in detail",
+    "specdraft/          ": "the repository layout, one comment per module",
     "== specdraft run ": "a run summary, as `specdraft run` prints it",
 }
 
 
 @dataclass(frozen=True)
 class Command:
-    line: int  # README line of the command
+    page: str  # the page (README.md, docs/NAME.md)
+    line: int  # line of the command in its page
     text: str  # the command as the README writes it (continuations joined)
     block: int  # index of its block
     files: tuple[tuple[str, str], ...] = ()  # files its block's comments give: (name, content)
@@ -122,20 +133,32 @@ class Command:
 
     @property
     def id(self) -> str:
-        return f"L{self.line}-{re.sub(r'[^A-Za-z0-9.=_-]+', '_', self.text)[:60]}"
+        return f"{Path(self.page).stem}-L{self.line}-{re.sub(r'[^A-Za-z0-9.=_-]+', '_', self.text)[:60]}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page} line {self.line}"
 
 
-def readme_blocks() -> list[tuple[int, str, str]]:
-    """(line of the block's first line, language, text) of every fenced block of the README."""
-    text = README.read_text()
-    return [(text[: m.start()].count("\n") + 2, m.group(1), m.group(2)) for m in FENCE.finditer(text)]
+def pages() -> list[str]:
+    """The pages of ``PAGES`` that exist, in order."""
+    return [page for page in PAGES if (REPO / page).is_file()]
+
+
+def readme_blocks() -> list[tuple[str, int, str, str]]:
+    """(page, line of the block's first line, language, text) of every fenced block of the pages, in order."""
+    blocks = []
+    for page in pages():
+        text = (REPO / page).read_text()
+        blocks += [(page, text[: m.start()].count("\n") + 2, m.group(1), m.group(2)) for m in FENCE.finditer(text)]
+    return blocks
 
 
 def readme_commands() -> list[Command]:
-    """Every shell command of the README in order: continuation lines joined, ``&&`` chains split, comments
+    """Every shell command of the pages in order: continuation lines joined, ``&&`` chains split, comments
     dropped (a comment ``#   NAME.yaml:  CONTENT`` gives that file's content to its block's commands)."""
     commands: list[Command] = []
-    for index, (first, lang, text) in enumerate(readme_blocks()):
+    for index, (page, first, lang, text) in enumerate(readme_blocks()):
         if lang != "bash":
             continue
         lines = text.splitlines()
@@ -149,7 +172,7 @@ def readme_commands() -> list[Command]:
         for line_no, line in joined:
             code = strip_comment(line).strip()
             for part in filter(None, (p.strip() for p in code.split(" && "))):
-                commands.append(Command(line_no, " ".join(part.split()), index, files))
+                commands.append(Command(page, line_no, " ".join(part.split()), index, files))
     return commands
 
 
@@ -170,15 +193,23 @@ COMMANDS = readme_commands()
 
 
 def test_every_readme_block_is_accounted_for():
-    """Each shell command matches a rule (none is silently ignored), each other block is listed as text."""
-    for first, lang, text in readme_blocks():
+    """Each docs page is read, each shell command matches a rule (none is silently ignored), each other block is
+    listed as text, and no command is in two pages (it would run twice)."""
+    unlisted = sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")
+                      if str(p.relative_to(REPO)) not in PAGES)
+    assert not unlisted, f"{unlisted}: docs pages tests/test_readme.py does not read: add them to PAGES, in order"
+    for page, first, lang, text in readme_blocks():
         if lang != "bash":
             assert any(text.startswith(key) for key in TEXT_BLOCKS), (
-                f"README.md line {first}: a ``` block that is not ```bash: list it in TEXT_BLOCKS, or mark it bash")
-    assert COMMANDS, "no ```bash block in README.md"
+                f"{page} line {first}: a ``` block that is not ```bash: list it in TEXT_BLOCKS, or mark it bash")
+    assert any(c.page == "README.md" for c in COMMANDS), "no ```bash block in README.md"
+    seen: dict[str, Command] = {}
     for command in COMMANDS:
-        assert command.rule.action != "unmatched", f"README.md line {command.line}: {command.text!r} " \
+        assert command.rule.action != "unmatched", f"{command.where}: {command.text!r} " \
             "matches no rule of tests/test_readme.py: add one (run, slow or skip, with the reason)"
+        if command.rule.action != "skip":
+            earlier = seen.setdefault(command.text, command)
+            assert earlier is command, f"{command.where} repeats {earlier.where}: keep the block in one page"
 
 
 # --- the session: a fresh copy of the checkout, its environment, its servers -------------------------------
@@ -231,11 +262,11 @@ class Session:
             try:
                 self.execute(earlier)
             except (AssertionError, subprocess.SubprocessError) as err:
-                raise AssertionError(f"README line {earlier.line}, which this command follows, failed: "
+                raise AssertionError(f"{earlier.where}, which this command follows, failed: "
                                      f"{earlier.text}\n{err}") from None
 
     def execute(self, command: Command) -> None:
-        """Run one README command as the rules say (marked done even when it fails: it is not retried)."""
+        """Run one command of the pages as the rules say (marked done even when it fails: it is not retried)."""
         self.done.add(command)
         rule = command.rule
         if re.search(r"(?<![\w./:@-])S[12](?![\w./:@-])", command.text):
@@ -421,5 +452,5 @@ def follow_flow_run(session: Session, output: str, timeout: float = 3600) -> Non
 
 if __name__ == "__main__":  # list the commands and what the test does with each
     for c in COMMANDS:
-        print(f"L{c.line:<4} {c.rule.action:<10} {c.text}")
+        print(f"{c.page:<22} L{c.line:<4} {c.rule.action:<10} {c.text}")
     sys.exit(0)
