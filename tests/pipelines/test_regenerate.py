@@ -22,20 +22,18 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 
 from pipelines import conversations
 from pipelines.conversations import check_messages, read_conversations
-from pipelines.regenerate import (
-    RegenerateConfig,
+from pipelines.generation import (
     RowSampler,
     conversation_seed,
     decoded_answer,
     generate_batch,
     hf_answer_fn,
     prompt_ids,
-    regenerate,
     regenerate_rows,
     split_at_stop,
     stop_token_ids,
-    vllm_processor_settings,
 )
+from pipelines.regenerate import RegenerateConfig, regenerate, vllm_processor_settings
 from pipelines.conversations import done_ids
 from specdraft.store import location
 from specdraft.target import load_target_model, load_tokenizer
