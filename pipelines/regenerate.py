@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -283,6 +283,43 @@ def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, 
 BACKENDS = {"hf": _run_hf, "vllm": _run_vllm}
 
 
+def _pending(out_dir: Path | str, selected: list[dict[str, Any]]):
+    """(answers already in ``out_dir`` by id, ids whose prompt changed since (their answers dropped),
+    the rows still to answer)."""
+    done = done_prompts(out_dir)
+    changed = [r["id"] for r in selected if r["id"] in done and done[r["id"]][0] != prompt_digest(r["messages"])]
+    drop_answers(done, changed)
+    redo = set(changed)
+    return done, changed, [r for r in selected if r["id"] not in done or r["id"] in redo]
+
+
+def _answer_pending(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
+                    log: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
+    """Run the backend over ``pending``, logging progress: the summed per-part counts and the ids too long
+    to answer."""
+    totals = {"rows_in": 0, "rows_out": 0, "files": 0, "turns": 0, "truncated_turns": 0, "empty_answers": 0,
+              "tokens": 0, "prompt_tokens": 0, "cut_turns": 0, "generate_s": 0.0}
+    too_long: list[str] = []
+    max_model_len = _model_len(target, cfg)
+    if not pending:
+        return totals, too_long
+    started = time.perf_counter()
+    connect_ray(cfg.ray_address)
+    context = ray.data.DataContext.get_current()
+    bars, context.enable_progress_bars = context.enable_progress_bars, False
+    try:
+        for stats in BACKENDS[cfg.backend](target, pending, out_dir, cfg, max_model_len):
+            too_long += stats.pop("too_long_ids")
+            for key in totals:
+                totals[key] += stats[key]
+            elapsed = time.perf_counter() - started
+            log(f"regenerate: {totals['rows_in']}/{len(pending)} conversations, {totals['files']} parts, "
+                f"{totals['tokens']} tokens, {totals['tokens'] / max(elapsed, 1e-9):.1f} tokens/s")
+    finally:
+        context.enable_progress_bars = bars
+    return totals, too_long
+
+
 def regenerate(
     target: str | Path,
     prompts: str | Path | Iterable[str | Path],
@@ -305,16 +342,8 @@ def regenerate(
     _claim_out_dir(out_dir, identity)
     rows, ingest_summary = ingest(prompts, cfg.ingest, rejects_path=location.join(out_dir, REJECTS_FILE))
     selected = rows if cfg.limit is None else rows[: cfg.limit]
-    done = done_prompts(out_dir)
-    changed = [r["id"] for r in selected if r["id"] in done and done[r["id"]][0] != prompt_digest(r["messages"])]
-    drop_answers(done, changed)
-    redo = set(changed)
-    pending = [r for r in selected if r["id"] not in done or r["id"] in redo]
+    done, changed, pending = _pending(out_dir, selected)
     only_in_output = sorted(set(done) - {r["id"] for r in rows})
-    max_model_len = _model_len(target, cfg)
-    totals = {"rows_in": 0, "rows_out": 0, "files": 0, "turns": 0, "truncated_turns": 0, "empty_answers": 0,
-              "tokens": 0, "prompt_tokens": 0, "cut_turns": 0, "generate_s": 0.0}
-    too_long: list[str] = []
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None)
     log(f"regenerate: {len(pending)} to do ({len(changed)} whose prompt changed since answered), "
         f"{len(selected) - len(pending)} already in {out_dir}, {ingest_summary['rejected']} rejected by ingest, "
@@ -322,20 +351,7 @@ def regenerate(
         + (f", {len(only_in_output)} answers in {out_dir} of ids no longer among the prompts (kept)"
            if only_in_output else ""))
     run_started = time.perf_counter()
-    if pending:
-        connect_ray(cfg.ray_address)
-        context = ray.data.DataContext.get_current()
-        bars, context.enable_progress_bars = context.enable_progress_bars, False
-        try:
-            for stats in BACKENDS[cfg.backend](target, pending, out_dir, cfg, max_model_len):
-                too_long += stats.pop("too_long_ids")
-                for key in totals:
-                    totals[key] += stats[key]
-                elapsed = time.perf_counter() - run_started
-                log(f"regenerate: {totals['rows_in']}/{len(pending)} conversations, {totals['files']} parts, "
-                    f"{totals['tokens']} tokens, {totals['tokens'] / max(elapsed, 1e-9):.1f} tokens/s")
-        finally:
-            context.enable_progress_bars = bars
+    totals, too_long = _answer_pending(target, pending, out_dir, cfg, log)
     run_s = time.perf_counter() - run_started
     summary = {
         "stage": "regenerate",
