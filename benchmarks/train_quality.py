@@ -185,6 +185,9 @@ TYPES = {"--draft-vocab": int, "--noise-std": float, "--max-turns": int, "--mt-b
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Long on purpose: the benchmark's script read top to bottom (flags; the toy target, store and questions;
+    # each phase timed into ``phases`` under one LoadSampler; the result record). Its pieces share a dozen
+    # locals, which functions would only pass back and forth.
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="JSON result path")
     ap.add_argument("--recipes", default=",".join(RECIPE_ORDER), help="comma-separated subset of the recipes")
