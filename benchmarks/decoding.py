@@ -245,6 +245,8 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Long on purpose: the benchmark's script read top to bottom (flags; the decoders' settings; the targets
+    # measured, the record saved after each; the table). Most of its length is the flags and the record.
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="JSON output path")
     ap.add_argument("--shape", choices=["toy", "8b"], default="toy",

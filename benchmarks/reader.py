@@ -46,6 +46,7 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -321,6 +322,14 @@ def integrity_rates(shards: list[dict[str, np.ndarray]], d: int, max_tokens: int
                     datasets[name].load(seqs, lazy=True)
                     batch_times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
         crc = crc_cost(stores["verified"], datasets["verified"], pairs)
+    return _integrity_report(names, runs, batch_times, built, open_s, crc, pairs, data, load.summary())
+
+
+def _integrity_report(names: tuple[str, ...], runs: dict[str, list[tuple[int, float, float]]],
+                      batch_times: dict[str, list[tuple[float, float]]], built: dict[str, Any],
+                      open_s: dict[str, float], crc: dict[str, Any], pairs: int, data: str,
+                      host_load: dict[str, Any]) -> dict:
+    """``integrity_rates``'s result from its measured epochs and batch pairs (the fields its docstring names)."""
     assert all(len({runs[n][i][0] for n in names}) == 1 for i in range(pairs)), "the rounds read different tokens"
     out: dict = {"data": data, "pairs": pairs, "order": "rotating which read is first in a round (of all four)"}
     for name in names[:2]:
@@ -355,7 +364,7 @@ def integrity_rates(shards: list[dict[str, np.ndarray]], d: int, max_tokens: int
     before["verified_cpu_ratio_now_over_before"] = speed["per_pair"]["median"]
     before["verified_cpu_ratio_now_over_before_ci95"] = speed["per_pair_median_ci95"]
     out["before"] = before
-    out["host_load"] = load.summary()
+    out["host_load"] = host_load
     return out
 
 

@@ -50,6 +50,8 @@ def train_config(args: dict[str, Any], recipe: str):
 
 def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out: str) -> dict[str, Any]:
     """Train ``recipe`` as a one-rank Ray Train worker would (``build_run``; no checkpoints); measure it."""
+    # Long on purpose: the timed training loop and its callbacks (``TimedBatches``, ``on_epoch_end``) share
+    # its timers, losses and history; the record at the end reads them all.
     t_enter = time.perf_counter()
     torch.set_num_threads(args["threads"])
     from transformers.utils import logging as hf_logging

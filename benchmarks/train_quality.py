@@ -185,6 +185,7 @@ TYPES = {"--draft-vocab": int, "--noise-std": float, "--max-turns": int, "--mt-b
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Long on purpose: the benchmark's script, phase by phase; its phases share the locals a split would pass around.
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="JSON result path")
     ap.add_argument("--recipes", default=",".join(RECIPE_ORDER), help="comma-separated subset of the recipes")
@@ -207,7 +208,6 @@ def main(argv: list[str] | None = None) -> int:
     assert not args.mt_bench or args.mt_bench_path, "--mt-bench N needs --mt-bench-path FILE"
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -27,12 +27,13 @@ the same tokenizer, so at ``temperature == 0`` they write the same answers.
 
 Determinism: greedy (``temperature == 0``) is deterministic; sampling draws each row's tokens
 from its own generator seeded by ``(seed, conversation id, turn)``, so a row's answer does not
-depend on which batch it lands in.
+depend on which batch it lands in. The generation itself (stop tokens, seeds, batched generation,
+the multi-turn loop) is ``pipelines/generation.py``; this module holds the stage, its output
+directory and its two backends.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
@@ -44,16 +45,15 @@ from typing import Any, Literal
 import pyarrow as pa
 import ray
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig
 from transformers.utils import logging as hf_logging
 
 from pipelines.cluster import ACTOR_POOL, connect_ray
 from pipelines.conversations import SCHEMA, done_prompts, drop_answers, prompt_digest, write_part
+from pipelines.generation import Answer, decoded_answer, hf_answer_fn, regenerate_rows, split_at_stop, stop_token_ids
 from pipelines.ingest import IngestConfig, ingest
-from specdraft.chat import assistant_spans
 from specdraft.config import config_hash, from_dict, to_dict
-from specdraft.decoding.sampling import keep_top_p
-from specdraft.placement import ATTN_IMPLEMENTATIONS, dtype_name, input_device, resolve_dtype, spread_gpus
+from specdraft.placement import ATTN_IMPLEMENTATIONS, dtype_name, resolve_dtype, spread_gpus
 from specdraft.store import location
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_fingerprint, target_id
 
@@ -95,212 +95,6 @@ class RegenerateConfig:
         assert self.max_new_tokens >= 1 and self.batch_size >= 1 and self.concurrency >= 1, "sizes must be >= 1"
         assert self.attn_implementation in ATTN_IMPLEMENTATIONS, f"unknown attn_implementation {self.attn_implementation!r}"
         spread_gpus(self.num_gpus)  # a fraction or a whole number
-
-
-# --- stop tokens and seeds -------------------------------------------------------------------
-
-
-def end_of_turn_token(tokenizer) -> int | None:
-    """Id of the token the chat template closes an assistant turn with, if it is one token."""
-    probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-    try:
-        text, spans = assistant_spans(tokenizer, probe)
-    except Exception:  # no chat template, or one that needs other roles: eos ids only
-        return None
-    start, end = spans[0]
-    marker = text[start + len("Hello"): end] if text[start:].startswith("Hello") else ""
-    ids = tokenizer.convert_tokens_to_ids([marker]) if marker else []
-    unk = getattr(tokenizer, "unk_token_id", None)
-    return ids[0] if ids and ids[0] is not None and ids[0] != unk else None
-
-
-def stop_token_ids(tokenizer, generation_config: GenerationConfig | None) -> list[int]:
-    """generation_config eos ids, the tokenizer's eos and the template's end-of-turn token."""
-    ids: list[int] = []
-    eos = getattr(generation_config, "eos_token_id", None)
-    for value in (eos if isinstance(eos, (list, tuple)) else [eos]) + [
-        tokenizer.eos_token_id, end_of_turn_token(tokenizer)
-    ]:
-        if value is not None and int(value) not in ids:
-            ids.append(int(value))
-    if not ids:
-        raise ValueError("the target has no eos token and its chat template no end-of-turn token")
-    return ids
-
-
-def conversation_seed(seed: int, conv_id: str, turn: int) -> int:
-    """A 63-bit seed for one turn of one conversation."""
-    digest = hashlib.sha256(f"{seed}\0{conv_id}\0{turn}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
-# --- batched generation (hf) ------------------------------------------------------------------
-
-
-class RowSampler(LogitsProcessor):
-    """Temperature / top-p sampling (``keep_top_p``, the decoders' top-p) with one ``torch.Generator`` per row.
-
-    Returns scores that are -inf everywhere but the sampled token, so greedy decoding picks
-    it: each row's draw depends only on its own seed and its own logits.
-    """
-
-    def __init__(self, seeds: list[int], temperature: float, top_p: float):
-        self.seeds, self.temperature, self.top_p = seeds, temperature, top_p
-        self.generators: list[torch.Generator] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if not self.generators:
-            self.generators = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
-        probs = torch.softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
-        if self.top_p < 1.0:
-            probs = probs.masked_fill(~keep_top_p(probs, self.top_p), 0.0)  # (B, V)
-        picks = torch.cat([
-            torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(self.generators)
-        ])  # (B,)
-        out = torch.full_like(scores, float("-inf"))  # (B, V)
-        return out.scatter(-1, picks[:, None], 0.0)
-
-
-def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device | str = "cpu"):
-    """``input_ids`` and ``attention_mask`` (B, T) with every prompt right-aligned."""
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, T)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (B, T)
-    for b, p in enumerate(prompts):
-        input_ids[b, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        attention_mask[b, width - len(p):] = 1
-    return input_ids.to(device), attention_mask.to(device)
-
-
-@torch.no_grad()
-def generate_batch(
-    model: torch.nn.Module,
-    prompts: list[list[int]],
-    *,
-    max_new_tokens: int,
-    stop_ids: list[int],
-    pad_id: int,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    seeds: list[int] | None = None,
-) -> list[tuple[list[int], bool]]:
-    """Per prompt: the new tokens before the first stop token, and whether a stop token ended it."""
-    input_ids, attention_mask = left_pad(prompts, pad_id, input_device(model))  # (B, T): the embedding's device
-    generation_config = GenerationConfig(  # ours is the whole policy: no sampling defaults leak in
-        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-        temperature=1.0, top_p=1.0, top_k=50, typical_p=1.0, repetition_penalty=1.0,
-        eos_token_id=list(stop_ids), pad_token_id=pad_id,
-    )
-    processors = LogitsProcessorList()
-    if temperature > 0:
-        if seeds is None or len(seeds) != len(prompts):
-            raise ValueError("sampling needs one seed per prompt")
-        processors.append(RowSampler(seeds, temperature, top_p))
-    out = model.generate(
-        input_ids=input_ids, attention_mask=attention_mask,
-        generation_config=generation_config, logits_processor=processors,
-    )  # (B, T + n)
-    return [split_at_stop(row, stop_ids) for row in out[:, input_ids.shape[1]:].tolist()]
-
-
-def split_at_stop(tokens: list[int], stop_ids: Iterable[int]) -> tuple[list[int], bool]:
-    """The tokens before the first stop token, and whether there was one (what every backend keeps)."""
-    stops = set(stop_ids)
-    cut = next((i for i, t in enumerate(tokens) if t in stops), None)
-    return (list(tokens) if cut is None else list(tokens[:cut])), cut is not None
-
-
-def decoded_answer(tokenizer, tokens: list[int], stopped: bool) -> Answer:
-    """An ``Answer`` of the tokens ``split_at_stop`` kept (the stop token counts as generated)."""
-    return tokenizer.decode(tokens, skip_special_tokens=True), len(tokens) + stopped, stopped
-
-
-# --- the multi-turn loop (any backend) -----------------------------------------------------
-
-
-Answer = tuple[str, int, bool]  # (text, tokens generated incl. the stop token, stopped)
-AnswerFn = Callable[[list[list[int]], list[list[dict[str, str]]], list[int]], list[Answer]]
-
-
-def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of ``messages`` rendered with the chat template and a generation prompt."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def regenerate_rows(
-    rows: list[dict[str, Any]],
-    tokenizer,
-    answer: AnswerFn,
-    cfg: RegenerateConfig,
-    max_model_len: int,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Answer every user turn of ``rows`` in order, each conditioned on the earlier answers.
-
-    ``answer(prompt_ids, messages, seeds)`` answers a list of prompts at once. A conversation
-    whose next prompt (plus ``max_new_tokens``) exceeds ``max_model_len`` ends before that
-    turn; one that cannot answer its first turn is dropped and counted in ``too_long_ids``.
-    """
-    history = [[m for m in r["messages"] if m["role"] == "system"] for r in rows]
-    users = [[m["content"] for m in r["messages"] if m["role"] == "user"] for r in rows]
-    open_ = [True] * len(rows)
-    stats = {"turns": 0, "truncated_turns": 0, "empty_answers": 0, "tokens": 0, "prompt_tokens": 0,
-             "cut_turns": 0, "generate_s": 0.0}
-    for turn in range(max((len(u) for u in users), default=0)):
-        active, prompts, messages = [], [], []
-        for i in range(len(rows)):
-            if not open_[i] or turn >= len(users[i]):
-                continue
-            msgs = history[i] + [{"role": "user", "content": users[i][turn]}]
-            ids = prompt_ids(tokenizer, msgs)
-            if len(ids) + cfg.max_new_tokens > max_model_len:
-                open_[i] = False
-                stats["cut_turns"] += len(users[i]) - turn
-                continue
-            active.append(i)
-            prompts.append(ids)
-            messages.append(msgs)
-        if not active:
-            continue
-        seeds = [conversation_seed(cfg.seed, rows[i]["id"], turn) for i in active]
-        started = time.perf_counter()
-        answers = answer(prompts, messages, seeds)
-        stats["generate_s"] += time.perf_counter() - started
-        for i, msgs, ids, (text, n_tokens, stopped) in zip(active, messages, prompts, answers):
-            history[i] = msgs + [{"role": "assistant", "content": text}]
-            stats["turns"] += 1
-            stats["tokens"] += n_tokens
-            stats["prompt_tokens"] += len(ids)
-            stats["truncated_turns"] += not stopped
-            stats["empty_answers"] += not text.strip()
-    out, too_long = [], []
-    for row, msgs in zip(rows, history):
-        if any(m["role"] == "assistant" for m in msgs):
-            out.append({"id": row["id"], "source": row["source"], "messages": msgs})
-        else:
-            too_long.append(row["id"])
-    stats["too_long_ids"] = too_long
-    return out, stats
-
-
-def hf_answer_fn(model, tokenizer, cfg: RegenerateConfig, stop_ids: list[int]) -> AnswerFn:
-    """An ``AnswerFn`` over ``generate_batch`` (prompts sorted by length into ``batch_size`` groups)."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
-
-    def answer(prompts, messages, seeds):
-        results: list[Answer | None] = [None] * len(prompts)
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        for start in range(0, len(order), cfg.batch_size):
-            group = order[start: start + cfg.batch_size]
-            generated = generate_batch(
-                model, [prompts[i] for i in group], max_new_tokens=cfg.max_new_tokens, stop_ids=stop_ids,
-                pad_id=pad_id, temperature=cfg.temperature, top_p=cfg.top_p, seeds=[seeds[i] for i in group],
-            )
-            for i, (tokens, stopped) in zip(group, generated):
-                results[i] = decoded_answer(tokenizer, tokens, stopped)
-        return results
-
-    return answer
 
 
 # --- output directory ----------------------------------------------------------------------
@@ -489,6 +283,43 @@ def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, 
 BACKENDS = {"hf": _run_hf, "vllm": _run_vllm}
 
 
+def _pending(out_dir: Path | str, selected: list[dict[str, Any]]):
+    """(answers already in ``out_dir`` by id, ids whose prompt changed since (their answers dropped),
+    the rows still to answer)."""
+    done = done_prompts(out_dir)
+    changed = [r["id"] for r in selected if r["id"] in done and done[r["id"]][0] != prompt_digest(r["messages"])]
+    drop_answers(done, changed)
+    redo = set(changed)
+    return done, changed, [r for r in selected if r["id"] not in done or r["id"] in redo]
+
+
+def _answer_pending(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
+                    log: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
+    """Run the backend over ``pending``, logging progress: the summed per-part counts and the ids too long
+    to answer."""
+    totals = {"rows_in": 0, "rows_out": 0, "files": 0, "turns": 0, "truncated_turns": 0, "empty_answers": 0,
+              "tokens": 0, "prompt_tokens": 0, "cut_turns": 0, "generate_s": 0.0}
+    too_long: list[str] = []
+    max_model_len = _model_len(target, cfg)
+    if not pending:
+        return totals, too_long
+    started = time.perf_counter()
+    connect_ray(cfg.ray_address)
+    context = ray.data.DataContext.get_current()
+    bars, context.enable_progress_bars = context.enable_progress_bars, False
+    try:
+        for stats in BACKENDS[cfg.backend](target, pending, out_dir, cfg, max_model_len):
+            too_long += stats.pop("too_long_ids")
+            for key in totals:
+                totals[key] += stats[key]
+            elapsed = time.perf_counter() - started
+            log(f"regenerate: {totals['rows_in']}/{len(pending)} conversations, {totals['files']} parts, "
+                f"{totals['tokens']} tokens, {totals['tokens'] / max(elapsed, 1e-9):.1f} tokens/s")
+    finally:
+        context.enable_progress_bars = bars
+    return totals, too_long
+
+
 def regenerate(
     target: str | Path,
     prompts: str | Path | Iterable[str | Path],
@@ -511,16 +342,8 @@ def regenerate(
     _claim_out_dir(out_dir, identity)
     rows, ingest_summary = ingest(prompts, cfg.ingest, rejects_path=location.join(out_dir, REJECTS_FILE))
     selected = rows if cfg.limit is None else rows[: cfg.limit]
-    done = done_prompts(out_dir)
-    changed = [r["id"] for r in selected if r["id"] in done and done[r["id"]][0] != prompt_digest(r["messages"])]
-    drop_answers(done, changed)
-    redo = set(changed)
-    pending = [r for r in selected if r["id"] not in done or r["id"] in redo]
+    done, changed, pending = _pending(out_dir, selected)
     only_in_output = sorted(set(done) - {r["id"] for r in rows})
-    max_model_len = _model_len(target, cfg)
-    totals = {"rows_in": 0, "rows_out": 0, "files": 0, "turns": 0, "truncated_turns": 0, "empty_answers": 0,
-              "tokens": 0, "prompt_tokens": 0, "cut_turns": 0, "generate_s": 0.0}
-    too_long: list[str] = []
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None)
     log(f"regenerate: {len(pending)} to do ({len(changed)} whose prompt changed since answered), "
         f"{len(selected) - len(pending)} already in {out_dir}, {ingest_summary['rejected']} rejected by ingest, "
@@ -528,20 +351,7 @@ def regenerate(
         + (f", {len(only_in_output)} answers in {out_dir} of ids no longer among the prompts (kept)"
            if only_in_output else ""))
     run_started = time.perf_counter()
-    if pending:
-        connect_ray(cfg.ray_address)
-        context = ray.data.DataContext.get_current()
-        bars, context.enable_progress_bars = context.enable_progress_bars, False
-        try:
-            for stats in BACKENDS[cfg.backend](target, pending, out_dir, cfg, max_model_len):
-                too_long += stats.pop("too_long_ids")
-                for key in totals:
-                    totals[key] += stats[key]
-                elapsed = time.perf_counter() - run_started
-                log(f"regenerate: {totals['rows_in']}/{len(pending)} conversations, {totals['files']} parts, "
-                    f"{totals['tokens']} tokens, {totals['tokens'] / max(elapsed, 1e-9):.1f} tokens/s")
-        finally:
-            context.enable_progress_bars = bars
+    totals, too_long = _answer_pending(target, pending, out_dir, cfg, log)
     run_s = time.perf_counter() - run_started
     summary = {
         "stage": "regenerate",

@@ -84,25 +84,9 @@ def register_draft(
     Idempotent per ``train_key``: a draft already registered (a rerun of finished work) is
     not registered twice. The decision names the version's run (``run_id``).
     """
-    if train_key:
-        try:
-            existing = [v for v in client.search_model_versions(f"name='{model_name}'")
-                        if v.tags.get("train_key") == train_key]
-        except MlflowException:
-            existing = []
-        if existing:
-            v = existing[0]
-            champion = current_champion(client, model_name, alias)
-            decision = {"model_name": model_name, "version": int(v.version), "run_id": v.run_id, "mean_tau": mean_tau,
-                        "alias": alias,
-                        "promoted": champion is not None and champion.version == v.version,
-                        "champion_version": int(champion.version) if champion else None, "champion_mean_tau": None,
-                        "mean_tau_pld": mean_tau_pld,
-                        "reason": f"already registered (same trained draft) as v{v.version} by run {v.run_id}"}
-            # the run asking records what it found: the version, its run, the champion now (nothing is registered)
-            client.log_batch(run_id, tags=[RunTag(f"gate.{'version_run_id' if k == 'run_id' else k}", str(value))
-                                           for k, value in decision.items()])
-            return decision
+    found = _registered_before(client, run_id, model_name, alias, train_key, mean_tau, mean_tau_pld)
+    if found is not None:
+        return found
     client.log_artifacts(run_id, str(draft_dir), "draft")
     try:
         client.create_registered_model(model_name, description="specdraft speculative-decoding drafts")
@@ -118,20 +102,9 @@ def register_draft(
                                           tags=version_tags)
     above_floor = None if mean_tau_pld is None else mean_tau > mean_tau_pld
     by_engine = mean_engine_tau is not None  # the gate's measure: the engine's acceptance, else our tau
-    tag, ours = (_engine_tag(eval_key), mean_engine_tau) if by_engine else (_tau_tag(eval_key), mean_tau)
+    ours = mean_engine_tau if by_engine else mean_tau
     champion = current_champion(client, model_name, alias)
-    champion_tau = None
-    if champion is not None:
-        tagged = champion.tags.get(tag)
-        if tagged is not None:
-            champion_tau = float(tagged)
-        elif evaluate_champion is not None and above_floor is not False:  # below the floor: no need
-            measured = evaluate_champion(f"models:/{model_name}/{champion.version}")
-            taus = measured if isinstance(measured, tuple) else (measured, None)
-            for key, value in zip((_tau_tag(eval_key), _engine_tag(eval_key)), taus):
-                if value is not None:
-                    client.set_model_version_tag(model_name, champion.version, key, f"{value:.6f}")
-            champion_tau = taus[1] if by_engine else taus[0]
+    champion_tau = _champion_tau(client, model_name, champion, eval_key, by_engine, above_floor, evaluate_champion)
     beats_champion = champion is None or (champion_tau is not None and ours > champion_tau)
     promote = above_floor is not False and beats_champion
     if promote:
@@ -159,6 +132,52 @@ def register_draft(
         client.set_model_version_tag(model_name, version.version, f"gate.{key}", str(value))
         client.set_tag(run_id, f"gate.{key}", str(value))
     return decision
+
+
+def _registered_before(client: MlflowClient, run_id: str, model_name: str, alias: str, train_key: str,
+                       mean_tau: float, mean_tau_pld: float | None) -> dict[str, Any] | None:
+    """The decision for a draft already registered under ``train_key`` (a rerun of finished work), recorded
+    on the run asking; None when there is none (or no ``train_key``)."""
+    if not train_key:
+        return None
+    try:
+        existing = [v for v in client.search_model_versions(f"name='{model_name}'")
+                    if v.tags.get("train_key") == train_key]
+    except MlflowException:
+        existing = []
+    if not existing:
+        return None
+    v = existing[0]
+    champion = current_champion(client, model_name, alias)
+    decision = {"model_name": model_name, "version": int(v.version), "run_id": v.run_id, "mean_tau": mean_tau,
+                "alias": alias,
+                "promoted": champion is not None and champion.version == v.version,
+                "champion_version": int(champion.version) if champion else None, "champion_mean_tau": None,
+                "mean_tau_pld": mean_tau_pld,
+                "reason": f"already registered (same trained draft) as v{v.version} by run {v.run_id}"}
+    # the run asking records what it found: the version, its run, the champion now (nothing is registered)
+    client.log_batch(run_id, tags=[RunTag(f"gate.{'version_run_id' if k == 'run_id' else k}", str(value))
+                                   for k, value in decision.items()])
+    return decision
+
+def _champion_tau(client: MlflowClient, model_name: str, champion, eval_key: str, by_engine: bool,
+                  above_floor: bool | None, evaluate_champion: Callable[[str], Any] | None) -> float | None:
+    """The champion's measure on ``eval_key`` (the engine's acceptance when ``by_engine``, else tau): from its
+    tags, or re-evaluated (and tagged) when it was measured on other eval sets; None when unknown."""
+    if champion is None:
+        return None
+    tag = _engine_tag(eval_key) if by_engine else _tau_tag(eval_key)
+    tagged = champion.tags.get(tag)
+    if tagged is not None:
+        return float(tagged)
+    if evaluate_champion is None or above_floor is False:  # below the floor: no need
+        return None
+    measured = evaluate_champion(f"models:/{model_name}/{champion.version}")
+    taus = measured if isinstance(measured, tuple) else (measured, None)
+    for key, value in zip((_tau_tag(eval_key), _engine_tag(eval_key)), taus):
+        if value is not None:
+            client.set_model_version_tag(model_name, champion.version, key, f"{value:.6f}")
+    return taus[1] if by_engine else taus[0]
 
 
 def _reason(mean_tau: float, mean_tau_pld: float | None, above_floor: bool | None, has_champion: bool,

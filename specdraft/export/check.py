@@ -105,25 +105,9 @@ def _block_problems(config: dict[str, Any], layer: dict[str, Any], spec: ExportS
     return problems + _aux_problems(config, spec)
 
 
-def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, torch.Tensor] | None = None) -> None:
-    """Raise ``ExportError`` listing every problem of the exported directory ``out_dir`` for ``spec``.
-
-    ``reference``: the tensors the export must hold by engine name (the exporter passes the draft's own,
-    cast), compared exactly.
-    """
-    out = Path(out_dir)
-    layout = spec.layout
-    problems: list[str] = []
-    for name in ("config.json", "model.safetensors"):
-        if not (out / name).is_file():
-            raise ExportError(f"{out}: {name} is missing")
-    stray = sorted(p.name for p in out.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.name != "model.safetensors")
-    if stray:
-        problems.append(f"other weight files {stray}: an engine may load them instead of model.safetensors")
-    config = json.loads((out / "config.json").read_text())
-    layer = config.get(layout.layer_config, {}) if layout.layer_config else config
-
-    # -- the config the engine reads --------------------------------------------------------------
+def _config_problems(config: dict[str, Any], layer: dict[str, Any], spec: ExportSpec) -> list[str]:
+    """What the engine would misread in ``config.json`` (``layer``: the part holding the layer's geometry)."""
+    layout, problems = spec.layout, []
     if config.get("architectures") != list(layout.architectures):
         problems.append(f"architectures {config.get('architectures')} should be {list(layout.architectures)} "
                         f"(it picks the engine's model class)")
@@ -186,10 +170,13 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
                             f"expected {spec.speculative_tokens}")
         if not (spec_cfg.get("verifier") or {}).get("name_or_path"):
             problems.append("speculators_config.verifier.name_or_path is empty: `vllm serve DIR` cannot find the target")
+    return problems
 
-    # -- the tensors -------------------------------------------------------------------------------
-    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+
+def _tensor_problems(tensors: dict[str, torch.Tensor], spec: ExportSpec) -> list[str]:
+    """What the engine would misread in ``model.safetensors``: names, shapes, dtypes, the embedding, the
+    vocabulary maps."""
+    layout, c, problems = spec.layout, spec.draft, []
     want_shapes = expected_shapes(spec, layout.layer_prefix)
     embeds = sorted(k for k in tensors if "embed" in k)
     if embeds and not layout.embedding:
@@ -218,9 +205,32 @@ def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, tor
                             f"{spec.dtype}")
     if c.own_vocab:
         problems += _vocab_problems(tensors, spec)
+    return problems
+
+
+def check_export(out_dir: str | Path, spec: ExportSpec, reference: dict[str, torch.Tensor] | None = None) -> None:
+    """Raise ``ExportError`` listing every problem of the exported directory ``out_dir`` for ``spec``.
+
+    ``reference``: the tensors the export must hold by engine name (the exporter passes the draft's own,
+    cast), compared exactly.
+    """
+    out = Path(out_dir)
+    problems: list[str] = []
+    for name in ("config.json", "model.safetensors"):
+        if not (out / name).is_file():
+            raise ExportError(f"{out}: {name} is missing")
+    stray = sorted(p.name for p in out.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.name != "model.safetensors")
+    if stray:
+        problems.append(f"other weight files {stray}: an engine may load them instead of model.safetensors")
+    config = json.loads((out / "config.json").read_text())
+    layer = config.get(spec.layout.layer_config, {}) if spec.layout.layer_config else config
+    problems += _config_problems(config, layer, spec)
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    problems += _tensor_problems(tensors, spec)
     if reference is not None and not problems:
         differ = sorted(k for k, v in reference.items() if k in tensors and not torch.equal(tensors[k], v))
         if differ:
             problems.append(f"tensors {differ} differ from the draft's")
     if problems:
-        raise ExportError(f"{out} ({spec.format}, {c.arch} draft): " + "; ".join(problems))
+        raise ExportError(f"{out} ({spec.format}, {spec.draft.arch} draft): " + "; ".join(problems))

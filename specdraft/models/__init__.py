@@ -24,7 +24,6 @@ from specdraft.models.beagle import BeagleDraft
 from specdraft.models.config import DraftConfig, draft_config_from_target
 from specdraft.models.dflash import DFlashDraft
 from specdraft.models.eagle import EagleDraft
-from specdraft.models.eagle3 import Eagle3Draft
 from specdraft.models.heads import Heads
 from specdraft.models.kvcache import KVCache
 from specdraft.models.layers import KV, Chain
@@ -82,7 +81,7 @@ class Draft(Protocol):
     def encode_drafted(self, h: torch.Tensor, positions: torch.Tensor) -> KV | None: ...
 
 
-ARCHS = {"beagle": BeagleDraft, "eagle": EagleDraft, "eagle3": Eagle3Draft, "dflash": DFlashDraft}
+ARCHS = {"beagle": BeagleDraft, "eagle": EagleDraft, "eagle3": EagleDraft, "dflash": DFlashDraft}
 
 
 def build_draft(
@@ -203,7 +202,6 @@ __all__ = [
     "Draft",
     "DFlashDraft",
     "DraftConfig",
-    "Eagle3Draft",
     "EagleDraft",
     "KVCache",
     "build_draft",

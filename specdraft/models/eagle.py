@@ -1,20 +1,38 @@
-"""EAGLE draft (EAGLE-1/2, the HASS base: "Learning Harmonized Representations for Speculative
-Sampling" §2, Fig. 2), in the reference layout.
+"""EAGLE drafts, one class for both papers' layouts (they differ only in what a slot reads).
+
+EAGLE (EAGLE-1/2, the HASS base: "Learning Harmonized Representations for Speculative Sampling"
+§2, Fig. 2), ``arch="eagle"``, reads the target's last layer:
 
     x_c     = fc(cat(e(t_c), h_{c-1}))            (2d -> d, bias; slots c >= 1)
     h_hat_p = LlamaDecoderLayer(x)_p               (causal self-attention over x_{c<=p})
 
-The draft predicts the target's state at p from the token at p and the state at p-1.
-Embedding and lm_head are the target's, frozen. As in the EAGLE reference and the engines
-that serve it, the decoder layer has no input_layernorm (the fc output goes straight into
-q/k/v) and there is no slot before position 1: position 0 has no state before it, so it is
-never a query. Drafts written by specdraft 0.1 (``legacy``: an RMSNorm on the fc output and a
-zero-state slot at position 0) still load and run.
+The draft predicts the target's state at p from the token at p and the state at p-1. As in the
+EAGLE reference and the engines that serve it, the decoder layer has no input_layernorm (the fc
+output goes straight into q/k/v) and there is no slot before position 1: position 0 has no state
+before it, so it is never a query. Drafts written by specdraft 0.1 (``legacy``: an RMSNorm on the
+fc output and a zero-state slot at position 0) still load and run.
+
+EAGLE-3 ("EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time
+Test" §3; "SpecForge: A Flexible and Efficient Open-Source Training Framework for Speculative
+Decoding" §2.4), ``arch="eagle3"``, reads auxiliary target layers fused by a projection, and has
+its own draft vocabulary:
+
+    f_c      = fc(cat(aux_low, aux_mid, aux_high)_c)            (L·d_target -> d, no bias)
+    a_c      = cat(input_layernorm(e(t_c)), hidden_norm(f_{c-1}))  (2d: what q/k/v read)
+    y_p      = f_{p-1} + o_proj(SelfAttn(a)_p)                    (residual: the feature)
+    h_hat_p  = y_p + MLP(post_attention_layernorm(y_p))
+    logits_p = lm_head(norm(h_hat_p))                              (over the draft vocabulary)
+
+During drafting (and training-time test) an EAGLE-3 draft's own output h_hat replaces the projected
+feature f directly (no fc), so every drafted state lives in the same d-wide space as fc's output.
+The lm_head covers ``draft_vocab_size`` target ids (``heads.py``: d2t/t2d). With
+``norm_before_residual`` the residual is hidden_norm(f) instead of f (vLLM's flag of that name).
+In both, the embedding (and EAGLE's lm_head) is the target's, frozen; the weight names are the
+reference layouts' (the exporters and the vLLM plugin read them).
 
 State-index convention shared with Beagle: the slot at position c is built from *state*
 u = c-1, so "query p sees states u < p" is the same rule for both drafts. The functions below
-serve every slot draft (EAGLE and EAGLE-3, which differ only in ``encode_inputs`` and
-``attend``): ``slot_forward`` is the training sub-step — each query sees the true slots below
+serve both layouts: ``slot_forward`` is the training sub-step — each query sees the true slots below
 its cutoff plus its own earlier drafted slots (a ``layers.Chain``), and its own input is its
 own slot (the last drafted state when there is one, else the true state p-1); ``slot_committed``
 is the drafting cache's true slots ("EAGLE-2: Faster Inference of Language Models with Dynamic
@@ -33,35 +51,60 @@ from specdraft.models.layers import KV, Chain, RMSNorm, SwiGLU, prefix_visible, 
 
 
 class EagleDraft(nn.Module):
+    """An EAGLE (``arch="eagle"``) or EAGLE-3 (``arch="eagle3"``) draft: one decoder layer over slots.
+
+    The layouts differ only in the slot's inputs: EAGLE fuses (token, last-layer state) by fc into a
+    d-wide slot; EAGLE-3 projects the auxiliary layers by fc (``project``) and keeps the slot as
+    cat(e(t), f), 2d wide, normed per half before q/k/v.
+    """
+
     def __init__(self, config: DraftConfig):
         super().__init__()
-        assert config.arch == "eagle", f"EagleDraft needs arch='eagle', got {config.arch!r}"
+        assert config.arch in ("eagle", "eagle3"), f"EagleDraft needs arch 'eagle' or 'eagle3', got {config.arch!r}"
         self.config = config
+        self.fuses_layers = config.arch == "eagle3"  # EAGLE-3: aux layers projected by fc, slot = cat(e, f)
         d = config.hidden_size
         self.heads = Heads(config)
-        self.fc = nn.Linear(2 * d, d, bias=True)
-        if config.legacy:
+        # modules in each reference's order (parameter order: initialisation and gradient-norm sums)
+        if self.fuses_layers:
+            self.fc = nn.Linear(config.feature_size, d, bias=False)
             self.input_layernorm = RMSNorm(d, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(d, config.rms_norm_eps)
-        block.add_attention(self, config, width=d)  # q/k/v/o_proj, rotary
+            self.hidden_norm = RMSNorm(d, config.rms_norm_eps)
+            block.add_attention(self, config, width=2 * d)  # q/k/v/o_proj, rotary
+            self.post_attention_layernorm = RMSNorm(d, config.rms_norm_eps)
+        else:
+            self.fc = nn.Linear(2 * d, d, bias=True)
+            if config.legacy:
+                self.input_layernorm = RMSNorm(d, config.rms_norm_eps)
+            self.post_attention_layernorm = RMSNorm(d, config.rms_norm_eps)
+            block.add_attention(self, config, width=d)  # q/k/v/o_proj, rotary
         self.mlp = SwiGLU(d, config.intermediate_size)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.heads.logits(h)  # (..., V)
+        return self.heads.logits(h)  # (..., V) or (..., Vd) over a draft vocabulary
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
-        """The target's last hidden states are the draft's states as they are."""
-        return features
+        """EAGLE: the target's last hidden states are the draft's states as they are. EAGLE-3:
+        concatenated auxiliary target states (B, T, L·d_target) -> features (B, T, d)."""
+        return self.fc(features) if self.fuses_layers else features
 
     def _attn_input(self, x: torch.Tensor) -> torch.Tensor:
-        return self.input_layernorm(x) if self.config.legacy else x
+        """What q/k/v read from slot inputs x."""
+        if self.fuses_layers:
+            e, f = x.split(self.config.hidden_size, dim=-1)
+            return torch.cat([self.input_layernorm(e), self.hidden_norm(f)], dim=-1)  # (..., 2d)
+        return self.input_layernorm(x) if self.config.legacy else x  # (..., d)
 
     def encode_inputs(
         self, input_ids: torch.Tensor, prev_states: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, KV]:
-        """Fused inputs x (B, S, d) and their keys/values for tokens (B, S) with previous states (B, S, d)."""
+        """Slot inputs x and their keys/values, for tokens (B, S) whose previous position has state
+        (feature, or drafted state) ``prev_states`` (B, S, d): EAGLE's fc(cat(e(t), h)) (B, S, d),
+        EAGLE-3's cat(e(t), f) (B, S, 2d)."""
         e = self.heads.embed(input_ids).to(prev_states.dtype)  # (B, S, d)
-        x = self.fc(torch.cat([e, prev_states], dim=-1))  # (B, S, d)
+        x = torch.cat([e, prev_states], dim=-1)  # (B, S, 2d)
+        if not self.fuses_layers:
+            x = self.fc(x)  # (B, S, d)
         return x, block.keys_values(self, self._attn_input(x), positions)
 
     def attend(
@@ -72,8 +115,15 @@ class EagleDraft(nn.Module):
         visible: torch.Tensor,
         extra: list[KV] | None = None,
     ) -> torch.Tensor:
-        """Decoder layer for query inputs x (B, Q, d) over keys ``kv`` with mask (B, Q, L)."""
-        return block.attend(self, self._attn_input(x), x, self.post_attention_layernorm, positions, kv, visible, extra)
+        """The decoder layer for query slots x (B, Q, X) over keys ``kv`` with mask (B, Q, L)."""
+        if self.fuses_layers:  # the residual is the feature half of the slot
+            f = x[..., self.config.hidden_size :]  # (B, Q, d)
+            residual = self.hidden_norm(f) if self.config.norm_before_residual else f
+        else:
+            residual = x  # (B, Q, d)
+        return block.attend(
+            self, self._attn_input(x), residual, self.post_attention_layernorm, positions, kv, visible, extra
+        )
 
     def forward(
         self,
@@ -94,7 +144,7 @@ class EagleDraft(nn.Module):
     def encode_nodes(
         self, tokens: torch.Tensor, parent_states: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, KV | None]:
-        """Drafted nodes' slots (token, parent's predicted state): the query inputs (1, Q, d) and their
+        """Drafted nodes' slots (token, parent's predicted state): the query inputs (1, Q, X) and their
         cache entries, seen by each node itself and its descendants."""
         return self.encode_inputs(tokens, parent_states, positions)
 

@@ -12,24 +12,24 @@ directory (a local path or an fsspec URL such as ``s3://bucket/prefix``) of Zarr
 * ``manifest``  the manifest (header, shard records, totals) and ``validate``;
 * ``plan``      a dump's shard plan, its resume (which shards are kept), its shard records and summary;
 * ``chunks``    a shard's chunks read and checked (crc32c, lost chunks, fill-valued chunks listed);
+* ``batching``  the held-out split and an epoch's batch plan (shared with the online features);
+* ``prefetcher``  ``Prefetcher``: the next batches read on a background thread;
 * ``reader``    ``FeatureDataset``: ``batch.Batch`` objects for training.
 
 Only this package of ``specdraft`` imports zarr, and it imports no training code.
 """
 
+from specdraft.store.batching import balance_batches, is_held_out, plan_batches
 from specdraft.store.manifest import ValidationReport, make_manifest, read_manifest, validate, write_manifest
 from specdraft.store.plan import dump_summary, plan_digest, plan_shards, resume_shards, shard_attrs
+from specdraft.store.prefetcher import Prefetcher
 from specdraft.store.reader import (
     EpochBatches,
     FeatureDataset,
-    Prefetcher,
     ReaderConfig,
     StoreWarning,
-    balance_batches,
     check_aux_layers,
-    is_held_out,
     open_stores,
-    plan_batches,
     predicted_token_counts,
 )
 from specdraft.store.schema import (

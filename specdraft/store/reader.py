@@ -5,8 +5,9 @@ DDP rank, with a held-out split by sample-id hash. Fast path (issue 12.4): a bat
 read shard by shard with one read per array and run of nearby rows (locally chunk by chunk through Zarr's
 synchronous store and codec interfaces, ``ShardArray``; at a URL one Zarr read), sliced in numpy; the
 features stay in their stored dtype (float16 / bfloat16 / int8 codes + scales) until
-``Batch.to(device)`` decodes them on the device; a ``Prefetcher`` thread reads the next batches
-(pinned when CUDA is available) while the trainer computes (``EpochBatches``, iteration).
+``Batch.to(device)`` decodes them on the device; a ``Prefetcher`` thread (``store/prefetcher.py``) reads
+the next batches (pinned when CUDA is available) while the trainer computes (``EpochBatches``,
+iteration). The split and the batch plan are ``store/batching.py``'s.
 
 Integrity (README "Guarantees"): every chunk read is checked — against its crc32c (the writer's
 ``crc32c`` codec, verified by Zarr's codec on decode) and for presence (a shard written with checksums
@@ -20,9 +21,6 @@ Stores written before the checksums are read unverified, with one warning per st
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import queue
-import threading
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -32,8 +30,10 @@ import torch
 
 from specdraft.batch import Batch
 from specdraft.store import location
+from specdraft.store.batching import is_held_out, plan_batches
 from specdraft.store.chunks import ShardArray, read_rows, shard_chunks
 from specdraft.store.manifest import read_manifest
+from specdraft.store.prefetcher import Prefetcher
 from specdraft.store.schema import CHUNK_CHECKSUM, StoreError, array_schema, decode_hidden, stored_tensor
 
 ON_CORRUPT = ("error", "skip")
@@ -61,12 +61,6 @@ class ReaderConfig:
         assert self.max_length is None or self.max_length >= 1, "max_length must be >= 1"
         assert 0.0 <= self.val_fraction < 1.0, f"val_fraction {self.val_fraction} not in [0, 1)"
         assert self.prefetch >= 0, "prefetch must be >= 0"
-
-
-def is_held_out(sample_id: str, fraction: float) -> bool:
-    """Whether ``sample_id`` belongs to the validation split (stable across stores and runs)."""
-    h = int(hashlib.sha256(str(sample_id).encode()).hexdigest()[:15], 16)
-    return h / 16**15 < fraction
 
 
 def open_stores(paths: str | Path | list[str | Path]) -> list[tuple[Path | str, dict[str, Any]]]:
@@ -98,56 +92,6 @@ def check_aux_layers(stores: list[tuple[Path, dict[str, Any]]]) -> list[int]:
     if len({tuple(lay) for lay in layers.values()}) > 1:
         raise StoreError(f"stores hold different aux layers: {layers}")
     return next(iter(layers.values()))
-
-
-def balance_batches(batches: list[list[int]], world_size: int) -> list[list[int]]:
-    """Make the batch count a multiple of ``world_size`` by halving the largest batches.
-
-    Keeps batches disjoint and covering; only when every batch holds a single sequence are
-    the first batches repeated (the one case where ranks would otherwise differ).
-    """
-    out = [list(b) for b in batches]
-    while len(out) % world_size:
-        j = max(range(len(out)), key=lambda i: len(out[i]))
-        if len(out[j]) < 2:
-            out += out[: world_size - len(out) % world_size]
-            break
-        b = out.pop(j)
-        out[j:j] = [b[: len(b) // 2], b[len(b) // 2 :]]
-    return out
-
-
-def plan_batches(lengths: np.ndarray, cfg: ReaderConfig, epoch: int, world_size: int) -> list[list[int]]:
-    """All batches (indices into ``lengths`` (S,)) of one split for ``epoch``, balanced for ``world_size``.
-
-    Shuffled (seeded by ``cfg.seed`` and ``epoch``) in windows of ``cfg.bucket_size`` sequences, each
-    window sorted by length and cut into batches of at most ``cfg.max_tokens`` padded tokens (and
-    ``cfg.max_batch_size`` sequences); the batches are shuffled again. The plan depends only on the
-    lengths, (seed, epoch) and world_size, so every rank computes the same one; the store reader and
-    the online features (``specdraft.online``) both plan with it.
-    """
-    rng = np.random.default_rng([cfg.seed, epoch])
-    n = len(lengths)
-    order = rng.permutation(n) if cfg.shuffle else np.arange(n)
-    window = cfg.bucket_size if cfg.shuffle else max(n, 1)
-    batches: list[list[int]] = []
-    for lo in range(0, n, window):
-        part = order[lo : lo + window]
-        part = part[np.argsort(lengths[part], kind="stable")]
-        current, longest = [], 0
-        for i in part.tolist():
-            wider = max(longest, int(lengths[i]))
-            full = cfg.max_batch_size is not None and len(current) >= cfg.max_batch_size
-            if current and (wider * (len(current) + 1) > cfg.max_tokens or full):
-                batches.append(current)
-                current, wider = [], int(lengths[i])
-            current.append(i)
-            longest = wider
-        if current:
-            batches.append(current)
-    if cfg.shuffle:
-        batches = [batches[j] for j in rng.permutation(len(batches))]
-    return balance_batches(batches, world_size)
 
 
 class FeatureDataset(torch.utils.data.IterableDataset):
@@ -427,90 +371,6 @@ class EpochBatches:
             self._prefetcher = None
 
     def __del__(self) -> None:
-        self.close()
-
-
-class Prefetcher:
-    """``load(item)`` for each item in order, ``depth`` items ahead on a background thread.
-
-    A bounded queue holds the loaded batches (pinned when CUDA is available, so the copy to the GPU
-    is asynchronous); an exception in ``load`` is raised to the consumer at that position; ``close``
-    (or leaving the ``with`` block, or exhausting it) stops and joins the thread. ``depth`` 0 loads in
-    the consumer's thread.
-    """
-
-    _DONE = object()
-
-    def __init__(self, load, items: list, depth: int = 2, pin: bool | None = None) -> None:
-        self.load, self.items, self.depth = load, list(items), depth
-        self.pin = torch.cuda.is_available() if pin is None else pin
-        self._position = 0
-        self._stop = threading.Event()
-        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
-        self._thread = None
-        if depth > 0:
-            self._thread = threading.Thread(target=self._work, name="specdraft-prefetch", daemon=True)
-            self._thread.start()
-
-    def _produce(self, item):
-        batch = self.load(item)
-        return batch.pin_memory() if self.pin else batch
-
-    def _work(self) -> None:
-        for item in self.items:
-            if self._stop.is_set():
-                return
-            try:
-                result = (True, self._produce(item))
-            except BaseException as err:  # noqa: BLE001 - handed to the consumer, raised there
-                result = (False, err)
-            if not self._put(result) or not result[0]:
-                return
-        self._put((True, self._DONE))
-
-    def _put(self, result) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(result, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def __iter__(self) -> "Prefetcher":
-        return self
-
-    def __next__(self):
-        if self._thread is None:  # depth 0: synchronous
-            if self._position >= len(self.items):
-                raise StopIteration
-            self._position += 1
-            return self._produce(self.items[self._position - 1])
-        if self._stop.is_set():
-            raise StopIteration
-        ok, value = self._queue.get()
-        if ok and value is self._DONE:
-            self.close()
-            raise StopIteration
-        if not ok:
-            self.close()
-            raise value
-        return value
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            while self._thread.is_alive():
-                try:
-                    self._queue.get(timeout=0.05)  # unblock a put
-                except queue.Empty:
-                    pass
-            self._thread.join()
-
-    def __enter__(self) -> "Prefetcher":
-        return self
-
-    def __exit__(self, *exc) -> None:
         self.close()
 
 

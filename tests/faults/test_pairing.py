@@ -42,6 +42,7 @@ from specdraft.target import (
 )
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import OptimConfig
+from tests.tiny_models import NARROW
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("faults-pairing")]
 
@@ -75,8 +76,7 @@ def targets(tiny_toy_target, tmp_path_factory) -> dict[str, Path]:
     config = json.loads((tiny_toy_target / "config.json").read_text())
     torch.manual_seed(1)
     model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=config["vocab_size"], hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=config["max_position_embeddings"],
+        **NARROW, vocab_size=config["vocab_size"], max_position_embeddings=config["max_position_embeddings"],
         bos_token_id=config.get("bos_token_id"), eos_token_id=config.get("eos_token_id"),
         pad_token_id=config.get("pad_token_id"), tie_word_embeddings=False,
     ))

@@ -12,14 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from pipelines.dump import dump_features
 from pipelines.ingest import load_conversations
@@ -31,14 +24,8 @@ from specdraft.target import load_target_model, load_tokenizer
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations
 from specdraft.toy.tokenizer import train_tokenizer
+from tests.tiny_models import FAMILIES, TINY
 
-FAMILIES = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-    "mistral": (MistralConfig, MistralForCausalLM),
-}
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
 TOY = ToyTargetConfig(num_conversations=200, vocab_size=300, hidden_size=32, num_layers=2, num_heads=2,
                       num_kv_heads=1, intermediate_size=64, max_seq_len=64, train_steps=3, batch_size=8,
                       warmup_steps=1, num_eval_conversations=8)

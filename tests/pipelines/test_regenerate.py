@@ -22,25 +22,24 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 
 from pipelines import conversations
 from pipelines.conversations import check_messages, read_conversations
-from pipelines.regenerate import (
-    RegenerateConfig,
+from pipelines.generation import (
     RowSampler,
     conversation_seed,
     decoded_answer,
     generate_batch,
     hf_answer_fn,
     prompt_ids,
-    regenerate,
     regenerate_rows,
     split_at_stop,
     stop_token_ids,
-    vllm_processor_settings,
 )
+from pipelines.regenerate import RegenerateConfig, regenerate, vllm_processor_settings
 from pipelines.conversations import done_ids
 from specdraft.store import location
 from specdraft.target import load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
 from specdraft.toy.tokenizer import END, train_tokenizer
+from tests.tiny_models import NARROW
 
 MAX_NEW = 12
 
@@ -52,8 +51,7 @@ def target_dir(tmp_path_factory) -> Path:
     end = tokenizer.convert_tokens_to_ids(END)
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=False,
+        **NARROW, vocab_size=len(tokenizer), max_position_embeddings=512, tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=end, pad_token_id=tokenizer.pad_token_id,
     ))
     with torch.no_grad():

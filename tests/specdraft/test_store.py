@@ -451,7 +451,7 @@ def test_grouped_reads_read_each_run_once(synthetic, monkeypatch):
 def test_prefetcher_propagates_errors_and_stops():
     import threading
 
-    from specdraft.store.reader import Prefetcher
+    from specdraft.store.prefetcher import Prefetcher
 
     def load(i):
         if i == 3:

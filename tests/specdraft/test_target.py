@@ -9,38 +9,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from specdraft import target
 from specdraft.features import resolve_aux_layers
+from tests import tiny_models
 
-FAMILIES = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-    "mistral": (MistralConfig, MistralForCausalLM),
-}
+FAMILIES = {**tiny_models.FAMILIES, "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 VOCAB = 128
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=VOCAB,
-    max_position_embeddings=256,
-)
+TINY = {**tiny_models.TINY, "vocab_size": VOCAB, "max_position_embeddings": 256}
 
 
 def build_tiny(family: str, tie: bool = False, seed: int = 0):

@@ -19,35 +19,15 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
-from transformers import (
-    DynamicCache,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+from transformers import DynamicCache
 
 from specdraft.decoding.sampling import target_probs
 from specdraft.decoding.verify import target_forward
 from specdraft.models import KV, DraftConfig, build_draft, draft_config_from_target
+from tests.tiny_models import FAMILIES
+from tests.tiny_models import TINY as SHAPE
 
-FAMILIES = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-    "mistral": (MistralConfig, MistralForCausalLM),
-}
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=128,
-    max_position_embeddings=512,
-)
+TINY = {**SHAPE, "vocab_size": 128}
 
 
 def tiny_target(family: str = "llama", seed: int = 0, logit_scale: float = 1.0, **overrides):
