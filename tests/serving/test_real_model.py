@@ -34,7 +34,7 @@ def _missing() -> str | None:
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(_missing() is not None, reason=_missing() or "")]
 
 MAX_NEW = 24
-TRAIN = 5  # conversations regenerated and trained on: min_steps=20 over 2 + 2 epochs gives 20 steps of one each
+TRAIN = 5  # conversations regenerated and trained on: one batch each (min_steps), over 3 + 3 epochs: 20+ steps
 SLICE = ["ingest.max_turns=1", "ingest.max_chars=2000"]  # single-turn, short ShareGPT conversations
 
 
@@ -61,7 +61,7 @@ def test_smollm2_on_sharegpt_regenerate_dump_train_eval_and_serve(local_ray, tmp
 
     trained = tmp_path / "train"
     assert main(["train", "--store", str(store), "--target", str(target), "--out", str(trained),
-                 "epochs=[2,2]", "min_steps=20", "log_every=1", "reader.val_fraction=0.0"]) == 0
+                 "epochs=[3,3]", "min_steps=20", "log_every=1", "reader.val_fraction=0.0"]) == 0
     steps = [r["step"] for r in map(json.loads, (trained / "metrics.jsonl").read_text().splitlines())
              if r.get("kind") == "metrics"]
     assert max(steps) >= 20, steps
