@@ -72,6 +72,7 @@ OUTPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "quickstart": ((), ("report.json",)),
     "toy-data": ((), ("toy_prompts.jsonl", "toy_questions.jsonl")),
     "toy-target": ((), ("toy_target.json",)),
+    "import-target": (("gguf",), ("gguf_import.json",)),  # --package: its file is checked in import_gguf
 }
 
 
