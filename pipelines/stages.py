@@ -43,6 +43,7 @@ from specdraft.decoding.eval import EvalSettings
 from specdraft.features import EAGLE3, FeaturesConfig
 from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for, variant
 from specdraft.models import read_draft_config
+from specdraft.packaged import resolve_prompt_inputs
 from specdraft.target import target_id
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 
@@ -146,9 +147,10 @@ def file_digest(path: str | Path) -> str:
 
 
 def expand_prompts(patterns: list[str]) -> list[Path]:
-    """Files named by paths, directories (recursively) and glob patterns, sorted and de-duplicated."""
+    """Files named by paths, directories (recursively), glob patterns and prompt-set names (``sharegpt``:
+    ``specdraft.packaged``), sorted and de-duplicated."""
     files: set[Path] = set()
-    for pattern in patterns:
+    for pattern in resolve_prompt_inputs(list(patterns)):
         path = Path(pattern)
         if path.is_dir():
             files.update(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
