@@ -87,6 +87,7 @@ class EvalSettings:
     # flow's: ``<workdir>/eval/baselines``; no report: none), "off" = decode them every time, else a directory
     baselines: str = "auto"
     engine: EngineSettings = field(default_factory=EngineSettings)  # the serving engine's measurement (vLLM)
+    allow_empty: bool = False  # question files holding no question: an error (exit 2) unless true
 
     def __post_init__(self) -> None:
         if self.max_questions is not None and self.max_questions < 1:
@@ -152,23 +153,39 @@ def read_questions(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_question_sets(files: list[str | Path], max_questions: int | None = None) -> list[dict[str, Any]]:
-    """All questions of ``files`` (the first ``max_questions`` of each), numbered globally."""
+def load_question_sets(files: list[str | Path], max_questions: int | None = None, *, allow_empty: bool = False,
+                       skipped: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """All questions of ``files`` (the first ``max_questions`` of each), numbered globally.
+
+    A question with an empty (or blank) turn is not decoded: it is appended to ``skipped`` (``dataset``,
+    ``question_id``, ``reason``). No question at all is a ``ConfigError`` naming the files (an evaluation
+    of nothing has no tau) unless ``allow_empty``."""
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}
+    skipped = [] if skipped is None else skipped
     for path in files:
         name = dataset_name(path)
         assert name not in names, f"two question files map to dataset {name!r}: {names.get(name)} and {path}"
         names[name] = str(path)
         rows = read_questions(path)
         for row in rows[:max_questions] if max_questions is not None else rows:
+            qid = row.get("question_id", len(out) + len(skipped))
+            blank = [i for i, turn in enumerate(row["turns"]) if not turn.strip()]
+            if blank:
+                skipped.append({"dataset": name, "question_id": qid, "reason": "empty_turn",
+                                "detail": f"turn {blank[0]} is empty"})
+                continue
             out.append({
                 "dataset": name,
                 "index": len(out),
-                "question_id": row.get("question_id", len(out)),
+                "question_id": qid,
                 "category": row.get("category", ""),
                 "turns": list(row["turns"]),
             })
+    if not out and not allow_empty:
+        raise ConfigError(f"--questions {', '.join(map(str, files))}: no question to evaluate ({len(skipped)} skipped: "
+                          f"{sorted({s['reason'] for s in skipped}) or 'none'}); set allow_empty=true to write a report "
+                          "without one")
     return out
 
 
@@ -351,7 +368,9 @@ def run_eval(
     reusing cached baselines (``baselines_dir``); return the report."""
     from specdraft.decoding.replicas import evaluate_in_processes, plan_workers
 
-    questions = load_question_sets(question_files, settings.max_questions)
+    skipped: list[dict[str, Any]] = []
+    questions = load_question_sets(question_files, settings.max_questions, allow_empty=settings.allow_empty,
+                                   skipped=skipped)
     check_draft_target(draft_dir, target_dir)
     plan = plan_workers(settings, len(questions))
     cache = open_baselines(baselines_dir(settings, report_path, baselines_home), target_dir, questions, settings, plan.device,
@@ -371,7 +390,7 @@ def run_eval(
     extra = {"target": str(target_dir), "draft": str(draft_dir), "questions": [str(f) for f in question_files],
              "placement": placements,  # kernel, dtype, devices actually used
              "workers": plan.describe(), "baselines": cache.summary()}
-    return build_report(records, settings_dict(settings, **extra))
+    return {**build_report(records, settings_dict(settings, **extra)), "questions_skipped": skipped}
 
 
 def write_report(report: dict[str, Any], path: str | Path) -> Path:
