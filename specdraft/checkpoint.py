@@ -76,3 +76,24 @@ def check_loading_info(root: Path, info: Mapping[str, Iterable]) -> None:
         raise TargetWeightsError(
             f"target {root}: its weights are not the model its {root / 'config.json'} describes: {'; '.join(parts)} "
             "— give the config.json that came with these weights")
+
+
+def check_target_weights(path: str | Path, trust_remote_code: bool = False) -> None:
+    """The strict load's check without the load, for a pre-flight before Ray or a worker starts: the model
+    ``config.json`` describes is built on the meta device (no memory, no tensor read into it) and the
+    checkpoint's tensor names and shapes compared with it (``check_loading_info``)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    root = target_dir(path)
+    level, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()  # transformers' table of the keys (the line below says it) and its bar: off
+    logging.disable_progress_bar()
+    try:
+        _, info = AutoModelForCausalLM.from_pretrained(root, device_map="meta", output_loading_info=True,
+                                                       use_safetensors=True, trust_remote_code=trust_remote_code)
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
+    check_loading_info(root, info)

@@ -85,6 +85,25 @@ def test_eval_refuses_it_with_exit_2_naming_its_config(targets, tmp_path, capsys
     assert not (tmp_path / "report.json").exists()
 
 
+@pytest.mark.parametrize("command", ["dump", "regenerate", "train"])
+def test_the_commands_that_load_it_in_ray_workers_refuse_it_on_the_driver_with_exit_2(targets, command, tmp_path,
+                                                                                       capsys):
+    """Today: dump, regenerate (hf) and online train load the truncated model in their workers and go on.
+    Now the pre-flight builds the model its config describes on the meta device and compares (before Ray)."""
+    lying = targets["fewer"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "What is 2 + 3?"},
+                                                           {"role": "assistant", "content": "5"}]}) + "\n")
+    inputs = {"dump": ["--prompts", str(prompts)], "regenerate": ["--prompts", str(prompts)],
+              "train": ["--conversations", str(prompts)]}[command]
+    quiet = [] if command == "train" else ["--quiet"]
+    code = main([command, "--target", str(lying), "--out", str(tmp_path / "out"), *quiet, *inputs])
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and str(lying / "config.json") in lines[0], err[-3000:]
+    assert not (tmp_path / "out").exists()
+
+
 def test_its_fingerprint_is_not_that_of_the_same_weights_under_their_own_config(targets, tmp_path):
     true, lying = targets["true"], targets["fewer"]
     assert weights_fingerprint(lying) == weights_fingerprint(true)  # the same bytes of weights
