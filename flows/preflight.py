@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from specdraft.checkpoint import check_target_weights
 from specdraft.config import ConfigError
 from specdraft.preflight import (
     check_aux_layers,
@@ -47,8 +48,11 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
         _inputs(args.prompts, "--prompts")
         if command == "dump":
             check_aux_layers(args.target, cfg)
+        if command == "dump" or cfg.backend == "hf":  # what a worker loads strictly, checked on the driver first
+            check_target_weights(args.target)
     elif command == "eval":
         check_target(args.target)
+        check_target_weights(args.target)
         check_draft(args.draft)
         check_files(args.questions, "--questions")
         check_engine(cfg.engine, positions=target_positions(args.target))
@@ -60,6 +64,7 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
         if local:
             check_files(local, "--store")
         if cfg.features == "online":
+            check_target_weights(args.target)
             _inputs(list(cfg.conversations), "conversations")
     elif command == "run":
         check_run(cfg, overwrite=args.overwrite)
@@ -70,6 +75,7 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
     and the eval questions (``ConfigError`` naming the key), then the workdir (``check_workdir``)."""
     if cfg.target.path:
         check_target(cfg.target.path, "target.path")
+        check_target_weights(cfg.target.path)
         from pipelines.stages import run_features
 
         check_aux_layers(cfg.target.path, run_features(cfg), "features.aux_layers")

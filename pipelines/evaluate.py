@@ -113,8 +113,10 @@ def evaluate_with_ray(
     filling the same vanilla / floor cache (``baselines``: its directory, None: off).
 
     The draft is checked against the target on the driver (``check_draft_target``), before Ray starts."""
-    questions = load_question_sets(question_files, settings.max_questions)
-    assert questions, f"no questions in {[str(f) for f in question_files]}"
+    skipped: list[dict[str, Any]] = []
+    questions = load_question_sets(question_files, settings.max_questions, allow_empty=settings.allow_empty,
+                                   skipped=skipped)
+    assert questions, f"no questions in {[str(f) for f in question_files]} (allow_empty: run without --ray)"
     check_draft_target(draft, target)
     connect_ray(cfg.address)
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
@@ -152,7 +154,7 @@ def evaluate_with_ray(
     extra = {"target": str(target), "draft": str(draft), "questions": [str(f) for f in question_files],
              "placement": [json.loads(p) for p in sorted(placements)],  # one entry per distinct replica placement
              "baselines": cache.summary()}
-    return build_report(records, settings_dict(settings, **extra))
+    return {**build_report(records, settings_dict(settings, **extra)), "questions_skipped": skipped}
 
 
 def evaluate(

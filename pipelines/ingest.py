@@ -36,9 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.conversations import check_messages, content_hash
+from specdraft.config import ConfigError
 from specdraft.packaged import resolve_prompt_inputs
 from specdraft.store import location
 
@@ -60,6 +62,11 @@ class IngestConfig:
     max_turns: int = 32  # user turns per conversation
     dedup: Literal["messages", "prompts", "none"] = "messages"  # prompts: system + user turns only
     excerpt_chars: int = 300  # raw excerpt kept per reject
+
+
+class InputError(ConfigError):
+    """An input file that cannot be read at all (a Parquet file cut short or corrupt): one line naming it,
+    exit 2 like any input the command cannot use — never a traceback, never a partial read."""
 
 
 class Reject(ValueError):
@@ -134,10 +141,14 @@ def read_records(path: Path) -> Iterator[tuple[dict[str, int | None], Any, str]]
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         index = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-            for record in batch.to_pylist():
-                yield {"line": None, "index": index}, record, ""
-                index += 1
+        try:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+                for record in batch.to_pylist():
+                    yield {"line": None, "index": index}, record, ""
+                    index += 1
+        except (pa.ArrowException, OSError) as err:  # a file cut short or not Parquet: no row of it can be trusted
+            raise InputError(f"{path}: not a readable Parquet file after {index} rows ({type(err).__name__}: "
+                             f"{' '.join(str(err).split())[:200]})") from None
         return
     if suffix == ".json":
         with open(path, "rb") as raw:
@@ -480,7 +491,7 @@ def load_conversations(
             try:
                 rows += read_parquet([path])
                 continue
-            except ValueError:  # not in the conversation schema: ingest it
+            except (ValueError, OSError):  # not in the conversation schema (or unreadable: ingest names it)
                 pass
         raw.append(path)
     if not raw:

@@ -52,7 +52,7 @@ from pipelines.cluster import ACTOR_POOL, connect_ray
 from pipelines.conversations import SCHEMA, done_prompts, drop_answers, prompt_digest, write_part
 from pipelines.generation import Answer, decoded_answer, hf_answer_fn, regenerate_rows, split_at_stop, stop_token_ids
 from pipelines.ingest import IngestConfig, ingest
-from specdraft.config import config_hash, from_dict, to_dict
+from specdraft.config import ConfigError, config_hash, from_dict, to_dict
 from specdraft.placement import ATTN_IMPLEMENTATIONS, dtype_name, resolve_dtype, spread_gpus
 from specdraft.store import location
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_fingerprint, target_id
@@ -89,6 +89,7 @@ class RegenerateConfig:
     vllm_engine_kwargs: dict[str, Any] = field(default_factory=dict)
     vllm_chunk_size: int = 4096  # conversations per vllm pass (= per output part)
     ingest: IngestConfig = field(default_factory=IngestConfig)
+    allow_empty: bool = False  # prompts that ingest to no conversation: an error (exit 2) unless true
 
     def __post_init__(self) -> None:
         assert self.temperature >= 0 and 0 < self.top_p <= 1, "need temperature >= 0 and 0 < top_p <= 1"
@@ -341,6 +342,12 @@ def regenerate(
     identity = _generation_identity(target, cfg)
     _claim_out_dir(out_dir, identity)
     rows, ingest_summary = ingest(prompts, cfg.ingest, rejects_path=location.join(out_dir, REJECTS_FILE))
+    if not rows and not cfg.allow_empty:  # nothing to answer: say so instead of finishing with nothing done
+        raise ConfigError(
+            f"--prompts {', '.join(map(str, [prompts] if isinstance(prompts, (str, Path)) else prompts))}: no conversation "
+            f"to answer ({ingest_summary['rows_in']} rows read, rejected {ingest_summary['rejects_by_reason']} — see "
+            f"{location.join(out_dir, REJECTS_FILE)}; {ingest_summary['files_skipped']} files skipped); set allow_empty=true "
+            "to finish with none")
     selected = rows if cfg.limit is None else rows[: cfg.limit]
     done, changed, pending = _pending(out_dir, selected)
     only_in_output = sorted(set(done) - {r["id"] for r in rows})

@@ -43,7 +43,7 @@ import transformers
 from tqdm.auto import tqdm
 
 from specdraft.chat import render_with_loss_mask
-from specdraft.config import config_hash, to_dict
+from specdraft.config import ConfigError, config_hash, to_dict
 from specdraft.placement import ATTN_IMPLEMENTATIONS, spread_gpus
 from specdraft.store import ZARR_VERSION, decode_hidden, encode_hidden, plan_digest
 from specdraft.target import load_target_config, target_features, target_fingerprint, target_id
@@ -82,8 +82,9 @@ class FeaturesConfig:
     trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
-        assert self.max_length >= 1 and self.topk >= 1 and self.samples_per_shard >= 1, "sizes must be >= 1"
-        assert self.batch_tokens >= 1 and self.max_batch_size >= 1 and self.num_actors >= 1, "sizes must be >= 1"
+        for name in ("max_length", "topk", "samples_per_shard", "batch_tokens", "max_batch_size", "num_actors"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
         assert self.attn_implementation in ATTN_IMPLEMENTATIONS, f"unknown attn_implementation {self.attn_implementation!r}"
         spread_gpus(self.gpus_per_actor)  # a fraction or a whole number
 

@@ -64,8 +64,9 @@ def write_directory(
     ``out_dir`` that are not this writer's (``specdraft.outputs.foreign_entries``): hard-linked
     (copied where links fail) into the new directory before the swap, so they stay as they were.
     The new directory and what it holds are made readable (0755 / 0644) before it is renamed in.
+    A symlink ``out_dir`` (a mounted serving volume) stays a link: the directory it points to is replaced.
     """
-    out = Path(out_dir)
+    out = Path(os.path.realpath(out_dir))  # a symlinked out_dir: written where it points, the link kept
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(out)
     tmp.mkdir()

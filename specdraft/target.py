@@ -14,7 +14,7 @@ Everything the system needs from the served LLM (the *target*), as plain functio
   the same capture decoding's ``verify.target_forward`` uses). What is stored per token from one
   prefill, and the auxiliary layers' resolution, is ``specdraft.features``';
 * ``target_fingerprint`` / ``target_id`` / ``check_target``: the target's content fingerprint (a
-  digest of its weights' bytes, cached beside the model), the identity string derived from it that
+  digest of its ``config.json`` and its weights' bytes, cached beside the model), the identity string derived from it that
   keys every stage, and the check every consumer of an artifact (regenerated answers, a store, a
   draft) makes before its expensive part: the artifact was made from this target (README "Guarantees").
 
@@ -38,6 +38,15 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from specdraft.chat import ensure_chat_template
+from specdraft.checkpoint import (  # noqa: F401 - INDEX_FILE, SINGLE_FILE: their names here too
+    INDEX_FILE,
+    SINGLE_FILE,
+    TargetWeightsError,
+    check_loading_info,
+    target_dir,
+    tensor_locations,
+    weight_files,
+)
 from specdraft.files import write_text
 from specdraft.placement import (
     check_spread,
@@ -50,8 +59,6 @@ from specdraft.placement import (
     resolve_dtype,
 )
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 EMBED_NAME = "model.embed_tokens.weight"
 LM_HEAD_NAME = "lm_head.weight"
 EMBED_SUFFIX = "embed_tokens.weight"
@@ -70,24 +77,14 @@ class TargetHeads:
 # --- config, tokenizer, model -------------------------------------------------------------
 
 
-def _target_dir(path: str | Path) -> Path:
-    """``path`` as a ``Path``, after checking it is a directory holding a ``config.json``."""
-    root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"target {str(path)!r} is not a local directory")
-    if not (root / "config.json").is_file():
-        raise FileNotFoundError(f"target directory {str(root)!r} has no config.json")
-    return root
-
-
 def load_target_config(path: str | Path, trust_remote_code: bool = False) -> PretrainedConfig:
     """The target's ``transformers`` config, read from ``path/config.json``."""
-    return AutoConfig.from_pretrained(_target_dir(path), trust_remote_code=trust_remote_code)
+    return AutoConfig.from_pretrained(target_dir(path), trust_remote_code=trust_remote_code)
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     """The target's tokenizer with its chat template (the plain-text fallback when it ships none)."""
-    return ensure_chat_template(AutoTokenizer.from_pretrained(_target_dir(path), trust_remote_code=trust_remote_code))
+    return ensure_chat_template(AutoTokenizer.from_pretrained(target_dir(path), trust_remote_code=trust_remote_code))
 
 
 def load_target_model(
@@ -110,10 +107,10 @@ def load_target_model(
     ``"flash_attention_2"`` (CUDA with flash-attn, else sdpa) | ``"eager"``; the kernel in use is
     ``model.config._attn_implementation``. All placement rules: ``specdraft/placement.py``.
     """
-    root = _target_dir(path)
+    root = target_dir(path)
     device = resolve_device(device)
     device_map, max_memory = device_map_for(device, gpus, free_gpu_memory(gpus) if gpus > 1 else None)
-    model = AutoModelForCausalLM.from_pretrained(
+    model, info = AutoModelForCausalLM.from_pretrained(
         root,
         dtype=resolve_dtype(dtype, device),
         device_map=device_map,
@@ -121,7 +118,9 @@ def load_target_model(
         attn_implementation=resolve_attn_implementation(attn_implementation, device),
         trust_remote_code=trust_remote_code,
         use_safetensors=True,  # one loading path for every command: a pickle (.bin) checkpoint is refused, never run
+        output_loading_info=True,
     )
+    check_loading_info(root, info)  # strict: weights the config has no place for, or places left empty, refused
     if gpus > 1:
         check_spread(getattr(model, "hf_device_map", {}), gpus)
     model.eval()
@@ -130,25 +129,6 @@ def load_target_model(
 
 
 # --- embedding and lm_head from safetensors ------------------------------------------------
-
-
-def _tensor_locations(root: Path) -> dict[str, Path]:
-    """Map every tensor name in the target's safetensors to the file that holds it."""
-    index = root / INDEX_FILE
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError(f"{index} has no 'weight_map'")
-        return {name: root / shard for name, shard in weight_map.items()}
-    single = root / SINGLE_FILE
-    if single.is_file():
-        with safe_open(str(single), framework="pt") as f:
-            return {name: single for name in f.keys()}
-    found = sorted(p.name for p in root.iterdir() if p.is_file())
-    raise FileNotFoundError(
-        f"no {SINGLE_FILE} or {INDEX_FILE} in {str(root)!r} (found {found}); "
-        "only safetensors checkpoints are supported"
-    )
 
 
 def _find_key(names: list[str], exact: str, suffix: str) -> str | None:
@@ -183,8 +163,8 @@ def load_target_heads(path: str | Path, dtype: torch.dtype = torch.float32) -> T
     the two tensors are opened). ``lm_head`` is the embedding when the config ties them or the
     checkpoint stores no lm_head tensor.
     """
-    root = _target_dir(path)
-    locations = _tensor_locations(root)
+    root = target_dir(path)
+    locations = tensor_locations(root)
     names = sorted(locations)
     embed_key = _find_key(names, EMBED_NAME, EMBED_SUFFIX)
     if embed_key is None:
@@ -299,13 +279,6 @@ class TargetMismatch(ValueError):
     """An artifact (regenerated answers, a feature store, a draft) made from another target than ``--target``."""
 
 
-def _weight_files(root: Path) -> list[Path]:
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {str(root)!r}")
-    return files
-
-
 def _file_key(file: Path) -> dict[str, int]:
     st = file.stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -353,7 +326,18 @@ def _write_cache(root: Path, files: dict[str, Any]) -> None:
 
 
 def target_fingerprint(path: str | Path) -> str:
-    """The target's content fingerprint ``"sha256:<hex>"``: a digest of its weights' bytes.
+    """The target's content fingerprint ``"sha256:<hex>"``: a digest of its ``config.json`` bytes and of its
+    weights' (``weights_fingerprint``), so a checkpoint under another config (a layer count that is not its
+    own) is another target, and a copy of both elsewhere the same one."""
+    root = target_dir(path)
+    digest = hashlib.sha256(b"config.json\0" + (root / "config.json").read_bytes() + b"\0")
+    digest.update(weights_fingerprint(root).encode())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def weights_fingerprint(path: str | Path) -> str:
+    """A digest ``"sha256:<hex>"`` of the target's weights' bytes (all a target fingerprint was before it
+    covered ``config.json``).
 
     It covers every ``*.safetensors`` file (name, size and the sha256 of its bytes), so a model
     updated in place, or another checkpoint of the same shape, has another fingerprint, and a copy of
@@ -362,8 +346,8 @@ def target_fingerprint(path: str | Path) -> str:
     directory is read-only, under ``~/.cache/specdraft``) keyed by the file's name, size and mtime:
     a file rewritten in place is hashed again.
     """
-    root = _target_dir(path)
-    files = _weight_files(root)
+    root = target_dir(path)
+    files = weight_files(root)
     cached = _read_cache(root)
     entries: dict[str, dict[str, Any]] = {}
     todo: list[tuple[Path, dict[str, int]]] = []
@@ -391,26 +375,26 @@ def target_fingerprint(path: str | Path) -> str:
 def target_id(path: str | Path) -> str:
     """A stable identity ``"<dir name>@<sha256 prefix>"`` for a target directory: part of every stage key.
 
-    The digest covers ``config.json`` and the weights' content (``target_fingerprint``), so a model
+    The digest covers ``config.json`` and the weights' content (``weights_fingerprint``), so a model
     updated in place (or its config edited) gets a new id.
     """
-    root = _target_dir(path)
+    root = target_dir(path)
     digest = hashlib.sha256()
     digest.update(b"config.json\0" + (root / "config.json").read_bytes())
-    digest.update(b"weights\0" + target_fingerprint(root).encode())
+    digest.update(b"weights\0" + weights_fingerprint(root).encode())  # the id as before config.json joined it
     return f"{root.resolve().name}@{digest.hexdigest()[:16]}"
 
 
 def layout_id(path: str | Path) -> str:
     """The identity of specdraft before content fingerprints: ``config.json``, the index file and the
     name and size of every safetensors file (not the weights). Only to check artifacts written then."""
-    root = _target_dir(path)
+    root = target_dir(path)
     digest = hashlib.sha256()
     digest.update(b"config.json\0" + (root / "config.json").read_bytes())
     index = root / INDEX_FILE
     if index.is_file():
         digest.update(INDEX_FILE.encode() + b"\0" + index.read_bytes())
-    for file in _weight_files(root):
+    for file in weight_files(root):
         digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
     return f"{root.resolve().name}@{digest.hexdigest()[:16]}"
 
@@ -430,11 +414,13 @@ def check_target(artifact: str | Path, recorded: Mapping[str, Any], target: str 
     ``legacy_mismatch="error"`` (where that id was checked before) an error.
     """
     assert legacy_mismatch in ("warn", "error"), f"legacy_mismatch={legacy_mismatch!r}: 'warn' or 'error'"
-    root = _target_dir(target)
+    root = target_dir(target)
     recorded_fp, recorded_id = recorded.get("target_fingerprint") or "", recorded.get("target_id") or ""
     if recorded_fp:
         ours = target_fingerprint(root)
-        if recorded_fp != ours:
+        # written when the fingerprint covered the weights only: its target id (unchanged) covers config.json
+        earlier = recorded_fp == weights_fingerprint(root) and recorded_id.split("@")[-1] == target_id(root).split("@")[-1]
+        if recorded_fp != ours and not earlier:
             raise TargetMismatch(
                 f"{what} {artifact} was made from target {recorded_id or '?'} (fingerprint {recorded_fp}), but "
                 f"--target {root.resolve()} is {target_id(root)} (fingerprint {ours}): give the {what}'s own "

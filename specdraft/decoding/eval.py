@@ -39,6 +39,7 @@ class EvalSettings:
     # flow's: ``<workdir>/eval/baselines``; no report: none), "off" = decode them every time, else a directory
     baselines: str = "auto"
     engine: EngineSettings = field(default_factory=EngineSettings)  # the serving engine's measurement (vLLM)
+    allow_empty: bool = False  # question files holding no question: an error (exit 2) unless true
 
     def __post_init__(self) -> None:
         if self.max_questions is not None and self.max_questions < 1:

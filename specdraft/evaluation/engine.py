@@ -66,7 +66,7 @@ def engine_report(target: str | Path, draft: str | Path, question_files: list[st
     fmt = next((f for f in formats_for(config) if f in VLLM_FORMATS), None)
     if fmt is None:
         raise ConfigError(f"{draft}: no vLLM format serves this draft ({formats_for(config)})")
-    questions = load_question_sets(question_files, settings.max_questions)
+    questions = load_question_sets(question_files, settings.max_questions, allow_empty=settings.allow_empty)
     with tempfile.TemporaryDirectory(prefix="specdraft-engine-export-") as tmp:
         out = export_draft(draft, fmt, Path(tmp) / fmt, target=target, speculative_tokens=engine.speculative_tokens)
         decode = settings.decode

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specdraft.config import ConfigError
+
 
 def dataset_name(path: str | Path) -> str:
     path = Path(path)
@@ -31,23 +33,39 @@ def read_questions(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_question_sets(files: list[str | Path], max_questions: int | None = None) -> list[dict[str, Any]]:
-    """All questions of ``files`` (the first ``max_questions`` of each), numbered globally."""
+def load_question_sets(files: list[str | Path], max_questions: int | None = None, *, allow_empty: bool = False,
+                       skipped: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """All questions of ``files`` (the first ``max_questions`` of each), numbered globally.
+
+    A question with an empty (or blank) turn is not decoded: it is appended to ``skipped`` (``dataset``,
+    ``question_id``, ``reason``). No question at all is a ``ConfigError`` naming the files (an evaluation
+    of nothing has no tau) unless ``allow_empty``."""
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}
+    skipped = [] if skipped is None else skipped
     for path in files:
         name = dataset_name(path)
         assert name not in names, f"two question files map to dataset {name!r}: {names.get(name)} and {path}"
         names[name] = str(path)
         rows = read_questions(path)
         for row in rows[:max_questions] if max_questions is not None else rows:
+            qid = row.get("question_id", len(out) + len(skipped))
+            blank = [i for i, turn in enumerate(row["turns"]) if not turn.strip()]
+            if blank:
+                skipped.append({"dataset": name, "question_id": qid, "reason": "empty_turn",
+                                "detail": f"turn {blank[0]} is empty"})
+                continue
             out.append({
                 "dataset": name,
                 "index": len(out),
-                "question_id": row.get("question_id", len(out)),
+                "question_id": qid,
                 "category": row.get("category", ""),
                 "turns": list(row["turns"]),
             })
+    if not out and not allow_empty:
+        raise ConfigError(f"--questions {', '.join(map(str, files))}: no question to evaluate ({len(skipped)} skipped: "
+                          f"{sorted({s['reason'] for s in skipped}) or 'none'}); set allow_empty=true to write a report "
+                          "without one")
     return out
 
 

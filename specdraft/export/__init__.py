@@ -52,6 +52,7 @@ from specdraft.files import write_directory
 from specdraft.models import ARCHS, read_draft_config
 from specdraft.outputs import MARKER, OutputError, check_output, foreign_entries, marker_text
 from specdraft.placement import resolve_dtype
+from specdraft.preflight import check_target
 
 
 def export_spec(
@@ -98,6 +99,7 @@ def export_draft(
     holds anything but an earlier export, ``overwrite`` lets the export write its files there, the
     others kept.
     """
+    check_target(target, tokenizer=False)  # a pickle or weightless target: ConfigError (exit 2), as for every command
     check_output(out_dir, "export", inputs={"--draft": draft_dir, "--target": target}, overwrite=overwrite)
     spec = export_spec(draft_dir, fmt, target=target, dtype=dtype, speculative_tokens=speculative_tokens,
                        verifier=verifier)

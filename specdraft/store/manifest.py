@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ def write_manifest(store_dir: str | Path, manifest: dict[str, Any]) -> Path | st
 
 
 def read_manifest(store_dir: str | Path) -> dict[str, Any]:
-    """The store's manifest; StoreError when missing (dump incomplete) or of another schema."""
+    """The store's manifest; StoreError when missing (dump incomplete), of another schema, or listing a shard twice."""
     path = location.join(store_dir, MANIFEST_FILE)
     try:
         text = location.read_text(path)
@@ -90,6 +91,12 @@ def read_manifest(store_dir: str | Path) -> dict[str, Any]:
             f"{path}: format {manifest.get('format')!r} v{manifest.get('schema_version')}, "
             f"this reader understands {FORMAT_NAME!r} v{SCHEMA_VERSION}"
         )
+    listed = Counter(str(r.get("name")) for r in manifest.get("shards") or [] if isinstance(r, dict))
+    twice = sorted(name for name, count in listed.items() if count > 1)
+    if twice:  # every reader (train, dump's resume, validate-store) would read its samples once per listing
+        raise StoreError(f"{store_dir}: shard {twice[0]} is listed {listed[twice[0]]} times in {MANIFEST_FILE}"
+                         f"{f' (and {len(twice) - 1} more shards)' if len(twice) > 1 else ''}: a manifest lists each "
+                         "shard once — its samples would be trained on more than once; remove the repeated record")
     return manifest
 
 

@@ -336,9 +336,9 @@ def test_load_target_model_spread_plan_with_mocked_gpus(llama_dir, monkeypatch):
 
     def fake_from_pretrained(path, **kwargs):
         calls.append(kwargs)
-        model = real(path, dtype=torch.float32)
+        model, info = real(path, dtype=torch.float32, output_loading_info=True)
         model.hf_device_map = outcome
-        return model
+        return (model, info) if kwargs.get("output_loading_info") else model
 
     monkeypatch.setattr(target, "free_gpu_memory", lambda gpus: {i: 10 << 30 for i in range(gpus)})
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
@@ -347,7 +347,7 @@ def test_load_target_model_spread_plan_with_mocked_gpus(llama_dir, monkeypatch):
     assert calls[-1]["device_map"] == "auto"
     assert calls[-1]["max_memory"] == {0: 10 << 30, 1: 10 << 30, 2: 10 << 30, 3: 10 << 30}
     assert calls[-1]["dtype"] is torch.bfloat16 and calls[-1]["attn_implementation"] == "sdpa"
-    assert calls[-1]["trust_remote_code"] is False
+    assert calls[-1]["trust_remote_code"] is False and calls[-1]["output_loading_info"] is True  # strict: checked
     outcome = {"model.embed_tokens": 0, "model.layers.0": 1, "model.layers.1": "disk", "lm_head": 1}
     with pytest.raises(ValueError, match="does not fit on 2 GPUs"):
         target.load_target_model(llama_dir, "auto", "cuda", gpus=2)
