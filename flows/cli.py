@@ -91,6 +91,18 @@ def check_out(args: argparse.Namespace) -> None:
         check_output(args.out, args.command, inputs=inputs, overwrite=args.overwrite, own=own)
 
 
+def _held_out(args: argparse.Namespace):
+    """The command's --out held for it while it runs (``specdraft.outputs.held_output``: its lock; a command that
+    writes nothing there leaves no directory behind). eval's --out is a report file; export and toy-target write a
+    temporary directory and rename it into place whole (a second run replaces, never mixes)."""
+    from contextlib import nullcontext
+
+    from specdraft.outputs import held_output
+
+    held = args.command in OUTPUTS and args.command not in ("eval", "toy-target")  # toy-target: renamed in whole
+    return held_output(args.out, args.command) if held else nullcontext()
+
+
 def _mark_out(args: argparse.Namespace) -> None:
     """Record in --out that this command writes it (a rerun then resumes there)."""
     from specdraft.outputs import mark_output
@@ -210,7 +222,10 @@ def _train(args: argparse.Namespace) -> int:
     from pipelines.tracking import open_run
     from pipelines.train import run_training
 
+    from pipelines.tracking import check_tracking
+
     cfg, sections = command_config(args)
+    check_tracking(sections["tracking"])  # an unreachable server: one line now, not minutes of retries later
     if cfg.features == "offline" and not args.store:
         print("specdraft train: give --store DIR... (offline features) or --conversations FILE... (online "
               "features: the target runs in every worker, no store)", file=sys.stderr)
@@ -271,7 +286,9 @@ def _export(args: argparse.Namespace) -> int:
             from mlflow.tracking import MlflowClient
 
             from pipelines.registry import download_draft
+            from pipelines.tracking import check_tracking
 
+            check_tracking(sections["tracking"], lookup=True)  # answers, and holds a registry (no new mlflow.db)
             client = MlflowClient(tracking_uri=sections["tracking"].resolved_uri())
             try:
                 local, version = download_draft(client, args.model_uri, tmp)
@@ -487,7 +504,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_out(args)
-        return int(args.func(args) or 0)
+        with _held_out(args):
+            return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # ctrl-C: the conventional status, and what to do next, in one line
+        again = " — rerun the same command to resume" if args.command in RESUMES else ""
+        print(f"specdraft {args.command}: interrupted{again}", file=sys.stderr)
+        return 130
     except ConfigError as err:
         print(f"specdraft {args.command}: config error: {err}", file=sys.stderr)
         return 2
@@ -498,11 +520,50 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specdraft {args.command}: wrong target: {err}", file=sys.stderr)
         return 1
     except Exception as err:  # a corrupt or inconsistent store, raised however deep (a Ray worker too): one line
-        store_error = _store_error(err)
-        if store_error is None:
+        store_error, worker = _store_error(err), _worker_failure(err)
+        if store_error is None and worker is None:
             raise
-        print(f"specdraft {args.command}: store error: {store_error}", file=sys.stderr)
+        log = f" (full log: {_full_log(args, err)})" if worker is not None else ""
+        if store_error is not None:
+            print(f"specdraft {args.command}: store error: {store_error}{log}", file=sys.stderr)
+        else:
+            first = (str(worker).strip().splitlines() or [""])[-1]
+            print(f"specdraft {args.command}: failed in a Ray worker: {type(worker).__name__}: {first}{log}",
+                  file=sys.stderr)
         return 1
+
+
+RESUMES = ("train", "dump", "regenerate", "run")  # commands whose rerun resumes where an interrupted one stopped
+
+
+def _worker_failure(err: BaseException):
+    """The exception a Ray worker raised that ``err`` (a Ray task or Ray Train failure) carries, else None."""
+    inner = getattr(err, "cause", None)  # RayTaskError: the worker's exception
+    failures = getattr(err, "worker_failures", None)  # Ray Train: rank -> its exception
+    if not isinstance(inner, BaseException) and isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        inner = getattr(inner, "_base_exc", inner)  # Ray Train's wrapper of the user's exception and its traceback
+    return inner if isinstance(inner, BaseException) else None
+
+
+def _full_log(args: argparse.Namespace, err: BaseException) -> str:
+    """Write what the one line leaves out — the driver's traceback and every failed worker's — beside the command's
+    output (``specdraft-error.log`` in a local --out directory, else a temporary file); returns its path."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(err))
+    for rank, failure in (getattr(err, "worker_failures", None) or {}).items():
+        text += f"\n--- rank {rank} ---\n{failure}\n"
+    out = Path(str(getattr(args, "out", "") or ""))
+    if str(out) not in ("", ".") and out.is_dir():
+        path = out / "specdraft-error.log"
+        path.write_text(text)
+        return str(path)
+    fd, name = tempfile.mkstemp(prefix=f"specdraft-{args.command}-", suffix=".log")
+    with open(fd, "w") as fh:
+        fh.write(text)
+    return name
 
 
 def _store_error(err: BaseException | None):
