@@ -244,7 +244,9 @@ def run_training(
     ``fail_at_step`` raises once at that optimizer step (a failure drill for resume tests).
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
+
+    from pipelines.rendezvous import rendezvous_config
 
     cfg.resolved()  # a wrong stage or epoch count fails here, on the driver, not in a (retried) worker
     out = Path(out).resolve()
@@ -277,7 +279,7 @@ def run_training(
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=job.to_dict(),
-        torch_config=TorchConfig(backend="nccl" if sc.use_gpu else "gloo"),
+        torch_config=rendezvous_config("nccl" if sc.use_gpu else "gloo"),  # listening on Ray's address only
         scaling_config=ScalingConfig(num_workers=sc.num_workers, use_gpu=sc.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
             name="train",
