@@ -507,9 +507,11 @@ def main(argv: list[str] | None = None) -> int:
         with _held_out(args):
             return int(args.func(args) or 0)
     except KeyboardInterrupt:  # ctrl-C: the conventional status, and what to do next, in one line
-        again = " — rerun the same command to resume" if args.command in RESUMES else ""
-        print(f"specdraft {args.command}: interrupted{again}", file=sys.stderr)
-        return 130
+        return _interrupted(args)
+    except SystemExit:  # Ray Train's own ctrl-C handler exits so
+        if _ray_interrupted():
+            return _interrupted(args)
+        raise
     except ConfigError as err:
         print(f"specdraft {args.command}: config error: {err}", file=sys.stderr)
         return 2
@@ -520,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specdraft {args.command}: wrong target: {err}", file=sys.stderr)
         return 1
     except Exception as err:  # a corrupt or inconsistent store, raised however deep (a Ray worker too): one line
+        if _ray_interrupted():  # the end of a run Ray Train aborted on ctrl-C
+            return _interrupted(args)
         store_error, worker = _store_error(err), _worker_failure(err)
         if store_error is None and worker is None:
             raise
@@ -534,6 +538,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 RESUMES = ("train", "dump", "regenerate", "run")  # commands whose rerun resumes where an interrupted one stopped
+
+
+def _interrupted(args: argparse.Namespace) -> int:
+    """ctrl-C: one line saying what to do next, and the conventional status (128 + SIGINT)."""
+    again = " — rerun the same command to resume" if args.command in RESUMES else ""
+    print(f"specdraft {args.command}: interrupted{again}", file=sys.stderr)
+    return 130
+
+
+def _ray_interrupted() -> bool:
+    """Whether Ray Train's driver-side handler took a ctrl-C (``pipelines.cluster.NoteInterrupt``)."""
+    cluster = sys.modules.get("pipelines.cluster")
+    return cluster is not None and cluster.INTERRUPTED.is_set()
 
 
 def _worker_failure(err: BaseException):
@@ -555,6 +572,9 @@ def _full_log(args: argparse.Namespace, err: BaseException) -> str:
     text = "".join(traceback.format_exception(err))
     for rank, failure in (getattr(err, "worker_failures", None) or {}).items():
         text += f"\n--- rank {rank} ---\n{failure}\n"
+    node = getattr(sys.modules.get("ray._private.worker"), "_global_node", None)
+    if node is not None:  # every worker's own output, Ray Train's logs included
+        text += f"\nRay's logs of every process of this run: {node.get_logs_dir_path()}\n"
     out = Path(str(getattr(args, "out", "") or ""))
     if str(out) not in ("", ".") and out.is_dir():
         path = out / "specdraft-error.log"

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,24 @@ class DropKnownHarmless(logging.Filter):
         return not (isinstance(record.msg, str) and record.msg.startswith(self.prefixes))
 
 
+INTERRUPTED = threading.Event()  # set in the driver when Ray Train's own ctrl-C handler took a SIGINT
+
+
+class NoteInterrupt(logging.Filter):
+    """Ray Train's ``fit`` answers ctrl-C with its own handler (a graceful abort, then ``sys.exit(0)`` that ends the
+    process with status 1, or a result without a draft): its announcement is noted here (``INTERRUPTED``) and left
+    to the command's one line (``flows/cli.py``: exit 130, "rerun to resume")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("Received SIGINT"):
+            INTERRUPTED.set()
+            return False
+        return True
+
+
+INTERRUPT_LOGGER = "ray.train.v2.api.data_parallel_trainer"
+
+
 def _logger_name(name: str) -> str:
     """A logger name; ``ray/...py`` stands for a module whose logger is ``getLogger(__file__)``."""
     if not name.endswith(".py"):
@@ -110,6 +129,10 @@ def quiet_known_warnings(local: bool = False) -> None:
         for old in [f for f in logger.filters if isinstance(f, DropKnownHarmless)]:
             logger.removeFilter(old)
         logger.addFilter(DropKnownHarmless(prefixes))
+    logger = logging.getLogger(INTERRUPT_LOGGER)
+    for old in [f for f in logger.filters if isinstance(f, NoteInterrupt)]:
+        logger.removeFilter(old)
+    logger.addFilter(NoteInterrupt())
 
 
 def setup_local_worker() -> None:
