@@ -60,7 +60,7 @@ def command_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     return load_config(args.config_spec, args.config, [*args.sugar(args), *args.overrides])
 
 
-# README "Guarantees" (output directories a command owns, ``specdraft/outputs.py``): per command with an
+# docs/guarantees.md (output directories a command owns, ``specdraft/outputs.py``): per command with an
 # --out directory, the options naming its inputs, and the names only it writes there (its outputs from
 # before the marker file). export checks in ``export_draft`` (its draft may be a download); eval's --out
 # is a report file: only its inputs are checked.

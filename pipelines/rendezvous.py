@@ -1,4 +1,4 @@
-"""A training run's torch.distributed rendezvous, bound to the address Ray uses (README "Guarantees": nothing
+"""A training run's torch.distributed rendezvous, bound to the address Ray uses (docs/guarantees.md: nothing
 listens outside it).
 
 Ray Train's ``TorchConfig`` has rank 0 pick a free port on its node address and every rank call

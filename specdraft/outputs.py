@@ -1,4 +1,4 @@
-"""Output directories a command owns (README "Guarantees"): nothing lost to an ``--out``.
+"""Output directories a command owns (docs/guarantees.md): nothing lost to an ``--out``.
 
 A command that writes a directory checks it first (``check_output``, before any work):
 

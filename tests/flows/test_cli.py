@@ -280,7 +280,7 @@ def test_aux_layers_overrides_for_dump_and_run():
 def test_every_out_directory_is_checked_before_its_command_runs():
     """Each command writing an --out directory is in ``OUTPUTS`` (checked in ``main`` before it runs) or
     checks it itself (export: ``export_draft``), and offers --overwrite where a foreign non-empty directory can
-    be written into (README "Guarantees"); `specdraft run` checks its workdir in its pre-flight."""
+    be written into (docs/guarantees.md); `specdraft run` checks its workdir in its pre-flight."""
     from flows.cli import OUTPUTS
 
     parser = build_parser()

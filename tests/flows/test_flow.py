@@ -73,7 +73,7 @@ def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target,
     steps = [json.loads(line)["step"] for line in Path(second["train"]["metrics_file"]).read_text().splitlines()
              if '"kind": "metrics"' in line]
     # checkpoint at step 25, failure after step 26: the resumed run re-does step 26 (never step 1) and the
-    # killed run's row of it is dropped on resume (README "Guarantees": one row per step)
+    # killed run's row of it is dropped on resume (docs/guarantees.md: one row per step)
     assert steps.count(1) == 1 and steps.count(26) == 1 and steps.count(25) == 1, steps
     assert second["register"]["version"] == 1 and second["register"]["promoted"]
     assert str(client.get_model_version_by_alias("flow-test-draft", "champion").version) == "1"
