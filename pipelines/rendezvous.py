@@ -22,7 +22,7 @@ from typing import Any
 
 import ray
 from ray.train._internal.worker_group import WorkerGroup as V1WorkerGroup
-from ray.train.torch import TorchConfig
+from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.torch.config import _set_torch_distributed_env_vars, _setup_torch_process_group, _TorchBackend
 
 _HELD: dict[str, Any] = {}  # in rank 0's process: the store server, until the process group holds it
@@ -77,6 +77,7 @@ class BoundTorchConfig(TorchConfig):
         return _BoundTorchBackend
 
 
-def rendezvous_config(backend: str) -> BoundTorchConfig:
-    """The torch config of a training run: ``backend`` (gloo on CPU, nccl on GPU), rendezvous bound to Ray's address."""
-    return BoundTorchConfig(backend=backend)
+def torch_trainer(train_loop_per_worker, *, backend: str, **kwargs: Any) -> TorchTrainer:
+    """Ray Train's ``TorchTrainer`` of a training run (``kwargs``: its other arguments) on ``backend`` (gloo on CPU,
+    nccl on GPU), its rendezvous bound to Ray's address (``BoundTorchConfig``)."""
+    return TorchTrainer(train_loop_per_worker, torch_config=BoundTorchConfig(backend=backend), **kwargs)
