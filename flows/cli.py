@@ -502,15 +502,17 @@ def main(argv: list[str] | None = None) -> int:
     from specdraft.outputs import OutputError
     from specdraft.target import TargetMismatch
 
+    from flows.failures import interrupted, ray_interrupted, worker_failure, write_full_log
+
     try:
         check_out(args)
         with _held_out(args):
             return int(args.func(args) or 0)
     except KeyboardInterrupt:  # ctrl-C: the conventional status, and what to do next, in one line
-        return _interrupted(args)
+        return interrupted(args.command)
     except SystemExit:  # Ray Train's own ctrl-C handler exits so
-        if _ray_interrupted():
-            return _interrupted(args)
+        if ray_interrupted():
+            return interrupted(args.command)
         raise
     except ConfigError as err:
         print(f"specdraft {args.command}: config error: {err}", file=sys.stderr)
@@ -522,12 +524,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specdraft {args.command}: wrong target: {err}", file=sys.stderr)
         return 1
     except Exception as err:  # a corrupt or inconsistent store, raised however deep (a Ray worker too): one line
-        if _ray_interrupted():  # the end of a run Ray Train aborted on ctrl-C
-            return _interrupted(args)
-        store_error, worker = _store_error(err), _worker_failure(err)
+        if ray_interrupted():  # the end of a run Ray Train aborted on ctrl-C
+            return interrupted(args.command)
+        store_error, worker = _store_error(err), worker_failure(err)
         if store_error is None and worker is None:
             raise
-        log = f" (full log: {_full_log(args, err)})" if worker is not None else ""
+        log = "" if worker is None else f" (full log: {write_full_log(err, getattr(args, 'out', None), args.command)})"
         if store_error is not None:
             print(f"specdraft {args.command}: store error: {store_error}{log}", file=sys.stderr)
         else:
@@ -535,55 +537,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"specdraft {args.command}: failed in a Ray worker: {type(worker).__name__}: {first}{log}",
                   file=sys.stderr)
         return 1
-
-
-RESUMES = ("train", "dump", "regenerate", "run")  # commands whose rerun resumes where an interrupted one stopped
-
-
-def _interrupted(args: argparse.Namespace) -> int:
-    """ctrl-C: one line saying what to do next, and the conventional status (128 + SIGINT)."""
-    again = " — rerun the same command to resume" if args.command in RESUMES else ""
-    print(f"specdraft {args.command}: interrupted{again}", file=sys.stderr)
-    return 130
-
-
-def _ray_interrupted() -> bool:
-    """Whether Ray Train's driver-side handler took a ctrl-C (``pipelines.cluster.NoteInterrupt``)."""
-    cluster = sys.modules.get("pipelines.cluster")
-    return cluster is not None and cluster.INTERRUPTED.is_set()
-
-
-def _worker_failure(err: BaseException):
-    """The exception a Ray worker raised that ``err`` (a Ray task or Ray Train failure) carries, else None."""
-    inner = getattr(err, "cause", None)  # RayTaskError: the worker's exception
-    failures = getattr(err, "worker_failures", None)  # Ray Train: rank -> its exception
-    if not isinstance(inner, BaseException) and isinstance(failures, dict) and failures:
-        inner = next(iter(failures.values()))
-        inner = getattr(inner, "_base_exc", inner)  # Ray Train's wrapper of the user's exception and its traceback
-    return inner if isinstance(inner, BaseException) else None
-
-
-def _full_log(args: argparse.Namespace, err: BaseException) -> str:
-    """Write what the one line leaves out — the driver's traceback and every failed worker's — beside the command's
-    output (``specdraft-error.log`` in a local --out directory, else a temporary file); returns its path."""
-    import tempfile
-    import traceback
-
-    text = "".join(traceback.format_exception(err))
-    for rank, failure in (getattr(err, "worker_failures", None) or {}).items():
-        text += f"\n--- rank {rank} ---\n{failure}\n"
-    node = getattr(sys.modules.get("ray._private.worker"), "_global_node", None)
-    if node is not None:  # every worker's own output, Ray Train's logs included
-        text += f"\nRay's logs of every process of this run: {node.get_logs_dir_path()}\n"
-    out = Path(str(getattr(args, "out", "") or ""))
-    if str(out) not in ("", ".") and out.is_dir():
-        path = out / "specdraft-error.log"
-        path.write_text(text)
-        return str(path)
-    fd, name = tempfile.mkstemp(prefix=f"specdraft-{args.command}-", suffix=".log")
-    with open(fd, "w") as fh:
-        fh.write(text)
-    return name
 
 
 def _store_error(err: BaseException | None):

@@ -178,13 +178,14 @@ def check_tracking(cfg: TrackingConfig, *, lookup: bool = False, timeout_s: floa
         except (OSError, ValueError) as err:
             reason = getattr(err, "reason", err)
             raise ConfigError(
-                f"tracking.uri={uri}: the tracking server does not answer within {timeout_s:g} s ({reason}) — start it, "
-                "point tracking.uri (or MLFLOW_TRACKING_URI) at one that runs, or pass tracking.enabled=false") from None
+                f"tracking.uri={uri}: the tracking server does not answer within {timeout_s:g} s ({reason}) — start "
+                "it, point tracking.uri (or MLFLOW_TRACKING_URI) at one that runs, or pass tracking.enabled=false"
+            ) from None
     elif scheme == "sqlite":
         path = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
         if path is not None and lookup and not path.is_file():
-            raise ConfigError(f"tracking.uri={uri}: no tracking store there (nothing is registered to look up) — pass "
-                              "--tracking-uri (or MLFLOW_TRACKING_URI) naming the registry the draft is in")
+            raise ConfigError(f"tracking.uri={uri}: no tracking store there (nothing is registered to look up) — "
+                              "pass --tracking-uri (or MLFLOW_TRACKING_URI) naming the registry the draft is in")
         if path is not None and not path.parent.is_dir():
             raise ConfigError(f"tracking.uri={uri}: the directory {path.parent} does not exist")
 
