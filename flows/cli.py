@@ -60,7 +60,7 @@ def command_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     return load_config(args.config_spec, args.config, [*args.sugar(args), *args.overrides])
 
 
-# README "Guarantees" (output directories a command owns, ``specdraft/outputs.py``): per command with an
+# docs/guarantees.md (output directories a command owns, ``specdraft/outputs.py``): per command with an
 # --out directory, the options naming its inputs, and the names only it writes there (its outputs from
 # before the marker file). export checks in ``export_draft`` (its draft may be a download); eval's --out
 # is a report file: only its inputs are checked.
@@ -90,6 +90,18 @@ def check_out(args: argparse.Namespace) -> None:
         refuse_own_input(args.out, inputs)
     else:
         check_output(args.out, args.command, inputs=inputs, overwrite=args.overwrite, own=own)
+
+
+def _held_out(args: argparse.Namespace):
+    """The command's --out held for it while it runs (``specdraft.outputs.held_output``: its lock; a command that
+    writes nothing there leaves no directory behind). eval's --out is a report file; export and toy-target write a
+    temporary directory and rename it into place whole (a second run replaces, never mixes)."""
+    from contextlib import nullcontext
+
+    from specdraft.outputs import held_output
+
+    held = args.command in OUTPUTS and args.command not in ("eval", "toy-target")  # toy-target: renamed in whole
+    return held_output(args.out, args.command) if held else nullcontext()
 
 
 def _mark_out(args: argparse.Namespace) -> None:
@@ -211,7 +223,10 @@ def _train(args: argparse.Namespace) -> int:
     from pipelines.tracking import open_run
     from pipelines.train import run_training
 
+    from pipelines.tracking import check_tracking
+
     cfg, sections = command_config(args)
+    check_tracking(sections["tracking"])  # an unreachable server: one line now, not minutes of retries later
     if cfg.features == "offline" and not args.store:
         print("specdraft train: give --store DIR... (offline features) or --conversations FILE... (online "
               "features: the target runs in every worker, no store)", file=sys.stderr)
@@ -272,7 +287,9 @@ def _export(args: argparse.Namespace) -> int:
             from mlflow.tracking import MlflowClient
 
             from pipelines.registry import download_draft
+            from pipelines.tracking import check_tracking
 
+            check_tracking(sections["tracking"], lookup=True)  # answers, and holds a registry (no new mlflow.db)
             client = MlflowClient(tracking_uri=sections["tracking"].resolved_uri())
             try:
                 local, version = download_draft(client, args.model_uri, tmp)
@@ -512,9 +529,18 @@ def main(argv: list[str] | None = None) -> int:
     from specdraft.outputs import OutputError
     from specdraft.target import TargetMismatch
 
+    from flows.failures import interrupted, ray_interrupted, worker_failure, write_full_log
+
     try:
         check_out(args)
-        return int(args.func(args) or 0)
+        with _held_out(args):
+            return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # ctrl-C: the conventional status, and what to do next, in one line
+        return interrupted(args.command)
+    except SystemExit:  # Ray Train's own ctrl-C handler exits so
+        if ray_interrupted():
+            return interrupted(args.command)
+        raise
     except ConfigError as err:
         print(f"specdraft {args.command}: config error: {err}", file=sys.stderr)
         return 2
@@ -525,10 +551,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specdraft {args.command}: wrong target: {err}", file=sys.stderr)
         return 1
     except Exception as err:  # a corrupt or inconsistent store, raised however deep (a Ray worker too): one line
-        store_error = _store_error(err)
-        if store_error is None:
+        if ray_interrupted():  # the end of a run Ray Train aborted on ctrl-C
+            return interrupted(args.command)
+        store_error, worker = _store_error(err), worker_failure(err)
+        if store_error is None and worker is None:
             raise
-        print(f"specdraft {args.command}: store error: {store_error}", file=sys.stderr)
+        log = "" if worker is None else f" (full log: {write_full_log(err, getattr(args, 'out', None), args.command)})"
+        if store_error is not None:
+            print(f"specdraft {args.command}: store error: {store_error}{log}", file=sys.stderr)
+        else:
+            first = (str(worker).strip().splitlines() or [""])[-1]
+            print(f"specdraft {args.command}: failed in a Ray worker: {type(worker).__name__}: {first}{log}",
+                  file=sys.stderr)
         return 1
 
 

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,12 @@ KNOWN_HARMLESS: dict[str, tuple[str, ...]] = {
         "Token authentication is enabled for this Ray cluster",
     ),
 }
+# a training run's failure, said by the driver in one line with the path of the full log (``flows/cli.py``): the
+# worker's traceback and the controller's echo of it (~65 lines, forwarded to the console) are not repeated
+SAID_BY_THE_DRIVER: dict[str, tuple[str, ...]] = {
+    "ray.train.v2._internal.util": ("Error in training function",),
+    "ray.train.v2._internal.execution.failure_handling.default": ("[FailurePolicy] RAISE",),
+}
 KNOWN_HARMLESS_LOCAL: dict[str, tuple[str, ...]] = {
     "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client": (
         "Failed to send resource request",
@@ -65,7 +73,9 @@ KNOWN_HARMLESS_LOCAL: dict[str, tuple[str, ...]] = {
 
 # Ray Train's settings for every run (see the module docstring), and for a local cluster's runs
 TRAIN_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
-TRAIN_ENV_LOCAL = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+TRAIN_ENV_LOCAL = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+                   # torch.distributed's gloo and NCCL pairs on the loopback interface (``rendezvous_config``)
+                   **({"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"} if sys.platform == "linux" else {})}
 # map_batches(..., **ACTOR_POOL) for the Ray Data actor pools (regenerate, dump, eval replicas)
 ACTOR_POOL: dict[str, Any] = {"max_restarts": 0}
 
@@ -83,6 +93,24 @@ class DropKnownHarmless(logging.Filter):
         return not (isinstance(record.msg, str) and record.msg.startswith(self.prefixes))
 
 
+INTERRUPTED = threading.Event()  # set in the driver when Ray Train's own ctrl-C handler took a SIGINT
+
+
+class NoteInterrupt(logging.Filter):
+    """Ray Train's ``fit`` answers ctrl-C with its own handler (a graceful abort, then ``sys.exit(0)`` that ends the
+    process with status 1, or a result without a draft): its announcement is noted here (``INTERRUPTED``) and left
+    to the command's one line (``flows/cli.py``: exit 130, "rerun to resume")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("Received SIGINT"):
+            INTERRUPTED.set()
+            return False
+        return True
+
+
+INTERRUPT_LOGGER = "ray.train.v2.api.data_parallel_trainer"
+
+
 def _logger_name(name: str) -> str:
     """A logger name; ``ray/...py`` stands for a module whose logger is ``getLogger(__file__)``."""
     if not name.endswith(".py"):
@@ -96,11 +124,15 @@ def _logger_name(name: str) -> str:
 def quiet_known_warnings(local: bool = False) -> None:
     """Install ``DropKnownHarmless`` on the loggers of ``KNOWN_HARMLESS`` (and ``KNOWN_HARMLESS_LOCAL``
     with ``local``) in this process; idempotent."""
-    for name, prefixes in {**KNOWN_HARMLESS, **(KNOWN_HARMLESS_LOCAL if local else {})}.items():
+    for name, prefixes in {**KNOWN_HARMLESS, **SAID_BY_THE_DRIVER, **(KNOWN_HARMLESS_LOCAL if local else {})}.items():
         logger = logging.getLogger(_logger_name(name))
         for old in [f for f in logger.filters if isinstance(f, DropKnownHarmless)]:
             logger.removeFilter(old)
         logger.addFilter(DropKnownHarmless(prefixes))
+    logger = logging.getLogger(INTERRUPT_LOGGER)
+    for old in [f for f in logger.filters if isinstance(f, NoteInterrupt)]:
+        logger.removeFilter(old)
+    logger.addFilter(NoteInterrupt())
 
 
 def setup_local_worker() -> None:

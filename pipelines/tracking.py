@@ -14,9 +14,12 @@ from __future__ import annotations
 import os
 import re
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -148,6 +151,43 @@ class NullRun:
 
     def close(self, status: str = "FINISHED") -> None:
         return None
+
+
+CHECK_TIMEOUT_S = 5.0  # how long a tracking server has to answer before any work starts
+
+
+def check_tracking(cfg: TrackingConfig, *, lookup: bool = False, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """Refuse, before any work, a tracking URI that cannot serve the command: one ``ConfigError`` line naming it
+    (exit 2) instead of MLflow's minutes of retries and a message about something else.
+
+    An ``http(s)`` server must answer (its ``/health``, any HTTP status) within ``timeout_s``; a ``sqlite`` file's
+    directory must exist, and with ``lookup`` (reading what is registered: ``export --model-uri``) the file itself —
+    a lookup never creates an empty ``mlflow.db``. Disabled tracking is not checked."""
+    from specdraft.config import ConfigError
+
+    if not cfg.enabled:
+        return
+    uri = cfg.resolved_uri()
+    scheme = urlparse(uri).scheme
+    if scheme in ("http", "https"):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
+                pass
+        except urllib.error.HTTPError:
+            pass  # it answered
+        except (OSError, ValueError) as err:
+            reason = getattr(err, "reason", err)
+            raise ConfigError(
+                f"tracking.uri={uri}: the tracking server does not answer within {timeout_s:g} s ({reason}) — start "
+                "it, point tracking.uri (or MLFLOW_TRACKING_URI) at one that runs, or pass tracking.enabled=false"
+            ) from None
+    elif scheme == "sqlite":
+        path = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+        if path is not None and lookup and not path.is_file():
+            raise ConfigError(f"tracking.uri={uri}: no tracking store there (nothing is registered to look up) — "
+                              "pass --tracking-uri (or MLFLOW_TRACKING_URI) naming the registry the draft is in")
+        if path is not None and not path.parent.is_dir():
+            raise ConfigError(f"tracking.uri={uri}: the directory {path.parent} does not exist")
 
 
 def open_run(cfg: TrackingConfig, **kwargs: Any) -> MlflowLogger | NullRun:

@@ -244,7 +244,7 @@ def run_training(
     ``fail_at_step`` raises once at that optimizer step (a failure drill for resume tests).
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from pipelines.rendezvous import torch_trainer  # Ray's TorchTrainer, its rendezvous on Ray's address only
 
     cfg.resolved()  # a wrong stage or epoch count fails here, on the driver, not in a (retried) worker
     out = Path(out).resolve()
@@ -274,10 +274,10 @@ def run_training(
     job = WorkerConfig(train=cfg, stores=stores, aux_layers=aux_layers, vocab=vocab, target=str(Path(target).resolve()),
                        target_id=target_id(target), target_fingerprint=target_fingerprint(target), out=str(out),
                        tracking=tracking, fail_at_step=fail_at_step)
-    trainer = TorchTrainer(
+    trainer = torch_trainer(
         train_loop_per_worker,
         train_loop_config=job.to_dict(),
-        torch_config=TorchConfig(backend="nccl" if sc.use_gpu else "gloo"),
+        backend="nccl" if sc.use_gpu else "gloo",
         scaling_config=ScalingConfig(num_workers=sc.num_workers, use_gpu=sc.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(
             name="train",

@@ -1,4 +1,4 @@
-"""Output directories a command owns (README "Guarantees"): nothing lost to an ``--out``.
+"""Output directories a command owns (docs/guarantees.md): nothing lost to an ``--out``.
 
 A command that writes a directory checks it first (``check_output``, before any work):
 
@@ -13,6 +13,11 @@ A command that writes a directory checks it first (``check_output``, before any 
 * any other non-empty directory is refused unless ``overwrite``, and even then the command
   replaces only the files it writes itself: the user's other files stay (``foreign_entries``).
 
+While a command writes a local ``--out`` it holds the directory's lock file, ``.specdraft-lock``
+(``held_output``: pid, host, command), so a second run into the same directory is refused while the
+first lives; a lock left by a dead process of this host is taken over with one line. A command that
+ends having written nothing but its marker leaves the directory as it found it.
+
 Paths may be object-store URLs (``specdraft/store/location.py``); containment is then compared on
 the URL text.
 """
@@ -21,7 +26,11 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import os
+import socket
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from specdraft.store import location
@@ -94,7 +103,7 @@ def check_output(
     loc = location.as_location(out)
     if not location.is_url(loc) and Path(loc).exists() and not Path(loc).is_dir():
         raise OutputError(f"{_named(option, out)} is a file, not a directory: choose a directory")
-    names = _entries(out)
+    names = [name for name in _entries(out) if name != LOCK]  # a writer's lock: ``lock_output`` answers it
     if not names:
         return False
     if MARKER in names:
@@ -132,5 +141,107 @@ def marker_text(command: str) -> str:
 def foreign_entries(out: str | Path, written: Iterable[str]) -> list[str]:
     """The names in the local directory ``out`` that a command writing ``written`` (and the marker)
     does not write: the user's files, which a replacement of ``out`` carries over."""
-    mine = {*written, MARKER}
+    mine = {*written, MARKER, LOCK}
     return [name for name in _entries(out) if name not in mine]
+
+
+# --------------------------------------------------------------------------- one writer per output
+
+LOCK = ".specdraft-lock"  # {"pid", "host", "command"}: the process writing the directory now
+
+
+class OutputLocked(OutputError):
+    """An ``--out`` another live process is writing now (its lock file)."""
+
+
+def _lock_holder(lock: Path) -> dict | None:
+    """The lock's record (None: gone, or unreadable)."""
+    try:
+        held = json.loads(lock.read_text())
+        return held if isinstance(held, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _take_lock(lock: Path, command: str) -> None:
+    """Create ``lock`` exclusively with this process's record: written whole to a temporary file, then
+    hard-linked into place (``link`` fails when the lock exists, so no reader ever sees half a record)."""
+    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command}) + "\n"
+    tmp = lock.with_name(f"{lock.name}.{os.getpid()}.tmp")
+    tmp.write_text(record)
+    try:
+        os.link(tmp, lock)
+    finally:
+        tmp.unlink()
+
+
+def lock_output(out: str | Path, command: str) -> Path | None:
+    """Take ``out``'s lock for ``command`` (creating ``out``): one writer per output directory. A lock held
+    by a live process — or by one on another host, which cannot be asked — is an ``OutputLocked`` naming the
+    lock file and its holder; a lock left by a dead process of this host is taken over, said in one line on
+    stderr. Returns the lock file (None for an object-store URL: there is no exclusive create to lock with)."""
+    loc = location.as_location(out)
+    if location.is_url(loc):
+        return None
+    root = Path(loc).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    lock = root / LOCK
+    for _ in range(3):  # a lock released or taken over between the tries: try again
+        try:
+            _take_lock(lock, command)
+            return lock
+        except FileExistsError:
+            pass
+        held = _lock_holder(lock)
+        if held is None:
+            continue
+        pid, host = int(held.get("pid", -1)), str(held.get("host", "?"))
+        who = f"`specdraft {held.get('command', '?')}` (pid {pid} on {host})"
+        if host != socket.gethostname() or _alive(pid):
+            raise OutputLocked(
+                f"{out} is being written by {who}: its lock {lock} is held — wait for it to finish, or choose "
+                "another --out (if that process is gone, delete the lock file)")
+        print(f"specdraft {command}: taking over the stale lock {lock} of {who}, which is no longer running",
+              file=sys.stderr)
+        try:
+            lock.unlink()
+        except FileNotFoundError:
+            pass
+    raise OutputLocked(f"{out}: could not take its lock {lock} (other processes keep taking it)")
+
+
+def unlock_output(lock: Path | None) -> None:
+    """Release a lock this process holds (``lock_output``'s return); one another process took over is left."""
+    if lock is not None and (_lock_holder(lock) or {}).get("pid") == os.getpid():
+        lock.unlink(missing_ok=True)
+
+
+@contextmanager
+def held_output(out: str | Path, command: str) -> Iterator[None]:
+    """``out`` locked for ``command`` while the block runs (``lock_output``), and afterwards left as it was
+    when the block wrote nothing there: a command refused (or failed) before its work removes the marker it
+    wrote and the directory it created, so a refused run leaves no ``--out`` behind."""
+    loc = location.as_location(out)
+    local = None if location.is_url(loc) else Path(loc).expanduser()
+    existed = local is not None and local.exists()
+    before = {p.name for p in local.iterdir()} if existed and local.is_dir() else set()
+    lock = lock_output(out, command)
+    try:
+        yield
+    finally:
+        unlock_output(lock)
+        if local is not None and local.is_dir() and MARKER not in before:
+            if {p.name for p in local.iterdir()} <= before | {MARKER}:  # nothing written but the marker
+                (local / MARKER).unlink(missing_ok=True)
+                if not existed:
+                    local.rmdir()
