@@ -115,13 +115,21 @@ def model_uri_without_registry(tmp: Path) -> list[str]:
             "--out", str(tmp / "exp")]
 
 
+def zero_size(tmp: Path) -> list[str]:
+    (tmp / "prompts.jsonl").write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n')
+    return ["dump", "--target", str(PREBUILT_DIR), "--prompts", str(tmp / "prompts.jsonl"), "--out", str(tmp / "out"),
+            "samples_per_shard=0"]
+
+
 LISTENERS: list[socket.socket] = []
 RUN: dict[str, Callable[[Path], list[str]]] = {
     "out-not-empty": out_not_empty, "out-is-an-input": out_is_an_input, "out-locked": out_locked,
     "config-error": config_error, "unloadable-target": unloadable_target,
+    "zero-size": zero_size,
     "tracking-unreachable": tracking_unreachable, "model-uri-without-registry": model_uri_without_registry,
 }
-BY_ITS_TEST = {"wrong-target", "corrupt-chunk", "ctrl-c", "ray-worker-failure"}  # a training run or Ray: its own test
+BY_ITS_TEST = {"wrong-target", "corrupt-chunk", "ctrl-c", "ray-worker-failure",  # a training run or Ray
+               "config-disagrees-with-weights", "corrupt-parquet", "pickle-target", "empty-input"}  # a model or draft built first
 
 
 @pytest.mark.parametrize("case", sorted(table()))
