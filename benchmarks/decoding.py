@@ -224,7 +224,7 @@ def _stage_epochs(config: str) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    """The Markdown table of the run (README "Benchmarks" and the report)."""
+    """The Markdown table of the run (docs/development.md "Benchmarks" and the report)."""
     lines = ["| target | loop | vanilla tok/s (cpu) | PLD speedup (cpu / wall) | chain speedup | tree speedup "
              "| τ chain / tree / PLD | efficiency chain / tree / PLD (cpu) |", "|" + "---|" * 8]
     for name, res in results["targets"].items():

@@ -1,6 +1,6 @@
 """The local (ephemeral) Prefect API a ``specdraft run`` starts when no server is configured.
 
-README "What the first run does": the toy run must work on a fresh, loaded 2-core machine. Prefect
+docs/first-run.md "What the first run does": the toy run must work on a fresh, loaded 2-core machine. Prefect
 starts its ephemeral API as a uvicorn subprocess and waits ``server.ephemeral.startup_timeout_seconds``
 (20 s by default) for it; the first start migrates a new SQLite database, which on such a machine
 takes longer, and a database shared through ``~/.prefect`` can be locked by another run. So, unless

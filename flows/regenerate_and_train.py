@@ -1,5 +1,5 @@
 """The ``regenerate-and-train`` Prefect flow: prepare -> regenerate -> dump -> train -> evaluate -> register
-(README "Commands", ``specdraft run``; "The nightly deployment").
+(docs/commands.md, ``specdraft run``; docs/operations.md "The nightly deployment").
 
 Tasks are thin: each loads the config, calls one ``pipelines.stages`` function and returns
 its record (a frozen dataclass of paths, keys, metrics: ``pipelines.stages.Prepared`` ...

@@ -1,8 +1,8 @@
 """Connecting to Ray (a local cluster or ``address``), the one way every stage does it.
 
-README "The nightly deployment" (Ray): ``ray.init(address=...)`` — none -> a local cluster, a cluster address or a
-``ray://`` URL -> that cluster. Local runs start without the dashboard UI (two cores are precious),
-and some Ray components then log the same harmless lines over and over, tracebacks included:
+docs/operations.md "The nightly deployment" (Ray): ``ray.init(address=...)`` — none -> a local cluster,
+a cluster address or a ``ray://`` URL -> that cluster. Local runs start without the dashboard UI (two cores
+are precious), and some Ray components then log the same harmless lines over and over, tracebacks included:
 
 * Ray Train v2's placement-group cleaner (a detached actor beside every training run) polls the
   controller's state through the state API about once a second and warns "Failed to query Ray

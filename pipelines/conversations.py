@@ -17,7 +17,7 @@ strictly alternate user/assistant starting with a user turn. Two shapes are vali
   yet, regenerate writes them).
 
 Files and directories may be local paths or object-store URLs (``s3://bucket/prefix``; see
-``specdraft/store/location.py``; README "Object stores"): a part is serialized in memory and
+``specdraft/store/location.py``; docs/store.md "Object stores"): a part is serialized in memory and
 written whole — locally under a temporary name renamed into place, at a URL in one PUT — so it
 is either absent or complete. Regenerate's parts record the digest of each prompt they answer
 (``prompt_digest``, ``write_part``), so a rerun resumes by content: ``done_prompts`` reads them back

@@ -4,7 +4,7 @@ The metrics are those of "EAGLE: Speculative Sampling Requires Rethinking Featur
 (Li et al., 2024), Section 4 ("Experiments": average acceptance length tau, acceptance rate alpha
 per depth, speedup), measured by lossless speculative decoding ("Fast Inference from Transformers
 via Speculative Decoding", Leviathan et al., 2023, Section 2), beside the prompt-lookup floor
-(README "Evaluation and the prompt-lookup floor").
+(docs/evaluation.md).
 
     questions (driver)   MT-Bench-format files -> globally numbered questions
                          (``specdraft.evaluation.questions.load_question_sets``)

@@ -1,4 +1,4 @@
-"""Ingest prompt sets into the conversation schema (README "Commands": the prompt formats `specdraft regenerate` and `dump` read).
+"""Ingest prompt sets into the conversation schema (docs/commands.md: the prompt formats `specdraft regenerate` and `dump` read).
 
 Reads files, directories (their ``*.json``, ``*.jsonl``, ``*.parquet``, recursively) and glob
 patterns. Each record's format is recognised by its fields:

@@ -1,4 +1,4 @@
-"""The records the flow's stages return and pass on (README "The nightly deployment").
+"""The records the flow's stages return and pass on (docs/operations.md "The nightly deployment").
 
 ``to_dict()`` is the dict the flow, MLflow and a stage's DONE file see (keys in field order); ``from_dict``
 reads one back (a DONE file; unknown keys refused). They cross Prefect task boundaries, so they hold plain
@@ -84,8 +84,7 @@ class Trained(Record):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Evaluated(Record):
-    """``eval``: tau per eval set and the prompt-lookup floor measured beside it (README "Evaluation and
-    the prompt-lookup floor")."""
+    """``eval``: tau per eval set and the prompt-lookup floor measured beside it (docs/evaluation.md)."""
 
     key: str
     eval_key: str  # the eval sets + settings: tau is only compared between equal eval keys

@@ -3,8 +3,8 @@
 The draft must learn the *target's* distribution (self-distillation: "Medusa: Simple LLM Inference
 Acceleration Framework with Multiple Decoding Heads", §3.3.2), so the dataset's assistant turns are
 dropped and each user turn is answered by the target conditioned on its own earlier answers (turn t
-sees the target's answers to turns 1..t-1). README "Commands" (``specdraft regenerate``) and
-"Object stores".
+sees the target's answers to turns 1..t-1). docs/commands.md (``specdraft regenerate``) and
+docs/store.md "Object stores".
 
     ingest (driver)      prompt files -> normalized rows + rejects.jsonl (pipelines/ingest.py);
                          conversations already in the output dir are skipped (resume) when their

@@ -1,5 +1,5 @@
 """Model registry: register the trained draft and move the champion alias only on a better tau
-(README "Evaluation and the prompt-lookup floor", "Serving a draft").
+(docs/evaluation.md, docs/serving.md).
 
 The draft directory (``config.json`` + ``model.safetensors``, loadable on its own) is
 logged as the run's ``draft`` artifact and registered as a new version of the configured

@@ -1,4 +1,4 @@
-"""The one-page report of a ``regenerate-and-train`` run (README "The nightly deployment"): a self-contained HTML
+"""The one-page report of a ``regenerate-and-train`` run (docs/first-run.md, "The run report"): a self-contained HTML
 file — the run summary's rows (``pipelines.summary``) and four plots embedded as PNG data — written to the
 workdir and logged to the run's MLflow parent run as ``report.html``.
 

@@ -1,5 +1,5 @@
-"""The stages of ``regenerate-and-train`` as plain functions over a run config (README "Commands",
-``specdraft run``; "The nightly deployment").
+"""The stages of ``regenerate-and-train`` as plain functions over a run config (docs/commands.md,
+``specdraft run``; docs/operations.md "The nightly deployment").
 
 Each stage writes under ``<workdir>/<stage>/<key>/`` where ``key`` hashes the stage's
 inputs (its config section, upstream output keys, and the code version where it

@@ -1,5 +1,5 @@
 """The run summary of ``regenerate-and-train``: what happened and where, readable in ten seconds
-(README "Commands", ``specdraft run``; "The nightly deployment").
+(docs/commands.md, ``specdraft run``; docs/operations.md "The nightly deployment").
 
 Built from the stage records the flow returns (``pipelines.records``, as dicts) and the eval report,
 so ``specdraft run`` prints and the flow-run log holds the same text (the flow renders it once). It says:

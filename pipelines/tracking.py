@@ -6,7 +6,8 @@ Train rank-0 worker, which attaches and logs into it. Params are flattened confi
 values; keys that look like secrets are never logged. With tracking disabled, ``open_run``
 returns a ``NullRun``: the same methods, doing nothing, so callers never branch on
 whether tracking is on (a null object instead of a flag). The flow's runs and the registry that
-reads them: README "Commands" (``specdraft run``) and "The nightly deployment".
+reads them: docs/commands.md (``specdraft run``) and docs/operations.md
+"The nightly deployment".
 """
 
 from __future__ import annotations

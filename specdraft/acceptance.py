@@ -1,6 +1,5 @@
 """Offline acceptance estimate from stored target states (acceptance rates as in "EAGLE-2: Faster
-Inference of Language Models with Dynamic Draft Trees" §5; README "Evaluation and the prompt-lookup
-floor").
+Inference of Language Models with Dynamic Draft Trees" §5; docs/evaluation.md).
 
 Chain drafting is simulated against the stored features with the late-stage machinery
 ("Cross-Attention Speculative Decoding" (Beagle) §4.2: windows of ``depth`` from every offset,

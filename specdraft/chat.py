@@ -1,7 +1,7 @@
 """Render a conversation with the target's chat template and mark what the draft learns.
 
 The loss mask is 1 on exactly the assistant-content tokens and their end-of-turn token
-(README "The core in one page": feature store). Spans come from the template itself — never
+(docs/concepts.md "The core in one page": feature store). Spans come from the template itself — never
 from per-model string hacks — so any HF chat template works:
 
 * prefix-stable templates (most): the text added by rendering assistant message m, versus

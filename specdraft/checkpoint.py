@@ -1,6 +1,6 @@
 """A target's checkpoint on disk ("EAGLE", §3: the draft reuses the target's own weights, so they must be the
 model its ``config.json`` describes): the directory, its safetensors files, where each tensor lives, and the
-strict check of a load (README "Guarantees": a checkpoint whose weights disagree with its config is refused).
+strict check of a load (docs/guarantees.md: a checkpoint whose weights disagree with its config is refused).
 
 ``specdraft.target`` loads and fingerprints a target through these; only local directories are read.
 """

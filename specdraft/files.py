@@ -1,6 +1,6 @@
 """Local files and directories written whole: a temporary sibling, then a rename into place.
 
-README "Object stores" (the commit rules; local paths are the rename half of them): a path that
+docs/store.md "Object stores" (the commit rules; local paths are the rename half of them): a path that
 exists holds a complete file or directory, because it is written under a hidden temporary name
 in the same directory and renamed into place (a POSIX rename is atomic) only once complete. A
 temporary is named ``.<name>.tmp-<pid>-<8 hex>``: readers skip hidden names, and the pid says

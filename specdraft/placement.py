@@ -1,4 +1,4 @@
-"""Where the target runs: device, dtype, attention kernel and its spread over GPUs (README "Targets
+"""Where the target runs: device, dtype, attention kernel and its spread over GPUs (docs/operations.md "Targets
 larger than one GPU").
 
 The placement decisions of every stage that runs the target (dump prefill, HF regeneration,

@@ -6,7 +6,7 @@ value cannot say alone — that a target directory can be loaded (a ``config.jso
 tokenizer files), that a draft directory or a question file is there — is checked here, from the
 file names only: a few ``stat`` calls, no weights read, no tokenizer built. Every problem is a
 ``ConfigError`` (the CLI's exit 2 with one line; a flow never retries it) naming the option or key and
-the path, instead of a traceback after Ray, the workers or the models started (README "Guarantees").
+the path, instead of a traceback after Ray, the workers or the models started (docs/guarantees.md).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Everything the system needs from the served LLM (the *target*), as plain functio
 * ``target_fingerprint`` / ``target_id`` / ``check_target``: the target's content fingerprint (a
   digest of its ``config.json`` and its weights' bytes, cached beside the model), the identity string derived from it that
   keys every stage, and the check every consumer of an artifact (regenerated answers, a store, a
-  draft) makes before its expensive part: the artifact was made from this target (README "Guarantees").
+  draft) makes before its expensive part: the artifact was made from this target (docs/guarantees.md).
 
 Only local directories are read here; fetching a hub id is the caller's job.
 """

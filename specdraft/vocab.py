@@ -1,4 +1,4 @@
-"""The draft vocabulary of an EAGLE-3 draft ("EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time Test" §3; the d2t/t2d maps the engines read, README "Serving a draft").
+"""The draft vocabulary of an EAGLE-3 draft ("EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time Test" §3; the d2t/t2d maps the engines read, docs/serving.md).
 
 The draft predicts over the ``size`` target tokens it is most often trained to predict: the
 token after every loss-masked position (what the target generated in the assistant spans),

@@ -1,4 +1,4 @@
-"""The evaluation's settings (README "Evaluation and the prompt-lookup floor"; τ as in "EAGLE-2: Faster
+"""The evaluation's settings (docs/evaluation.md; τ as in "EAGLE-2: Faster
 Inference of Language Models with Dynamic Draft Trees", §5): decode settings, the prompt-lookup floor,
 placement, workers, the baseline cache and the serving engine's measurement.
 

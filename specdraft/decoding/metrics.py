@@ -1,4 +1,4 @@
-"""Acceptance metrics of speculative decoding (README "Evaluation and the prompt-lookup floor"; "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" §5).
+"""Acceptance metrics of speculative decoding (docs/evaluation.md; "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees" §5).
 
 Definitions (``speculative.Generation`` counts; sums run over all turns of a group):
 * τ (average acceptance length) = Σ round_tokens / Σ rounds: tokens produced per target

@@ -1,5 +1,5 @@
 """Speculative and vanilla generation, batch 1 ("EAGLE-2: Faster Inference of Language Models with
-Dynamic Draft Trees" §4; README "Evaluation and the prompt-lookup floor").
+Dynamic Draft Trees" §4; docs/evaluation.md).
 
 One generation loop, ``speculative_decode(target, drafter, prompt_ids, cfg)``, serves every
 drafter (a model draft here, training-free prompt lookup in ``prompt_lookup``):

@@ -1,4 +1,4 @@
-"""Evaluation of a draft against its target (README "Evaluation and the prompt-lookup floor"; τ as in
+"""Evaluation of a draft against its target (docs/evaluation.md; τ as in
 "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees", §5): our decoder, the
 prompt-lookup floor and the serving engine, on MT-Bench-format question sets.
 

@@ -1,5 +1,5 @@
 """Floors and baselines computed once: the vanilla baseline and the prompt-lookup floor of a question
-set, cached on disk (README "Evaluation and the prompt-lookup floor"; τ and speedup as in "EAGLE-2:
+set, cached on disk (docs/evaluation.md; τ and speedup as in "EAGLE-2:
 Faster Inference of Language Models with Dynamic Draft Trees", §5).
 
 Vanilla decoding and prompt-lookup decoding (PLD) of a question set depend only on the target, the

@@ -1,5 +1,5 @@
 """What crosses between the driver and the engine process (``engine_process``) of the engine measurement
-(README "Evaluation and the prompt-lookup floor"): the request — target, exported drafts, questions, engine
+(docs/evaluation.md): the request — target, exported drafts, questions, engine
 and sampling settings — and the engine's answers and counters, prompt for prompt. Plain JSON both ways.
 """
 

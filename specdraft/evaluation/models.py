@@ -1,6 +1,6 @@
 """The models an evaluation decodes with: the target (over ``EvalSettings.gpus`` GPUs), the draft on the
-target's output device, and the tokenizer with its chat template (README "Evaluation and the prompt-lookup
-floor"; the draft reads the target's hidden states as in "EAGLE: Speculative Sampling Requires Rethinking
+target's output device, and the tokenizer with its chat template (docs/evaluation.md;
+the draft reads the target's hidden states as in "EAGLE: Speculative Sampling Requires Rethinking
 Feature Uncertainty", §3).
 """
 

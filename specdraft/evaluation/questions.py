@@ -1,5 +1,5 @@
 """MT-Bench-format question sets and their chat prompts ("Judging LLM-as-a-Judge with MT-Bench and Chatbot
-Arena": the question format; README "Evaluation and the prompt-lookup floor").
+Arena": the question format; docs/evaluation.md).
 
 A question file is JSON Lines (or a JSON list) of ``{"question_id", "category", "turns"}``; its dataset
 name is the file stem (the parent folder's name for a file called ``question.jsonl``, as in FastChat's

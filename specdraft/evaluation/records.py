@@ -1,5 +1,5 @@
 """One question evaluated turn by turn: vanilla, speculative and prompt-lookup decoding on the same prompt,
-one plain record per turn (README "Evaluation and the prompt-lookup floor"; τ and α as in "EAGLE-2: Faster
+one plain record per turn (docs/evaluation.md; τ and α as in "EAGLE-2: Faster
 Inference of Language Models with Dynamic Draft Trees", §5).
 
 For every turn the conversation so far is rendered with the target tokenizer's chat template

@@ -1,5 +1,5 @@
 """An evaluation's report: per-turn records aggregated per dataset and per turn, beside the prompt-lookup
-floor (README "Evaluation and the prompt-lookup floor"; τ, α_i and speedup as in "EAGLE-2: Faster Inference
+floor (docs/evaluation.md; τ, α_i and speedup as in "EAGLE-2: Faster Inference
 of Language Models with Dynamic Draft Trees", §5; the metrics themselves are ``decoding.metrics.summarize``).
 
 The summary reports ``tau_pld``, ``alpha_pld``, ``pld_lossless`` and ``tau_over_pld`` beside the draft's τ;

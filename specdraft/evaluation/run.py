@@ -1,5 +1,5 @@
-"""``run_eval``: a draft evaluated against its target on question files, in one call (README "Evaluation
-and the prompt-lookup floor"; the question format of "Judging LLM-as-a-Judge with MT-Bench and Chatbot
+"""``run_eval``: a draft evaluated against its target on question files, in one call (docs/evaluation.md;
+the question format of "Judging LLM-as-a-Judge with MT-Bench and Chatbot
 Arena": questions are independent, so they spread over workers).
 
 Questions are loaded and numbered (``questions``), the draft checked against the target, the split decided

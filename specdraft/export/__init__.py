@@ -1,4 +1,4 @@
-"""Export a trained draft to the checkpoint formats serving engines load (README "Serving a draft").
+"""Export a trained draft to the checkpoint formats serving engines load (docs/serving.md).
 
     export_draft(draft_dir, "speculators" | "sglang" | "eagle", out_dir, target=TARGET_DIR)
 

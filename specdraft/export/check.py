@@ -1,6 +1,6 @@
 """``check_export``: re-read an exported directory and refuse what an engine would silently misread.
 
-Each known export failure of the anchors (README "Serving a draft") has its own check and message:
+Each known export failure of the anchors (docs/serving.md) has its own check and message:
 missing ``d2t`` (vLLM then maps draft id i to target id i), ``d2t`` written as absolute ids
 instead of offsets, a ``t2d`` that disagrees with it, auxiliary-layer ids off by one for the
 engine's convention (vLLM: the state entering layer i; SGLang: the output of layer k), an

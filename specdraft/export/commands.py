@@ -1,4 +1,4 @@
-"""The commands that serve an exported draft with its target (README "Serving a draft"; the engines' current docs).
+"""The commands that serve an exported draft with its target (docs/serving.md; the engines' current docs).
 
 * vLLM: ``vllm serve TARGET --speculative-config '{"method": M, "model": DIR, "num_speculative_tokens": K}'``
   with the method the export's architecture is served by (``eagle3`` for a speculators directory, which

@@ -1,4 +1,4 @@
-"""What an export must produce (README "Serving a draft"): the draft, the facts taken from its target, the format.
+"""What an export must produce (docs/serving.md): the draft, the facts taken from its target, the format.
 
 The facts an engine needs but a draft directory does not hold come from the target's own
 ``config.json``: its context length (``max_position_embeddings`` — a draft config left at 2048

@@ -7,7 +7,7 @@ saved as ``config.json`` beside the weights so a draft loads from its directory 
 
 Features and vocabulary ("EAGLE-3: Scaling up Inference Acceleration of Large Language Models via
 Training-Time Test" §3; "SpecForge: A Flexible and Efficient Open-Source Training Framework for
-Speculative Decoding" §2.4; README "Serving a draft"):
+Speculative Decoding" §2.4; docs/serving.md):
 * ``aux_layers`` empty: the draft reads the target's last hidden state (d per token);
   otherwise the concatenated states of those target layers (HF ``output_hidden_states``
   indices: i = the state entering decoder layer i), projected by ``fc`` to d.

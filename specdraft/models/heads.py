@@ -4,7 +4,7 @@ Every draft reads token embeddings from the target's frozen ``embed_tokens`` ("C
 Speculative Decoding" (Beagle) §4.1; EAGLE likewise). Its output head is either
 * shared (Beagle, EAGLE-1/2): the target's frozen lm_head over the whole vocabulary; or
 * its own ("EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time
-  Test" §3; README "Serving a draft"): ``norm`` then a trainable ``lm_head`` over a draft vocabulary of
+  Test" §3; docs/serving.md): ``norm`` then a trainable ``lm_head`` over a draft vocabulary of
   ``draft_vocab_size`` target ids, with ``d2t`` (offsets: target id = draft id + d2t[draft id])
   and ``t2d`` (which target ids the draft can emit), initialised from the target's lm_head rows.
 A block draft ("DFlash: Block Diffusion for Flash Speculative Decoding" §3) keeps its trainable final

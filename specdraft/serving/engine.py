@@ -1,5 +1,5 @@
-"""The serving engine measurement's settings (``eval.engine`` in a run config; README "Evaluation and the
-prompt-lookup floor"): which engine serves the exported draft beside our decoder, and how it is started.
+"""The serving engine measurement's settings (``eval.engine`` in a run config; docs/evaluation.md):
+which engine serves the exported draft beside our decoder, and how it is started.
 
 Settings only (the measurement itself is ``specdraft.evaluation.engine``): this module imports no engine,
 no torch. The engine's context ``max_model_len`` defaults to the target's own (``max_position_embeddings``,

@@ -1,6 +1,6 @@
 """The feature store: schema, shard writing, manifest and validation, and the training reader.
 
-Implements the feature store of README "The core in one page" — the contract between the dump stage
+Implements the feature store of docs/concepts.md "The core in one page" — the contract between the dump stage
 (``pipelines/dump.py``, which produces the arrays) and training (which reads them). A store is a
 directory (a local path or an fsspec URL such as ``s3://bucket/prefix``) of Zarr v3 shards
 ``shard-XXXXX.zarr`` plus ``manifest.json``:

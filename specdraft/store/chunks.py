@@ -1,4 +1,4 @@
-"""A shard's chunks as the reader reads them: integrity checked chunk by chunk (README "Guarantees").
+"""A shard's chunks as the reader reads them: integrity checked chunk by chunk (docs/guarantees.md).
 
 Every chunk of a shard written with checksums ends with its crc32c (the writer's Zarr ``crc32c`` codec,
 checked on decode), and the chunks Zarr leaves unstored because they hold only fill values are listed in

@@ -1,6 +1,6 @@
 """Where a store lives: a local directory, or an object-store URL (fsspec: ``s3://bucket/prefix``, ``gs://``).
 
-README "Object stores": a store lives at a local path or an object-store URL so that every node of
+docs/store.md "Object stores": a store lives at a local path or an object-store URL so that every node of
 a cluster reads the same store. This module is the one seam between the store's logic and its
 storage; it also serves the regenerate stage's output directory.
 

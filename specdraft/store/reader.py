@@ -9,7 +9,7 @@ features stay in their stored dtype (float16 / bfloat16 / int8 codes + scales) u
 the next batches (pinned when CUDA is available) while the trainer computes (``EpochBatches``,
 iteration). The split and the batch plan are ``store/batching.py``'s.
 
-Integrity (README "Guarantees"): every chunk read is checked — against its crc32c (the writer's
+Integrity (docs/guarantees.md): every chunk read is checked — against its crc32c (the writer's
 ``crc32c`` codec, verified by Zarr's codec on decode) and for presence (a shard written with checksums
 stores every chunk but those its record lists as fill-valued; Zarr would return a lost one as fill
 values) — and a bad chunk is a one-line

@@ -1,6 +1,6 @@
 """Feature-store schema: array names, dtypes and shapes, hidden-state codecs, shard names, digests.
 
-The feature store (README "The core in one page"): per shard, all sequences concatenated: ``input_ids``
+The feature store (docs/concepts.md "The core in one page"): per shard, all sequences concatenated: ``input_ids``
 int32 [N], ``loss_mask`` uint8 [N], ``hidden`` [N, d] (codec ``fp16`` float16 | ``bf16`` bfloat16
 bits as uint16 | ``int8`` with ``hidden_scale`` float32 [N], lossy), ``topk_ids`` int32 [N, K],
 ``topk_logits`` float16 [N, K], ``logsumexp`` float32 [N], ``offsets`` int64 [S+1],

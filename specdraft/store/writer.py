@@ -1,6 +1,6 @@
 """Shard writing: one writer per shard, into a temporary directory renamed into place when complete.
 
-README "Object stores" gives the commit rules; ``location.write_directory`` applies them.
+docs/store.md "Object stores" gives the commit rules; ``location.write_directory`` applies them.
 
 Locally a ``shard-XXXXX.zarr`` name always holds a complete shard (temporaries are never read). At
 an object-store URL there is no rename: the shard is written under its final prefix (a killed
@@ -72,7 +72,7 @@ def write_shard(
     counts and per-array sha256) is stored as the shard group's ``specdraft_shard`` attribute,
     written last, and returned for the manifest.
 
-    Integrity (README "Guarantees"): every chunk ends with its crc32c (``CHUNK_CHECKSUM``, recorded in the
+    Integrity (docs/guarantees.md): every chunk ends with its crc32c (``CHUNK_CHECKSUM``, recorded in the
     record), and the chunks Zarr leaves unstored because they hold only fill values are listed in the
     record (``fill_chunks``: array -> chunk indices), so a chunk absent on read that is not listed is a
     lost chunk, not zeros (shards written with checksums before ``fill_chunks`` store every chunk).

@@ -1,6 +1,6 @@
 """Build the toy target: a small Llama chat model trained on synthetic conversations.
 
-README "What the first run does": the laptop demo needs a real Hugging Face model directory
+docs/first-run.md "What the first run does": the laptop demo needs a real Hugging Face model directory
 to stand in for a served LLM. ``build_toy_target`` generates conversations
 (``conversations.py``; GSM8K-style word problems, ``word_problems.py``, with
 ``data=word_problems``), trains a byte-level BPE tokenizer with a chat template

@@ -1,4 +1,4 @@
-"""Synthetic structured chat data for the toy target (README "What the first run does").
+"""Synthetic structured chat data for the toy target (docs/first-run.md "What the first run does").
 
 Deterministic given a seed: every conversation comes from one ``random.Random``. The
 tasks have templated, checkable answers (arithmetic, counting, word games, sorting,
