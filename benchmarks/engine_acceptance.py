@@ -51,7 +51,8 @@ def measure(args: argparse.Namespace) -> dict:
     from specdraft.features import compute_features
     from specdraft.models import read_draft_config, save_draft
     from specdraft.quickstart import train_on_samples
-    from specdraft.recipes import RECIPES, TrainConfig, split_epochs
+    from specdraft.configs.train import TrainConfig
+    from specdraft.recipes import RECIPES
     from specdraft.serving.engine import EngineRequest, EngineSettings, compare, measure_engine
     from specdraft.target import load_target_model, load_tokenizer
     from specdraft.toy.build import ToyTargetConfig, build_toy_target
@@ -71,7 +72,7 @@ def measure(args: argparse.Namespace) -> dict:
     recipes, exports, trained_info = args.recipes.split(","), {}, {}
     for recipe in recipes:
         stages = len(RECIPES[recipe].stages)
-        cfg = TrainConfig(recipe=recipe, epochs=split_epochs(max(args.epochs, stages), stages), min_steps=0, seed=0,
+        cfg = TrainConfig(recipe=recipe, epochs=max(args.epochs, stages), min_steps=0, seed=0,  # split over the stages
                           optim=OptimConfig(lr=2e-3, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1))
         trained = train_on_samples(target, cfg, train, held_out, aux_layers=aux)
         draft = save_draft(trained.run.draft, work / "drafts" / recipe)

@@ -35,16 +35,16 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from transformers.utils.logging import tqdm
 
 from specdraft import files
-from specdraft.config import ConfigError, to_dict
+from specdraft.config import to_dict
 from specdraft.decoding.baselines import CACHE_FIELD, Baselines, machine, prompt_digest
 from specdraft.decoding.metrics import first_mismatch, summarize
-from specdraft.decoding.prompt_lookup import PromptLookupConfig, prompt_lookup_generate
+from specdraft.decoding.prompt_lookup import prompt_lookup_generate
 from specdraft.decoding.speculative import (
     DecodeConfig,
     Generation,
@@ -60,43 +60,10 @@ from specdraft.placement import (
     resolve_device,
     resolve_dtype,
 )
-from specdraft.serving.engine import EngineSettings
+from specdraft.configs.evaluation import EngineSettings, EvalSettings  # noqa: F401 - imported from here too
 from specdraft.target import load_target_model, load_tokenizer, target_fingerprint
 
 TIMING_KEYS = ("wall_s", "draft_s", "verify_s", "baseline_wall_s", "wall_s_pld", "draft_s_pld", "verify_s_pld")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EvalSettings:
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
-    pld: PromptLookupConfig = field(default_factory=PromptLookupConfig)  # the prompt-lookup floor
-    max_questions: int | None = None  # per question file
-    seed: int = 0
-    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    gpus: int = 1  # GPUs per model copy: the target is spread over them (device_map); a Ray replica requests as many
-    # vanilla and speculative decoding use the same kernel; tree verification passes a 4D mask,
-    # which flash-attention cannot take, so eval targets load with sdpa (or eager)
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
-    system_prompt: str | None = None
-    warmup: bool = True  # one short untimed generation before the first timed one
-    # processes the questions are spread over: None = one per CPU core (CPU) or per ``gpus`` GPUs (CUDA);
-    # 1 = in this process. Records are the same whatever the split (timings aside)
-    workers: int | None = None
-    # vanilla / prompt-lookup cache directory: "auto" = beside the report (``<report dir>/baselines``; the
-    # flow's: ``<workdir>/eval/baselines``; no report: none), "off" = decode them every time, else a directory
-    baselines: str = "auto"
-    engine: EngineSettings = field(default_factory=EngineSettings)  # the serving engine's measurement (vLLM)
-
-    def __post_init__(self) -> None:
-        if self.max_questions is not None and self.max_questions < 1:
-            raise ConfigError(f"max_questions={self.max_questions}: must be >= 1 (or null: every question)")
-        if self.gpus < 1:
-            raise ConfigError(f"gpus={self.gpus}: must be >= 1")
-        if self.workers is not None and self.workers < 1:
-            raise ConfigError(f"workers={self.workers}: must be >= 1 (or null: one per core / GPU group)")
-        if not self.baselines:
-            raise ConfigError("baselines: 'auto', 'off' or a directory")
 
 
 @dataclass

@@ -29,45 +29,12 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from specdraft.config import ConfigError
+from specdraft.configs.evaluation import EngineSettings  # noqa: F401 - imported from here too
 
 METRIC = "vllm:spec_decode_"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EngineSettings:
-    name: Literal["none", "vllm"] = "none"  # measure served acceptance too: vllm (the draft exported, then served)
-    speculative_tokens: int = 3  # K: draft tokens per step (vLLM drafts chains)
-    dtype: str = "auto"  # auto: float32 on CPU, the target's dtype on GPU | float32 | bfloat16 | float16
-    max_model_len: int = 2048  # the engine's context (prompt + answer)
-    tensor_parallel_size: int = 1  # GPUs the engine spreads the target over
-    gpu_memory_utilization: float = 0.85  # GPU memory vLLM may take (GPU only)
-    cpu_kvcache_gib: int = 1  # KV cache on a CPU engine (VLLM_CPU_KVCACHE_SPACE)
-    enforce_eager: bool | None = None  # no CUDA graphs / compilation; None: on CPU only
-    max_gap: float = 0.03  # |engine - ours| / ours above this: a warning in the run summary
-    timeout_s: float = 3600.0  # the engine process is stopped after this long
-
-    def __post_init__(self) -> None:
-        if self.name not in ("none", "vllm"):
-            raise ConfigError(f"name: must be 'none' or 'vllm', got {self.name!r}")
-        if self.speculative_tokens < 1:
-            raise ConfigError(f"speculative_tokens={self.speculative_tokens}: must be >= 1")
-        if self.max_model_len < 2:
-            raise ConfigError(f"max_model_len={self.max_model_len}: must be >= 2")
-        if self.tensor_parallel_size < 1:
-            raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size}: must be >= 1")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1]")
-        if self.cpu_kvcache_gib < 1:
-            raise ConfigError(f"cpu_kvcache_gib={self.cpu_kvcache_gib}: must be >= 1")
-        if self.max_gap < 0:
-            raise ConfigError(f"max_gap={self.max_gap}: must be >= 0")
-
-    @property
-    def enabled(self) -> bool:
-        return self.name != "none"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

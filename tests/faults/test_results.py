@@ -18,7 +18,7 @@ import torch
 from pipelines.train import run_training
 from specdraft.config import ConfigError, load
 from specdraft.features import compute_features, sample_arrays
-from specdraft.recipes import ScalingSection, TrainConfig
+from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.run import fit_batches
 from specdraft.store import FeatureDataset, ReaderConfig, make_manifest, write_manifest, write_shard
 from specdraft.target import load_target_model, load_tokenizer
@@ -44,7 +44,7 @@ def config(**kw) -> TrainConfig:
                 min_steps=1, optim=OptimConfig(lr=3e-3, warmup_steps=1),
                 reader=ReaderConfig(max_tokens=4096, val_fraction=0.0, seed=0))
     base.update(kw)
-    return TrainConfig(**base)
+    return ClusterTrainConfig(**base)
 
 
 def metric_rows(out: Path) -> list[dict]:
