@@ -60,7 +60,7 @@ def test_spread_gpus(num_gpus, spread):
 
 @pytest.mark.parametrize("num_gpus", [0, -1, 1.5, 2.25])
 def test_spread_gpus_rejects(num_gpus):
-    with pytest.raises(AssertionError, match="fraction <= 1"):
+    with pytest.raises(ConfigError, match="fraction <= 1"):
         placement.spread_gpus(num_gpus)
 
 
