@@ -24,7 +24,7 @@ SHARED = ("threads", "seed", "epochs", "max_tokens", "lr", "warmup", "schedule",
 
 
 def train_config(args: dict[str, Any], recipe: str):
-    """The ``TrainConfig`` of ``recipe`` under the benchmark's shared settings (batches not refitted)."""
+    """The ``ClusterTrainConfig`` of ``recipe`` under the benchmark's shared settings (batches not refitted)."""
     from dataclasses import replace
 
     from pipelines.configs import ClusterTrainConfig, ScalingSection

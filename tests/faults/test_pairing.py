@@ -100,7 +100,7 @@ def store(local_ray, targets, rows, tmp_path_factory) -> Path:
     return out
 
 
-def small_train(**kw) -> TrainConfig:
+def small_train(**kw) -> ClusterTrainConfig:
     return ClusterTrainConfig(recipe="hass", epochs=[1], seed=0, min_steps=4, checkpoint_every=1000, log_every=1000,
                        sim_depth=2, optim=OptimConfig(lr=1e-3, warmup_steps=1),
                        reader=ReaderConfig(max_tokens=1024, val_fraction=0.2, seed=0),

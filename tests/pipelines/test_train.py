@@ -49,7 +49,7 @@ def toy_store(tiny_toy_target, tmp_path_factory) -> Path:
     return out
 
 
-def small_config(**kw) -> TrainConfig:
+def small_config(**kw) -> ClusterTrainConfig:
     base = dict(
         recipe="beagle", epochs=[2, 1], seed=0, checkpoint_every=4, sim_depth=4, log_every=1000,
         optim=OptimConfig(lr=3e-3, warmup_steps=5, schedule="cosine", min_lr_ratio=0.1),
