@@ -7,7 +7,9 @@ reach every layer; each command imports what it needs lazily, so ``specdraft --h
 Config-bearing commands are bound to their config dataclass (``flows/options.py``): they
 take ``--config FILE`` plus trailing ``key=value`` overrides, and their ``--help`` lists
 every field with its default and description. The few other options are paths and switches, and a handful
-of familiar flags (``train --recipe``, ``eval --mode``) are sugar for one override each.
+of familiar flags (``train --recipe``, ``eval --mode``) are sugar for one override each; the options every
+writing command shares (``--out``, ``--overwrite``, ``--quiet``) are declared once (``add_out``). The commands'
+bodies are ``flows/commands.py``.
 """
 
 from __future__ import annotations
