@@ -24,7 +24,9 @@ import torch
 
 from pipelines.dump import dump_features
 from specdraft.features import FeaturesConfig
-from specdraft.recipes import RECIPES, TrainConfig
+from specdraft.configs.train import TrainConfig
+from specdraft.plan import build_plan
+from specdraft.recipes import RECIPES
 from specdraft.run import build_run, validate_draft
 from specdraft.store import EpochBatches, FeatureDataset, ReaderConfig
 from specdraft.target import load_target_heads
@@ -39,11 +41,11 @@ def train_and_score(store: Path, val_store: Path, target: Path, recipe: str, epo
     cfg = TrainConfig(recipe=recipe, epochs=[max(1, epochs // stages)] * stages, min_steps=0, seed=seed,
                       optim=OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1),
                       reader=ReaderConfig(max_tokens=1024, val_fraction=0.15, seed=seed))
-    run = build_run(cfg, target, lambda split, reader: FeatureDataset([store if split == "train" else val_store],
-                                                                      reader, split=split))
-    offsets = [sum(s.epochs for s in run.stages[:i]) for i in range(len(run.stages))]
+    plan = build_plan(cfg)
+    run = build_run(cfg, plan, target, lambda split, reader: FeatureDataset([store if split == "train" else val_store],
+                                                                            reader, split=split))
     started = time.perf_counter()
-    run.trainer.run(lambda stage, epoch: EpochBatches(run.train, offsets[stage] + epoch))
+    run.trainer.run(lambda stage, epoch: EpochBatches(run.train, plan.epoch_offsets[stage] + epoch))
     counts = validate_draft(run.draft, run.val, 5, 10_000, "cpu")
     return {"sim_tau": counts.sim_tau, "alpha": counts.alpha, "steps": run.trainer.state.step,
             "train_s": time.perf_counter() - started}

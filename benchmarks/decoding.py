@@ -212,14 +212,9 @@ def run_flow(work: Path, before: Path | None, tmp: Path) -> dict[str, Any]:
 def _stage_epochs(config: str) -> str:
     """``train.epochs=[...]``: the config's epochs, one count per stage of its recipe. An older loop's config
     loader wants them so (it predates one total split over the stages); the eval stage never reads them."""
-    from pipelines.stages import RunConfig
+    from pipelines.configs import RunConfig
     from specdraft.config import load
-    from specdraft.recipes import RECIPES, split_epochs
-
-    train = load(RunConfig, ROOT / config).train
-    epochs = train.epochs
-    if isinstance(epochs, int):
-        epochs = split_epochs(epochs, len(RECIPES[train.recipe].stages))
+    epochs = [s.epochs for s in load(RunConfig, ROOT / config).train.resolved()[1]]
     return f"train.epochs=[{','.join(str(e) for e in epochs)}]"
 
 

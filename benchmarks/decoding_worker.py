@@ -226,7 +226,7 @@ def evaluate_again(config: str, target: str, draft: str, report: str, out: str, 
     import inspect
 
     from pipelines.evaluate import evaluate
-    from pipelines.stages import RunConfig
+    from pipelines.configs import RunConfig
     from specdraft.config import load
 
     cfg = load(RunConfig, config, [f"workdir={Path(report).parents[2]}", *overrides])

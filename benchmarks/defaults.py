@@ -231,7 +231,7 @@ def train_finish(job: dict[str, Any]) -> dict[str, Any]:
 
 def split_sizes(store: Path) -> dict[str, int]:
     """Sequences in the train run's default train / validation split of ``store``."""
-    from specdraft.recipes import TrainConfig
+    from specdraft.configs.train import TrainConfig
     from specdraft.store import FeatureDataset
 
     reader = TrainConfig().reader

@@ -45,19 +45,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from specdraft.decoding.eval import EvalSettings
+    from specdraft.configs.evaluation import EvalSettings
     from specdraft.decoding.speculative import DecodeConfig
     from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
     from specdraft.features import compute_features
     from specdraft.models import read_draft_config, save_draft
     from specdraft.quickstart import train_on_samples
-    from specdraft.recipes import RECIPES, TrainConfig, split_epochs
+    from specdraft.configs.evaluation import EngineSettings
+    from specdraft.configs.train import TrainConfig
     from specdraft.evaluation.engine import measure_engine
     from specdraft.evaluation.engine_comparison import compare
     from specdraft.evaluation.engine_records import EngineRequest
     from specdraft.evaluation.models import load_models
     from specdraft.evaluation.questions import load_question_sets
-    from specdraft.serving.engine import EngineSettings
+    from specdraft.recipes import RECIPES
     from specdraft.target import load_target_model, load_tokenizer
     from specdraft.toy.build import ToyTargetConfig, build_toy_target
     from specdraft.toy.conversations import generate_conversations
@@ -76,7 +77,7 @@ def measure(args: argparse.Namespace) -> dict:
     recipes, exports, trained_info = args.recipes.split(","), {}, {}
     for recipe in recipes:
         stages = len(RECIPES[recipe].stages)
-        cfg = TrainConfig(recipe=recipe, epochs=split_epochs(max(args.epochs, stages), stages), min_steps=0, seed=0,
+        cfg = TrainConfig(recipe=recipe, epochs=max(args.epochs, stages), min_steps=0, seed=0,  # split over the stages
                           optim=OptimConfig(lr=2e-3, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1))
         trained = train_on_samples(target, cfg, train, held_out, aux_layers=aux)
         draft = save_draft(trained.run.draft, work / "drafts" / recipe)

@@ -24,10 +24,12 @@ SHARED = ("threads", "seed", "epochs", "max_tokens", "lr", "warmup", "schedule",
 
 
 def train_config(args: dict[str, Any], recipe: str):
-    """The ``TrainConfig`` of ``recipe`` under the benchmark's shared settings (batches not refitted)."""
+    """The ``ClusterTrainConfig`` of ``recipe`` under the benchmark's shared settings (batches not refitted)."""
     from dataclasses import replace
 
-    from specdraft.recipes import RECIPES, ScalingSection, TrainConfig, split_epochs
+    from pipelines.configs import ClusterTrainConfig, ScalingSection
+    from specdraft.configs.draft import DEFAULT_BLOCK_SIZE
+    from specdraft.recipes import RECIPES
     from specdraft.store import ReaderConfig
     from specdraft.training import OptimConfig
 
@@ -36,15 +38,15 @@ def train_config(args: dict[str, Any], recipe: str):
         stages = [replace(s, noise_std=args["noise_std"]) for s in stages]
     if args.get("anchors"):
         stages = [replace(s, anchors=args["anchors"]) for s in stages]
-    return TrainConfig(
-        recipe=recipe, stages=stages, epochs=split_epochs(args["epochs"], len(stages)),
+    return ClusterTrainConfig(
+        recipe=recipe, stages=stages, epochs=args["epochs"],  # the total, split over the stages
         optim=OptimConfig(lr=args["lr"], warmup_steps=args["warmup"], schedule=args["schedule"],
                           min_lr_ratio=args["min_lr_ratio"]),
         reader=ReaderConfig(max_tokens=args["max_tokens"], val_fraction=args["val_fraction"], seed=args["seed"]),
         min_steps=0, seed=args["seed"], checkpoint_every=0, sim_depth=args["sim_depth"], val_max_batches=10**6,
         log_every=10**9, scaling=ScalingSection(num_workers=1, cpus_per_worker=1.0),
         **({"draft_vocab_size": args["draft_vocab"]} if args.get("draft_vocab") else {}),
-        block_size=args.get("block_size") or 16, draft_layers=args.get("draft_layers"),
+        block_size=args.get("block_size") or DEFAULT_BLOCK_SIZE, draft_layers=args.get("draft_layers"),
     )
 
 
@@ -58,6 +60,7 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
 
     from specdraft.config import to_dict
     from specdraft.models import save_draft
+    from specdraft.plan import build_plan
     from specdraft.run import build_run, feature_plan, validate_draft
     from specdraft.store import EpochBatches, FeatureDataset
     from specdraft.target import target_id
@@ -68,15 +71,16 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
     t0 = time.perf_counter()
     Path(out).mkdir(parents=True, exist_ok=True)
     aux_layers, vocab = feature_plan(cfg, [store], target, Path(out))  # the pipeline's choice, out/draft_vocab.json
-    run = build_run(cfg, target, lambda split, reader: FeatureDataset([store], reader, split=split),
-                    aux_layers=aux_layers, vocab=vocab, target_id=target_id(target))
+    plan = build_plan(cfg, aux_layers=aux_layers, vocab=vocab)
+    run = build_run(cfg, plan, target, lambda split, reader: FeatureDataset([store], reader, split=split),
+                    target_id=target_id(target))
     draft, trainer, stages, val = run.draft, run.trainer, run.stages, run.val
     setup_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     before = validate_draft(draft, val, cfg.sim_depth, cfg.val_max_batches, "cpu")
     initial_val_s = time.perf_counter() - t0
 
-    epoch_offsets = [sum(s.epochs for s in stages[:i]) for i in range(len(stages))]
+    epoch_offsets = plan.epoch_offsets
     timers = {"data_s": 0.0, "val_s": 0.0, "val_cpu_s": 0.0}
     losses: list[float] = []
     history: list[dict[str, Any]] = []

@@ -36,7 +36,7 @@ def bootstrap_tau(records: list[dict[str, Any]], samples: int = 2000, seed: int 
 def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Namespace) -> dict[str, Any]:
     """Greedy chain and tree speculative decoding of every question file; per dataset and mode."""
     from specdraft.decoding import DecodeConfig
-    from specdraft.decoding.eval import EvalSettings
+    from specdraft.configs.evaluation import EvalSettings
     from specdraft.evaluation.run import run_eval
 
     modes = {
@@ -69,7 +69,7 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
     from dataclasses import asdict
 
     from specdraft.decoding import DecodeConfig
-    from specdraft.decoding.eval import EvalSettings
+    from specdraft.configs.evaluation import EvalSettings
     from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
     from specdraft.models import read_draft_config
     from specdraft.evaluation.engine import measure_engine
@@ -77,7 +77,7 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
     from specdraft.evaluation.engine_records import EngineRequest
     from specdraft.evaluation.models import load_models
     from specdraft.evaluation.questions import load_question_sets
-    from specdraft.serving.engine import EngineSettings
+    from specdraft.configs.evaluation import EngineSettings
 
     exports = {}
     for recipe, draft in drafts.items():

@@ -142,6 +142,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(spec["threads"])
     import specdraft.objectives as objectives
     from specdraft.batch import Batch
+    from specdraft.configs.draft import DEFAULT_BLOCK_SIZE
     from specdraft.models import DraftConfig, build_draft, set_frozen_dtype
     from specdraft.objectives import LossWeights, StageConfig, train_batch
 
@@ -151,7 +152,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     d, vocab, t = spec["d"], spec["vocab"], spec["seq"]
     e3, block = arch == "eagle3", arch == "dflash"
     g = torch.Generator().manual_seed(0)
-    blocks = dict(num_layers=spec["dflash_layers"], block_size=16, mask_token_id=0) if block else {}
+    blocks = dict(num_layers=spec["dflash_layers"], block_size=DEFAULT_BLOCK_SIZE, mask_token_id=0) if block else {}
     cfg = DraftConfig(arch=arch, vocab_size=vocab, hidden_size=d, **geometry(d),
                       aux_layers=[2, 16, 29] if e3 or block else [],
                       draft_vocab_size=spec["draft_vocab"] if e3 else None, max_position_embeddings=8192, **blocks)

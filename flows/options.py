@@ -6,18 +6,22 @@ takes ``--config FILE`` (YAML) and trailing ``key=value`` overrides, both valida
 ``specdraft.config`` (nested keys with dots, unknown keys are errors), and its ``--help``
 lists every field of the tree — dotted key, type, default and the field's comment as its
 description — so a field added there shows up here without an edit; a field with
-``metadata={"hidden": True}`` (a test hook) is valid but not listed. Classes are named
-``"module:Class"``: the help reads them from their source (``flows/config_source.py``) and
-a command imports them only when it runs, so every ``--help`` answers at once.
+``metadata={"hidden": True}`` (a test hook) is valid but not listed. The classes are the settings
+themselves (``specdraft/configs/``, ``pipelines/configs.py``), which import no torch, Ray or MLflow, so
+every ``--help`` answers at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
-import importlib
+import functools
+import inspect
+import io
 import json
 import textwrap
+import tokenize
 import types
 import typing
 from collections.abc import Iterator
@@ -27,35 +31,25 @@ from typing import Any
 
 import yaml
 
-from flows.config_source import HIDDEN, REQUIRED  # REQUIRED: the default of a field without one
 from specdraft.config import ConfigError, from_dict, merge, parse_overrides, to_dict
 
 DESCRIPTION_WIDTH = 100  # columns of a field's description lines in --help
+HIDDEN = "hidden"  # field(metadata={"hidden": True}): a valid key left out of --help (test hooks)
+REQUIRED = object()  # the default of a field without one
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ConfigSpec:
     """The config a command is bound to."""
 
-    root: str  # "module:Class" of the root dataclass
-    sections: tuple[tuple[str, str], ...] = ()  # (key, "module:Class"): another dataclass under key.*
+    root: type  # the root dataclass
+    sections: tuple[tuple[str, type], ...] = ()  # (key, dataclass): another dataclass under key.*
     defaults: tuple[str, ...] = ()  # key=value the command starts from, under --config and overrides
 
-
-def resolve(ref: str) -> type:
-    """``"pipelines.train:TrainConfig"`` -> the class."""
-    module, _, name = ref.partition(":")
-    cls = getattr(importlib.import_module(module), name)
-    assert dataclasses.is_dataclass(cls), f"{ref} is not a dataclass"
-    return cls
-
-
-def _classes(spec: ConfigSpec) -> tuple[type, dict[str, type]]:
-    root = resolve(spec.root)
-    sections = {key: resolve(ref) for key, ref in spec.sections}
-    clash = sorted(set(sections) & {f.name for f in dataclasses.fields(root)})
-    assert not clash, f"{root.__name__} has field(s) {clash} that clash with the command's sections"
-    return root, sections
+    def __post_init__(self) -> None:
+        clash = sorted(dict(self.sections).keys() & {f.name for f in dataclasses.fields(self.root)})
+        if clash:
+            raise TypeError(f"{self.root.__name__} has field(s) {clash} that clash with the command's sections")
 
 
 def _read(path: str | Path) -> dict[str, Any]:
@@ -78,7 +72,7 @@ def load_config(
     Every problem — unknown key, wrong type, a failed check in a ``__post_init__`` — is a
     ``ConfigError`` naming the key.
     """
-    root, sections = _classes(spec)
+    root, sections = spec.root, dict(spec.sections)
     data = parse_overrides(spec.defaults)
     if path is not None:
         data = merge(data, _read(path))
@@ -87,11 +81,8 @@ def load_config(
     unknown = sorted(set(data) - set(valid))
     if unknown:
         raise ConfigError(f"{root.__name__}: unknown key(s) {unknown}; valid keys are {valid}")
-    try:
-        parts = {key: from_dict(cls, data.pop(key, None), key) for key, cls in sections.items()}
-        return from_dict(root, data), parts
-    except AssertionError as err:  # a dataclass's own checks
-        raise ConfigError(f"{root.__name__}: {err}") from None
+    parts = {key: from_dict(cls, data.pop(key, None), key) for key, cls in sections.items()}
+    return from_dict(root, data), parts
 
 
 def type_name(tp: Any) -> str:
@@ -141,14 +132,41 @@ def _item_class(tp: Any) -> tuple[type | None, str]:
     return None, ""
 
 
-def _descriptions(cls: type) -> dict[str, str]:
-    """Field name -> description (the field's comment in its class's source), base classes included."""
-    from flows.config_source import class_descriptions
-
+def class_descriptions(cls: type) -> dict[str, str]:
+    """Field name -> description of dataclass ``cls`` and its bases: the comment after a field on its line, else
+    the block of comment lines directly above it (no blank line between)."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if dataclasses.is_dataclass(klass):
-            out.update(class_descriptions(klass.__module__, klass.__qualname__))
+            out.update(_comments_of(inspect.getsourcefile(klass), klass.__qualname__))
+    return out
+
+
+@functools.cache
+def _comments_of(path: str | None, name: str) -> dict[str, str]:
+    if path is None:
+        return {}
+    text = Path(path).read_text()
+    node = next((n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    if node is None:
+        return {}
+    comments: dict[int, str] = {}
+    whole_line: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+            if not tok.line[: tok.start[1]].strip():
+                whole_line.add(tok.start[0])
+    out: dict[str, str] = {}
+    for field in (n for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)):
+        line, last = field.lineno, field.end_lineno or field.lineno
+        trailing = next((comments[n] for n in range(line, last + 1) if n in comments and n not in whole_line), None)
+        above, n = [], line - 1
+        while trailing is None and n in whole_line:
+            above.insert(0, comments[n])
+            n -= 1
+        if trailing is not None or above:
+            out[field.target.id] = trailing if trailing is not None else " ".join(above)
     return out
 
 
@@ -157,11 +175,10 @@ def field_rows(cls: type, prefix: str = "", instance: Any = None) -> Iterator[tu
     nested ones flattened; a field with ``metadata={"hidden": True}`` (a test hook) is left out.
 
     Defaults come from ``instance`` when given (so a parent's ``default_factory`` shows), else
-    from the field definitions; they are plain data (``to_dict``), or ``REQUIRED``. This imports the
-    classes (``flows.config_source.static_rows`` reads the same rows from their source, at once).
+    from the field definitions; they are plain data (``to_dict``), or ``REQUIRED``.
     """
     hints = typing.get_type_hints(cls)
-    described = _descriptions(cls)
+    described = class_descriptions(cls)
     for f in dataclasses.fields(cls):
         if not f.init or f.metadata.get(HIDDEN):
             continue
@@ -176,49 +193,32 @@ def field_rows(cls: type, prefix: str = "", instance: Any = None) -> Iterator[tu
             yield from field_rows(item, key + sep)
 
 
-def imported_rows(spec: ConfigSpec) -> list[tuple[str, str, Any, str]]:
-    """The rows of ``describe``, read from the imported dataclasses (the reference for ``static_rows``)."""
-    root, sections = _classes(spec)
+def rows(spec: ConfigSpec) -> list[tuple[str, str, Any, str]]:
+    """(dotted key, type, default, description) of every field ``describe`` lists: the command's defaults
+    applied (a root with required fields shows the field definitions' defaults)."""
     try:
         config, parts = load_config(spec)
-    except ConfigError:  # a root with required fields: show the field definitions' defaults
+    except ConfigError:
         config, parts = None, {}
-    rows = list(field_rows(root, "", config))
-    for key, cls in sections.items():
-        rows += field_rows(cls, key + ".", parts.get(key))
-    return rows
-
-
-def source_rows(spec: ConfigSpec) -> list[tuple[str, str, Any, str]]:
-    """The rows of ``describe``, read from the dataclasses' source without importing them
-    (``flows.config_source``); raises ``Unsupported`` for a form that reader does not know."""
-    from flows.config_source import static_rows
-
-    defaults = parse_overrides(spec.defaults)
-    rows = list(static_rows(spec.root, "", {k: v for k, v in defaults.items() if k not in dict(spec.sections)}))
-    for key, ref in spec.sections:
-        rows += static_rows(ref, key + ".", defaults.get(key))
-    return rows
+    out = list(field_rows(spec.root, "", config))
+    for key, cls in spec.sections:
+        out += field_rows(cls, key + ".", parts.get(key))
+    return out
 
 
 def describe(spec: ConfigSpec) -> str:
     """The help section listing every config field of the command, with its description."""
-    from flows.config_source import Unsupported
-
-    try:
-        rows = source_rows(spec)
-    except Unsupported:  # a form the source reader does not know: import the classes (slower, same rows)
-        rows = imported_rows(spec)
-    names = spec.root.partition(":")[2] + "".join(f", {key}.*: {ref.partition(':')[2]}" for key, ref in spec.sections)
-    kw = max(len(r[0]) for r in rows) + 2
-    tw = max(len(r[1]) for r in rows) + 2
+    table = rows(spec)
+    names = spec.root.__name__ + "".join(f", {key}.*: {cls.__name__}" for key, cls in spec.sections)
+    kw = max(len(r[0]) for r in table) + 2
+    tw = max(len(r[1]) for r in table) + 2
     lines = [
         f"config fields ({names}): set them in the --config YAML or as trailing key=value",
         "(nested keys with dots, lists as a,b or [a,b]); a --config file overrides these defaults:",
         "",
         f"  {'key':<{kw}}{'type':<{tw}}default",
     ]
-    for key, tp, default, text in rows:
+    for key, tp, default, text in table:
         lines.append(f"  {key:<{kw}}{tp:<{tw}}{_show(default)}")
         lines += textwrap.wrap(text, width=DESCRIPTION_WIDTH, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines) + "\n"
@@ -243,3 +243,11 @@ def add_config_options(parser: CommandParser, spec: ConfigSpec, *, example: str,
                         help=f"YAML with the config fields listed below (default: {default or 'none'})")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=f"config overrides, e.g. {example}")
     parser.set_defaults(config_spec=spec)
+
+
+def command_config(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The config (and its sections) a parsed command line asks for: --config, sugar flags, then key=value.
+
+    Raises ``specdraft.config.ConfigError`` for a bad key or value; runs nothing.
+    """
+    return load_config(args.config_spec, args.config, [*args.sugar(args), *args.overrides])

@@ -71,7 +71,7 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
 
 
 def check_run(cfg: Any, overwrite: bool = False) -> None:
-    """The paths of a ``pipelines.stages.RunConfig``: the target (unless the toy one is built), the prompts
+    """The paths of a ``pipelines.configs.RunConfig``: the target (unless the toy one is built), the prompts
     and the eval questions (``ConfigError`` naming the key), then the workdir (``check_workdir``)."""
     if cfg.target.path:
         check_target(cfg.target.path, "target.path")

@@ -32,7 +32,7 @@ from prefect.runtime import flow_run
 
 from pipelines import stages
 from pipelines.records import Dumped, Evaluated, Prepared, PromptFile, Regenerated, Registered, Trained
-from pipelines.stages import RunConfig
+from pipelines.configs import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun, TrackingConfig, open_run
 from flows.preflight import check_run
 from specdraft import files

@@ -41,6 +41,7 @@ import transformers
 from ray.data import ActorPoolStrategy, Datasink
 
 from pipelines.cluster import ACTOR_POOL, connect_ray
+from pipelines.configs import DumpConfig, for_dump
 from pipelines.ingest import load_conversations, write_rejects
 from specdraft import store
 from specdraft.chat import tokenize_conversations
@@ -89,7 +90,7 @@ def tokenize_shard(batch: dict[str, np.ndarray], target: str, cfg: FeaturesConfi
 class PrefillActor:
     """A target replica: shard rows of tokens in, shard rows of stored feature arrays out."""
 
-    def __init__(self, target: str, cfg: FeaturesConfig, aux_layers: list[int], use_gpu: bool) -> None:
+    def __init__(self, target: str, cfg: DumpConfig, aux_layers: list[int], use_gpu: bool) -> None:
         self.cfg, self.aux_layers = cfg, list(aux_layers)  # resolved by the driver (the store header's)
         transformers.utils.logging.disable_progress_bar()  # one weight-loading bar per actor is noise
         if not use_gpu:
@@ -173,7 +174,7 @@ def dump_features(
     target: str | Path,
     conversations: list[dict[str, Any]],
     out: str | Path,
-    cfg: FeaturesConfig = FeaturesConfig(),
+    cfg: FeaturesConfig | DumpConfig = DumpConfig(),
     *,
     progress: bool = True,
     overwrite: bool = False,
@@ -191,6 +192,7 @@ def dump_features(
     fingerprints) unless ``overwrite``, before Ray starts.
     """
     started = time.perf_counter()
+    cfg = for_dump(cfg)  # a core FeaturesConfig: the actors' defaults
     target, out = str(Path(target).resolve()), location.as_location(out)
     if not overwrite:
         check_store_target(out, target, legacy_mismatch="error")  # resume only a store of this target

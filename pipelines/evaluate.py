@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +41,9 @@ import torch
 from tqdm.auto import tqdm
 
 from pipelines.cluster import ACTOR_POOL, connect_ray
+from pipelines.configs import RayEvalConfig
 from specdraft.config import from_dict, to_dict
-from specdraft.decoding.eval import EvalSettings
+from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.baselines import baselines_dir, open_baselines
 from specdraft.evaluation.engine import engine_report
 from specdraft.evaluation.models import load_models, warmup
@@ -53,15 +53,6 @@ from specdraft.evaluation.report import build_report, settings_dict, write_repor
 from specdraft.evaluation.run import run_eval
 from specdraft.models import check_draft_target
 from specdraft.placement import describe_placement
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RayEvalConfig:
-    """How questions are spread over model replicas."""
-
-    replicas: int | None = None  # None: one per settings.gpus GPUs on a GPU cluster, else one per num_cpus CPUs
-    num_cpus: float = 1.0  # per replica; on CPU also its torch threads (GPUs per replica: EvalSettings.gpus)
-    address: str | None = None  # used only when Ray is not initialized yet (None: local / RAY_ADDRESS)
 
 
 class EvalReplica:

@@ -32,13 +32,13 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.configs import IngestConfig
 from pipelines.conversations import check_messages, content_hash
 from specdraft.config import ConfigError
 from specdraft.packaged import resolve_prompt_inputs
@@ -52,16 +52,6 @@ ROLE_MAP = {
 }
 ID_FIELDS = ("id", "question_id", "task_id", "conversation_id")
 SURROGATE = re.compile("[\ud800-\udfff]")  # what UTF-8 cannot encode: undecoded bytes, unpaired surrogates
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class IngestConfig:
-    """Limits and dedup policy of the ingest stage."""
-
-    max_chars: int = 100_000  # total characters of a conversation's messages
-    max_turns: int = 32  # user turns per conversation
-    dedup: Literal["messages", "prompts", "none"] = "messages"  # prompts: system + user turns only
-    excerpt_chars: int = 300  # raw excerpt kept per reject
 
 
 class InputError(ConfigError):

@@ -38,9 +38,8 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 import ray
@@ -50,52 +49,17 @@ from transformers.utils import logging as hf_logging
 
 from pipelines.cluster import ACTOR_POOL, connect_ray
 from pipelines.conversations import SCHEMA, done_prompts, drop_answers, prompt_digest, write_part
+from pipelines.configs import RegenerateConfig
 from pipelines.generation import Answer, decoded_answer, hf_answer_fn, regenerate_rows, split_at_stop, stop_token_ids
-from pipelines.ingest import IngestConfig, ingest
+from pipelines.ingest import ingest
 from specdraft.config import ConfigError, config_hash, from_dict, to_dict
-from specdraft.placement import ATTN_IMPLEMENTATIONS, dtype_name, resolve_dtype, spread_gpus
+from specdraft.placement import dtype_name, resolve_dtype, spread_gpus
 from specdraft.store import location
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_fingerprint, target_id
 
 RUN_FILE = "regenerate.json"  # what produced the parts in an output dir (resume guard)
 SUMMARY_FILE = "summary.json"
 REJECTS_FILE = "rejects.jsonl"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RegenerateConfig:
-    """How the target regenerates the answers."""
-
-    backend: Literal["hf", "vllm"] = "hf"
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    max_new_tokens: int = 256  # per assistant turn
-    seed: int = 0
-    max_model_len: int | None = None  # prompt + new tokens; None: the target's max_position_embeddings
-    batch_size: int = 16  # conversations per batch (= per generate call and per output part)
-    concurrency: int = 1  # model replicas (Ray actors)
-    # GPUs per hf replica (GPU clusters only): the Ray request AND the target's spread — a fraction
-    # shares one GPU, a whole N > 1 splits the layers over the replica's N GPUs (device_map).
-    # vllm: set vllm_engine_kwargs.tensor_parallel_size instead
-    num_gpus: float = 1.0
-    num_cpus: float = 1.0  # per replica (vllm on a CPU-only cluster: per engine worker); hf on CPU: its torch threads
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"  # hf; flash: CUDA + flash-attn
-    limit: int | None = None  # only the first N ingested conversations
-    trust_remote_code: bool = False
-    ray_address: str | None = None  # used only when Ray is not initialized yet
-    # vllm.AsyncEngineArgs on top of max_model_len / dtype (e.g. tensor_parallel_size; on CPU
-    # kv_cache_memory_bytes, else vLLM reserves a share of the machine's memory, and enforce_eager)
-    vllm_engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    vllm_chunk_size: int = 4096  # conversations per vllm pass (= per output part)
-    ingest: IngestConfig = field(default_factory=IngestConfig)
-    allow_empty: bool = False  # prompts that ingest to no conversation: an error (exit 2) unless true
-
-    def __post_init__(self) -> None:
-        assert self.temperature >= 0 and 0 < self.top_p <= 1, "need temperature >= 0 and 0 < top_p <= 1"
-        assert self.max_new_tokens >= 1 and self.batch_size >= 1 and self.concurrency >= 1, "sizes must be >= 1"
-        assert self.attn_implementation in ATTN_IMPLEMENTATIONS, f"unknown attn_implementation {self.attn_implementation!r}"
-        spread_gpus(self.num_gpus)  # a fraction or a whole number
 
 
 # --- output directory ----------------------------------------------------------------------

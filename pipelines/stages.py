@@ -25,113 +25,29 @@ import glob
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pipelines.cluster import connect_ray
 from pipelines.dump import dump_features
-from pipelines.regenerate import RegenerateConfig, regenerate
+from pipelines.configs import ClusterTrainConfig, RunConfig, core_features
+from pipelines.regenerate import regenerate
 from pipelines.conversations import read_conversations
 from pipelines.records import Dumped, Evaluated, Exported, Prepared, PromptFile, Regenerated, Trained
-from pipelines.tracking import TrackingConfig
-from pipelines.train import TrainConfig, run_training
+from pipelines.train import run_training
 from specdraft import __version__ as CODE_VERSION
 from specdraft import files
-from specdraft.config import ConfigError, config_hash, to_dict
-from specdraft.decoding.eval import EvalSettings
-from specdraft.features import EAGLE3, FeaturesConfig
-from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for, variant
+from specdraft.config import config_hash, to_dict
+from specdraft.features import FeaturesConfig
+from specdraft.plan import aux_layers_setting
+from specdraft.export import FORMATS, ExportError, export_draft, formats_for, variant
 from specdraft.models import read_draft_config
 from specdraft.packaged import resolve_prompt_inputs
 from specdraft.target import target_id
-from specdraft.toy.build import ToyTargetConfig, build_toy_target
+from specdraft.toy.build import build_toy_target
 
 DONE = "DONE"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TargetSection:
-    path: str = ""  # HF model directory; empty = build the toy target from ``toy``
-    toy: ToyTargetConfig = field(default_factory=ToyTargetConfig)
-    # copy the toy target shipped with specdraft when ``toy`` is its (the default) config; false:
-    # train it here (minutes of one core)
-    prebuilt: bool = True
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DataSection:
-    prompts: list[str] = field(default_factory=list)  # files, directories or glob patterns
-    regenerate: bool = True  # False: train on the prompts' own answers (no self-distillation)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EvalSection:
-    questions: list[str] = field(default_factory=list)  # MT-Bench-format files
-    settings: EvalSettings = field(default_factory=EvalSettings)
-    use_ray: bool = False
-    replicas: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RegisterSection:
-    enabled: bool = True
-    model_name: str = "specdraft-draft"
-    alias: str = "champion"
-    export: bool = True  # export the draft in the serving formats that fit it (specdraft.export), logged beside it
-    serving: ExportConfig = field(default_factory=ExportConfig)  # dtype, K, verifier of the exports
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RaySection:
-    address: str | None = None  # None: a local Ray; "auto" / "ray://host:10001": a cluster
-    num_cpus: int | None = None  # local Ray only
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FaultSection:
-    """Failure drills: make a stage fail on purpose to check that a rerun recovers."""
-
-    # raise once at this optimizer step (a test hook: hidden from --help)
-    train_fail_at_step: int | None = field(default=None, metadata={"hidden": True})
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunConfig:
-    name: str = "specdraft"
-    workdir: str = "runs"
-    target: TargetSection = field(default_factory=TargetSection)
-    data: DataSection = field(default_factory=DataSection)
-    regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
-    features: FeaturesConfig = field(default_factory=FeaturesConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalSection = field(default_factory=EvalSection)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    register: RegisterSection = field(default_factory=RegisterSection)
-    ray: RaySection = field(default_factory=RaySection)
-    retries: int = 2  # per task, with backoff (10 s, 60 s, 180 s)
-    fault: FaultSection = field(default_factory=FaultSection)
-
-    def __post_init__(self) -> None:
-        """Refuse the ``train`` keys the train stage sets itself (they would be silently replaced), and values no
-        stage can run with (each a ``ConfigError`` naming its key, raised before any stage starts)."""
-        if self.retries < 0:
-            raise ConfigError(f"retries={self.retries}: must be >= 0")
-        if self.eval.replicas is not None and self.eval.replicas < 1:
-            raise ConfigError(f"eval.replicas={self.eval.replicas}: must be >= 1 (or null)")
-        if self.ray.num_cpus is not None and self.ray.num_cpus < 1:
-            raise ConfigError(f"ray.num_cpus={self.ray.num_cpus}: must be >= 1 (or null: every core)")
-        default = TrainConfig()
-        online = [f.name for f in fields(self.train.online)
-                  if getattr(self.train.online, f.name) != getattr(default.online, f.name)]
-        if online:
-            raise ConfigError(
-                f"train.online: specdraft run computes features with its features section, for the dump and for "
-                f"online training alike; set {', '.join(f'features.{k}' for k in online)} instead of "
-                f"{', '.join(f'train.online.{k}' for k in online)}")
-        if self.train.conversations:
-            raise ConfigError("train.conversations: specdraft run trains on the conversations it regenerates from "
-                              "data.prompts; set data.prompts instead")
 
 
 def stage_key(*parts: Any) -> str:
@@ -231,9 +147,7 @@ def run_features(cfg: RunConfig) -> FeaturesConfig:
     ``aux_layers: eagle3`` when the recipe reads EAGLE-3 features (the default ``beagle3`` does) and the
     section names no layers — as online training defaults them — so no run stops at training for a store
     without them."""
-    if cfg.train.eagle3_features and cfg.features.aux_layers is None:
-        return replace(cfg.features, aux_layers=EAGLE3)
-    return cfg.features
+    return replace(cfg.features, aux_layers=aux_layers_setting(cfg.train, cfg.features.aux_layers))
 
 
 def dump_file(cfg: RunConfig, prepared: Prepared, regenerated: Regenerated) -> Dumped:
@@ -252,14 +166,14 @@ def dump_file(cfg: RunConfig, prepared: Prepared, regenerated: Regenerated) -> D
     return record
 
 
-def train_config(cfg: RunConfig, stores: list[Dumped] | list[Regenerated]) -> TrainConfig:
+def train_config(cfg: RunConfig, stores: list[Dumped] | list[Regenerated]) -> ClusterTrainConfig:
     """The config training runs with: ``cfg.train``, and with online features (``train.features: online``,
     ``stores`` are then the regenerate records: no dump ran) the run's features (``run_features``) as
     ``train.online`` and the regenerated conversations (ordered by key) as ``train.conversations``."""
     if cfg.train.features != "online":
         return cfg.train
     assert all(isinstance(s, Regenerated) for s in stores), "online features train on the regenerate records"
-    return replace(cfg.train, online=run_features(cfg),
+    return replace(cfg.train, online=core_features(run_features(cfg)),  # the dump's actors are not the workers'
                    conversations=[s.conversations for s in sorted(stores, key=lambda s: s.key)])
 
 

@@ -17,7 +17,6 @@ import re
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -25,26 +24,9 @@ from urllib.parse import urlparse
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from pipelines.configs import DEFAULT_EXPERIMENT, TrackingConfig, default_tracking_uri  # noqa: F401 - imported from here too
+
 SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api[_-]?key|credential|access[_-]?key)", re.IGNORECASE)
-DEFAULT_EXPERIMENT = "specdraft"
-
-
-def default_tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else a SQLite file under the working directory."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrackingConfig:
-    enabled: bool = True
-    uri: str | None = None  # None: MLFLOW_TRACKING_URI or sqlite:///./mlflow.db
-    experiment: str = DEFAULT_EXPERIMENT
-    artifact_location: str | None = None  # where a newly created experiment stores artifacts
-
-    def resolved_uri(self) -> str:
-        return self.uri or default_tracking_uri()
-
-
 def safe_params(params: dict[str, Any]) -> dict[str, str]:
     """Stringified params without secret-looking keys (MLflow caps values at 6000 chars)."""
     return {k: str(v)[:6000] for k, v in params.items() if not SECRET_KEY.search(k)}

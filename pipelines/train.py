@@ -20,22 +20,24 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipelines.cluster import connect_ray
+from pipelines.configs import ClusterTrainConfig, on_cluster
 from pipelines.ingest import load_conversations
-from specdraft.config import flatten, from_dict, to_dict
+from specdraft.config import ConfigError, flatten, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import save_draft
 from specdraft.objectives import stage_note, unwrap
 from specdraft.chat import TokenizedConversations, tokenize_conversations
+from specdraft.configs.train import TrainConfig
 from specdraft.features import EAGLE3
 from specdraft.online import OnlineDataset
-from specdraft.recipes import ScalingSection, TrainConfig  # noqa: F401 - imported from here by the stages and CLI
+from specdraft.plan import RunPlan, aux_layers_setting, build_plan
 from specdraft.run import build_run, validate_draft
 from specdraft.run import feature_plan as plan_features
 from specdraft.store import FeatureDataset, ReaderConfig, location
@@ -53,47 +55,38 @@ from specdraft.training import (
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerConfig:
-    """What the driver hands every worker (Ray's ``train_loop_config`` carries its ``to_dict()``)."""
+    """What the driver hands every worker (Ray's ``train_loop_config`` carries its ``to_dict``; ``from_dict`` reads it)."""
 
-    train: TrainConfig
+    train: ClusterTrainConfig
     target: str  # resolved path of the target
     target_id: str
     out: str  # the run's directory: metrics.jsonl, the final draft
     target_fingerprint: str | None = None  # the target's content fingerprint (None: each worker computes it)
+    plan: RunPlan  # what the run trains, resolved on the driver (``specdraft.plan.build_plan``)
     stores: list[str] = field(default_factory=list)  # offline: the feature stores (paths or URLs)
-    aux_layers: list[int] = field(default_factory=list)  # the feature plan (``feature_plan``)
-    vocab: list[int] | None = None
     tracking: dict[str, str] | None = None  # {"uri", "run_id"} of the MLflow run rank 0 logs into
     fail_at_step: int | None = None  # fault injection (tests, failure drills)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "train": to_dict(self.train)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> WorkerConfig:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        assert not unknown, f"unknown worker config key(s) {unknown}"
-        return cls(**{**data, "train": from_dict(TrainConfig, data["train"], "train")})
-
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train worker body (also runnable without Ray when ``ray.train`` has no session)."""
+    """Ray Train worker body (also runnable without Ray when ``ray.train`` has no session). Over 80 lines: its
+    callbacks (report, on_step, on_epoch_end, batches) close over one rank's run, trainer and plan."""
     import ray.train
     import ray.train.torch
 
-    job = WorkerConfig.from_dict(config)
+    job = from_dict(WorkerConfig, config, "worker config")
     cfg = job.train
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
     if cfg.features == "online":
-        open_split = online_features(cfg, job.target, device, rank, world, job.aux_layers)
+        open_split = online_features(cfg, job.target, device, rank, world, list(job.plan.aux_layers))
     else:
         def open_split(split: str, reader: ReaderConfig) -> FeatureDataset:
             return FeatureDataset(job.stores, reader, split=split, rank=rank, world_size=world)
-    run = build_run(cfg, job.target, open_split, aux_layers=job.aux_layers, vocab=job.vocab, target_id=job.target_id,
+    run = build_run(cfg, job.plan, job.target, open_split, target_id=job.target_id,
                     fingerprint=job.target_fingerprint, device=device, rank=rank, world=world,
-                    logger=_rank0_logger(job) if rank == 0 else NullLogger())
+                    logger=_rank0_logger(job) if rank == 0 else NullLogger(), strategy=cfg.scaling.strategy)
     trainer, stages, per_epoch = run.trainer, run.stages, run.batches_per_epoch
     if rank == 0:
         print(f"[specdraft] {trainer.total_steps} optimizer steps ({per_epoch} batches of <= {run.reader.max_tokens} "
@@ -119,7 +112,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                                    "train.stage_kinds": ",".join(s.kind for s in stages),  # the report's labels
                                    "train.warnings": " | ".join(trainer.warnings) or "none"})
 
-    epoch_offsets = [sum(s.epochs for s in stages[:i]) for i in range(len(stages))]
+    epoch_offsets = job.plan.epoch_offsets
     started = time.perf_counter()
 
     def report(metrics: dict[str, float], with_checkpoint: bool) -> None:
@@ -224,7 +217,7 @@ def feature_plan(cfg: TrainConfig, stores: list[str], target: str | Path, out: P
 
 
 def run_training(
-    cfg: TrainConfig,
+    cfg: TrainConfig | ClusterTrainConfig,
     stores: list[str | Path],
     target: str | Path,
     out: str | Path,
@@ -246,37 +239,42 @@ def run_training(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from pipelines.rendezvous import torch_trainer  # Ray's TorchTrainer, its rendezvous on Ray's address only
 
+    cfg = on_cluster(cfg)  # a core TrainConfig: the Ray knobs' defaults
     cfg.resolved()  # a wrong stage or epoch count fails here, on the driver, not in a (retried) worker
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     sc = cfg.scaling
-    assert sc.num_workers >= 0, f"train.scaling.num_workers={sc.num_workers}: 0 (in this process) or more workers"
     if sc.num_workers == 0:
         print("[specdraft] train.scaling.num_workers=0: training in this process (Ray Train's local mode); "
               "a rerun starts over, it does not resume", flush=True)
     resources = {"CPU": sc.cpus_per_worker, **({"GPU": sc.gpus_per_worker} if sc.use_gpu else {})}
     stores = [str(location.as_location(s)) if location.is_url(s) else str(Path(s).resolve()) for s in stores]
     if cfg.features == "online":
-        assert cfg.conversations, "features: online needs conversations (files/dirs, as `specdraft dump` reads)"
+        if not cfg.conversations:
+            raise ConfigError("conversations: features: online needs conversations (files/dirs, as `specdraft dump` reads)")
         missing = [c for c in cfg.conversations if not Path(c).exists()]
-        assert not missing, f"conversations not found: {missing}"
-        assert not stores, f"features: online reads no store; got {stores}"
+        if missing:
+            raise ConfigError(f"conversations: not found: {missing}")
+        if stores:
+            raise ConfigError(f"features: online reads no store; got {stores}")
         cfg = replace(cfg, conversations=[str(Path(c).resolve()) for c in cfg.conversations])  # workers' cwd differs
-        if cfg.eagle3_features and cfg.online.aux_layers is None:
-            cfg = replace(cfg, online=replace(cfg.online, aux_layers=EAGLE3))
+        if (aux := aux_layers_setting(cfg, cfg.online.aux_layers)) != cfg.online.aux_layers:
+            cfg = replace(cfg, online=replace(cfg.online, aux_layers=aux))
             print(f"[specdraft] recipe {cfg.recipe!r} reads auxiliary target layers: online features compute "
                   f"train.online.aux_layers={EAGLE3} (set it to a list of layers to choose others)", flush=True)
     else:
-        assert stores, "features: offline needs at least one feature store (or features=online with conversations)"
+        if not stores:
+            raise ConfigError("features: offline needs at least one feature store (or features=online with conversations)")
     # the stores checked against the target (TargetMismatch), the feature plan decided: before Ray starts
     aux_layers, vocab = feature_plan(cfg, stores, target, out)
+    plan = build_plan(cfg, aux_layers=aux_layers, vocab=vocab)  # resolved once, here: the workers train from it
     connect_ray(ray_address)
-    job = WorkerConfig(train=cfg, stores=stores, aux_layers=aux_layers, vocab=vocab, target=str(Path(target).resolve()),
+    job = WorkerConfig(train=cfg, plan=plan, stores=stores, target=str(Path(target).resolve()),
                        target_id=target_id(target), target_fingerprint=target_fingerprint(target), out=str(out),
                        tracking=tracking, fail_at_step=fail_at_step)
     trainer = torch_trainer(
         train_loop_per_worker,
-        train_loop_config=job.to_dict(),
+        train_loop_config=to_dict(job),
         backend="nccl" if sc.use_gpu else "gloo",
         scaling_config=ScalingConfig(num_workers=sc.num_workers, use_gpu=sc.use_gpu, resources_per_worker=resources),
         run_config=RunConfig(

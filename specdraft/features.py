@@ -35,7 +35,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,50 +43,13 @@ import transformers
 from tqdm.auto import tqdm
 
 from specdraft.chat import render_with_loss_mask
-from specdraft.config import ConfigError, config_hash, to_dict
-from specdraft.placement import ATTN_IMPLEMENTATIONS, spread_gpus
+from specdraft.config import config_hash, to_dict
+from specdraft.configs.features import EAGLE3, FeaturesConfig  # noqa: F401 - imported from here too
 from specdraft.store import ZARR_VERSION, decode_hidden, encode_hidden, plan_digest
 from specdraft.target import load_target_config, target_features, target_fingerprint, target_id
 
-EAGLE3 = "eagle3"  # aux_layers: the EAGLE-3 default triple
 AUX_CONVENTION = "hf_hidden_states_index: state entering decoder layer i; 0 = embeddings"
 NONFINITE_CHUNK = 4096  # tokens decoded at a time when counting non-finite stored values
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FeaturesConfig:
-    """What the dump stores and how it runs."""
-
-    max_length: int = 2048  # tokens per conversation
-    overlong: Literal["truncate", "reject"] = "truncate"
-    topk: int = 10
-    hidden_codec: Literal["fp16", "bf16", "int8"] = "fp16"  # int8: per-token absmax scale, lossy
-    # auxiliary target layers stored as aux_hidden [N, L*d] (EAGLE-3 features), same codec as hidden:
-    # None (none), "eagle3" (states entering layers 2, N/2, N-3) or HF hidden_states indices
-    aux_layers: Literal["eagle3"] | list[int] | None = None
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # inference; auto: bf16 on GPU, fp32 on CPU
-    samples_per_shard: int = 64  # a shard is one Ray row: ~ samples * tokens * (2d + 6K + 5) bytes
-    batch_tokens: int = 8192  # padded tokens per prefill batch
-    max_batch_size: int = 64
-    logits_chunk: int = 2048  # tokens per float32 top-K / logsumexp chunk
-    num_actors: int = 1
-    # GPUs per actor (GPU clusters only): the Ray request AND the target's spread — a fraction shares
-    # one GPU, a whole N > 1 splits the target's layers over the actor's N GPUs (device_map)
-    gpus_per_actor: float = 1.0
-    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"  # flash: CUDA + flash-attn only
-    cpus_per_actor: float = 1.0
-    torch_threads: int | None = None  # CPU threads per actor (default: cpus_per_actor)
-    chunk_tokens: int = 1024  # Zarr chunk length along the token axis (fewer rows in a chunk over 1 MiB: writer.CHUNK_BYTES)
-    compression: Literal["zstd", "blosc", "none"] = "zstd"
-    compression_level: int = 3
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("max_length", "topk", "samples_per_shard", "batch_tokens", "max_batch_size", "num_actors"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
-        assert self.attn_implementation in ATTN_IMPLEMENTATIONS, f"unknown attn_implementation {self.attn_implementation!r}"
-        spread_gpus(self.gpus_per_actor)  # a fraction or a whole number
 
 
 # not in features_hash (placement and kernel: the same features up to rounding)

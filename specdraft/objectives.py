@@ -39,61 +39,17 @@ and only the trained rows reach the output head (``losses.head_loss``).
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Iterator, Literal
+from dataclasses import dataclass
+from typing import Callable, ContextManager, Iterator
 
 import torch
 
 from specdraft import masks
-from specdraft.config import ConfigError
+from specdraft.configs.stages import CHAINED, LossWeights, StageConfig, StageKind  # noqa: F401 - imported from here too
 from specdraft.batch import Batch
 from specdraft.losses import HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
 from specdraft.models.layers import Chain
 
-StageKind = Literal["plain", "early", "late", "align", "ttt", "block"]
-CHAINED = ("late", "align", "ttt")  # stages whose later steps read earlier steps' outputs
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LossWeights:
-    ce: float = 1.0
-    topk: float = 0.0
-    vloss: float = 0.0
-    topk_k: int = 10  # K when the batch carries no stored top-K (or the draft has its own vocabulary)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StageConfig:
-    kind: StageKind = "plain"
-    epochs: int = 1
-    window: int = 5  # early: k
-    steps: int = 4  # late: s (windows of s); align: n; ttt: k
-    step_decay: float = 1.0  # align/ttt: weight of step j is step_decay ** (j - 1); block: of depth k, ** (k - 1)
-    anchors: int = 512  # block: blocks (anchors) drawn per sequence and batch
-    # ttt: recompute each sub-step's decoder layer in the backward instead of keeping its
-    # activations (activation checkpointing): one more layer forward per sub-step, and the chain then
-    # keeps per step only its states' encodings and head inputs
-    recompute: bool = False
-    noise_std: float = 0.2  # Gaussian noise on the true input states (0 disables)
-    loss: LossWeights = field(default_factory=LossWeights)
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("plain", "early", "late", "align", "ttt", "block"):
-            raise ConfigError(f"kind: unknown stage kind {self.kind!r}; known: plain, early, late, align, ttt, block")
-        for name in ("window", "steps", "anchors"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
-        if self.epochs < 0:
-            raise ConfigError(f"epochs={self.epochs}: must be >= 0")
-
-    @property
-    def period(self) -> int:
-        """Window length whose random offset eps is drawn per batch (1 = no offset)."""
-        return {"early": self.window, "late": self.steps}.get(self.kind, 1)
-
-    @property
-    def num_substeps(self) -> int:
-        return self.steps if self.kind in CHAINED else 1
 
 
 @dataclass

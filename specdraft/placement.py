@@ -35,10 +35,10 @@ from typing import Any, Mapping
 
 import torch
 
+from specdraft.config import ConfigError
+from specdraft.configs.devices import ATTN_IMPLEMENTATIONS, MASK_ATTN_IMPLEMENTATIONS, spread_gpus  # noqa: F401
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-ATTN_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "eager")
-# kernels that take a custom 4D additive mask (tree verification needs one; flash-attention cannot)
-MASK_ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
 def resolve_device(name: str | torch.device = "auto") -> torch.device:
@@ -49,7 +49,8 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(name)
-    assert device.type in ("cpu", "cuda"), f"device must be auto, cpu, cuda or cuda:N; got {str(name)!r}"
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device must be auto, cpu, cuda or cuda:N; got {str(name)!r}")
     return device
 
 
@@ -59,7 +60,8 @@ def resolve_dtype(name: str | torch.dtype, device: str | torch.device = "cpu") -
         return name
     if name == "auto":
         return torch.bfloat16 if resolve_device(device).type == "cuda" else torch.float32
-    assert name in DTYPES, f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {name!r}"
+    if name not in DTYPES:
+        raise ConfigError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {name!r}")
     return DTYPES[name]
 
 
@@ -76,9 +78,8 @@ def resolve_attn_implementation(requested: str, device: str | torch.device) -> s
     boolean (B, 1, T, T) mask only when there is padding (``is_causal`` otherwise); ``eager`` is
     the fallback for models without an SDPA path.
     """
-    assert requested in ATTN_IMPLEMENTATIONS, (
-        f"attn_implementation must be one of {ATTN_IMPLEMENTATIONS}, got {requested!r}"
-    )
+    if requested not in ATTN_IMPLEMENTATIONS:
+        raise ConfigError(f"attn_implementation must be one of {ATTN_IMPLEMENTATIONS}, got {requested!r}")
     if requested == "flash_attention_2":
         if resolve_device(device).type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
             return requested
@@ -89,19 +90,6 @@ def resolve_attn_implementation(requested: str, device: str | torch.device) -> s
         )
         return "sdpa"
     return requested
-
-
-def spread_gpus(num_gpus: float) -> int:
-    """How many GPUs the target is spread over for a Ray request of ``num_gpus`` per actor.
-
-    A fraction (0 < n <= 1) shares one GPU with other actors: 1. A whole number N > 1: the
-    actor holds N GPUs and its target is split over all of them.
-    """
-    assert num_gpus > 0 and (num_gpus <= 1 or float(num_gpus).is_integer()), (
-        f"GPUs per actor must be a fraction <= 1 (a shared GPU) or a whole number (the target is "
-        f"spread over that many), got {num_gpus}"
-    )
-    return max(1, int(num_gpus))
 
 
 def free_gpu_memory(gpus: int) -> dict[int, int]:

@@ -109,7 +109,7 @@ def target_positions(target: str | Path | None) -> int | None:
 
 
 def engine_model_len(settings, positions: int | None, key: str = "engine.max_model_len") -> int | None:
-    """The serving engine's context for ``settings`` (``specdraft.serving.engine.EngineSettings``) on a target
+    """The serving engine's context for ``settings`` (``specdraft.configs.evaluation.EngineSettings``) on a target
     of ``positions`` positions: the setting when given, else the target's (None: the target states none, the
     engine reads its own config). A setting above the target's positions is a ``ConfigError`` naming ``key``:
     the engine would refuse it only after the decoder's evaluation ran."""
@@ -122,7 +122,7 @@ def engine_model_len(settings, positions: int | None, key: str = "engine.max_mod
 
 
 def check_engine(settings, key: str = "engine", *, positions: int | None = None) -> None:
-    """An engine measurement (``specdraft.serving.engine.EngineSettings`` under ``key``) needs its engine
+    """An engine measurement (``specdraft.configs.evaluation.EngineSettings`` under ``key``) needs its engine
     installed — checked by finding the package, not importing it — and a context the target has (``positions``:
     ``target_positions`` of the target, None: not known yet)."""
     if not settings.enabled:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,45 +23,19 @@ from tqdm.auto import tqdm
 
 from specdraft.batch import Batch, pad_batch
 from specdraft.config import to_dict
-from specdraft.features import EAGLE3, compute_features, resolve_aux_layers
+from specdraft.features import compute_features, resolve_aux_layers
 from specdraft.loggers import JsonlLogger
 from specdraft.models import save_draft
-from specdraft.recipes import RECIPES, TrainConfig, split_epochs
+from specdraft.configs.quickstart import QuickstartConfig
+from specdraft.configs.train import TrainConfig
+from specdraft.plan import aux_layers_setting, build_plan, has_own_vocab, reads_eagle3_features
 from specdraft.run import build_run, validate_draft
 from specdraft.store import ReaderConfig
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id
-from specdraft.toy.build import ToyTargetConfig, build_toy_target
+from specdraft.toy.build import build_toy_target
 from specdraft.toy.conversations import generate_conversations
-from specdraft.training import OptimConfig, Trainer
-from specdraft.vocab import DEFAULT_DRAFT_VOCAB, count_predicted_tokens, select_vocab
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class QuickstartConfig:
-    seed: int = 0
-    toy: ToyTargetConfig = field(default_factory=ToyTargetConfig)
-    recipe: str = "beagle"  # a recipe of specdraft.recipes
-    aux_layers: str | list[int] = EAGLE3  # the target layers an EAGLE-3 recipe reads (as the dump's features.aux_layers)
-    epochs: int = 5  # in all, split over the recipe's stages (earlier stages take the rest)
-    num_train: int = 768
-    num_eval: int = 96
-    max_length: int = 192
-    topk: int = 10
-    batch_size: int = 16
-    depth: int = 5  # simulated chain depth for alpha_i
-    optim: OptimConfig = field(
-        default_factory=lambda: OptimConfig(lr=2e-3, warmup_steps=20, schedule="cosine", min_lr_ratio=0.1)
-    )
-
-    def __post_init__(self) -> None:
-        assert self.recipe in RECIPES, f"unknown recipe {self.recipe!r}; known: {sorted(RECIPES)}"
-        assert self.epochs >= len(RECIPES[self.recipe].stages), f"epochs {self.epochs}: at least one per stage"
-
-    def train_config(self) -> TrainConfig:
-        """The ``train`` config of this run: the recipe, its epochs shortened, this optimizer and seed."""
-        stages = len(RECIPES[self.recipe].stages)
-        return TrainConfig(recipe=self.recipe, epochs=split_epochs(self.epochs, stages), optim=self.optim,
-                           min_steps=0, seed=self.seed)  # batches of batch_size sequences: not fitted
+from specdraft.training import Trainer
+from specdraft.vocab import count_predicted_tokens, select_vocab
 
 
 class SampleSplit:
@@ -112,21 +86,21 @@ def train_on_samples(
     recipe, whose draft vocabulary is counted from ``train`` as the trainer counts it from a store; a block draft
     keeps the target's head unless ``cfg.draft_vocab``), set up by
     ``build_run`` as every trainer is. The draft is ``result.run.draft``."""
-    recipe = RECIPES[cfg.recipe]
+    eagle3 = reads_eagle3_features(cfg)
     vocab = None
-    if recipe.eagle3_features:
+    if eagle3:
         assert aux_layers, f"recipe {cfg.recipe!r} reads the EAGLE-3 features: give aux_layers"
-    if recipe.eagle3_features and cfg.own_vocab:  # a block draft predicts with the target's head unless asked
+    if eagle3 and has_own_vocab(cfg):  # a block draft predicts with the target's head unless asked
         ids = torch.cat([s["input_ids"] for s in train]).numpy()
         mask = torch.cat([s["loss_mask"] for s in train]).numpy()
         offsets = torch.tensor([0] + [len(s["input_ids"]) for s in train]).cumsum(0).numpy()
         vocab_size = load_target_config(target_dir).vocab_size
         counts = count_predicted_tokens(ids, mask, offsets, vocab_size)
-        vocab = select_vocab(counts, min(DEFAULT_DRAFT_VOCAB, vocab_size)).tolist()
+        vocab = select_vocab(counts, cfg.draft_vocab_size).tolist()  # as specdraft.run.feature_plan chooses it
+    plan = build_plan(cfg, aux_layers=aux_layers if eagle3 else (), vocab=vocab)
     splits = {"train": train, "val": held_out}
-    run = build_run(cfg, target_dir, lambda split, reader: SampleSplit(splits[split], batch_size,
-                                                                       1000 * cfg.seed, reader),
-                    aux_layers=aux_layers if recipe.eagle3_features else None, vocab=vocab,
+    run = build_run(cfg, plan, target_dir, lambda split, reader: SampleSplit(splits[split], batch_size,
+                                                                             1000 * cfg.seed, reader),
                     target_id=target_id(target_dir), logger=logger)
     trainer = run.trainer
     before = validate_draft(run.draft, run.val, depth, len(held_out), "cpu")
@@ -142,9 +116,8 @@ def train_on_samples(
         history.append({"stage": tr.state.stage, "epoch": tr.state.epoch, "sim_tau": counts.sim_tau})
         tr.logger.log_metrics({"sim_tau": counts.sim_tau}, tr.state.step)
 
-    offsets = [sum(s.epochs for s in run.stages[:i]) for i in range(len(run.stages))]
     started = time.perf_counter()
-    trainer.run(lambda stage, epoch: run.train.epoch_batches(offsets[stage] + epoch), on_step=on_step,
+    trainer.run(lambda stage, epoch: run.train.epoch_batches(plan.epoch_offsets[stage] + epoch), on_step=on_step,
                 on_epoch_end=on_epoch_end)
     bar.close()
     seconds = time.perf_counter() - started
@@ -161,13 +134,14 @@ def run_quickstart(out: Path, cfg: QuickstartConfig = QuickstartConfig(), progre
 
     tokenizer = load_tokenizer(target_dir)
     model = load_target_model(target_dir)
-    aux = (resolve_aux_layers(cfg.aux_layers, model.config.num_hidden_layers)
-           if RECIPES[cfg.recipe].eagle3_features else [])
+    train_cfg = cfg.train_config()
+    aux = resolve_aux_layers(aux_layers_setting(train_cfg, cfg.aux_layers) if reads_eagle3_features(train_cfg) else None,
+                             model.config.num_hidden_layers)
     convs = generate_conversations(cfg.num_train + cfg.num_eval, seed=cfg.seed + 1000)
     samples = compute_features(model, tokenizer, convs, cfg.max_length, cfg.topk, progress=progress, aux_layers=aux)
     random.Random(cfg.seed).shuffle(samples)
     train, held_out = samples[cfg.num_eval :], samples[: cfg.num_eval]
-    trained = train_on_samples(target_dir, cfg.train_config(), train, held_out, batch_size=cfg.batch_size,
+    trained = train_on_samples(target_dir, train_cfg, train, held_out, batch_size=cfg.batch_size,
                                aux_layers=aux or None, depth=cfg.depth, logger=JsonlLogger(out / "metrics.jsonl"),
                                progress=progress)
     run, trainer = trained.run, trained.run.trainer

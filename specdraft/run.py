@@ -37,7 +37,9 @@ from specdraft.models import (
 from specdraft.objectives import StageConfig, unwrap
 from specdraft.chat import TokenizedConversations
 from specdraft.parallel import distribute, gathered
-from specdraft.recipes import Arch, TrainConfig
+from specdraft.configs.draft import Arch
+from specdraft.configs.train import TrainConfig
+from specdraft.plan import RunPlan, has_own_vocab, reads_eagle3_features
 from specdraft.store import (
     ReaderConfig,
     StoreError,
@@ -67,6 +69,7 @@ OpenSplit = Callable[[str, ReaderConfig], FeatureSplit]  # ("train" | "val", rea
 class Run:
     """Everything a worker holds before its loop."""
 
+    plan: RunPlan  # what the driver resolved (``specdraft.plan``); arch and stages are its
     arch: Arch
     stages: list[StageConfig]
     draft_config: DraftConfig
@@ -80,40 +83,40 @@ class Run:
 
 def build_run(
     cfg: TrainConfig,
+    plan: RunPlan,
     target: str | Path,
     open_split: OpenSplit,
     *,
-    aux_layers: list[int] | None = None,
-    vocab: list[int] | None = None,
     target_id: str = "",
     fingerprint: str | None = None,
     device: torch.device | str = "cpu",
     rank: int = 0,
     world: int = 1,
     logger: MetricLogger | None = None,
+    strategy: str = "ddp",
 ) -> Run:
-    """The run of ``cfg`` on this rank: draft, splits and trainer, ready for ``run.trainer.run``.
-
-    ``aux_layers`` / ``vocab``: the feature plan (``feature_plan``); ``open_split`` opens a split of
+    """The run of ``cfg`` as ``plan`` resolved it on the driver (``specdraft.plan.build_plan``: architecture, stage
+    schedule, draft shape, aux layers, vocabulary) on this rank: draft, splits and trainer, ready for
+    ``run.trainer.run``. ``open_split`` opens a split of
     the features with a reader config (the draft's ``aux`` flag set when it reads auxiliary layers).
     The seed is ``cfg.seed`` for the draft's initial weights and ``cfg.seed + 1000 * rank`` for the
     trainer's stream (noise, window offsets). With ``world > 1`` the caller has initialised
-    ``torch.distributed``; the draft is wrapped per ``cfg.scaling.strategy``. The draft records the
+    ``torch.distributed``; the draft is wrapped per ``strategy`` (``train.scaling.strategy``). The draft records the
     target's ``target_id`` and content ``fingerprint`` (None: computed here, ``target_fingerprint``).
     """
     torch.manual_seed(cfg.seed)
-    arch, stages = cfg.resolved()
+    arch, stages = plan.arch, list(plan.stages)
     heads = load_target_heads(target)
-    vocab_ids = torch.tensor(vocab) if vocab is not None else None
+    vocab_ids = torch.tensor(plan.vocab) if plan.vocab is not None else None
     dcfg = draft_config_from_target(load_target_config(target), arch, intermediate_size=cfg.intermediate_size,
-                                    target_id=target_id, aux_layers=aux_layers,
+                                    target_id=target_id, aux_layers=list(plan.aux_layers),
                                     target_fingerprint=target_fingerprint(target) if fingerprint is None else fingerprint,
                                     draft_vocab_size=None if vocab_ids is None else vocab_ids.numel(),
-                                    **cfg.draft_shape())
+                                    **plan.draft_shape)
     draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab_ids)
     if resolve_precision(cfg.precision, torch.device(device)) == "bf16":
         set_frozen_dtype(draft, torch.bfloat16)  # frozen heads in the compute dtype; trainable weights stay fp32
-    model, grad_sync = distribute(draft, cfg.scaling.strategy, world, device)
+    model, grad_sync = distribute(draft, strategy, world, device)
 
     reader = replace(cfg.reader, aux=True) if dcfg.aux_layers else cfg.reader
     train = open_split("train", reader)
@@ -124,7 +127,7 @@ def build_run(
     assert per_epoch > 0, f"rank {rank} got no training batches"
     trainer = Trainer(model, stages, cfg.optim, per_epoch, seed=cfg.seed + 1000 * rank, logger=logger or NullLogger(),
                       device=device, precision=cfg.precision, grad_sync=grad_sync, loss_chunk=cfg.loss_chunk)
-    return Run(arch=arch, stages=stages, draft_config=dcfg, draft=draft, trainer=trainer, train=train, val=val,
+    return Run(plan=plan, arch=arch, stages=stages, draft_config=dcfg, draft=draft, trainer=trainer, train=train, val=val,
                reader=reader, batches_per_epoch=per_epoch)
 
 
@@ -194,7 +197,7 @@ def feature_plan(
             check_store_target(store, target)
     for config in sorted(Path(out).glob(f"**/{DRAFT_DIR}/config.json")):  # a resumed run's own drafts
         check_draft_target(config.parent, target)
-    if not cfg.eagle3_features:
+    if not reads_eagle3_features(cfg):
         return [], None
     where = f"recipe {cfg.recipe!r} (arch {cfg.resolved()[0]!r}) reads auxiliary target layers"
     if cfg.features == "online":
@@ -209,7 +212,7 @@ def feature_plan(
             layers = check_aux_layers([(Path(s), read_manifest(s)) for s in stores])
         except StoreError as err:
             raise StoreError(f"{where}: {err}") from None
-    if not cfg.own_vocab:  # the target's frozen head over its whole vocabulary
+    if not has_own_vocab(cfg):  # the target's frozen head over its whole vocabulary
         return list(layers), None
     path = out / "draft_vocab.json"
     if path.is_file():

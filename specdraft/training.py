@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Literal, Sequence
 
 import torch
 
-from specdraft.config import ConfigError
+from specdraft.configs.train import OptimConfig
 from specdraft.loggers import MetricLogger, NullLogger
 from specdraft.batch import Batch
 from specdraft.models import save_draft
@@ -40,32 +40,6 @@ from specdraft.objectives import GradSync, StageConfig, no_grad_sync_needed, tra
 
 STATE_FILE = "trainer_state.pt"  # a checkpoint's optimizer, scheduler, generators and loop position
 DRAFT_DIR = "draft"  # a checkpoint's (and a finished run's) draft directory
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class OptimConfig:
-    """Defaults that learn on the data given: the warmup is a fraction of the run's optimizer steps
-    (capped at the papers' 2000), then cosine decay. Long runs on large stores often prefer a lower
-    peak lr (EAGLE/HASS 3e-5, SpecForge 1e-4 over hundreds of thousands of steps)."""
-
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    warmup_steps: int | None = None  # None: warmup_ratio of the run's optimizer steps, at most WARMUP_CAP
-    warmup_ratio: float = 0.05
-    schedule: Literal["constant", "cosine", "linear"] = "cosine"
-    min_lr_ratio: float = 0.1
-    max_grad_norm: float = 0.5
-    grad_accum: int = 1
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ConfigError(f"lr={self.lr}: must be > 0")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ConfigError(f"warmup_ratio={self.warmup_ratio}: must be in [0, 1)")
-        if self.grad_accum < 1:
-            raise ConfigError(f"grad_accum={self.grad_accum}: must be >= 1")
 
 
 WARMUP_CAP = 2000  # Beagle App. A.3 / EAGLE: 2000 warmup steps

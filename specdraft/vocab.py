@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-DEFAULT_DRAFT_VOCAB = 32000
+from specdraft.configs.train import DEFAULT_DRAFT_VOCAB  # noqa: F401 - imported from here too
+
 
 
 def count_predicted_tokens(

@@ -1,10 +1,14 @@
-"""Every shipped run config loads into the typed schema (unknown keys are errors)."""
+"""Every shipped run config loads into the typed schema (unknown keys are errors), and the settings import
+nothing heavy (issue 30, item 1: ``specdraft/configs/``, ``pipelines/configs.py``)."""
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from pipelines.stages import RunConfig
+from pipelines.configs import RunConfig
 from specdraft.config import ConfigError, load
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
@@ -32,3 +36,39 @@ def test_unknown_key_in_a_run_config_is_rejected(tmp_path):
         load(RunConfig, bad)
     with pytest.raises(ConfigError, match="not one of"):
         load(RunConfig, None, ["train.scaling.strategy=zero3"])
+
+
+SETTINGS_MODULES = ["specdraft.configs", "specdraft.config", "specdraft.recipes", "specdraft.plan", "pipelines.configs",
+                    *(f"specdraft.configs.{p.stem}" for p in sorted(
+                        (Path(__file__).resolve().parents[1] / "specdraft" / "configs").glob("[!_]*.py")))]
+HEAVY = ("torch", "ray", "zarr", "transformers", "mlflow", "prefect", "numpy")
+
+
+@pytest.mark.parametrize("module", SETTINGS_MODULES)
+def test_importing_the_settings_loads_no_torch_ray_or_zarr(module):
+    """Each settings module, imported alone in a fresh interpreter, leaves every heavy library unloaded."""
+    script = (f"import importlib, json, sys; importlib.import_module({module!r}); "
+              f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(HEAVY)!r}))))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == []
+
+
+def test_every_settings_dataclass_lives_in_a_settings_module():
+    """No ``*Config`` / ``*Settings`` dataclass is defined outside ``specdraft/configs/`` and ``pipelines/configs.py``
+    (the ones the core hands between its own functions are not settings: ``WorkerConfig`` is the driver's message)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    homes = {root / "pipelines" / "configs.py", *(root / "specdraft" / "configs").glob("*.py")}
+    stray = []
+    for path in sorted(p for d in ("specdraft", "pipelines", "flows") for p in (root / d).rglob("*.py")):
+        if path in homes:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.ClassDef) and node.name.endswith(("Config", "Settings", "Section"))
+                    and node.name != "WorkerConfig"
+                    and any("dataclass" in ast.unparse(d) for d in node.decorator_list)):
+                stray.append(f"{path.relative_to(root)}:{node.lineno} {node.name}")
+    assert stray == []

@@ -39,25 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdraft.decoding.speculative import DecodeConfig, Generation, speculative_decode
+from specdraft.configs.decode import DecodeConfig, PromptLookupConfig  # noqa: F401 - imported from here too
+from specdraft.decoding.speculative import Generation, speculative_decode
 from specdraft.decoding.tree import DraftTree, chain_of_tokens
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PromptLookupConfig:
-    enabled: bool = True  # evaluation: also measure the PLD floor (one more generation per turn)
-    gamma: int | None = None  # tokens proposed per round; None: the draft's max depth (chain γ / tree depth)
-    max_ngram: int = 3  # longest suffix n-gram matched
-    min_ngram: int = 1  # shortest suffix n-gram matched
-
-    def __post_init__(self) -> None:
-        assert self.gamma is None or self.gamma >= 1, f"pld gamma must be >= 1 or None, got {self.gamma}"
-        assert 1 <= self.min_ngram <= self.max_ngram, (
-            f"pld needs 1 <= min_ngram <= max_ngram, got {self.min_ngram}..{self.max_ngram}"
-        )
-
-    def resolved_gamma(self, decode: DecodeConfig) -> int:
-        return self.gamma if self.gamma is not None else decode.max_depth
 
 
 def find_match(context: np.ndarray, max_ngram: int = 3, min_ngram: int = 1) -> tuple[int, int] | None:

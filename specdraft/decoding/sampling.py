@@ -14,25 +14,9 @@ Randomness always comes from an explicit ``torch.Generator`` (no global RNG stat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SamplingConfig:
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-
-    def __post_init__(self) -> None:
-        assert self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"
-        assert self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"
-        assert 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from specdraft.configs.decode import SamplingConfig
 
 
 def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -38,57 +38,19 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 
-from specdraft.config import ConfigError
 from specdraft.decoding.block import BlockDrafter, block_gamma
 from specdraft.decoding.cache import VerifyMask, commit, target_cache
 from specdraft.decoding.drafting import DraftContext, advance_draft, start_draft
-from specdraft.decoding.sampling import SamplingConfig, choose_token
+from specdraft.configs.decode import DecodeConfig, Mode, SamplingConfig  # noqa: F401 - imported from here too
+from specdraft.decoding.sampling import choose_token
 from specdraft.decoding.tree import DraftTree, build_draft_chain, build_draft_tree
 from specdraft.decoding.verify import accept_greedy, accept_sampling, target_forward, tree_height, verify_tree
 from specdraft.models.layers import decoding_attention
 from specdraft.placement import host_ids, input_device
-
-Mode = Literal["chain", "tree"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DecodeConfig:
-    mode: Mode = "tree"
-    gamma: int = 5  # chain: draft tokens per round
-    depth: int = 6  # tree: drafted levels
-    topk: int = 10  # tree: children per expanded node and nodes expanded per level
-    total_tokens: int = 60  # tree: drafted nodes kept after reranking (root excluded)
-    concate: bool = True  # Beagle: append drafted states to the draft cache
-    temperature: float = 0.0
-    top_k: int = 0  # sampling warper (0 = off)
-    top_p: float = 1.0  # sampling warper (1 = off)
-    max_new_tokens: int = 256
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("chain", "tree"):
-            raise ConfigError(f"mode: must be 'chain' or 'tree', got {self.mode!r}")
-        for name in ("gamma", "depth", "topk", "total_tokens", "max_new_tokens"):  # each drafts or emits >= 1 token
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
-        SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
-
-    @property
-    def sampling(self) -> SamplingConfig:
-        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
-
-    @property
-    def max_depth(self) -> int:
-        return self.gamma if self.mode == "chain" else self.depth
-
-    @property
-    def max_nodes(self) -> int:
-        """The most tree nodes a round verifies (root included)."""
-        return 1 + (self.gamma if self.mode == "chain" else self.total_tokens)
-
 
 @dataclass
 class Generation:

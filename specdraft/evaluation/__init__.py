@@ -15,6 +15,6 @@ Modules, bottom up (each imports only those above it, ``specdraft.decoding`` and
 * ``engine_comparison`` our decoder on the engine's prompts, counted as vLLM counts.
 * ``engine``            ``engine_report``: export, serve, compare; ``engine_summary``.
 
-Settings: ``specdraft.decoding.eval.EvalSettings`` and ``specdraft.serving.engine.EngineSettings``. Importing
+Settings: ``specdraft.configs.evaluation.EvalSettings`` and ``specdraft.configs.evaluation.EngineSettings``. Importing
 this package imports nothing; only ``engine_process`` imports vLLM.
 """

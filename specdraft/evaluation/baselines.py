@@ -40,7 +40,7 @@ import torch
 import transformers
 
 from specdraft import files
-from specdraft.decoding.eval import EvalSettings
+from specdraft.configs.evaluation import EvalSettings
 from specdraft.placement import resolve_dtype
 from specdraft.target import target_fingerprint
 

@@ -6,7 +6,7 @@ exports the draft, ``measure_engine`` runs the engine in a child process (``engi
 global state stays out of the caller) and ``engine_comparison.compare`` puts our decoder's count beside
 the engine's. Mean acceptance length = 1 + accepted / drafts (SGLang's τ: tokens per verification).
 
-Settings (``specdraft.serving.engine.EngineSettings``, ``eval.engine`` in a run config) pass straight to
+Settings (``specdraft.configs.evaluation.EngineSettings``, ``eval.engine`` in a run config) pass straight to
 ``vllm.LLM``; the engine's context ``max_model_len`` is the target's own unless set
 (``specdraft.preflight.engine_model_len``, which refuses a value above it).
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.config import ConfigError
-from specdraft.decoding.eval import EvalSettings
+from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.engine_comparison import compare
 from specdraft.evaluation.engine_records import EngineRequest, EngineRun
 from specdraft.evaluation.models import Models, load_models
@@ -31,7 +31,7 @@ from specdraft.evaluation.questions import load_question_sets
 from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
 from specdraft.models import read_draft_config
 from specdraft.preflight import engine_model_len, target_positions
-from specdraft.serving.engine import EngineSettings
+from specdraft.configs.evaluation import EngineSettings
 
 
 def measure_engine(request: EngineRequest, settings: EngineSettings) -> EngineRun:

@@ -19,7 +19,7 @@ from specdraft.decoding.speculative import DecodeConfig, speculative_generate
 from specdraft.evaluation.engine_records import EngineRun
 from specdraft.evaluation.models import Models
 from specdraft.placement import output_device
-from specdraft.serving.engine import EngineSettings
+from specdraft.configs.evaluation import EngineSettings
 
 
 def compare(run: EngineRun, name: str, models: Models, decode: DecodeConfig, engine: EngineSettings) -> dict[str, Any]:

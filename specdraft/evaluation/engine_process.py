@@ -32,7 +32,7 @@ from vllm.inputs import TokensPrompt
 from specdraft.decoding.speculative import eos_token_ids
 from specdraft.evaluation.engine_records import EngineRequest, EngineRun
 from specdraft.evaluation.questions import answer_text, render_prompt
-from specdraft.serving.engine import EngineSettings
+from specdraft.configs.evaluation import EngineSettings
 from specdraft.target import load_tokenizer
 
 METRIC = "vllm:spec_decode_"

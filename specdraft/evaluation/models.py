@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from specdraft.config import to_dict
-from specdraft.decoding.eval import EvalSettings
+from specdraft.configs.evaluation import EvalSettings
 from specdraft.decoding.prompt_lookup import prompt_lookup_generate
 from specdraft.decoding.speculative import DecodeConfig, eos_token_ids, speculative_generate, vanilla_generate
 from specdraft.evaluation.questions import render_prompt

@@ -21,7 +21,7 @@ import hashlib
 import json
 from typing import Any
 
-from specdraft.decoding.eval import EvalSettings
+from specdraft.configs.evaluation import EvalSettings
 from specdraft.decoding.metrics import first_mismatch
 from specdraft.decoding.prompt_lookup import prompt_lookup_generate
 from specdraft.decoding.speculative import Generation, speculative_generate, vanilla_generate

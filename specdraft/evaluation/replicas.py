@@ -28,7 +28,7 @@ import torch
 from transformers.utils.logging import tqdm
 
 from specdraft.config import from_dict, to_dict
-from specdraft.decoding.eval import EvalSettings
+from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.models import load_models, warmup
 from specdraft.evaluation.records import evaluate_question
 from specdraft.placement import describe_placement, resolve_device

@@ -16,7 +16,7 @@ import torch
 
 from specdraft import files
 from specdraft.config import to_dict
-from specdraft.decoding.eval import EvalSettings
+from specdraft.configs.evaluation import EvalSettings
 from specdraft.decoding.metrics import summarize
 
 

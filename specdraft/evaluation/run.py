@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers.utils.logging import tqdm
 
-from specdraft.decoding.eval import EvalSettings
+from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.baselines import baselines_dir, open_baselines
 from specdraft.evaluation.models import load_models, warmup
 from specdraft.evaluation.questions import load_question_sets

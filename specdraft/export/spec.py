@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from specdraft import placement
+from specdraft.configs.export import ExportConfig  # noqa: F401 - imported from here too
 from specdraft.models.config import DraftConfig
 from specdraft.target import TargetMismatch, check_target, load_target_config, target_id
 
@@ -67,21 +67,6 @@ LAYOUTS = {
                                       layer_config="transformer_layer_config",
                                       aux_ids=(("aux_hidden_state_layer_ids", 0),), method="dflash"),
 }
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ExportConfig:
-    """The choices of an export (``specdraft export``, the register stage's ``register.serving``)."""
-
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None  # of the written tensors; None: the target's
-    # K drafted per step: the speculators proposal and the printed serve commands (None: 3; a block draft: its
-    # block's block_size - 1 masked positions)
-    speculative_tokens: int | None = None
-    verifier: str = ""  # how engines find the target in a speculators config (hub id or path); empty: its path
-
-    def __post_init__(self) -> None:
-        assert self.speculative_tokens is None or self.speculative_tokens >= 1, (
-            f"speculative_tokens must be >= 1, got {self.speculative_tokens}")
 
 
 class ExportError(ValueError):

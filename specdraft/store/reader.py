@@ -20,7 +20,6 @@ Stores written before the checksums are read unverified, with one warning per st
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from specdraft.batch import Batch
+from specdraft.configs.reader import ON_CORRUPT, ReaderConfig  # noqa: F401 - imported from here too
 from specdraft.store import location
 from specdraft.store.batching import is_held_out, plan_batches
 from specdraft.store.chunks import ShardArray, read_rows, shard_chunks
@@ -36,31 +36,9 @@ from specdraft.store.manifest import read_manifest
 from specdraft.store.prefetcher import Prefetcher
 from specdraft.store.schema import CHUNK_CHECKSUM, StoreError, array_schema, decode_hidden, stored_tensor
 
-ON_CORRUPT = ("error", "skip")
 _UNVERIFIED_WARNED: set[str] = set()  # stores already warned about (once per store and process)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class ReaderConfig:
-    max_tokens: int = 16384  # padded tokens per batch (B * T); a longer sequence gets a batch of its own
-    max_length: int | None = None  # sequences are truncated to this many tokens
-    max_batch_size: int | None = None
-    val_fraction: float = 0.0  # fraction of sample ids held out (by hash) for validation
-    seed: int = 0
-    shuffle: bool = True  # False: batches in length order, same every epoch
-    bucket_size: int = 1024  # sequences sorted by length within windows of this many
-    aux: bool = False  # fill Batch.aux_hidden (B, T, L*d) from the stores' auxiliary layers (EAGLE-3 features)
-    prefetch: int = 2  # batches read ahead on a background thread (0: read in the consumer's thread)
-    # a chunk that fails its checksum or is missing: "error" (StoreError naming store, shard, array and
-    # chunk) or "skip" (the sequences it holds are skipped, their loss masked out, and counted)
-    on_corrupt: Literal["error", "skip"] = "error"
-
-    def __post_init__(self) -> None:
-        assert self.on_corrupt in ON_CORRUPT, f"reader.on_corrupt={self.on_corrupt!r} not in {ON_CORRUPT}"
-        assert self.max_tokens >= 1 and self.bucket_size >= 1, "max_tokens and bucket_size must be >= 1"
-        assert self.max_length is None or self.max_length >= 1, "max_length must be >= 1"
-        assert 0.0 <= self.val_fraction < 1.0, f"val_fraction {self.val_fraction} not in [0, 1)"
-        assert self.prefetch >= 0, "prefetch must be >= 0"
 
 
 def open_stores(paths: str | Path | list[str | Path]) -> list[tuple[Path | str, dict[str, Any]]]:

@@ -231,11 +231,11 @@ def toy_store(root: Path, target: Path) -> Path:
 @pytest.mark.slow
 def test_training_on_a_store_with_flipped_bytes_fails_or_under_skip_counts_the_skipped(local_ray, tiny_toy_target, tmp_path):
     from pipelines.train import run_training
-    from specdraft.recipes import ScalingSection, TrainConfig
+    from pipelines.configs import ClusterTrainConfig, ScalingSection
 
     root = toy_store(tmp_path / "store", tiny_toy_target)
     flip_bytes(root / "shard-00001.zarr/hidden/c/1/0")
-    cfg = TrainConfig(recipe="eagle", epochs=[1], seed=0, checkpoint_every=0, min_steps=1, max_failures=0,
+    cfg = ClusterTrainConfig(recipe="eagle", epochs=[1], seed=0, checkpoint_every=0, min_steps=1, max_failures=0,
                       reader=ReaderConfig(max_tokens=256, val_fraction=0.0), scaling=ScalingSection(num_workers=0))
     with pytest.raises(Exception) as caught:
         run_training(cfg, [root], tiny_toy_target, tmp_path / "run")

@@ -315,7 +315,7 @@ def test_a_run_workdir_is_the_runs_own_after_overwrite_or_an_earlier_run(inputs,
     directory, the flow then finds it the run's own; a workdir of a run from before the marker is known by
     its stage directories; a workdir equal to or holding target.path is refused."""
     from flows.preflight import check_workdir
-    from pipelines.stages import RunConfig
+    from pipelines.configs import RunConfig
     from specdraft.config import load
 
     def cfg(workdir, target=""):

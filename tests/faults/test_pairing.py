@@ -29,7 +29,7 @@ from specdraft.export import ExportError, export_draft
 from specdraft.features import FeaturesConfig
 from specdraft.models import read_draft_config
 from specdraft.outputs import MARKER
-from specdraft.recipes import ScalingSection, TrainConfig
+from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.store import ReaderConfig, read_manifest
 from specdraft.store.manifest import check_store_target
 from specdraft.target import (
@@ -100,8 +100,8 @@ def store(local_ray, targets, rows, tmp_path_factory) -> Path:
     return out
 
 
-def small_train(**kw) -> TrainConfig:
-    return TrainConfig(recipe="hass", epochs=[1], seed=0, min_steps=4, checkpoint_every=1000, log_every=1000,
+def small_train(**kw) -> ClusterTrainConfig:
+    return ClusterTrainConfig(recipe="hass", epochs=[1], seed=0, min_steps=4, checkpoint_every=1000, log_every=1000,
                        sim_depth=2, optim=OptimConfig(lr=1e-3, warmup_steps=1),
                        reader=ReaderConfig(max_tokens=1024, val_fraction=0.2, seed=0),
                        scaling=ScalingSection(num_workers=0), **kw)

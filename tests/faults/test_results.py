@@ -18,7 +18,7 @@ import torch
 from pipelines.train import run_training
 from specdraft.config import ConfigError, load
 from specdraft.features import compute_features, sample_arrays
-from specdraft.recipes import ScalingSection, TrainConfig
+from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.run import fit_batches
 from specdraft.store import FeatureDataset, ReaderConfig, make_manifest, write_manifest, write_shard
 from specdraft.target import load_target_model, load_tokenizer
@@ -39,12 +39,12 @@ def small_store(tiny_toy_target, tmp_path_factory) -> Path:
     return out
 
 
-def config(**kw) -> TrainConfig:
+def config(**kw) -> ClusterTrainConfig:
     base = dict(recipe="beagle", epochs=[1, 1], seed=0, checkpoint_every=0, sim_depth=3, log_every=1000,
                 min_steps=1, optim=OptimConfig(lr=3e-3, warmup_steps=1),
                 reader=ReaderConfig(max_tokens=4096, val_fraction=0.0, seed=0))
     base.update(kw)
-    return TrainConfig(**base)
+    return ClusterTrainConfig(**base)
 
 
 def metric_rows(out: Path) -> list[dict]:
@@ -54,7 +54,7 @@ def metric_rows(out: Path) -> list[dict]:
 def test_no_epochs_is_a_config_error_not_an_untrained_draft():
     for overrides in (["epochs=[0,0]"], ["recipe=hass", "epochs=[0]"]):
         with pytest.raises(ConfigError, match="no stage trains"):
-            load(TrainConfig, None, overrides)
+            load(ClusterTrainConfig, None, overrides)
 
 
 def test_min_steps_is_reached_on_a_store_smaller_than_one_batch(small_store):

@@ -1,11 +1,10 @@
-"""``specdraft COMMAND --help`` (issue 23, item 7): every config field with its type, default and description
-(the field's comment in its dataclass), test hooks left out, and an answer that imports none of the heavy
-libraries (``flows/config_source.py`` reads the dataclasses' source instead of importing them).
+"""``specdraft COMMAND --help`` (issue 23, item 7; issue 30, item 1): every config field with its type, default
+and description (the field's comment in its dataclass), test hooks left out, and an answer that imports none of
+the heavy libraries: the settings classes (``specdraft/configs/``, ``pipelines/configs.py``) are imported as they
+are, and import nothing heavy.
 
-The reader is checked against the imported classes for every command and for a module written here with
-the forms it must follow (type aliases, imported nested dataclasses, ``default_factory`` lambdas, module
-constants, base classes, comments above and after a field); a form it does not know makes ``describe``
-import the classes instead, with the same table.
+The table is checked on a module written here with the forms it must follow (type aliases, imported nested
+dataclasses, ``default_factory`` lambdas, module constants, base classes, comments above and after a field).
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import build_parser
-from flows.config_source import REQUIRED, Unsupported, static_rows
-from flows.options import ConfigSpec, describe, field_rows, imported_rows, load_config, resolve, source_rows
+from flows.options import REQUIRED, ConfigSpec, describe, field_rows, load_config, rows
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "ray", "prefect", "mlflow", "vllm", "sklearn")
@@ -33,11 +31,9 @@ def command_specs() -> dict[str, ConfigSpec]:
 
 
 @pytest.mark.parametrize("command", sorted(command_specs()))
-def test_the_source_reader_gives_the_rows_the_imported_classes_give(command):
-    spec = command_specs()[command]
-    rows = source_rows(spec)  # raises Unsupported for a form it cannot read: the test fails, not falls back
-    assert rows == imported_rows(spec)
-    assert len({key for key, *_ in rows}) == len(rows) > 5
+def test_every_command_lists_its_fields_once(command):
+    table = rows(command_specs()[command])
+    assert len({key for key, *_ in table}) == len(table) > 5
 
 
 def test_help_shows_each_fields_comment_and_hides_test_hooks(capsys):
@@ -143,30 +139,21 @@ def demo_package(tmp_path, monkeypatch):
         del sys.modules[name]
 
 
-def test_the_source_reader_follows_aliases_imports_factories_and_comments(demo_package):
-    spec = ConfigSpec(root="helpdemo.demo:Demo", defaults=("inner.kind=b",))
-    rows = {key: (tp, default, text) for key, tp, default, text in source_rows(spec)}
-    assert rows == {key: (tp, default, text) for key, tp, default, text in imported_rows(spec)}
-    assert rows["name"] == ("str", "base", "from the base class")
-    assert rows["inner.size"] == ("int", 512, "a module constant")  # the factory's value, not the class default
-    assert rows["inner.kind"][:2] == ("a|b", "b")  # the command's defaults applied
-    assert rows["maybe"] == ("Inner | None", None, "None or an Inner: its fields as maybe.*")
-    assert rows["maybe.size"][1] == 1024 and rows["items[].kind"][1] == "a"
-    assert rows["kinds"][:2] == ("tuple[a|b, ...]", ["a", "b"])
-    assert rows["ratio"] == ("float", -0.5, "")  # the heading above the blank line is no description
-    assert "hook" not in rows
-    needs = ConfigSpec(root="helpdemo.demo:Needs")
-    assert [d for _, _, d, _ in static_rows(needs.root)] == [REQUIRED] and source_rows(needs) == imported_rows(needs)
+def test_the_table_follows_aliases_imports_factories_and_comments(demo_package):
+    from helpdemo.demo import Demo, Needs
+
+    spec = ConfigSpec(root=Demo, defaults=("inner.kind=b",))
+    table = {key: (tp, default, text) for key, tp, default, text in rows(spec)}
+    assert table["name"] == ("str", "base", "from the base class")
+    assert table["inner.size"] == ("int", 512, "a module constant")  # the factory's value, not the class default
+    assert table["inner.kind"][:2] == ("a|b", "b")  # the command's defaults applied
+    assert table["maybe"] == ("Inner | None", None, "None or an Inner: its fields as maybe.*")
+    assert table["maybe.size"][1] == 1024 and table["items[].kind"][1] == "a"
+    assert table["kinds"][:2] == ("tuple[a|b, ...]", ["a", "b"])
+    assert table["ratio"] == ("float", -0.5, "")  # the heading above the blank line is no description
+    assert "hook" not in table
+    needs = ConfigSpec(root=Needs)
+    assert [d for _, _, d, _ in rows(needs)] == [REQUIRED]
     assert "(required)" in describe(needs)
-    assert rows["table"] == ("dict[str, Any]", {}, "a block of comments directly above the field")
-    assert next(k for k, *_ in field_rows(resolve("helpdemo.demo:Demo"))) == "name"  # base class fields first
-
-
-def test_a_form_the_reader_does_not_know_falls_back_to_importing(demo_package):
-    (demo_package / "odd.py").write_text(
-        "import math\nfrom dataclasses import dataclass\n\n\n@dataclass(frozen=True)\nclass Odd:\n"
-        "    angle: float = math.pi  # an attribute of an imported module\n")
-    spec = ConfigSpec(root="helpdemo.odd:Odd")
-    with pytest.raises(Unsupported, match="math.pi"):
-        source_rows(spec)
-    assert "3.14159" in describe(spec) and "an attribute of an imported module" in describe(spec)
+    assert table["table"] == ("dict[str, Any]", {}, "a block of comments directly above the field")
+    assert next(k for k, *_ in field_rows(Demo)) == "name"  # base class fields first

@@ -14,7 +14,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from pipelines.configs import DumpConfig
 from pipelines.dump import dump_features
+from specdraft.config import ConfigError
 from pipelines.ingest import load_conversations
 from specdraft import store
 from specdraft.chat import render_with_loss_mask
@@ -315,9 +317,9 @@ def test_manifest_records_the_attention_kernel_and_placement(toy_store):
     for shard in manifest["shards"]:
         assert shard["placement"] == {"attn_implementation": "sdpa", "dtype": "float32", "devices": ["cpu"],
                                       "input_device": "cpu", "output_device": "cpu"}
-    assert features_hash(FeaturesConfig(attn_implementation="eager", gpus_per_actor=4)) == features_hash(FeaturesConfig())
-    with pytest.raises(AssertionError, match="fraction <= 1"):
-        FeaturesConfig(gpus_per_actor=1.5)
+    assert features_hash(DumpConfig(attn_implementation="eager", gpus_per_actor=4)) == features_hash(FeaturesConfig())
+    with pytest.raises(ConfigError, match="fraction <= 1"):
+        DumpConfig(gpus_per_actor=1.5)
 
 
 # --- auxiliary layers (EAGLE-3 features) ----------------------------------------------------------

@@ -16,7 +16,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from pipelines.evaluate import RayEvalConfig, evaluate
 from specdraft.decoding import DecodeConfig
-from specdraft.decoding.eval import EvalSettings
+from specdraft.configs.evaluation import EvalSettings
 from specdraft.models import build_draft, draft_config_from_target, save_draft
 from specdraft.toy.conversations import generate_conversations
 from specdraft.toy.tokenizer import END, train_tokenizer

@@ -14,7 +14,7 @@ from flows.cli import main
 from pipelines import stages
 from pipelines.registry import champion_exports, download_draft, log_exports, register_draft, resolve_version
 from pipelines.records import Prepared
-from pipelines.stages import RunConfig
+from pipelines.configs import RunConfig
 from specdraft.config import load
 from specdraft.export import check_export, export_spec, serve_commands
 from specdraft.export.commands import vllm_server

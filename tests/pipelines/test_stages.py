@@ -16,9 +16,11 @@ import specdraft.toy.build as build_mod
 from pipelines.conversations import write_conversations
 from specdraft.features import FeaturesConfig
 from pipelines.records import Dumped, Evaluated, Exported, Prepared, Regenerated, Registered, Trained
-from pipelines.stages import DataSection, RunConfig, TargetSection, prepare, train, train_config
+from pipelines.configs import DataSection, RunConfig, TargetSection, core_features
+from pipelines.stages import prepare, train, train_config
 from specdraft.config import ConfigError, load
-from specdraft.recipes import ScalingSection, TrainConfig
+from pipelines.configs import ClusterTrainConfig, ScalingSection
+from specdraft.plan import reads_eagle3_features
 from specdraft.store import ReaderConfig
 from specdraft.target import target_id
 from specdraft.toy.build import compare_with_prebuilt
@@ -63,7 +65,7 @@ def test_train_stage_with_online_features_reads_the_regenerated_conversations(lo
         regenerated.append(Regenerated(key=f"key{part}", prompt=f"p{part}.jsonl", conversations=str(out), summary={},
                                        wall_s=0.0))
     cfg = RunConfig(workdir=str(tmp_path / "runs"), features=FeaturesConfig(max_length=80, topk=4),
-                    train=TrainConfig(recipe="beagle-early", epochs=[1], features="online", min_steps=1,
+                    train=ClusterTrainConfig(recipe="beagle-early", epochs=[1], features="online", min_steps=1,
                                       checkpoint_every=0, val_max_batches=1,
                                       reader=ReaderConfig(max_tokens=1024, val_fraction=0.2),
                                       # Ray Train's local mode (the loop in this process): online features in
@@ -88,11 +90,11 @@ def test_the_default_recipe_reads_eagle3_features_the_run_computes_unless_its_fe
     kept, and a recipe without them computes none."""
     from pipelines.stages import run_features
 
-    assert TrainConfig().recipe == "beagle3" and TrainConfig().eagle3_features
+    assert ClusterTrainConfig().recipe == "beagle3" and reads_eagle3_features(ClusterTrainConfig())
     assert run_features(RunConfig()).aux_layers == "eagle3"
     assert run_features(RunConfig(features=FeaturesConfig(aux_layers=[0, 2]))).aux_layers == [0, 2]
-    assert run_features(RunConfig(train=TrainConfig(recipe="hass"))).aux_layers is None
-    online = RunConfig(train=TrainConfig(features="online"))
+    assert run_features(RunConfig(train=ClusterTrainConfig(recipe="hass"))).aux_layers is None
+    online = RunConfig(train=ClusterTrainConfig(features="online"))
     records = [Regenerated(key="a", prompt="a.jsonl", conversations="/c/a", summary={}, wall_s=0.0)]
     assert train_config(online, records).online.aux_layers == "eagle3"
 
@@ -112,7 +114,7 @@ def test_run_config_refuses_train_online_naming_the_features_section():
     records = [Regenerated(key=k, prompt=f"{k}.jsonl", conversations=f"/c/{k}", summary={}, wall_s=0.0)
                for k in ("b", "a")]
     online = train_config(cfg, records)  # what the worker trains with, and what MLflow's train run logs
-    assert online.online == cfg.features and online.online.topk == 4 and online.online.aux_layers == "eagle3"
+    assert online.online == core_features(cfg.features) and online.online.topk == 4 and online.online.aux_layers == "eagle3"
     assert online.conversations == ["/c/a", "/c/b"]  # ordered by key
     offline = load(RunConfig, toy, ["features.topk=4"])
     assert train_config(offline, []) is offline.train

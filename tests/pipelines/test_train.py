@@ -23,7 +23,7 @@ from specdraft.batch import Batch
 from specdraft.features import compute_features, sample_arrays
 from specdraft.models import DraftConfig, build_draft, draft_config_from_target, load_draft
 from specdraft.objectives import LossWeights, StageConfig
-from specdraft.recipes import ScalingSection, TrainConfig
+from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.run import validate_draft
 from specdraft.store import FeatureDataset, ReaderConfig, make_manifest, write_manifest, write_shard
 from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
@@ -49,14 +49,14 @@ def toy_store(tiny_toy_target, tmp_path_factory) -> Path:
     return out
 
 
-def small_config(**kw) -> TrainConfig:
+def small_config(**kw) -> ClusterTrainConfig:
     base = dict(
         recipe="beagle", epochs=[2, 1], seed=0, checkpoint_every=4, sim_depth=4, log_every=1000,
         optim=OptimConfig(lr=3e-3, warmup_steps=5, schedule="cosine", min_lr_ratio=0.1),
         reader=ReaderConfig(max_tokens=2048, val_fraction=0.2, seed=0),
     )
     base.update(kw)
-    return TrainConfig(**base)
+    return ClusterTrainConfig(**base)
 
 
 def read_metrics(out: Path) -> list[dict]:

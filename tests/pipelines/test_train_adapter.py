@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from specdraft.config import ConfigError
-
 from pipelines import train
-from specdraft.recipes import TrainConfig
+from pipelines.configs import ClusterTrainConfig
+from specdraft.config import ConfigError, from_dict, to_dict
+from specdraft.configs.train import TrainConfig
+from specdraft.plan import build_plan
 
 
 def test_worker_config_round_trips_through_a_dict():
-    job = train.WorkerConfig(train=TrainConfig(recipe="hass", epochs=[2]), target="/t", target_id="t", out="/o",
-                             stores=["/s"], aux_layers=[1], vocab=[0, 2], tracking={"uri": "u", "run_id": "r"})
-    data = job.to_dict()
-    assert isinstance(data["train"], dict) and train.WorkerConfig.from_dict(data) == job
-    with pytest.raises(AssertionError, match="unknown worker config key"):
-        train.WorkerConfig.from_dict({**data, "vocabb": None})
+    cfg = ClusterTrainConfig(recipe="dflash", epochs=3)
+    job = train.WorkerConfig(train=cfg, plan=build_plan(cfg, aux_layers=[1], vocab=[0, 2]), target="/t", target_id="t",
+                             out="/o", stores=["/s"], tracking={"uri": "u", "run_id": "r"})
+    data = to_dict(job)
+    assert isinstance(data["train"], dict) and from_dict(train.WorkerConfig, data) == job
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['vocabb'\]"):
+        from_dict(train.WorkerConfig, {**data, "vocabb": None}, "worker config")
 
 
 def test_a_wrong_epoch_count_is_refused_on_the_driver(tmp_path, monkeypatch):

@@ -11,10 +11,10 @@ import pytest
 from flows.cli import command_config, main, parse
 from flows.preflight import check_run
 from specdraft.config import ConfigError, load
-from specdraft.decoding.eval import EvalSettings
+from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.engine import engine_summary
 from specdraft.preflight import check_engine, engine_model_len, target_positions
-from specdraft.serving.engine import EngineSettings
+from specdraft.configs.evaluation import EngineSettings
 
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "specdraft" / "toy" / "prebuilt"  # the shipped toy target: 1,024 positions

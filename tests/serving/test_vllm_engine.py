@@ -53,7 +53,7 @@ def drafts(target, tmp_path_factory):
     from specdraft.models import save_draft
     from specdraft.quickstart import train_on_samples
     from specdraft.recipes import RECIPES as REGISTRY
-    from specdraft.recipes import TrainConfig, split_epochs
+    from specdraft.configs.train import TrainConfig
     from specdraft.target import load_target_model, load_tokenizer
     from specdraft.toy.conversations import generate_conversations
     from specdraft.training import OptimConfig
@@ -71,7 +71,7 @@ def drafts(target, tmp_path_factory):
         if recipe == "dflash":  # DFlash Eq. 4: gamma = 4 for blocks of 8
             stage = replace(REGISTRY[recipe].stages[0], anchors=64, step_decay=math.exp(-1 / 4))
             block = dict(draft_layers=2, block_size=8, stages=[stage])
-        cfg = TrainConfig(recipe=recipe, epochs=split_epochs(max(3, stages), stages), min_steps=0, seed=0,
+        cfg = TrainConfig(recipe=recipe, epochs=max(3, stages), min_steps=0, seed=0,  # the total, split over the stages
                           optim=OptimConfig(lr=2e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1), **block)
         trained = train_on_samples(target, cfg, train, held_out, aux_layers=AUX)
         out[recipe] = save_draft(trained.run.draft, root / recipe)
@@ -86,7 +86,7 @@ def served(target, drafts, tmp_path_factory):
     from specdraft.models import read_draft_config
     from specdraft.evaluation.engine import measure_engine
     from specdraft.evaluation.engine_records import EngineRequest
-    from specdraft.serving.engine import EngineSettings
+    from specdraft.configs.evaluation import EngineSettings
 
     root = tmp_path_factory.mktemp("exports")
     exports, formats = {}, {}
@@ -122,7 +122,7 @@ def test_the_engine_without_a_draft_answers_as_the_target(served, target_greedy)
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_vllm_serves_the_recipe_as_trained(recipe, target, drafts, served, target_greedy):
-    from specdraft.decoding.eval import EvalSettings
+    from specdraft.configs.evaluation import EvalSettings
     from specdraft.decoding.speculative import DecodeConfig
     from specdraft.evaluation.engine_comparison import compare
     from specdraft.evaluation.models import load_models

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from specdraft import placement
+from specdraft.config import ConfigError
 
 
 def test_resolve_dtype():
@@ -24,7 +25,7 @@ def test_resolve_dtype():
     assert placement.resolve_dtype("bfloat16", "cpu") is torch.bfloat16
     assert placement.resolve_dtype("float32") is torch.float32
     assert placement.resolve_dtype(torch.float16, "cpu") is torch.float16  # a dtype passes through
-    with pytest.raises(AssertionError, match="dtype must be"):
+    with pytest.raises(ConfigError, match="dtype must be"):
         placement.resolve_dtype("float64", "cpu")
 
 
@@ -33,7 +34,7 @@ def test_resolve_device():
     assert placement.resolve_device("auto").type == expected
     assert placement.resolve_device("cuda:1") == torch.device("cuda", 1)
     assert placement.resolve_device(torch.device("cpu")) == torch.device("cpu")
-    with pytest.raises(AssertionError, match="device must be"):
+    with pytest.raises(ConfigError, match="device must be"):
         placement.resolve_device("meta")
 
 
@@ -42,7 +43,7 @@ def test_resolve_attn_implementation(monkeypatch):
     assert placement.resolve_attn_implementation("eager", "cuda") == "eager"
     with pytest.warns(UserWarning, match="flash-attn"):
         assert placement.resolve_attn_implementation("flash_attention_2", "cpu") == "sdpa"
-    with pytest.raises(AssertionError, match="attn_implementation must be"):
+    with pytest.raises(ConfigError, match="attn_implementation must be"):
         placement.resolve_attn_implementation("flex", "cpu")
     # flash-attn is not installed here: pretend it is importable (only find_spec is patched)
     real = importlib.util.find_spec
@@ -59,7 +60,7 @@ def test_spread_gpus(num_gpus, spread):
 
 @pytest.mark.parametrize("num_gpus", [0, -1, 1.5, 2.25])
 def test_spread_gpus_rejects(num_gpus):
-    with pytest.raises(AssertionError, match="fraction <= 1"):
+    with pytest.raises(ConfigError, match="fraction <= 1"):
         placement.spread_gpus(num_gpus)
 
 

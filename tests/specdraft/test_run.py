@@ -8,7 +8,9 @@ import torch
 from specdraft.config import ConfigError
 from specdraft.features import compute_features
 from specdraft.quickstart import SampleSplit
-from specdraft.recipes import RECIPES, TrainConfig, split_epochs
+from specdraft.configs.train import TrainConfig
+from specdraft.plan import build_plan
+from specdraft.recipes import RECIPES, split_epochs
 from specdraft.run import build_run, validate_draft
 from specdraft.target import load_target_model, load_tokenizer
 from specdraft.toy.build import PREBUILT_DIR
@@ -28,7 +30,7 @@ def samples():
 
 def test_split_epochs_gives_earlier_stages_the_rest():
     assert split_epochs(5, 2) == [3, 2] and split_epochs(6, 3) == [2, 2, 2] and split_epochs(1, 1) == [1]
-    with pytest.raises(AssertionError, match="cannot cover"):
+    with pytest.raises(ConfigError, match="cannot cover"):
         split_epochs(1, 2)
 
 
@@ -47,8 +49,9 @@ def test_build_run_builds_the_recipes_draft_trainer_and_splits(samples, recipe):
     eagle3 = RECIPES[recipe].eagle3_features
     vocab = list(range(0, 320, 2)) if eagle3 else None
     splits = {"train": samples[:8], "val": samples[8:]}
-    run = build_run(cfg, PREBUILT_DIR, lambda split, reader: SampleSplit(splits[split], 4, 0, reader),
-                    aux_layers=[1, 2, 3] if eagle3 else None, vocab=vocab, target_id="toy", rank=1)
+    plan = build_plan(cfg, aux_layers=[1, 2, 3] if eagle3 else (), vocab=vocab)
+    run = build_run(cfg, plan, PREBUILT_DIR, lambda split, reader: SampleSplit(splits[split], 4, 0, reader),
+                    target_id="toy", rank=1)
     assert run.arch == RECIPES[recipe].arch and run.draft_config.arch == run.arch
     assert run.draft_config.aux_layers == ([1, 2, 3] if eagle3 else [])
     assert run.draft_config.draft_vocab_size == (160 if eagle3 else None)
@@ -57,7 +60,7 @@ def test_build_run_builds_the_recipes_draft_trainer_and_splits(samples, recipe):
     assert run.trainer.draft is run.draft and run.trainer.seed == 3 + 1000  # one device: not wrapped; rank's seed
     assert validate_draft(run.draft, run.val, 3, 10, "cpu").reached.sum() > 0
     torch.manual_seed(99)  # build_run seeds the draft's initial weights itself (cfg.seed)
-    again = build_run(cfg, PREBUILT_DIR, lambda split, reader: SampleSplit(splits[split], 4, 0, reader),
-                      aux_layers=[1, 2, 3] if eagle3 else None, vocab=vocab, target_id="toy")
+    again = build_run(cfg, plan, PREBUILT_DIR, lambda split, reader: SampleSplit(splits[split], 4, 0, reader),
+                      target_id="toy")
     for (name, a), b in zip(run.draft.state_dict().items(), again.draft.state_dict().values()):
         assert torch.equal(a, b), name

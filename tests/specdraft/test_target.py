@@ -511,7 +511,7 @@ def test_eval_loads_a_mask_kernel_puts_the_draft_at_the_output_and_records_it(ti
     """Evaluation on CPU with the eager kernel: the draft sits on the target's output device, the
     report's settings carry the requested kernel and the placement actually used; a flash kernel
     is refused for eval (tree verification needs the 4D mask)."""
-    from specdraft.decoding.eval import EvalSettings
+    from specdraft.configs.evaluation import EvalSettings
     from specdraft.evaluation.models import load_models
     from specdraft.evaluation.run import run_eval
     from specdraft.models import save_draft

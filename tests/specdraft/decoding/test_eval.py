@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdraft.decoding import DecodeConfig, PromptLookupConfig
-from specdraft.decoding.eval import EvalSettings
+from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.questions import dataset_name, load_question_sets, read_questions, render_prompt
 from specdraft.evaluation.report import build_report
 from specdraft.evaluation.run import run_eval

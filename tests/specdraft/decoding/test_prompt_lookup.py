@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import specdraft.decoding.speculative as speculative
+from specdraft.config import ConfigError
 from specdraft.decoding import DecodeConfig, PromptLookupConfig, prompt_lookup_generate, speculative_decode
 from specdraft.decoding import eos_token_ids, vanilla_generate
 from specdraft.evaluation.questions import render_prompt
@@ -119,7 +120,7 @@ def test_pld_gamma_defaults_to_the_drafts_depth():
     assert PromptLookupConfig().resolved_gamma(DecodeConfig(mode="chain", gamma=4)) == 4
     assert PromptLookupConfig().resolved_gamma(DecodeConfig(mode="tree", depth=6)) == 6
     assert PromptLookupConfig(gamma=2).resolved_gamma(DecodeConfig(mode="tree", depth=6)) == 2
-    with pytest.raises(AssertionError, match="min_ngram"):
+    with pytest.raises(ConfigError, match="min_ngram"):
         PromptLookupConfig(max_ngram=1, min_ngram=2)
 
 

@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 from specdraft import masks
+from specdraft.config import ConfigError
 from specdraft.models import DraftConfig, KVCache, build_draft, draft_config_from_target, load_draft, save_draft
 from specdraft.models.layers import Chain
 
@@ -156,13 +157,13 @@ def test_draft_config_follows_target_geometry(config_cls):
 def test_configs_refuse_impossible_drafts():
     base = dict(vocab_size=V, hidden_size=D, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                 intermediate_size=128)
-    with pytest.raises(AssertionError, match="aux_layers"):
+    with pytest.raises(ConfigError, match="aux_layers"):
         DraftConfig(arch="eagle3", draft_vocab_size=10, **base)
-    with pytest.raises(AssertionError, match="draft_vocab_size"):
+    with pytest.raises(ConfigError, match="draft_vocab_size"):
         DraftConfig(arch="eagle3", aux_layers=[1, 2, 3], **base)
-    with pytest.raises(AssertionError, match="eagle3"):
+    with pytest.raises(ConfigError, match="eagle3"):
         DraftConfig(arch="eagle", aux_layers=[1, 2, 3], **base)
-    with pytest.raises(AssertionError, match="draft_vocab_size"):
+    with pytest.raises(ConfigError, match="draft_vocab_size"):
         DraftConfig(arch="beagle", draft_vocab_size=V + 1, **base)
 
 

@@ -1,0 +1,36 @@
+"""The run plan (``specdraft/plan.py``, issue 30 item 3): resolved once from the ``train`` settings and the recipe
+table, carried to the workers as plain data, and the one place the EAGLE-3 aux-layer default is decided."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdraft.config import from_dict, to_dict
+from specdraft.configs.train import TrainConfig
+from specdraft.plan import RunPlan, aux_layers_setting, build_plan
+from specdraft.recipes import RECIPES
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_the_plan_splits_the_epochs_and_offsets_each_stage(recipe):
+    stages = len(RECIPES[recipe].stages)
+    plan = build_plan(TrainConfig(recipe=recipe, epochs=2 * stages + 1))
+    assert plan.arch == RECIPES[recipe].arch and len(plan.stages) == stages
+    assert [s.epochs for s in plan.stages] == [3] + [2] * (stages - 1)  # earlier stages take the rest
+    assert plan.epoch_offsets == tuple(sum(s.epochs for s in plan.stages[:i]) for i in range(stages))
+    assert plan.epochs == 2 * stages + 1 and plan.eagle3_features == RECIPES[recipe].eagle3_features
+    assert bool(plan.draft_shape) == (RECIPES[recipe].arch == "dflash")
+
+
+def test_the_plan_travels_as_plain_data():
+    plan = build_plan(TrainConfig(recipe="beagle-dflash", epochs=[4], block_size=8), aux_layers=[1, 2], vocab=[0, 3])
+    assert plan.draft_shape == {"num_layers": 5, "block_size": 8, "mask_token_id": None, "block_self_attention": False}
+    assert plan.aux_layers == (1, 2) and plan.vocab == (0, 3) and not plan.own_vocab
+    assert from_dict(RunPlan, to_dict(plan)) == plan  # what a Ray worker receives is what the driver built
+
+
+def test_the_eagle3_aux_layer_default_is_decided_by_the_plan_alone():
+    assert aux_layers_setting(TrainConfig(recipe="eagle3"), None) == "eagle3"
+    assert aux_layers_setting(TrainConfig(recipe="beagle3"), [1, 2]) == [1, 2]  # a given setting wins
+    assert aux_layers_setting(TrainConfig(recipe="hass"), None) is None  # a recipe without EAGLE-3 features
+    assert aux_layers_setting(TrainConfig(recipe="hass", arch="eagle3"), None) == "eagle3"  # the arch reads them
