@@ -68,7 +68,7 @@ def test_every_settings_dataclass_lives_in_a_settings_module():
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.ClassDef) and node.name.endswith(("Config", "Settings", "Section"))
-                    and node.name != "WorkerConfig"
+                    and node.name not in ("WorkerConfig", "BoundTorchConfig")  # a message; Ray's backend hook
                     and any("dataclass" in ast.unparse(d) for d in node.decorator_list)):
                 stray.append(f"{path.relative_to(root)}:{node.lineno} {node.name}")
     assert stray == []
