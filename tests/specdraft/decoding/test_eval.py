@@ -15,6 +15,7 @@ from specdraft.evaluation.run import run_eval
 from specdraft.decoding.metrics import first_mismatch, summarize
 from specdraft.models import build_draft, draft_config_from_target, save_draft
 from specdraft.target import load_target_config, load_target_heads
+from tests.eval_records import check_tau, records_of
 
 QUESTIONS = [
     {"question_id": 81, "category": "math", "turns": ["What is 3 plus 4?", "And times 2?"]},
@@ -126,11 +127,15 @@ def test_run_eval_report(toy_target_dir, draft_dir, question_files, decode):
     assert mt["lossless_checked"] == 3 and mt["lossless_mismatches"] == 0
     assert report["overall"]["lossless_mismatches"] == 0
     assert set(mt["turns"]) == {"1", "2"} and mt["turns"]["2"]["num_turns"] == 1
-    assert mt["tau"] >= 1.0 and len(mt["alpha"]) == decode.max_depth
-    # the floor: prompt lookup on the same turns, chain gamma = the draft's max depth, lossless too
-    for block in (mt, report["overall"], mt["turns"]["2"]):
-        assert block["tau_pld"] >= 1.0 and block["pld_lossless"] is True and block["lossless_checked_pld"] >= 1
-        assert block["tau_over_pld"] == pytest.approx(block["tau"] / block["tau_pld"])
+    assert len(mt["alpha"]) == decode.max_depth
+    # tau and the floor (prompt lookup on the same turns, chain gamma = the draft's max depth, lossless too) are
+    # what each block's records imply
+    blocks = ((mt, records_of(report, "mt_bench")), (report["overall"], records_of(report)),
+              (mt["turns"]["2"], records_of(report, "mt_bench", 2)))
+    for block, records in blocks:
+        tau, floor = check_tau(block, records), check_tau(block, records, "_pld")
+        assert block["pld_lossless"] is True and block["lossless_checked_pld"] == len(records)
+        assert block["tau_over_pld"] == pytest.approx(tau / floor)
     assert len(mt["alpha_pld"]) == decode.max_depth and report["settings"]["pld"]["enabled"] is True
     recs = report["records"]
     assert [(r["question_id"], r["turn"]) for r in recs] == [(81, 1), (81, 2), (82, 1), ("t1", 1)]
@@ -143,7 +148,8 @@ def test_the_floor_can_be_switched_off(toy_target_dir, draft_dir, question_files
     settings = EvalSettings(decode=DecodeConfig(mode="chain", gamma=2, max_new_tokens=8),
                             pld=PromptLookupConfig(enabled=False), max_questions=1)
     report = run_eval(toy_target_dir, draft_dir, question_files, settings, progress=False)
-    assert report["overall"]["tau"] >= 1.0 and report["overall"]["tau_pld"] is None
+    check_tau(report["overall"], report["records"])
+    assert report["overall"]["tau_pld"] is None
     assert report["overall"]["tau_over_pld"] is None and "rounds_pld" not in report["records"][0]
 
 
