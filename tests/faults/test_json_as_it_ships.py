@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.ingest import JSON_CHUNK_CHARS, ingest, read_records
+from pipelines.ingest import ingest
+from pipelines.prompt_files import JSON_CHUNK_CHARS, read_records
 from specdraft.packaged import PackageFileError, prompt_set_file
 
 BOM = b"\xef\xbb\xbf"
@@ -135,7 +136,7 @@ def test_the_sharegpt_package_file_is_read_whole_but_its_cut_off_tail():
 def test_the_sharegpt_name_is_the_package_file_wherever_prompts_are_named(tmp_path, monkeypatch):
     """``--prompts sharegpt`` (regenerate, dump, train --conversations) and ``data.prompts: [sharegpt]`` (a run)."""
     from flows.preflight import _inputs
-    from pipelines.ingest import list_inputs
+    from pipelines.prompt_files import list_inputs
     from pipelines.stages import expand_prompts
 
     monkeypatch.chdir(tmp_path)
