@@ -1,0 +1,1 @@
+"""Settings dataclasses, one module per area: typed, frozen, importing only dataclasses and ConfigError."""
