@@ -30,6 +30,7 @@ class Record:
 class PromptFile(Record):
     path: str  # resolved
     digest: str  # file_digest: a grown or edited file is a new input
+    reuse: bool = False  # conversations with the target's logged answers (data.traffic): ingested, not regenerated
 
 
 
@@ -41,6 +42,8 @@ class Prepared(Record):
     target_id: str  # specdraft.target.target_id: part of every downstream key
     prompts: list[PromptFile]
     wall_s: float
+    # data.traffic's window (specdraft.traffic.write_window): days, counts, warnings, its files; empty when off
+    traffic: dict[str, Any] = field(default_factory=dict)
 
 
 

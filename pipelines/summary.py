@@ -80,6 +80,7 @@ class RunSummary:
     exports: str
     serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
     place: Place
+    fresh: list[tuple[str, str]] = field(default_factory=list)  # (label, text): traffic window, monitor, gate, hand-off
 
     def where(self) -> list[tuple[str, str]]:
         """(label, text) rows saying where the results are."""
@@ -179,6 +180,24 @@ def _register_rows(r: Registered) -> tuple[str, str, str, str]:
     return headline, decision, champion, exports
 
 
+def traffic_rows(prepared: dict[str, Any]) -> list[tuple[str, str]]:
+    """The traffic window's counts and warnings (``data.traffic``; none when off)."""
+    traffic = prepared.get("traffic") or {}
+    if not traffic:
+        return []
+    c = traffic["counts"]
+    days = traffic["days"]
+    rows = [("traffic", f"window {days[-1] if days else '-'}..{days[0] if days else '-'} ({len(days)} days): "
+                        f"{c['read']} rows read, {c['rejected']} rejected (malformed), {c['deduplicated']} deduplicated, "
+                        f"{c['over_cap']} over the cap, {c['held_out']} held out; {c['to_regenerate']} to regenerate, "
+                        f"{c['reused'] + c['replay_reused']} reused as logged (not regenerated), {c['replayed']} "
+                        f"replayed from {len(traffic['replay_days'])} earlier days ({c['dropped_replay']} not drawn)")]
+    rows += [("warning", w) for w in traffic["warnings"]]
+    if c["rejected"]:
+        rows.append(("rejects", traffic["files"].get("rejects", "")))
+    return rows
+
+
 def summarize(name: str, result: dict[str, Any], place: Place, report: dict[str, Any] | None) -> RunSummary:
     """The summary of one flow run: ``result`` the flow's stage records (``to_dict()``), ``report`` the eval
     report (``report.json``; None when it is not readable: no speedups)."""
@@ -190,7 +209,7 @@ def summarize(name: str, result: dict[str, Any], place: Place, report: dict[str,
                                                   if evaluated.mean_tau_pld is not None else "")
     return RunSummary(name=name, headline=f"{tau}; {headline}", stages=stage_lines(result), datasets=datasets,
                       notes=notes(datasets, evaluated.engine_warnings), decision=decision, champion=champion, exports=exports,
-                      serve=dict(registered.serve), place=place)
+                      serve=dict(registered.serve), place=place, fresh=traffic_rows(result["prepare"]))
 
 
 def render_text(s: RunSummary) -> str:
@@ -215,6 +234,8 @@ def render_text(s: RunSummary) -> str:
         out.append(f"{'serve':<9} {engine_name}: {command}")
     if not s.serve and "holds" in s.champion:
         out.append(f"{'serve':<9} the champion has no exported serving format")
+    out += [textwrap.fill(text, WIDTH, initial_indent=f"{label:<9} ", subsequent_indent=" " * 10)
+            for label, text in s.fresh]
     out.append("")
     out += [f"{label:<9} {text}" for label, text in s.where()]
     return "\n".join(out)
