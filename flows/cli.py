@@ -318,6 +318,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollback(args: argparse.Namespace) -> int:
+    from specdraft.handoff import rollback
+
+    try:
+        meta = rollback(args.exports)
+    except FileNotFoundError as err:
+        print(f"specdraft rollback: {err}", file=sys.stderr)
+        return 1
+    print(f"{args.exports}/current: now serving version {meta.get('version', '?')} of {meta.get('model', 'the draft')} "
+          f"(the one rolled back is {args.exports}/previous); restart the server to load it")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specdraft",
@@ -427,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", metavar="URI", help="same as tracking.uri=URI (the registry of --model-uri)")
     add_config_options(p, EXPORT, example="dtype=bfloat16 speculative_tokens=5 verifier=meta-llama/Llama-3.1-8B")
     p.set_defaults(func=_export, sugar=_export_sugar)
+
+    p = sub.add_parser("rollback", help="serve the draft handed off before the current one again (swaps "
+                                        "EXPORTS/current and EXPORTS/previous)")
+    p.add_argument("--exports", required=True, help="the hand-off directory (handoff.exports; default <workdir>/exports)")
+    p.set_defaults(func=_rollback)
 
     p = sub.add_parser("train", help="train a draft on Ray Train from feature store(s) (Beagle two-stage, HASS, ...)")
     p.add_argument("--store", nargs="+", default=[], metavar="DIR", help="feature store directories")
