@@ -30,7 +30,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from pipelines import stages
+from pipelines import freshness, stages
 from pipelines.records import Dumped, Evaluated, Prepared, PromptFile, Regenerated, Registered, Trained
 from pipelines.stages import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun, TrackingConfig, open_run
@@ -197,15 +197,20 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
                               eval_key=evaluated.eval_key, mean_tau=evaluated.mean_tau,
                               taus=evaluated.tau, train_key=trained.key, evaluate_champion=evaluate_champion,
                               mean_tau_pld=evaluated.mean_tau_pld, mean_engine_tau=evaluated.mean_engine_tau,
-                              tags=tags)
+                              tags=tags, gate=freshness.window_gate(cfg, run, prepared, trained, evaluated))
     log_exports(run.client, decision["run_id"], exported.exports)
     champion = champion_exports(run.client, cfg.register.model_name, cfg.register.alias,
                                 Path(cfg.workdir) / "export" / "champion",
                                 local={decision["version"]: exported.exports})
     serve = serve_commands(champion.get("exports", {}), champion.get("target") or prepared.target,
                            cfg.register.serving.speculative_tokens)
+    handoff = {}
+    if decision["promoted"] and not decision["reason"].startswith("already registered") and cfg.handoff.enabled:
+        handoff = freshness.hand_off(cfg, prepared, trained, exported.exports, decision)
+        serve = handoff.pop("serve") or serve
     return Registered(**decision, exports=exported.exports, export_note=exported.note,
-                      serving_champion=champion.get("version"), serve=serve, wall_s=time.perf_counter() - started)
+                      serving_champion=champion.get("version"), serve=serve, **handoff,
+                      wall_s=time.perf_counter() - started)
 
 
 def open_parent_run(cfg: RunConfig) -> tuple[MlflowLogger | NullRun, dict[str, Any]]:
@@ -236,6 +241,7 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
     try:
         prepared = _task(prepare_stage, retries)(data, tr)
         parent.set_tags({"target_id": prepared.target_id})
+        served = freshness.observe_served(cfg, parent, get_run_logger())
         regenerated = [_task(regenerate_stage, retries)(data, tr, prepared, p) for p in prepared.prompts]
         online = cfg.train.features == "online"  # no store: training runs the target on every batch
         stores = [] if online else [_task(features_stage, retries)(data, tr, prepared, r) for r in regenerated]
@@ -251,7 +257,7 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
                         for k, v in getattr(evaluated, metric).items()}, step=0)
     result = {"prepare": prepared.to_dict(), "regenerate": [r.to_dict() for r in regenerated],
               "features": [s.to_dict() for s in stores], "train": trained.to_dict(), "eval": evaluated.to_dict(),
-              "register": registered.to_dict(), "mlflow_parent_run": parent.run_id}
+              "register": registered.to_dict(), "monitor": served, "mlflow_parent_run": parent.run_id}
     try:
         result.update(report_run(cfg, parent, result))
     finally:

@@ -149,4 +149,7 @@ class Registered(Record):
     export_note: str = ""
     serving_champion: int | None = None  # the version holding the alias now
     serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
+    gate: dict[str, Any] = field(default_factory=dict)  # specdraft.gate.GateDecision.to_dict() (gate.enabled)
+    handoff: str = ""  # <exports>/current when this version was handed off to serving now
+    restart: str = ""  # what a server needs to do to serve what was handed off
     wall_s: float = 0.0

@@ -39,7 +39,7 @@ from pipelines.train import TrainConfig, run_training
 from specdraft import __version__ as CODE_VERSION
 from specdraft import files
 from specdraft.config import ConfigError, config_hash, to_dict
-from specdraft.configs.fresh import TrafficSettings
+from specdraft.configs.fresh import GateSettings, HandoffSettings, MonitorSettings, TrafficSettings
 from specdraft.decoding.eval import EvalSettings
 from specdraft.features import EAGLE3, FeaturesConfig
 from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for, variant
@@ -110,6 +110,9 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     register: RegisterSection = field(default_factory=RegisterSection)
     ray: RaySection = field(default_factory=RaySection)
+    monitor: MonitorSettings = field(default_factory=MonitorSettings)  # the served draft's acceptance (vLLM /metrics)
+    gate: GateSettings = field(default_factory=GateSettings)  # window win AND no regression (specdraft/gate.py)
+    handoff: HandoffSettings = field(default_factory=HandoffSettings)  # the promoted draft at exports/current
     retries: int = 2  # per task, with backoff (10 s, 60 s, 180 s)
     fault: FaultSection = field(default_factory=FaultSection)
 

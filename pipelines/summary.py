@@ -198,6 +198,26 @@ def traffic_rows(prepared: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def fresh_rows(result: dict[str, Any], registered: Registered) -> list[tuple[str, str]]:
+    """The traffic window, the served monitor (an alarm first), the gate's comparisons and the hand-off."""
+    rows = traffic_rows(result["prepare"])
+    served = result.get("monitor") or {}
+    if served.get("error"):
+        rows.append(("monitor", f"warning: {served['error']}"))
+    elif served:
+        rows.append(("ALARM" if served["alarm"] else "monitor", served["message"]))
+    for c in (registered.gate or {}).get("comparisons", []):
+        values = (f"candidate {_f(c['candidate'], 4)} vs champion {_f(c['champion'], 4)}"
+                  + (f" ({c['change']:+.1%}, bound {c['bound']:+.1%})" if c["change"] is not None else ""))
+        rows.append(("gate", f"{c['slice']}: {values}: {'pass' if c['passed'] else 'FAIL'}"
+                             + (f" ({c['note']})" if c["note"] else "")))
+    if registered.handoff:
+        rows += [("handoff", f"v{registered.version} is {registered.handoff} (the one before: previous/, "
+                             f"`specdraft rollback --exports {registered.handoff.rsplit('/', 1)[0]}` brings it back)"),
+                 ("restart", registered.restart)]
+    return rows
+
+
 def summarize(name: str, result: dict[str, Any], place: Place, report: dict[str, Any] | None) -> RunSummary:
     """The summary of one flow run: ``result`` the flow's stage records (``to_dict()``), ``report`` the eval
     report (``report.json``; None when it is not readable: no speedups)."""
@@ -207,9 +227,11 @@ def summarize(name: str, result: dict[str, Any], place: Place, report: dict[str,
     headline, decision, champion, exports = _register_rows(registered)
     tau = f"mean tau {_f(evaluated.mean_tau)}" + (f" vs floor {_f(evaluated.mean_tau_pld)}"
                                                   if evaluated.mean_tau_pld is not None else "")
+    if (result.get("monitor") or {}).get("alarm"):
+        headline += "; ALARM: served acceptance dropped"
     return RunSummary(name=name, headline=f"{tau}; {headline}", stages=stage_lines(result), datasets=datasets,
                       notes=notes(datasets, evaluated.engine_warnings), decision=decision, champion=champion, exports=exports,
-                      serve=dict(registered.serve), place=place, fresh=traffic_rows(result["prepare"]))
+                      serve=dict(registered.serve), place=place, fresh=fresh_rows(result, registered))
 
 
 def render_text(s: RunSummary) -> str:
@@ -234,7 +256,8 @@ def render_text(s: RunSummary) -> str:
         out.append(f"{'serve':<9} {engine_name}: {command}")
     if not s.serve and "holds" in s.champion:
         out.append(f"{'serve':<9} the champion has no exported serving format")
-    out += [textwrap.fill(text, WIDTH, initial_indent=f"{label:<9} ", subsequent_indent=" " * 10)
+    out += [f"{label:<9} {text}" if label == "restart" else  # a command: one line, to copy
+            textwrap.fill(text, WIDTH, initial_indent=f"{label:<9} ", subsequent_indent=" " * 10)
             for label, text in s.fresh]
     out.append("")
     out += [f"{label:<9} {text}" for label, text in s.where()]

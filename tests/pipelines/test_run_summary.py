@@ -209,3 +209,26 @@ def test_summary_and_report_count_the_traffic_window(tmp_path):
     html = render_report(summary, training=[], eval_report=None, history=[])
     assert "2 reused as logged" in html
     assert "traffic" not in render_text(summarize("toy", records(tmp_path), PLACE, EVAL_REPORT))
+
+
+def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
+    from specdraft.configs.fresh import GateSettings
+    from specdraft.gate import decide
+
+    gate = decide(GateSettings(enabled=True), window=(2.6, 2.4), regression=(2.3, 2.4), has_champion=True)
+    refused = Registered(model_name="toy-draft", version=4, run_id="r4", mean_tau=2.3, promoted=False,
+                         alias="champion", reason=gate.reason, serving_champion=3, gate=gate.to_dict())
+    result = records(tmp_path, registered=refused)
+    result["monitor"] = {"alarm": True, "message": "served acceptance length 2.000 (rate 0.333) over 100 drafts; "
+                                                   "at promotion 2.500: DROP 20.0% > monitor.max_drop 10%"}
+    text = render_text(summarize("toy", result, PLACE, EVAL_REPORT))
+    assert "ALARM: served acceptance dropped" in text.splitlines()[0]
+    assert "ALARM     served acceptance length 2.000" in text
+    assert "gate      window: candidate 2.6000 vs champion 2.4000 (+8.3%, bound +0.0%): pass" in text
+    assert "gate      regression: candidate 2.3000 vs champion 2.4000 (-4.2%, bound -2.0%): FAIL" in text
+    handed = Registered(model_name="toy-draft", version=5, run_id="r5", mean_tau=2.7, promoted=True,
+                        alias="champion", reason="gate passed", serving_champion=5, handoff="/w/exports/current",
+                        restart=f"restart the server to load it (vLLM loads its draft at start): {SERVE}")
+    text = render_text(summarize("toy", records(tmp_path, registered=handed), PLACE, EVAL_REPORT))
+    assert "specdraft rollback --exports /w/exports" in " ".join(text.split())
+    assert f"restart   restart the server to load it (vLLM loads its draft at start): {SERVE}" in text.splitlines()

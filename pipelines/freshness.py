@@ -1,0 +1,95 @@
+"""Keeping the draft fresh in the flow (issue 33): the served drift monitor read each night, the promotion gate
+on the traffic window's held-out slice, and the hand-off of a promoted draft to ``exports/current``.
+
+The decisions are ``specdraft.monitor``, ``specdraft.gate`` and ``specdraft.handoff`` (plain functions over
+numbers and files); this module feeds them the run's stages and the registry (MLflow) and is called from the
+flow's register stage and its start.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pipelines import stages
+from pipelines.records import Evaluated, Prepared, Trained
+from pipelines.stages import RunConfig
+from pipelines.tracking import MlflowLogger, NullRun
+
+
+def window_gate(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evaluated: Evaluated):
+    """The promotion gate (``gate.enabled``; ``specdraft.gate.decide``) as ``register_draft`` calls it: the
+    candidate and the champion on the traffic window's held-out slice (the eval stage's settings and engine on
+    ``held_out.jsonl``), the eval sets as the regression set. None when the gate is off."""
+    if not cfg.gate.enabled:
+        return None
+    from specdraft.gate import decide
+
+    by_engine = evaluated.mean_engine_tau is not None
+    measure = "engine acceptance length" if by_engine else "tau"
+    value = (lambda e: e.mean_engine_tau) if by_engine else (lambda e: e.mean_tau)
+    held_out = (prepared.traffic.get("files") or {}).get("held_out")
+    window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out])) if held_out else None
+    candidate = value(stages.evaluate_draft(window_cfg, prepared, trained.draft, trained.key)) if held_out else None
+
+    def gate(champion_regression: float | None, champion_uri: str | None):
+        champion_window = None
+        if champion_uri is not None and window_cfg is not None:
+            import mlflow
+
+            with tempfile.TemporaryDirectory() as tmp:
+                local = mlflow.artifacts.download_artifacts(champion_uri, dst_path=tmp, tracking_uri=run.uri)
+                champion_window = value(stages.evaluate_draft(window_cfg, prepared, local, f"champion:{champion_uri}"))
+        ours = evaluated.mean_engine_tau if by_engine else evaluated.mean_tau
+        return decide(cfg.gate, window=(candidate, champion_window), regression=(ours, champion_regression),
+                      has_champion=champion_uri is not None, measure=measure)
+
+    return gate
+
+
+def hand_off(cfg: RunConfig, prepared: Prepared, trained: Trained, exports: dict[str, str],
+             decision: dict[str, Any]) -> dict[str, Any]:
+    """The promoted draft to ``<handoff.exports>/current`` (``specdraft.handoff``), the previous one kept; its
+    serve commands point at ``current``; the monitor's promotion value reset to the engine's acceptance length
+    when one was measured (else the next served period sets it)."""
+    from specdraft.export import serve_commands
+    from specdraft.handoff import publish, stable_exports
+
+    root = Path(cfg.handoff.exports or Path(cfg.workdir) / "exports").absolute()
+    current = publish(root, trained.draft, exports, meta={"version": decision["version"],
+                                                          "model": decision["model_name"], "target": prepared.target})
+    if cfg.monitor.metrics_url:
+        from specdraft.monitor import record_promotion
+
+        record_promotion(monitor_state(cfg), decision.get("mean_engine_tau"), decision["version"])
+    serve = serve_commands(stable_exports(root), prepared.target, cfg.register.serving.speculative_tokens)
+    restart = ("restart the server to load it (vLLM loads its draft at start): "
+               + (serve.get("vllm") or f"point the server's draft at {current}/<format>"))
+    return {"handoff": str(current), "restart": restart, "serve": serve}
+
+
+def monitor_state(cfg: RunConfig) -> Path:
+    return Path(cfg.monitor.state or Path(cfg.workdir) / "monitor" / "state.json")
+
+
+def observe_served(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: logging.Logger | Any) -> dict[str, Any]:
+    """The served drift monitor (``monitor.metrics_url``; ``specdraft.monitor``): the served acceptance since
+    the last night, logged to the parent run; an alarm is a WARNING in ``logger`` (the flow-run log). A server that does not
+    answer is a warning too, not a failed night. {} when the monitor is off."""
+    if not cfg.monitor.metrics_url:
+        return {}
+    from specdraft.monitor import observe
+
+    try:
+        served = observe(cfg.monitor, monitor_state(cfg))
+    except (OSError, ValueError) as err:  # unreachable, not vLLM, no draft
+        logger.warning("monitor: %s not read: %s: %s", cfg.monitor.metrics_url, type(err).__name__, err)
+        return {"error": f"{cfg.monitor.metrics_url} not read: {type(err).__name__}: {err}", "alarm": False}
+    parent.log_metrics({f"served.{k}": float(v) for k, v in served.items()
+                        if k in ("acceptance_length", "acceptance_rate", "baseline", "drop") and v is not None}, step=0)
+    parent.set_tags({"served.alarm": str(served["alarm"]), "served.restarted": str(served["restarted"])})
+    (logger.warning if served["alarm"] else logger.info)("monitor: %s", served["message"])
+    return served
