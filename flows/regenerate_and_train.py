@@ -242,11 +242,20 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
         prepared = _task(prepare_stage, retries)(data, tr)
         parent.set_tags({"target_id": prepared.target_id})
         served = freshness.observe_served(cfg, parent, get_run_logger())
+        retrain = freshness.retrain_decision(cfg, prepared, served)  # retrain.policy: always, or when it pays
+        parent.set_tags({"retrain.train": str(retrain.train), "retrain.reason": retrain.reason})
+        if retrain.new_rows is not None:
+            parent.log_metrics({"retrain.new_rows": retrain.new_rows, "retrain.rows": retrain.rows}, step=0)
+        get_run_logger().info("retrain: %s", retrain.reason)
+        if not retrain.train:
+            return skip_night(cfg, parent, {"prepare": prepared.to_dict(), "monitor": served,
+                                            "retrain": retrain.to_dict(), "mlflow_parent_run": parent.run_id})
         regenerated = [_task(regenerate_stage, retries)(data, tr, prepared, p) for p in prepared.prompts]
         online = cfg.train.features == "online"  # no store: training runs the target on every batch
         stores = [] if online else [_task(features_stage, retries)(data, tr, prepared, r) for r in regenerated]
         trained = _task(train_stage, retries)(data, tr, prepared, regenerated if online else stores,
                                               cfg.fault.train_fail_at_step)
+        freshness.remember_trained(cfg, prepared)  # the next night counts its new rows against this window
         evaluated = _task(eval_stage, retries)(data, tr, prepared, trained)
         registered = (_task(register_stage, retries)(data, tr, prepared, trained, evaluated)
                       if cfg.register.enabled else Registered(registered=False, reason="register.enabled=false"))
@@ -257,12 +266,31 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
                         for k, v in getattr(evaluated, metric).items()}, step=0)
     result = {"prepare": prepared.to_dict(), "regenerate": [r.to_dict() for r in regenerated],
               "features": [s.to_dict() for s in stores], "train": trained.to_dict(), "eval": evaluated.to_dict(),
-              "register": registered.to_dict(), "monitor": served, "mlflow_parent_run": parent.run_id}
+              "register": registered.to_dict(), "monitor": served, "retrain": retrain.to_dict(),
+              "mlflow_parent_run": parent.run_id}
     try:
         result.update(report_run(cfg, parent, result))
     finally:
         parent.close()
     return result
+
+
+def skip_night(cfg: RunConfig, parent: MlflowLogger | NullRun, result: dict[str, Any]) -> dict[str, Any]:
+    """A night that does not train (``retrain.policy=when_it_pays``): its summary (why, the traffic window, the
+    served monitor) logged and returned; no stage after prepare ran, no report is written."""
+    from pipelines.summary import Place, render_skipped
+
+    try:
+        place = Place(workdir=str(Path(cfg.workdir).absolute()), tracking_uri=parent.uri,
+                      experiment_id=parent.experiment_id, run_id=parent.run_id)
+        text = render_skipped(cfg.name, result, place)
+        parent.set_tags({"specdraft.summary": text.splitlines()[0].strip("= ")})
+        with tempfile.TemporaryDirectory() as tmp:
+            parent.log_artifact(files.write_text(Path(tmp) / "summary.txt", text + "\n"))
+        get_run_logger().info("run summary\n%s", text, extra={SUMMARY: True})
+    finally:
+        parent.close()
+    return {**result, "summary": text, "report": ""}
 
 
 SUMMARY = "specdraft_summary"  # the attribute marking the summary's log record (``summary_off_the_console``)

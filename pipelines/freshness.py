@@ -8,6 +8,7 @@ flow's register stage and its start.
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from dataclasses import replace
@@ -93,3 +94,33 @@ def observe_served(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: loggi
     parent.set_tags({"served.alarm": str(served["alarm"]), "served.restarted": str(served["restarted"])})
     (logger.warning if served["alarm"] else logger.info)("monitor: %s", served["message"])
     return served
+
+
+def trained_state(cfg: RunConfig) -> Path:
+    """The prompt hashes of the last window a night trained on (``remember_trained``)."""
+    return Path(cfg.workdir) / "traffic" / "trained_rows.json"
+
+
+def retrain_decision(cfg: RunConfig, prepared: Prepared, served: dict[str, Any]):
+    """``specdraft.retraining.decide_retraining`` on this night: the window's rows new since the last trained
+    night (``trained_state``) and the served monitor's alarm."""
+    from specdraft.retraining import decide_retraining
+
+    current = (prepared.traffic.get("files") or {}).get("trained_rows")
+    new_rows = rows = None
+    last = trained_state(cfg)
+    if current:
+        hashes = set(json.loads(Path(current).read_text()))
+        before = set(json.loads(last.read_text())) if last.is_file() else set()
+        new_rows, rows = len(hashes - before), len(hashes)
+    return decide_retraining(cfg.retrain, new_rows=new_rows, rows=rows, drift=bool(served.get("alarm")),
+                             drift_reason=served.get("message", ""), trained_before=last.is_file())
+
+
+def remember_trained(cfg: RunConfig, prepared: Prepared) -> None:
+    """After a night trained: its window's rows are the ones the next night's new rows are counted against."""
+    from specdraft import files
+
+    current = (prepared.traffic.get("files") or {}).get("trained_rows")
+    if current:
+        files.write_text(trained_state(cfg), Path(current).read_text())

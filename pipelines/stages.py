@@ -39,7 +39,7 @@ from pipelines.train import TrainConfig, run_training
 from specdraft import __version__ as CODE_VERSION
 from specdraft import files
 from specdraft.config import ConfigError, config_hash, to_dict
-from specdraft.configs.fresh import GateSettings, HandoffSettings, MonitorSettings, TrafficSettings
+from specdraft.configs.fresh import GateSettings, HandoffSettings, MonitorSettings, RetrainSettings, TrafficSettings
 from specdraft.decoding.eval import EvalSettings
 from specdraft.features import EAGLE3, FeaturesConfig
 from specdraft.export import FORMATS, ExportConfig, ExportError, export_draft, formats_for, variant
@@ -111,6 +111,7 @@ class RunConfig:
     register: RegisterSection = field(default_factory=RegisterSection)
     ray: RaySection = field(default_factory=RaySection)
     monitor: MonitorSettings = field(default_factory=MonitorSettings)  # the served draft's acceptance (vLLM /metrics)
+    retrain: RetrainSettings = field(default_factory=RetrainSettings)  # train every night, or when it pays
     gate: GateSettings = field(default_factory=GateSettings)  # window win AND no regression (specdraft/gate.py)
     handoff: HandoffSettings = field(default_factory=HandoffSettings)  # the promoted draft at exports/current
     retries: int = 2  # per task, with backoff (10 s, 60 s, 180 s)
@@ -213,7 +214,10 @@ def prepare_traffic(cfg: RunConfig) -> dict[str, Any]:
 
     window = read_window(cfg.data.traffic)
     key = stage_key(cfg.data.traffic, window.prompts, window.reused, window.held_out)
-    written = write_window(window, str(Path(cfg.workdir).absolute() / "traffic" / key))
+    out = Path(cfg.workdir).absolute() / "traffic" / key
+    written = write_window(window, str(out))
+    hashes = sorted({row["id"][len("YYYY-MM-DD-"):] for row in window.prompts + window.reused})  # the trained rows
+    written["trained_rows"] = str(files.write_text(out / "trained_rows.json", json.dumps(hashes)))
     return {"key": key, "days": window.days, "replay_days": window.replay_days, "counts": window.counts,
             "warnings": window.warnings, "files": written}
 

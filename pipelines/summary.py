@@ -198,7 +198,7 @@ def traffic_rows(prepared: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def fresh_rows(result: dict[str, Any], registered: Registered) -> list[tuple[str, str]]:
+def fresh_rows(result: dict[str, Any], registered: Registered | None) -> list[tuple[str, str]]:
     """The traffic window, the served monitor (an alarm first), the gate's comparisons and the hand-off."""
     rows = traffic_rows(result["prepare"])
     served = result.get("monitor") or {}
@@ -206,6 +206,11 @@ def fresh_rows(result: dict[str, Any], registered: Registered) -> list[tuple[str
         rows.append(("monitor", f"warning: {served['error']}"))
     elif served:
         rows.append(("ALARM" if served["alarm"] else "monitor", served["message"]))
+    retrain = result.get("retrain") or {}
+    if retrain and retrain["reason"] != "retrain.policy=always":
+        rows.append(("retrain", retrain["reason"]))
+    if registered is None:  # a night that did not train
+        return rows
     for c in (registered.gate or {}).get("comparisons", []):
         values = (f"candidate {_f(c['candidate'], 4)} vs champion {_f(c['champion'], 4)}"
                   + (f" ({c['change']:+.1%}, bound {c['bound']:+.1%})" if c["change"] is not None else ""))
@@ -261,4 +266,18 @@ def render_text(s: RunSummary) -> str:
             for label, text in s.fresh]
     out.append("")
     out += [f"{label:<9} {text}" for label, text in s.where()]
+    return "\n".join(out)
+
+
+def render_skipped(name: str, result: dict[str, Any], place: Place) -> str:
+    """The summary of a night that skipped training (``retrain``): why, the traffic window, the monitor, where."""
+    reason = result["retrain"]["reason"]
+    out = [f"== specdraft run '{name}': night skipped: no training ==", ""]
+    out += [textwrap.fill(text, WIDTH, initial_indent=f"{label:<9} ", subsequent_indent=" " * 10)
+            for label, text in fresh_rows(result, None) if label != "retrain"]
+    out += [textwrap.fill(reason, WIDTH, initial_indent=f"{'retrain':<9} ", subsequent_indent=" " * 10),
+            f"{'champion':<9} unchanged: nothing trained, evaluated or registered", ""]
+    s = RunSummary(name=name, headline="", stages=[], datasets=[], notes=[], decision="", champion="", exports="",
+                   place=place)
+    out += [f"{label:<9} {text}" for label, text in s.where() if label != "report"]
     return "\n".join(out)

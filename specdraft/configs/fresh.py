@@ -85,3 +85,19 @@ class HandoffSettings:
 
     enabled: bool = True
     exports: str = ""  # the directory holding current/ and previous/; "" = <workdir>/exports
+
+
+RETRAIN_POLICIES = ("always", "when_it_pays")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetrainSettings:
+    """``retrain``: whether a night trains (``specdraft/retraining.py``)."""
+
+    policy: str = "always"  # always | when_it_pays: train on drift or enough new traffic, else skip the night
+    min_new_share: float = 0.2  # when_it_pays: the share of the window's training rows new since the last trained night
+
+    def __post_init__(self) -> None:
+        if self.policy not in RETRAIN_POLICIES:
+            raise ConfigError(f"retrain.policy={self.policy!r}: expected one of {list(RETRAIN_POLICIES)}")
+        _share("retrain.min_new_share", self.min_new_share)
