@@ -250,6 +250,10 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
         if not retrain.train:
             return skip_night(cfg, parent, {"prepare": prepared.to_dict(), "monitor": served,
                                             "retrain": retrain.to_dict(), "mlflow_parent_run": parent.run_id})
+        if cfg.train.init_from == "champion":  # warm start: the registered champion's draft directory
+            data = {**data, "train": {**data["train"], "init_from": freshness.champion_draft(cfg, parent,
+                                                                                             get_run_logger())}}
+            cfg = from_dict(RunConfig, data)
         regenerated = [_task(regenerate_stage, retries)(data, tr, prepared, p) for p in prepared.prompts]
         online = cfg.train.features == "online"  # no store: training runs the target on every batch
         stores = [] if online else [_task(features_stage, retries)(data, tr, prepared, r) for r in regenerated]

@@ -124,3 +124,31 @@ def remember_trained(cfg: RunConfig, prepared: Prepared) -> None:
     current = (prepared.traffic.get("files") or {}).get("trained_rows")
     if current:
         files.write_text(trained_state(cfg), Path(current).read_text())
+
+
+def champion_draft(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: logging.Logger | Any) -> str:
+    """``train.init_from=champion`` resolved: the registered champion's draft directory, downloaded once to
+    ``<workdir>/champion/v<version>`` (a new champion is a new training input); "" — train from scratch, said in
+    the log — when there is no registry (tracking off) or no champion yet."""
+    from pipelines.registry import current_champion
+    from specdraft import files
+
+    if not parent.enabled:
+        logger.warning("train.init_from=champion: tracking is off, no registry to find the champion in: from scratch")
+        return ""
+    version = current_champion(parent.client, cfg.register.model_name, cfg.register.alias)
+    if version is None:
+        logger.info("train.init_from=champion: no champion yet (%s@%s): from scratch", cfg.register.model_name,
+                    cfg.register.alias)
+        return ""
+    out = (Path(cfg.workdir) / "champion" / f"v{version.version}").absolute()
+    if not (out / "model.safetensors").is_file():
+        import mlflow
+
+        with tempfile.TemporaryDirectory() as tmp, files.write_directory(out) as new:
+            local = mlflow.artifacts.download_artifacts(f"models:/{cfg.register.model_name}/{version.version}",
+                                                        dst_path=tmp, tracking_uri=parent.uri)
+            for item in Path(local).iterdir():
+                item.rename(new / item.name)
+    logger.info("train.init_from=champion: warm start from v%s (%s)", version.version, out)
+    return str(out)

@@ -19,9 +19,11 @@ as HTML.
 
 from __future__ import annotations
 
+import json
 import shlex
 import textwrap
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pipelines.records import Dumped, Evaluated, Prepared, Regenerated, Registered, Trained
@@ -211,6 +213,13 @@ def fresh_rows(result: dict[str, Any], registered: Registered | None) -> list[tu
         rows.append(("retrain", retrain["reason"]))
     if registered is None:  # a night that did not train
         return rows
+    plan = Path(result["train"]["draft"]).parent / "draft_vocab.json" if result.get("train") else None
+    record = json.loads(plan.read_text()) if plan is not None and plan.is_file() else {}
+    if record.get("init_from"):
+        rows.append(("warm", f"started from {record['init_from']}: its weights and draft vocabulary kept "
+                             f"({record['size']} tokens, covering {record['coverage']:.1%} of the new predicted tokens)"))
+    elif record.get("warm_start_fallback"):
+        rows.append(("warm", f"no warm start: {record['warm_start_fallback']}"))
     for c in (registered.gate or {}).get("comparisons", []):
         values = (f"candidate {_f(c['candidate'], 4)} vs champion {_f(c['champion'], 4)}"
                   + (f" ({c['change']:+.1%}, bound {c['bound']:+.1%})" if c["change"] is not None else ""))
