@@ -242,13 +242,14 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
         prepared = _task(prepare_stage, retries)(data, tr)
         parent.set_tags({"target_id": prepared.target_id})
         served = freshness.observe_served(cfg, parent, get_run_logger())
-        retrain = freshness.retrain_decision(cfg, prepared, served)  # retrain.policy: always, or when it pays
+        offline = freshness.offline_drift(cfg, parent, prepared, get_run_logger())  # monitor.offline
+        retrain = freshness.retrain_decision(cfg, prepared, served, offline)  # retrain.policy: always, or when it pays
         parent.set_tags({"retrain.train": str(retrain.train), "retrain.reason": retrain.reason})
         if retrain.new_rows is not None:
             parent.log_metrics({"retrain.new_rows": retrain.new_rows, "retrain.rows": retrain.rows}, step=0)
         get_run_logger().info("retrain: %s", retrain.reason)
         if not retrain.train:
-            return skip_night(cfg, parent, {"prepare": prepared.to_dict(), "monitor": served,
+            return skip_night(cfg, parent, {"prepare": prepared.to_dict(), "monitor": served, "drift": offline,
                                             "retrain": retrain.to_dict(), "mlflow_parent_run": parent.run_id})
         if cfg.train.init_from == "champion":  # warm start: the registered champion's draft directory
             data = {**data, "train": {**data["train"], "init_from": freshness.champion_draft(cfg, parent,
@@ -270,7 +271,7 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
                         for k, v in getattr(evaluated, metric).items()}, step=0)
     result = {"prepare": prepared.to_dict(), "regenerate": [r.to_dict() for r in regenerated],
               "features": [s.to_dict() for s in stores], "train": trained.to_dict(), "eval": evaluated.to_dict(),
-              "register": registered.to_dict(), "monitor": served, "retrain": retrain.to_dict(),
+              "register": registered.to_dict(), "monitor": served, "drift": offline, "retrain": retrain.to_dict(),
               "mlflow_parent_run": parent.run_id}
     try:
         result.update(report_run(cfg, parent, result))

@@ -101,9 +101,9 @@ def trained_state(cfg: RunConfig) -> Path:
     return Path(cfg.workdir) / "traffic" / "trained_rows.json"
 
 
-def retrain_decision(cfg: RunConfig, prepared: Prepared, served: dict[str, Any]):
+def retrain_decision(cfg: RunConfig, prepared: Prepared, served: dict[str, Any], offline: dict[str, Any] | None = None):
     """``specdraft.retraining.decide_retraining`` on this night: the window's rows new since the last trained
-    night (``trained_state``) and the served monitor's alarm."""
+    night (``trained_state``) and the drift alarms (the served monitor's, the offline check's)."""
     from specdraft.retraining import decide_retraining
 
     current = (prepared.traffic.get("files") or {}).get("trained_rows")
@@ -113,8 +113,9 @@ def retrain_decision(cfg: RunConfig, prepared: Prepared, served: dict[str, Any])
         hashes = set(json.loads(Path(current).read_text()))
         before = set(json.loads(last.read_text())) if last.is_file() else set()
         new_rows, rows = len(hashes - before), len(hashes)
-    return decide_retraining(cfg.retrain, new_rows=new_rows, rows=rows, drift=bool(served.get("alarm")),
-                             drift_reason=served.get("message", ""), trained_before=last.is_file())
+    alarms = [d["message"] for d in (served, offline or {}) if d.get("alarm")]
+    return decide_retraining(cfg.retrain, new_rows=new_rows, rows=rows, drift=bool(alarms),
+                             drift_reason="; ".join(alarms), trained_before=last.is_file())
 
 
 def remember_trained(cfg: RunConfig, prepared: Prepared) -> None:
@@ -126,21 +127,17 @@ def remember_trained(cfg: RunConfig, prepared: Prepared) -> None:
         files.write_text(trained_state(cfg), Path(current).read_text())
 
 
-def champion_draft(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: logging.Logger | Any) -> str:
-    """``train.init_from=champion`` resolved: the registered champion's draft directory, downloaded once to
-    ``<workdir>/champion/v<version>`` (a new champion is a new training input); "" — train from scratch, said in
-    the log — when there is no registry (tracking off) or no champion yet."""
+def download_champion(cfg: RunConfig, parent: MlflowLogger | NullRun):
+    """(the champion's model version, its draft directory downloaded once to ``<workdir>/champion/v<version>``),
+    or None with no registry (tracking off) or no champion yet."""
     from pipelines.registry import current_champion
     from specdraft import files
 
     if not parent.enabled:
-        logger.warning("train.init_from=champion: tracking is off, no registry to find the champion in: from scratch")
-        return ""
+        return None
     version = current_champion(parent.client, cfg.register.model_name, cfg.register.alias)
     if version is None:
-        logger.info("train.init_from=champion: no champion yet (%s@%s): from scratch", cfg.register.model_name,
-                    cfg.register.alias)
-        return ""
+        return None
     out = (Path(cfg.workdir) / "champion" / f"v{version.version}").absolute()
     if not (out / "model.safetensors").is_file():
         import mlflow
@@ -150,5 +147,58 @@ def champion_draft(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: loggi
                                                         dst_path=tmp, tracking_uri=parent.uri)
             for item in Path(local).iterdir():
                 item.rename(new / item.name)
+    return version, out
+
+
+def champion_draft(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: logging.Logger | Any) -> str:
+    """``train.init_from=champion`` resolved: the registered champion's draft directory (``download_champion``: a
+    new champion is a new training input); "" — train from scratch, said in the log — when there is no registry
+    (tracking off) or no champion yet."""
+    found = download_champion(cfg, parent)
+    if found is None:
+        logger.warning("train.init_from=champion: %s: from scratch", "no champion yet" if parent.enabled else
+                       "tracking is off, no registry to find the champion in")
+        return ""
+    version, out = found
     logger.info("train.init_from=champion: warm start from v%s (%s)", version.version, out)
     return str(out)
+
+
+BASELINE_TAG = "offline.window_tau_at_promotion"
+
+
+def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prepared,
+                  logger: logging.Logger | Any) -> dict[str, Any]:
+    """The offline drift check (``monitor.offline``; issue 33 Deliver 2a): before training, the champion evaluated
+    on the new window's held-out slice (the eval stage's settings), beside its value on the first window it was
+    measured on after its promotion (a version tag); a drop beyond ``monitor.max_drop`` is an alarm (WARNING).
+    Logged to the parent run as ``offline.window_tau`` (one point a night: a time series across the nights' runs).
+    {} when off, without a window slice or without a champion."""
+    held_out = (prepared.traffic.get("files") or {}).get("held_out")
+    if not cfg.monitor.offline or not held_out:
+        return {}
+    found = download_champion(cfg, parent)
+    if found is None:
+        return {}
+    version, local = found
+    window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out]))
+    evaluated = stages.evaluate_draft(window_cfg, prepared, str(local), f"champion:v{version.version}")
+    tau = evaluated.mean_tau
+    if tau is None:
+        return {}
+    baseline = version.tags.get(BASELINE_TAG)
+    if baseline is None:  # the first window after its promotion sets it
+        parent.client.set_model_version_tag(cfg.register.model_name, version.version, BASELINE_TAG, f"{tau:.6f}")
+        baseline = tau
+    baseline = float(baseline)
+    drop = (baseline - tau) / baseline if baseline else 0.0
+    alarm = drop > cfg.monitor.max_drop
+    message = (f"champion v{version.version} on this window's held-out slice: tau {tau:.3f}, at promotion "
+               f"{baseline:.3f} ({-drop:+.1%}" + (f": DROP > monitor.max_drop {cfg.monitor.max_drop:.0%})" if alarm
+                                                 else ")"))
+    parent.log_metrics({"offline.window_tau": tau, "offline.window_tau_at_promotion": baseline,
+                        "offline.drop": drop}, step=0)
+    parent.set_tags({"offline.alarm": str(alarm)})
+    (logger.warning if alarm else logger.info)("drift: %s", message)
+    return {"champion_version": int(version.version), "window_tau": tau, "baseline": baseline, "drop": drop,
+            "alarm": alarm, "message": message}

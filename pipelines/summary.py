@@ -208,6 +208,9 @@ def fresh_rows(result: dict[str, Any], registered: Registered | None) -> list[tu
         rows.append(("monitor", f"warning: {served['error']}"))
     elif served:
         rows.append(("ALARM" if served["alarm"] else "monitor", served["message"]))
+    drift = result.get("drift") or {}
+    if drift:
+        rows.append(("ALARM" if drift["alarm"] else "drift", drift["message"]))
     retrain = result.get("retrain") or {}
     if retrain and retrain["reason"] != "retrain.policy=always":
         rows.append(("retrain", retrain["reason"]))
@@ -243,6 +246,8 @@ def summarize(name: str, result: dict[str, Any], place: Place, report: dict[str,
                                                   if evaluated.mean_tau_pld is not None else "")
     if (result.get("monitor") or {}).get("alarm"):
         headline += "; ALARM: served acceptance dropped"
+    if (result.get("drift") or {}).get("alarm"):
+        headline += "; ALARM: the champion's tau on the new window dropped"
     return RunSummary(name=name, headline=f"{tau}; {headline}", stages=stage_lines(result), datasets=datasets,
                       notes=notes(datasets, evaluated.engine_warnings), decision=decision, champion=champion, exports=exports,
                       serve=dict(registered.serve), place=place, fresh=fresh_rows(result, registered))

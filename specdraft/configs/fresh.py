@@ -57,6 +57,8 @@ class MonitorSettings:
     state: str = ""  # the last reading (JSON); "" = <workdir>/monitor/state.json
     max_drop: float = 0.10  # alarm when served acceptance falls by more than this share of its promotion value
     timeout_s: float = 10.0
+    # offline drift: each night, before training, the champion evaluated on the traffic window's held-out slice
+    offline: bool = False
 
     def __post_init__(self) -> None:
         _share("monitor.max_drop", self.max_drop)

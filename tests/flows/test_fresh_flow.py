@@ -1,8 +1,8 @@
 """The flow on a traffic directory (issue 33): night 1 reads a window of two dated days (a malformed line, a
 duplicate, answers logged by the served model reused) and, with no champion, promotes and hands the draft off
 to exports/current; night 2 adds a day, and the gate compares candidate and champion on the new window's
-held-out slice and on the eval sets (the regression set) — its comparisons in the record and the summary. Slow:
-two toy flow runs."""
+held-out slice and on the eval sets (the regression set) — its comparisons in the record and the summary — and
+trains warm from the champion (its vocabulary maps byte-identical). Slow: two toy flow runs."""
 
 from __future__ import annotations
 
@@ -53,8 +53,12 @@ def test_two_nights_on_traffic(local_ray, tiny_toy_target, tmp_path):
     assert "rows read" in first["summary"] and "restart" in first["summary"]
 
     write_day(traffic, "2026-11-26", seed=33)
-    second = regenerate_and_train(config=config, overrides=args + ["train.seed=1"])
+    second = regenerate_and_train(config=config, overrides=args + ["train.seed=1", "train.init_from=champion",
+                                                                   "train.init_min_coverage=0.0", "monitor.offline=true"])
     assert second["prepare"]["traffic"]["days"] == ["2026-11-26", "2026-11-25"]
+    drift = second["drift"]  # the champion on night 2's window before training: the first reading is its baseline
+    assert drift["champion_version"] == register["version"] and drift["window_tau"] == drift["baseline"] > 0
+    assert not drift["alarm"] and "drift     champion v" in second["summary"]
     gate = second["register"]["gate"]
     assert [c["slice"] for c in gate["comparisons"]] == ["window", "regression"]
     assert all(c["champion"] is not None and c["candidate"] is not None for c in gate["comparisons"])
@@ -62,3 +66,12 @@ def test_two_nights_on_traffic(local_ray, tiny_toy_target, tmp_path):
     assert "gate      window: candidate" in second["summary"]
     if gate["promote"]:
         assert (current.parent / "previous" / "handoff.json").is_file()
+    # warm: the champion's vocabulary maps, byte for byte
+    from safetensors.torch import load_file
+
+    champion = load_file(str(Path(first["train"]["draft"]) / "model.safetensors"))
+    warm = load_file(str(Path(second["train"]["draft"]) / "model.safetensors"))
+    for name in ("heads.d2t", "heads.t2d"):
+        assert warm[name].numpy().tobytes() == champion[name].numpy().tobytes()
+    plan = json.loads((Path(second["train"]["draft"]).parent / "draft_vocab.json").read_text())
+    assert plan["init_from"].endswith(f"champion/v{register['version']}") and "warm      started from" in second["summary"]

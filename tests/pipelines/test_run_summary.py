@@ -232,3 +232,14 @@ def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
     text = render_text(summarize("toy", records(tmp_path, registered=handed), PLACE, EVAL_REPORT))
     assert "specdraft rollback --exports /w/exports" in " ".join(text.split())
     assert f"restart   restart the server to load it (vLLM loads its draft at start): {SERVE}" in text.splitlines()
+
+
+def test_summary_shows_the_offline_drift_check(tmp_path):
+    result = records(tmp_path)
+    result["drift"] = {"alarm": True, "message": "champion v3 on this window's held-out slice: tau 2.100, at "
+                                                 "promotion 2.500 (-16.0%: DROP > monitor.max_drop 10%)"}
+    result["retrain"] = {"train": True, "reason": "drift: champion v3 ...", "new_rows": 3, "rows": 90, "drift": True}
+    text = render_text(summarize("toy", result, PLACE, EVAL_REPORT))
+    assert "ALARM: the champion's tau on the new window dropped" in text.splitlines()[0]
+    assert "ALARM     champion v3 on this window's held-out slice: tau 2.100" in text
+    assert "retrain   drift: champion v3" in text
