@@ -39,10 +39,10 @@ def window_gate(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evalu
     def gate(champion_regression: float | None, champion_uri: str | None):
         champion_window = None
         if champion_uri is not None and window_cfg is not None:
-            import mlflow
+            from pipelines.registry import download_draft
 
             with tempfile.TemporaryDirectory() as tmp:
-                local = mlflow.artifacts.download_artifacts(champion_uri, dst_path=tmp, tracking_uri=run.uri)
+                local, _ = download_draft(run.client, champion_uri, tmp)
                 champion_window = value(stages.evaluate_draft(window_cfg, prepared, local, f"champion:{champion_uri}"))
         ours = evaluated.mean_engine_tau if by_engine else evaluated.mean_tau
         return decide(cfg.gate, window=(candidate, champion_window), regression=(ours, champion_regression),
@@ -130,7 +130,7 @@ def remember_trained(cfg: RunConfig, prepared: Prepared) -> None:
 def download_champion(cfg: RunConfig, parent: MlflowLogger | NullRun):
     """(the champion's model version, its draft directory downloaded once to ``<workdir>/champion/v<version>``),
     or None with no registry (tracking off) or no champion yet."""
-    from pipelines.registry import current_champion
+    from pipelines.registry import current_champion, download_draft
     from specdraft import files
 
     if not parent.enabled:
@@ -140,11 +140,8 @@ def download_champion(cfg: RunConfig, parent: MlflowLogger | NullRun):
         return None
     out = (Path(cfg.workdir) / "champion" / f"v{version.version}").absolute()
     if not (out / "model.safetensors").is_file():
-        import mlflow
-
         with tempfile.TemporaryDirectory() as tmp, files.write_directory(out) as new:
-            local = mlflow.artifacts.download_artifacts(f"models:/{cfg.register.model_name}/{version.version}",
-                                                        dst_path=tmp, tracking_uri=parent.uri)
+            local, _ = download_draft(parent.client, f"models:/{cfg.register.model_name}/{version.version}", tmp)
             for item in Path(local).iterdir():
                 item.rename(new / item.name)
     return version, out
