@@ -65,7 +65,6 @@ class WorkerConfig:
     vocab: list[int] | None = None
     tracking: dict[str, str] | None = None  # {"uri", "run_id"} of the MLflow run rank 0 logs into
     fail_at_step: int | None = None  # fault injection (tests, failure drills)
-    warm_start: bool = True  # False: train.init_from's vocabulary no longer covers the data (``feature_plan``)
 
     def to_dict(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "train": to_dict(self.train)}
@@ -93,7 +92,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         def open_split(split: str, reader: ReaderConfig) -> FeatureDataset:
             return FeatureDataset(job.stores, reader, split=split, rank=rank, world_size=world)
     run = build_run(cfg, job.target, open_split, aux_layers=job.aux_layers, vocab=job.vocab, target_id=job.target_id,
-                    fingerprint=job.target_fingerprint, device=device, rank=rank, world=world, warm_start=job.warm_start,
+                    fingerprint=job.target_fingerprint, device=device, rank=rank, world=world,
                     logger=_rank0_logger(job) if rank == 0 else NullLogger())
     trainer, stages, per_epoch = run.trainer, run.stages, run.batches_per_epoch
     if rank == 0:
@@ -271,12 +270,10 @@ def run_training(
         assert stores, "features: offline needs at least one feature store (or features=online with conversations)"
     # the stores checked against the target (TargetMismatch), the feature plan decided: before Ray starts
     aux_layers, vocab = feature_plan(cfg, stores, target, out)
-    plan = out / "draft_vocab.json"  # a warm start whose vocabulary no longer covers the data starts fresh
-    warm = not plan.is_file() or "warm_start_fallback" not in json.loads(plan.read_text())
     connect_ray(ray_address)
     job = WorkerConfig(train=cfg, stores=stores, aux_layers=aux_layers, vocab=vocab, target=str(Path(target).resolve()),
                        target_id=target_id(target), target_fingerprint=target_fingerprint(target), out=str(out),
-                       tracking=tracking, fail_at_step=fail_at_step, warm_start=warm)
+                       tracking=tracking, fail_at_step=fail_at_step)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config=job.to_dict(),

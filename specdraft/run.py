@@ -94,14 +94,13 @@ def build_run(
     rank: int = 0,
     world: int = 1,
     logger: MetricLogger | None = None,
-    warm_start: bool = True,
 ) -> Run:
     """The run of ``cfg`` on this rank: draft, splits and trainer, ready for ``run.trainer.run``.
 
     ``aux_layers`` / ``vocab``: the feature plan (``feature_plan``); ``open_split`` opens a split of
     the features with a reader config (the draft's ``aux`` flag set when it reads auxiliary layers).
     ``cfg.init_from`` (a draft directory) starts the draft from its weights and vocabulary (``load_warm``)
-    unless ``warm_start`` is False (``feature_plan`` fell back to a fresh vocabulary).
+    when ``vocab`` is its vocabulary (``feature_plan`` kept it; a fallback to a fresh one starts fresh).
     The seed is ``cfg.seed`` for the draft's initial weights and ``cfg.seed + 1000 * rank`` for the
     trainer's stream (noise, window offsets). With ``world > 1`` the caller has initialised
     ``torch.distributed``; the draft is wrapped per ``cfg.scaling.strategy``. The draft records the
@@ -117,7 +116,7 @@ def build_run(
                                     draft_vocab_size=None if vocab_ids is None else vocab_ids.numel(),
                                     **cfg.draft_shape())
     draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab_ids)
-    if cfg.init_from and warm_start:  # the draft's weights and vocabulary maps, as they are (``load_warm``)
+    if cfg.init_from and (vocab is None or list(vocab) == draft_vocab_ids(cfg.init_from)):  # kept: warm
         load_warm(draft, cfg.init_from)
     if resolve_precision(cfg.precision, torch.device(device)) == "bf16":
         set_frozen_dtype(draft, torch.bfloat16)  # frozen heads in the compute dtype; trainable weights stay fp32
