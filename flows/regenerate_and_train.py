@@ -241,13 +241,8 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
     try:
         prepared = _task(prepare_stage, retries)(data, tr)
         parent.set_tags({"target_id": prepared.target_id})
-        served = freshness.observe_served(cfg, parent, get_run_logger())
-        offline = freshness.offline_drift(cfg, parent, prepared, get_run_logger())  # monitor.offline
-        retrain = freshness.retrain_decision(cfg, prepared, served, offline)  # retrain.policy: always, or when it pays
-        parent.set_tags({"retrain.train": str(retrain.train), "retrain.reason": retrain.reason})
-        if retrain.new_rows is not None:
-            parent.log_metrics({"retrain.new_rows": retrain.new_rows, "retrain.rows": retrain.rows}, step=0)
-        get_run_logger().info("retrain: %s", retrain.reason)
+        # the served monitor, the offline drift check and whether this night trains (retrain.policy)
+        served, offline, retrain = freshness.before_training(cfg, parent, prepared, get_run_logger())
         if not retrain.train:
             return skip_night(cfg, parent, {"prepare": prepared.to_dict(), "monitor": served, "drift": offline,
                                             "retrain": retrain.to_dict(), "mlflow_parent_run": parent.run_id})

@@ -118,6 +118,21 @@ def retrain_decision(cfg: RunConfig, prepared: Prepared, served: dict[str, Any],
                              drift_reason="; ".join(alarms), trained_before=last.is_file())
 
 
+def before_training(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prepared,
+                    logger: logging.Logger | Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """A night's checks before it trains: the served monitor (``observe_served``), the offline drift check
+    (``offline_drift``) and the retrain decision (``retrain_decision``), logged (tags ``retrain.train``,
+    ``retrain.reason``; metrics ``retrain.new_rows``, ``retrain.rows``). Returns (served, offline, decision)."""
+    served = observe_served(cfg, parent, logger)
+    offline = offline_drift(cfg, parent, prepared, logger)
+    retrain = retrain_decision(cfg, prepared, served, offline)
+    parent.set_tags({"retrain.train": str(retrain.train), "retrain.reason": retrain.reason})
+    if retrain.new_rows is not None:
+        parent.log_metrics({"retrain.new_rows": retrain.new_rows, "retrain.rows": retrain.rows}, step=0)
+    logger.info("retrain: %s", retrain.reason)
+    return served, offline, retrain
+
+
 def remember_trained(cfg: RunConfig, prepared: Prepared) -> None:
     """After a night trained: its window's rows are the ones the next night's new rows are counted against."""
     from specdraft import files
