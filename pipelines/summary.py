@@ -30,6 +30,7 @@ from pipelines.records import Dumped, Evaluated, Prepared, Regenerated, Register
 
 MLFLOW_UI = "http://127.0.0.1:5000"  # where ``mlflow ui`` serves by default
 WIDTH = 110  # columns of the text summary's prose
+ONE_LINE = ("restart", "rollback", "rejects")  # fresh rows printed unwrapped: a command or a path
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -229,8 +230,8 @@ def fresh_rows(result: dict[str, Any], registered: Registered | None) -> list[tu
         rows.append(("gate", f"{c['slice']}: {values}: {'pass' if c['passed'] else 'FAIL'}"
                              + (f" ({c['note']})" if c["note"] else "")))
     if registered.handoff:
-        rows += [("handoff", f"v{registered.version} is {registered.handoff} (the one before: previous/, "
-                             f"`specdraft rollback --exports {registered.handoff.rsplit('/', 1)[0]}` brings it back)"),
+        rows += [("handoff", f"v{registered.version} is {registered.handoff} (the one before it: previous/)"),
+                 ("rollback", f"specdraft rollback --exports {registered.handoff.rsplit('/', 1)[0]}"),
                  ("restart", registered.restart)]
     return rows
 
@@ -275,20 +276,25 @@ def render_text(s: RunSummary) -> str:
         out.append(f"{'serve':<9} {engine_name}: {command}")
     if not s.serve and "holds" in s.champion:
         out.append(f"{'serve':<9} the champion has no exported serving format")
-    out += [f"{label:<9} {text}" if label == "restart" else  # a command: one line, to copy
-            textwrap.fill(text, WIDTH, initial_indent=f"{label:<9} ", subsequent_indent=" " * 10)
-            for label, text in s.fresh]
+    out += fresh_lines(s.fresh)
     out.append("")
     out += [f"{label:<9} {text}" for label, text in s.where()]
     return "\n".join(out)
+
+
+def fresh_lines(rows: list[tuple[str, str]]) -> list[str]:
+    """The fresh rows as text: commands and paths (``ONE_LINE``) on one line each, to copy; prose wrapped at
+    ``WIDTH`` without breaking a path."""
+    return [f"{label:<9} {text}" if label in ONE_LINE else
+            textwrap.fill(text, WIDTH, initial_indent=f"{label:<9} ", subsequent_indent=" " * 10,
+                          break_on_hyphens=False, break_long_words=False) for label, text in rows]
 
 
 def render_skipped(name: str, result: dict[str, Any], place: Place) -> str:
     """The summary of a night that skipped training (``retrain``): why, the traffic window, the monitor, where."""
     reason = result["retrain"]["reason"]
     out = [f"== specdraft run '{name}': night skipped: no training ==", ""]
-    out += [textwrap.fill(text, WIDTH, initial_indent=f"{label:<9} ", subsequent_indent=" " * 10)
-            for label, text in fresh_rows(result, None) if label != "retrain"]
+    out += fresh_lines([(label, text) for label, text in fresh_rows(result, None) if label != "retrain"])
     out += [textwrap.fill(reason, WIDTH, initial_indent=f"{'retrain':<9} ", subsequent_indent=" " * 10),
             f"{'champion':<9} unchanged: nothing trained, evaluated or registered", ""]
     s = RunSummary(name=name, headline="", stages=[], datasets=[], notes=[], decision="", champion="", exports="",

@@ -151,7 +151,7 @@ def read_window(settings: TrafficSettings) -> Window:
                 seen.add(key)
                 kept.append((key, messages, answer, model, day))
     pool = []
-    for day in window.replay_days:
+    for day in window.replay_days if settings.replay > 0 else []:  # no replay: earlier days are not read
         for messages, answer, model in _read_day(root, day, window.rejects):
             counts["read"] += 1
             key = prompt_hash(messages)

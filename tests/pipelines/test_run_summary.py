@@ -230,7 +230,7 @@ def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
                         alias="champion", reason="gate passed", serving_champion=5, handoff="/w/exports/current",
                         restart=f"restart the server to load it (vLLM loads its draft at start): {SERVE}")
     text = render_text(summarize("toy", records(tmp_path, registered=handed), PLACE, EVAL_REPORT))
-    assert "specdraft rollback --exports /w/exports" in " ".join(text.split())
+    assert "rollback  specdraft rollback --exports /w/exports" in text.splitlines()
     assert f"restart   restart the server to load it (vLLM loads its draft at start): {SERVE}" in text.splitlines()
 
 
