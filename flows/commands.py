@@ -236,6 +236,19 @@ def import_target(args: argparse.Namespace) -> int:
     return 0
 
 
+def rollback(args: argparse.Namespace) -> int:
+    from specdraft.handoff import rollback as swap_back
+
+    try:
+        meta = swap_back(args.exports)
+    except FileNotFoundError as err:
+        print(f"specdraft rollback: {err}", file=sys.stderr)
+        return 1
+    print(f"{args.exports}/current: now serving version {meta.get('version', '?')} of {meta.get('model', 'the draft')} "
+          f"(the one rolled back is {args.exports}/previous); restart the server to load it")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     cfg, _ = command_config(args)  # a bad key exits with code 2 here, before Prefect starts
     preflight(args, cfg)  # the workdir too: not an input, and a run's own unless --overwrite

@@ -79,14 +79,22 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
         from pipelines.stages import run_features
 
         check_aux_layers(cfg.target.path, run_features(cfg), "features.aux_layers")
-    if not cfg.data.prompts:
-        raise ConfigError("data.prompts: no prompt file given (files, directories or glob patterns)")
+    traffic = cfg.data.traffic.path
+    if not cfg.data.prompts and not traffic:
+        raise ConfigError("data.prompts: no prompt file given (files, directories or glob patterns; or "
+                          "data.traffic.path: dated request logs)")
     from pipelines.stages import expand_prompts
 
     try:
-        expand_prompts(cfg.data.prompts)
+        if cfg.data.prompts:
+            expand_prompts(cfg.data.prompts)
     except FileNotFoundError as err:
         raise ConfigError(f"data.prompts: {err}") from None
+    if traffic:
+        from specdraft.store import location
+
+        if not location.is_dir(traffic):
+            raise ConfigError(f"data.traffic.path={traffic}: no such directory or prefix (YYYY-MM-DD/*.jsonl)")
     if cfg.eval.questions:
         check_files(cfg.eval.questions, "eval.questions")
     positions = target_positions(cfg.target.path) if cfg.target.path else cfg.target.toy.max_position_embeddings
@@ -109,11 +117,14 @@ def check_workdir(cfg: Any, overwrite: bool = False) -> None:
     beside the files there). Raises ``specdraft.outputs.OutputError``; writes nothing."""
     from pipelines.stages import expand_prompts
     from specdraft.outputs import check_output
+    from specdraft.store.location import is_url
 
     from specdraft.packaged import resolve_prompt_inputs
 
-    patterns = resolve_prompt_inputs(list(cfg.data.prompts))
-    prompts = [root for root in map(_read_root, patterns) if root] + expand_prompts(patterns)
+    patterns = resolve_prompt_inputs(list(cfg.data.prompts)) if cfg.data.prompts else []
+    prompts = [root for root in map(_read_root, patterns) if root] + expand_prompts(patterns) if patterns else []
+    if cfg.data.traffic.path and not is_url(cfg.data.traffic.path):
+        prompts.append(cfg.data.traffic.path)  # a workdir inside the logs would read itself back
     check_output(cfg.workdir, "run", inputs={"target.path": cfg.target.path or None, "data.prompts": prompts,
                                              "eval.questions": list(cfg.eval.questions)},
                  overwrite=overwrite, own=RUN_ENTRIES, option="workdir=")

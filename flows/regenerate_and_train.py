@@ -30,7 +30,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from pipelines import stages
+from pipelines import freshness, stages
 from pipelines.records import Dumped, Evaluated, Prepared, PromptFile, Regenerated, Registered, Trained
 from pipelines.configs import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun, TrackingConfig, open_run
@@ -197,15 +197,20 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
                               eval_key=evaluated.eval_key, mean_tau=evaluated.mean_tau,
                               taus=evaluated.tau, train_key=trained.key, evaluate_champion=evaluate_champion,
                               mean_tau_pld=evaluated.mean_tau_pld, mean_engine_tau=evaluated.mean_engine_tau,
-                              tags=tags)
+                              tags=tags, gate=freshness.window_gate(cfg, run, prepared, trained, evaluated))
     log_exports(run.client, decision["run_id"], exported.exports)
     champion = champion_exports(run.client, cfg.register.model_name, cfg.register.alias,
                                 Path(cfg.workdir) / "export" / "champion",
                                 local={decision["version"]: exported.exports})
     serve = serve_commands(champion.get("exports", {}), champion.get("target") or prepared.target,
                            cfg.register.serving.speculative_tokens)
+    handoff = {}
+    if decision["promoted"] and not decision["reason"].startswith("already registered") and cfg.handoff.enabled:
+        handoff = freshness.hand_off(cfg, prepared, trained, exported.exports, decision)
+        serve = handoff.pop("serve") or serve
     return Registered(**decision, exports=exported.exports, export_note=exported.note,
-                      serving_champion=champion.get("version"), serve=serve, wall_s=time.perf_counter() - started)
+                      serving_champion=champion.get("version"), serve=serve, **handoff,
+                      wall_s=time.perf_counter() - started)
 
 
 def open_parent_run(cfg: RunConfig) -> tuple[MlflowLogger | NullRun, dict[str, Any]]:
@@ -236,11 +241,21 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
     try:
         prepared = _task(prepare_stage, retries)(data, tr)
         parent.set_tags({"target_id": prepared.target_id})
+        # the served monitor, the offline drift check and whether this night trains (retrain.policy)
+        served, offline, retrain = freshness.before_training(cfg, parent, prepared, get_run_logger())
+        if not retrain.train:
+            return skip_night(cfg, parent, {"prepare": prepared.to_dict(), "monitor": served, "drift": offline,
+                                            "retrain": retrain.to_dict(), "mlflow_parent_run": parent.run_id})
+        if cfg.train.init_from == "champion":  # warm start: the registered champion's draft directory
+            data = {**data, "train": {**data["train"], "init_from": freshness.champion_draft(cfg, parent,
+                                                                                             get_run_logger())}}
+            cfg = from_dict(RunConfig, data)
         regenerated = [_task(regenerate_stage, retries)(data, tr, prepared, p) for p in prepared.prompts]
         online = cfg.train.features == "online"  # no store: training runs the target on every batch
         stores = [] if online else [_task(features_stage, retries)(data, tr, prepared, r) for r in regenerated]
         trained = _task(train_stage, retries)(data, tr, prepared, regenerated if online else stores,
                                               cfg.fault.train_fail_at_step)
+        freshness.remember_trained(cfg, prepared)  # the next night counts its new rows against this window
         evaluated = _task(eval_stage, retries)(data, tr, prepared, trained)
         registered = (_task(register_stage, retries)(data, tr, prepared, trained, evaluated)
                       if cfg.register.enabled else Registered(registered=False, reason="register.enabled=false"))
@@ -251,12 +266,31 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
                         for k, v in getattr(evaluated, metric).items()}, step=0)
     result = {"prepare": prepared.to_dict(), "regenerate": [r.to_dict() for r in regenerated],
               "features": [s.to_dict() for s in stores], "train": trained.to_dict(), "eval": evaluated.to_dict(),
-              "register": registered.to_dict(), "mlflow_parent_run": parent.run_id}
+              "register": registered.to_dict(), "monitor": served, "drift": offline, "retrain": retrain.to_dict(),
+              "mlflow_parent_run": parent.run_id}
     try:
         result.update(report_run(cfg, parent, result))
     finally:
         parent.close()
     return result
+
+
+def skip_night(cfg: RunConfig, parent: MlflowLogger | NullRun, result: dict[str, Any]) -> dict[str, Any]:
+    """A night that does not train (``retrain.policy=when_it_pays``): its summary (why, the traffic window, the
+    served monitor) logged and returned; no stage after prepare ran, no report is written."""
+    from pipelines.summary import Place, render_skipped
+
+    try:
+        place = Place(workdir=str(Path(cfg.workdir).absolute()), tracking_uri=parent.uri,
+                      experiment_id=parent.experiment_id, run_id=parent.run_id)
+        text = render_skipped(cfg.name, result, place)
+        parent.set_tags({"specdraft.summary": text.splitlines()[0].strip("= ")})
+        with tempfile.TemporaryDirectory() as tmp:
+            parent.log_artifact(files.write_text(Path(tmp) / "summary.txt", text + "\n"))
+        get_run_logger().info("run summary\n%s", text, extra={SUMMARY: True})
+    finally:
+        parent.close()
+    return {**result, "summary": text, "report": ""}
 
 
 SUMMARY = "specdraft_summary"  # the attribute marking the summary's log record (``summary_off_the_console``)

@@ -19,6 +19,7 @@ from specdraft.config import ConfigError
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.configs.export import ExportConfig
 from specdraft.configs.features import FeaturesConfig
+from specdraft.configs.fresh import GateSettings, HandoffSettings, MonitorSettings, RetrainSettings, TrafficSettings
 from specdraft.configs.toy import ToyTargetConfig
 from specdraft.configs.train import TrainConfig
 from specdraft.configs.devices import check_attn_implementation, spread_gpus
@@ -201,6 +202,7 @@ class TargetSection:
 class DataSection:
     prompts: list[str] = field(default_factory=list)  # files, directories or glob patterns
     regenerate: bool = True  # False: train on the prompts' own answers (no self-distillation)
+    traffic: TrafficSettings = field(default_factory=TrafficSettings)  # dated request logs (specdraft/traffic.py)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -247,6 +249,10 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     register: RegisterSection = field(default_factory=RegisterSection)
     ray: RaySection = field(default_factory=RaySection)
+    monitor: MonitorSettings = field(default_factory=MonitorSettings)  # the served draft's acceptance (vLLM /metrics)
+    retrain: RetrainSettings = field(default_factory=RetrainSettings)  # train every night, or when it pays
+    gate: GateSettings = field(default_factory=GateSettings)  # window win AND no regression (specdraft/gate.py)
+    handoff: HandoffSettings = field(default_factory=HandoffSettings)  # the promoted draft at exports/current
     retries: int = 2  # per task, with backoff (10 s, 60 s, 180 s)
     fault: FaultSection = field(default_factory=FaultSection)
 

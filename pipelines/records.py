@@ -30,6 +30,7 @@ class Record:
 class PromptFile(Record):
     path: str  # resolved
     digest: str  # file_digest: a grown or edited file is a new input
+    reuse: bool = False  # conversations with the target's logged answers (data.traffic): ingested, not regenerated
 
 
 
@@ -41,6 +42,8 @@ class Prepared(Record):
     target_id: str  # specdraft.target.target_id: part of every downstream key
     prompts: list[PromptFile]
     wall_s: float
+    # data.traffic's window (specdraft.traffic.write_window): days, counts, warnings, its files; empty when off
+    traffic: dict[str, Any] = field(default_factory=dict)
 
 
 
@@ -145,4 +148,7 @@ class Registered(Record):
     export_note: str = ""
     serving_champion: int | None = None  # the version holding the alias now
     serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
+    gate: dict[str, Any] = field(default_factory=dict)  # specdraft.gate.GateDecision.to_dict() (gate.enabled)
+    handoff: str = ""  # <exports>/current when this version was handed off to serving now
+    restart: str = ""  # what a server needs to do to serve what was handed off
     wall_s: float = 0.0

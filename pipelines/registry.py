@@ -71,6 +71,7 @@ def register_draft(
     mean_tau_pld: float | None = None,
     mean_engine_tau: float | None = None,
     tags: dict[str, str] | None = None,
+    gate: Callable[[float | None, str | None], Any] | None = None,
 ) -> dict[str, Any]:
     """Register ``draft_dir`` (logged into ``run_id``) and apply the champion gate; ``mean_tau_pld``
     is the prompt-lookup floor of the same evaluation (None: not measured, no floor check); ``tags``
@@ -80,6 +81,11 @@ def register_draft(
     measured it). With it, champion and challenger are compared by the engine's numbers, not our decoder's:
     the engine is what serves the draft. ``evaluate_champion(models:/NAME/VERSION)`` re-evaluates a champion
     measured on other eval sets: its mean tau, or (mean tau, mean engine acceptance).
+
+    ``gate(champion value on the eval sets, champion model URI or None)``: the promotion gate
+    (``specdraft.gate.decide``, ``gate.enabled``), whose ``promote`` replaces "beats the champion on the eval
+    sets": the eval sets are then its regression set, the window's held-out slice its other comparison. Its
+    record is the decision's ``gate`` and its comparisons are ``gate.<slice>.<field>`` tags.
 
     Idempotent per ``train_key``: a draft already registered (a rerun of finished work) is
     not registered twice. The decision names the version's run (``run_id``).
@@ -106,6 +112,10 @@ def register_draft(
     champion = current_champion(client, model_name, alias)
     champion_tau = _champion_tau(client, model_name, champion, eval_key, by_engine, above_floor, evaluate_champion)
     beats_champion = champion is None or (champion_tau is not None and ours > champion_tau)
+    gated = None
+    if gate is not None and above_floor is not False:
+        gated = gate(champion_tau, f"models:/{model_name}/{champion.version}" if champion is not None else None)
+        beats_champion = gated.promote
     promote = above_floor is not False and beats_champion
     if promote:
         client.set_registered_model_alias(model_name, alias, version.version)
@@ -126,11 +136,20 @@ def register_draft(
         "reason": _reason(mean_tau, mean_tau_pld, above_floor, champion is not None, champion_tau, beats_champion,
                           mean_engine_tau),
     }
+    if gated is not None:
+        floor = decision["reason"].split(";")[0]
+        decision["reason"] = f"{floor}; {gated.reason}"
     for key, value in decision.items():
         if key == "run_id":
             continue
         client.set_model_version_tag(model_name, version.version, f"gate.{key}", str(value))
         client.set_tag(run_id, f"gate.{key}", str(value))
+    if gated is not None:
+        decision["gate"] = gated.to_dict()
+        for c in gated.comparisons:
+            for key in ("candidate", "champion", "change", "bound", "passed"):
+                client.set_model_version_tag(model_name, version.version, f"gate.{c.slice}.{key}", str(getattr(c, key)))
+                client.set_tag(run_id, f"gate.{c.slice}.{key}", str(getattr(c, key)))
     return decision
 
 

@@ -84,6 +84,7 @@ def render_report(s: RunSummary, *, training: list[dict[str, Any]], eval_report:
     the eval stage's report, ``history`` ``pipelines.registry.version_history`` (``[]``: no registry)."""
     register = [("register", s.decision), ("champion", s.champion), ("exports", s.exports)]
     register += [(f"serve ({engine})", command) for engine, command in sorted(s.serve.items())]
+    register += list(s.fresh)  # the traffic window, the served monitor, the gate's comparisons, the hand-off
     curves = _plot_or_note(lambda: _png(plots.training_figure(training)),
                            "" if training else "no training metrics (metrics.jsonl not found)")
     alpha = _plot_or_note(lambda: _png(plots.alpha_figure(eval_report)),

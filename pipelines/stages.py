@@ -38,7 +38,7 @@ from pipelines.records import Dumped, Evaluated, Exported, Prepared, PromptFile,
 from pipelines.train import run_training
 from specdraft import __version__ as CODE_VERSION
 from specdraft import files
-from specdraft.config import config_hash, to_dict
+from specdraft.config import ConfigError, config_hash, to_dict
 from specdraft.features import FeaturesConfig
 from specdraft.plan import aux_layers_setting
 from specdraft.export import FORMATS, ExportError, export_draft, formats_for, variant
@@ -105,9 +105,33 @@ def prepare(cfg: RunConfig) -> Prepared:
     else:
         target = build_toy_target(Path(cfg.workdir) / "targets" / f"toy-{config_hash(cfg.target.toy)}",
                                   cfg.target.toy, progress=False, prebuilt=cfg.target.prebuilt).resolve()
-    prompts = [PromptFile(path=str(p), digest=file_digest(p)) for p in expand_prompts(cfg.data.prompts)]
+    prompts = ([PromptFile(path=str(p), digest=file_digest(p)) for p in expand_prompts(cfg.data.prompts)]
+               if cfg.data.prompts else [])
+    traffic: dict[str, Any] = {}
+    if cfg.data.traffic.path:
+        traffic = prepare_traffic(cfg)
+        prompts += [PromptFile(path=traffic["files"][name], digest=file_digest(traffic["files"][name]),
+                               reuse=name == "reused") for name in ("prompts", "reused") if name in traffic["files"]]
+    if not prompts:
+        raise ConfigError("data.prompts / data.traffic.path: no prompt to train on (the traffic window is empty)")
     return Prepared(target=str(target), target_id=target_id(target), prompts=prompts,
-                    wall_s=time.perf_counter() - started)
+                    wall_s=time.perf_counter() - started, traffic=traffic)
+
+
+def prepare_traffic(cfg: RunConfig) -> dict[str, Any]:
+    """Read ``data.traffic``'s window (``specdraft.traffic``) and write its files under
+    ``<workdir>/traffic/<key>/`` (key: the settings and the window's content); returns days, counts, warnings and
+    the files (``prompts``: to regenerate; ``reused``: the served model's logged answers; ``held_out``)."""
+    from specdraft.traffic import read_window, write_window
+
+    window = read_window(cfg.data.traffic)
+    key = stage_key(cfg.data.traffic, window.prompts, window.reused, window.held_out)
+    out = Path(cfg.workdir).absolute() / "traffic" / key
+    written = write_window(window, str(out))
+    hashes = sorted({row["id"][len("YYYY-MM-DD-"):] for row in window.prompts + window.reused})  # the trained rows
+    written["trained_rows"] = str(files.write_text(out / "trained_rows.json", json.dumps(hashes)))
+    return {"key": key, "days": window.days, "replay_days": window.replay_days, "counts": window.counts,
+            "warnings": window.warnings, "files": written}
 
 
 def _done(record: Regenerated | Dumped | Trained | Evaluated | Exported) -> dict[str, Any]:
@@ -119,13 +143,14 @@ def _done(record: Regenerated | Dumped | Trained | Evaluated | Exported) -> dict
 
 def regenerate_file(cfg: RunConfig, prepared: Prepared, prompt: PromptFile) -> Regenerated:
     """Regenerate the answers of one prompt file (or pass its own answers through)."""
-    key = stage_key(prepared.target_id, prompt.digest, cfg.regenerate, cfg.data.regenerate)
+    reuse = ["reuse"] if prompt.reuse else []  # (keys of files without reuse unchanged)
+    key = stage_key(prepared.target_id, prompt.digest, cfg.regenerate, cfg.data.regenerate, *reuse)
     out = Path(cfg.workdir) / "regenerate" / key
     if (done := _finished(out)) is not None:
         return Regenerated.from_dict({**done, "skipped": True})
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    if cfg.data.regenerate:
+    if cfg.data.regenerate and not prompt.reuse:  # reused: the target's own logged answers, nothing to generate
         ensure_ray(cfg)
         summary = regenerate(prepared.target, [prompt.path], out, cfg.regenerate, progress=False)
         conversations = str(out)

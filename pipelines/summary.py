@@ -19,15 +19,18 @@ as HTML.
 
 from __future__ import annotations
 
+import json
 import shlex
 import textwrap
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pipelines.records import Dumped, Evaluated, Prepared, Regenerated, Registered, Trained
 
 MLFLOW_UI = "http://127.0.0.1:5000"  # where ``mlflow ui`` serves by default
 WIDTH = 110  # columns of the text summary's prose
+ONE_LINE = ("restart", "rollback", "rejects")  # fresh rows printed unwrapped: a command or a path
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +83,7 @@ class RunSummary:
     exports: str
     serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
     place: Place
+    fresh: list[tuple[str, str]] = field(default_factory=list)  # (label, text): traffic window, monitor, gate, hand-off
 
     def where(self) -> list[tuple[str, str]]:
         """(label, text) rows saying where the results are."""
@@ -179,6 +183,59 @@ def _register_rows(r: Registered) -> tuple[str, str, str, str]:
     return headline, decision, champion, exports
 
 
+def traffic_rows(prepared: dict[str, Any]) -> list[tuple[str, str]]:
+    """The traffic window's counts and warnings (``data.traffic``; none when off)."""
+    traffic = prepared.get("traffic") or {}
+    if not traffic:
+        return []
+    c = traffic["counts"]
+    days = traffic["days"]
+    rows = [("traffic", f"window {days[-1] if days else '-'}..{days[0] if days else '-'} ({len(days)} days): "
+                        f"{c['read']} rows read, {c['rejected']} rejected (malformed), {c['deduplicated']} deduplicated, "
+                        f"{c['over_cap']} over the cap, {c['held_out']} held out; {c['to_regenerate']} to regenerate, "
+                        f"{c['reused'] + c['replay_reused']} reused as logged (not regenerated), {c['replayed']} "
+                        f"replayed from {len(traffic['replay_days'])} earlier days ({c['dropped_replay']} not drawn)")]
+    rows += [("warning", w) for w in traffic["warnings"]]
+    if c["rejected"]:
+        rows.append(("rejects", traffic["files"].get("rejects", "")))
+    return rows
+
+
+def fresh_rows(result: dict[str, Any], registered: Registered | None) -> list[tuple[str, str]]:
+    """The traffic window, the served monitor (an alarm first), the gate's comparisons and the hand-off."""
+    rows = traffic_rows(result["prepare"])
+    served = result.get("monitor") or {}
+    if served.get("error"):
+        rows.append(("monitor", f"warning: {served['error']}"))
+    elif served:
+        rows.append(("ALARM" if served["alarm"] else "monitor", served["message"]))
+    drift = result.get("drift") or {}
+    if drift:
+        rows.append(("ALARM" if drift["alarm"] else "drift", drift["message"]))
+    retrain = result.get("retrain") or {}
+    if retrain and retrain["reason"] != "retrain.policy=always":
+        rows.append(("retrain", retrain["reason"]))
+    if registered is None:  # a night that did not train
+        return rows
+    plan = Path(result["train"]["draft"]).parent / "draft_vocab.json" if result.get("train") else None
+    record = json.loads(plan.read_text()) if plan is not None and plan.is_file() else {}
+    if record.get("init_from"):
+        rows.append(("warm", f"started from {record['init_from']}: its weights and draft vocabulary kept "
+                             f"({record['size']} tokens, covering {record['coverage']:.1%} of the new predicted tokens)"))
+    elif record.get("warm_start_fallback"):
+        rows.append(("warm", f"no warm start: {record['warm_start_fallback']}"))
+    for c in (registered.gate or {}).get("comparisons", []):
+        values = (f"candidate {_f(c['candidate'], 4)} vs champion {_f(c['champion'], 4)}"
+                  + (f" ({c['change']:+.1%}, bound {c['bound']:+.1%})" if c["change"] is not None else ""))
+        rows.append(("gate", f"{c['slice']}: {values}: {'pass' if c['passed'] else 'FAIL'}"
+                             + (f" ({c['note']})" if c["note"] else "")))
+    if registered.handoff:
+        rows += [("handoff", f"v{registered.version} is {registered.handoff} (the one before it: previous/)"),
+                 ("rollback", f"specdraft rollback --exports {registered.handoff.rsplit('/', 1)[0]}"),
+                 ("restart", registered.restart)]
+    return rows
+
+
 def summarize(name: str, result: dict[str, Any], place: Place, report: dict[str, Any] | None) -> RunSummary:
     """The summary of one flow run: ``result`` the flow's stage records (``to_dict()``), ``report`` the eval
     report (``report.json``; None when it is not readable: no speedups)."""
@@ -188,9 +245,13 @@ def summarize(name: str, result: dict[str, Any], place: Place, report: dict[str,
     headline, decision, champion, exports = _register_rows(registered)
     tau = f"mean tau {_f(evaluated.mean_tau)}" + (f" vs floor {_f(evaluated.mean_tau_pld)}"
                                                   if evaluated.mean_tau_pld is not None else "")
+    if (result.get("monitor") or {}).get("alarm"):
+        headline += "; ALARM: served acceptance dropped"
+    if (result.get("drift") or {}).get("alarm"):
+        headline += "; ALARM: the champion's tau on the new window dropped"
     return RunSummary(name=name, headline=f"{tau}; {headline}", stages=stage_lines(result), datasets=datasets,
                       notes=notes(datasets, evaluated.engine_warnings), decision=decision, champion=champion, exports=exports,
-                      serve=dict(registered.serve), place=place)
+                      serve=dict(registered.serve), place=place, fresh=fresh_rows(result, registered))
 
 
 def render_text(s: RunSummary) -> str:
@@ -215,6 +276,28 @@ def render_text(s: RunSummary) -> str:
         out.append(f"{'serve':<9} {engine_name}: {command}")
     if not s.serve and "holds" in s.champion:
         out.append(f"{'serve':<9} the champion has no exported serving format")
+    out += fresh_lines(s.fresh)
     out.append("")
     out += [f"{label:<9} {text}" for label, text in s.where()]
+    return "\n".join(out)
+
+
+def fresh_lines(rows: list[tuple[str, str]]) -> list[str]:
+    """The fresh rows as text: commands and paths (``ONE_LINE``) on one line each, to copy; prose wrapped at
+    ``WIDTH`` without breaking a path."""
+    return [f"{label:<9} {text}" if label in ONE_LINE else
+            textwrap.fill(text, WIDTH, initial_indent=f"{label:<9} ", subsequent_indent=" " * 10,
+                          break_on_hyphens=False, break_long_words=False) for label, text in rows]
+
+
+def render_skipped(name: str, result: dict[str, Any], place: Place) -> str:
+    """The summary of a night that skipped training (``retrain``): why, the traffic window, the monitor, where."""
+    reason = result["retrain"]["reason"]
+    out = [f"== specdraft run '{name}': night skipped: no training ==", ""]
+    out += fresh_lines([(label, text) for label, text in fresh_rows(result, None) if label != "retrain"])
+    out += [textwrap.fill(reason, WIDTH, initial_indent=f"{'retrain':<9} ", subsequent_indent=" " * 10),
+            f"{'champion':<9} unchanged: nothing trained, evaluated or registered", ""]
+    s = RunSummary(name=name, headline="", stages=[], datasets=[], notes=[], decision="", champion="", exports="",
+                   place=place)
+    out += [f"{label:<9} {text}" for label, text in s.where() if label != "report"]
     return "\n".join(out)

@@ -28,10 +28,13 @@ from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
 from specdraft.features import aux_layers_of
 from specdraft.loggers import MetricLogger, NullLogger
 from specdraft.models import (
+    EMBED_KEY,
+    LM_HEAD_KEY,
     DraftConfig,
     build_draft,
     check_draft_target,
     draft_config_from_target,
+    read_draft_config,
     set_frozen_dtype,
 )
 from specdraft.objectives import StageConfig, unwrap
@@ -99,6 +102,8 @@ def build_run(
     schedule, draft shape, aux layers, vocabulary) on this rank: draft, splits and trainer, ready for
     ``run.trainer.run``. ``open_split`` opens a split of
     the features with a reader config (the draft's ``aux`` flag set when it reads auxiliary layers).
+    ``cfg.init_from`` (a draft directory) starts the draft from its weights and vocabulary (``load_warm``)
+    when ``vocab`` is its vocabulary (``feature_plan`` kept it; a fallback to a fresh one starts fresh).
     The seed is ``cfg.seed`` for the draft's initial weights and ``cfg.seed + 1000 * rank`` for the
     trainer's stream (noise, window offsets). With ``world > 1`` the caller has initialised
     ``torch.distributed``; the draft is wrapped per ``strategy`` (``train.scaling.strategy``). The draft records the
@@ -114,6 +119,8 @@ def build_run(
                                     draft_vocab_size=None if vocab_ids is None else vocab_ids.numel(),
                                     **plan.draft_shape)
     draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab_ids)
+    if cfg.init_from and (vocab is None or list(vocab) == draft_vocab_ids(cfg.init_from)):  # kept: warm
+        load_warm(draft, cfg.init_from)
     if resolve_precision(cfg.precision, torch.device(device)) == "bf16":
         set_frozen_dtype(draft, torch.bfloat16)  # frozen heads in the compute dtype; trainable weights stay fp32
     model, grad_sync = distribute(draft, strategy, world, device)
@@ -170,6 +177,37 @@ def validate_draft(draft, dataset, depth: int, max_batches: int, device) -> Acce
     return counts
 
 
+def load_warm(draft, init_from: str | Path) -> None:
+    """Load the draft directory ``init_from`` into the fresh ``draft``: every persistent tensor, the draft
+    vocabulary maps ``d2t``/``t2d`` included, copied as stored (never recomputed: recomputing them from new data
+    misaligns every head slot, SpecForge PR #534). Its config must match the draft's but for the target's
+    identity fields (``check_draft_target`` checks those); ``ValueError`` naming the fields that differ."""
+    from safetensors.torch import load_file
+
+    theirs = read_draft_config(init_from)
+    mine = draft.config
+    skip = {"target_id", "target_fingerprint"}
+    differ = [f for f in mine.__dataclass_fields__ if f not in skip and getattr(mine, f) != getattr(theirs, f)]
+    if differ:
+        raise ValueError(f"train.init_from={init_from}: its draft differs from this run's in "
+                         + ", ".join(f"{f} ({getattr(theirs, f)!r} vs {getattr(mine, f)!r})" for f in differ))
+    state = load_file(str(Path(init_from) / "model.safetensors"), device="cpu")
+    state = {k: v for k, v in state.items() if k not in (EMBED_KEY, LM_HEAD_KEY)}
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"train.init_from={init_from}: weights do not match (missing={missing}, "
+                         f"unexpected={unexpected})")
+
+
+def draft_vocab_ids(init_from: str | Path) -> list[int]:
+    """The draft vocabulary's target ids of the draft directory ``init_from``, from its stored ``d2t``."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(init_from) / "model.safetensors"), framework="pt") as fh:
+        d2t = fh.get_tensor("heads.d2t")  # (Vd,) offsets: target id = draft id + d2t
+    return (torch.arange(d2t.numel()) + d2t).tolist()
+
+
 def feature_plan(
     cfg: TrainConfig,
     stores: list[str],
@@ -223,9 +261,24 @@ def feature_plan(
         counts = conversations().predicted_token_counts(vocab_size)
     else:
         counts = predicted_token_counts(stores, vocab_size)
+    warm: dict[str, Any] = {}
+    if cfg.init_from:  # warm start: the draft's own vocabulary, unless it no longer covers the new data
+        kept = torch.tensor(draft_vocab_ids(cfg.init_from))
+        covered = coverage(counts, kept)
+        if covered >= cfg.init_min_coverage:
+            record = {"size": kept.numel(), "coverage": covered, "counted_tokens": int(counts.sum()),
+                      "target_ids": kept.tolist(), "init_from": str(cfg.init_from)}
+            path.write_text(json.dumps(record))
+            print(f"[specdraft] warm start from {cfg.init_from}: its draft vocabulary kept ({kept.numel()} tokens, "
+                  f"covering {covered:.2%} of the new predicted tokens)", flush=True)
+            return list(layers), record["target_ids"]
+        warm = {"warm_start_fallback": f"{cfg.init_from}'s vocabulary covers {covered:.2%} of the new predicted "
+                                       f"tokens < train.init_min_coverage {cfg.init_min_coverage:.0%}: a fresh "
+                                       "vocabulary and fresh weights"}
+        print(f"[specdraft] no warm start: {warm['warm_start_fallback']}", flush=True)
     ids = select_vocab(counts, cfg.draft_vocab_size)
     record = {"size": ids.numel(), "coverage": coverage(counts, ids), "counted_tokens": int(counts.sum()),
-              "target_ids": ids.tolist()}
+              "target_ids": ids.tolist(), **warm}
     path.write_text(json.dumps(record))
     print(f"[specdraft] draft vocabulary: {ids.numel()} of {vocab_size} target tokens, covering "
           f"{record['coverage']:.2%} of {record['counted_tokens']} predicted tokens", flush=True)

@@ -13,7 +13,9 @@ workers, GPUs, checkpoints) are ``pipelines/configs.py``.
 * ``evaluation``: ``EvalSettings``, ``EngineSettings`` — evaluation and the serving engine's measurement;
 * ``export``: ``ExportConfig`` — an export for a serving engine;
 * ``toy``: ``ToyTargetConfig`` — the toy target build; ``quickstart``: ``QuickstartConfig``;
-* ``devices``: the attention kernels and GPUs-per-actor a setting may name.
+* ``devices``: the attention kernels and GPUs-per-actor a setting may name;
+* ``fresh``: ``TrafficSettings``, ``MonitorSettings``, ``GateSettings``, ``HandoffSettings``, ``RetrainSettings`` — keeping a
+  served draft fresh (issue 33).
 
 Import the classes from their modules (``from specdraft.configs.train import TrainConfig``): this package runs
 nothing, so ``specdraft.recipes`` (which the ``train`` settings check against) can import its neighbours.

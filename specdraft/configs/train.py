@@ -81,6 +81,12 @@ class TrainConfig:
     # overlong, topk, hidden_codec rounding, aux_layers — EAGLE-3 recipes: None means eagle3 —, dtype,
     # logits_chunk, attn_implementation, trust_remote_code)
     online: FeaturesConfig = field(default_factory=FeaturesConfig)
+    # warm start (issue 33): a draft directory of the same architecture whose weights and draft vocabulary (d2t/t2d,
+    # kept as they are) the run starts from; "" trains from scratch; `specdraft run`: "champion", the registered one
+    init_from: str = ""
+    # the warm start's vocabulary must cover this share of the new data's predicted tokens, else the run falls back
+    # to a fresh vocabulary and fresh weights (and says so)
+    init_min_coverage: float = 0.9
 
     def __post_init__(self) -> None:
         """Every check that needs no file: a bad key or value is a ``ConfigError`` naming it, raised when the
@@ -99,6 +105,8 @@ class TrainConfig:
             raise ConfigError(f"block_size={self.block_size}: a block is the anchor plus at least one mask")
         if self.draft_layers is not None and self.draft_layers < 1:
             raise ConfigError(f"draft_layers={self.draft_layers}: must be >= 1")
+        if not 0.0 <= self.init_min_coverage <= 1.0:
+            raise ConfigError(f"init_min_coverage={self.init_min_coverage}: must be between 0 and 1")
         resolve_stages(self)  # the epoch counts against the recipe's stages
 
     def resolved(self) -> tuple[Arch, list[StageConfig]]:

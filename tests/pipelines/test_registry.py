@@ -132,3 +132,44 @@ def test_with_an_engine_the_gate_compares_the_engines_acceptance(store):
     assert calls == [f"models:/{store[3]}/3"] and decision["promoted"] and decision["champion_mean_tau"] == 2.4
     tags = client.get_model_version(store[3], "3").tags
     assert tags["mean_tau.other"] == "2.600000" and tags["mean_engine_tau.other"] == "2.400000"
+
+
+def test_the_window_gate_refuses_a_candidate_that_regresses_and_promotes_a_good_one(store):
+    """``gate.enabled`` (issue 33 Deliver 5): the eval sets are the regression set, the window's held-out
+    slice the other comparison; a candidate that wins on the window but loses 4 % on the regression set stays
+    out, one that wins and holds is promoted; the comparisons are tags of the version and the run."""
+    from specdraft.configs.fresh import GateSettings
+    from specdraft.gate import decide
+
+    settings = GateSettings(enabled=True, margin=0.01, max_regression=0.02)
+    client, name = store[0], store[3]
+    register(store, mean_tau=2.40, mean_tau_pld=1.3, train_key="champ")  # v1: the champion, no gate to pass
+    asked = []
+
+    def gate(window_candidate, window_champion):
+        def call(champion_regression, champion_uri):
+            asked.append((champion_regression, champion_uri))
+            return decide(settings, window=(window_candidate, window_champion), regression=(2.30, champion_regression),
+                          has_champion=champion_uri is not None)
+        return call
+
+    run_id = client.create_run(store[1]).info.run_id
+    refused = register_draft(client, run_id=run_id, draft_dir=store[2], model_name=name, alias=ALIAS, eval_key=KEY,
+                             mean_tau=2.30, taus={"toy": 2.30}, train_key="regresses", mean_tau_pld=1.3,
+                             gate=gate(2.60, 2.40))
+    assert asked == [(2.40, f"models:/{name}/1")]
+    assert not refused["promoted"] and champion_version(store) == "1"
+    assert "gate refused" in refused["reason"] and "regression tau 2.3000 vs champion 2.4000" in refused["reason"]
+    assert [c["passed"] for c in refused["gate"]["comparisons"]] == [True, False]
+    tags = client.get_model_version(name, "2").tags
+    assert tags["gate.window.passed"] == "True" and tags["gate.regression.passed"] == "False"
+    assert client.get_run(run_id).data.tags["gate.regression.change"].startswith("-0.04")
+    good, _ = register(store, mean_tau=2.37, mean_tau_pld=1.3, train_key="good")  # no gate: plain rule refuses
+    assert not good["promoted"]
+    run_id = client.create_run(store[1]).info.run_id
+    promoted = register_draft(client, run_id=run_id, draft_dir=store[2], model_name=name, alias=ALIAS, eval_key=KEY,
+                              mean_tau=2.37, taus={"toy": 2.37}, train_key="holds", mean_tau_pld=1.3,
+                              gate=lambda reg, uri: decide(settings, window=(2.60, 2.40), regression=(2.37, reg),
+                                                           has_champion=uri is not None))
+    assert promoted["promoted"] and champion_version(store) == str(promoted["version"])
+    assert "gate passed" in promoted["reason"]

@@ -189,3 +189,57 @@ def test_the_report_renders_its_plots_in_a_real_browser(tmp_path):
     assert max(ImageStat.Stat(image).stddev) > 30
     if os.environ.get("SPECDRAFT_KEEP_SCREENSHOT"):  # to look at it
         shutil.copy(shot, os.environ["SPECDRAFT_KEEP_SCREENSHOT"])
+
+
+def test_summary_and_report_count_the_traffic_window(tmp_path):
+    from pipelines.report import render_report
+
+    result = records(tmp_path)
+    counts = {"read": 16, "rejected": 2, "deduplicated": 1, "over_cap": 0, "held_out": 0, "to_regenerate": 8,
+              "reused": 2, "replay_pool": 10, "replayed": 5, "replay_reused": 0, "dropped_replay": 5}
+    result["prepare"]["traffic"] = {"key": "k", "days": ["2026-11-26", "2026-11-25"], "replay_days": ["2026-11-20"],
+                                    "counts": counts, "warnings": ["traffic: day 2026-11-24 has no folder under /l"],
+                                    "files": {"rejects": "/w/traffic/k/rejects.jsonl"}}
+    summary = summarize("toy", result, PLACE, EVAL_REPORT)
+    text = render_text(summary)
+    assert "16 rows read, 2 rejected (malformed), 1 deduplicated" in " ".join(text.split())
+    assert "2 reused as logged (not regenerated), 5 replayed" in " ".join(text.split())
+    assert "warning   traffic: day 2026-11-24 has no folder under /l" in text
+    assert "rejects   /w/traffic/k/rejects.jsonl" in text
+    html = render_report(summary, training=[], eval_report=None, history=[])
+    assert "2 reused as logged" in html
+    assert "traffic" not in render_text(summarize("toy", records(tmp_path), PLACE, EVAL_REPORT))
+
+
+def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
+    from specdraft.configs.fresh import GateSettings
+    from specdraft.gate import decide
+
+    gate = decide(GateSettings(enabled=True), window=(2.6, 2.4), regression=(2.3, 2.4), has_champion=True)
+    refused = Registered(model_name="toy-draft", version=4, run_id="r4", mean_tau=2.3, promoted=False,
+                         alias="champion", reason=gate.reason, serving_champion=3, gate=gate.to_dict())
+    result = records(tmp_path, registered=refused)
+    result["monitor"] = {"alarm": True, "message": "served acceptance length 2.000 (rate 0.333) over 100 drafts; "
+                                                   "at promotion 2.500: DROP 20.0% > monitor.max_drop 10%"}
+    text = render_text(summarize("toy", result, PLACE, EVAL_REPORT))
+    assert "ALARM: served acceptance dropped" in text.splitlines()[0]
+    assert "ALARM     served acceptance length 2.000" in text
+    assert "gate      window: candidate 2.6000 vs champion 2.4000 (+8.3%, bound +0.0%): pass" in text
+    assert "gate      regression: candidate 2.3000 vs champion 2.4000 (-4.2%, bound -2.0%): FAIL" in text
+    handed = Registered(model_name="toy-draft", version=5, run_id="r5", mean_tau=2.7, promoted=True,
+                        alias="champion", reason="gate passed", serving_champion=5, handoff="/w/exports/current",
+                        restart=f"restart the server to load it (vLLM loads its draft at start): {SERVE}")
+    text = render_text(summarize("toy", records(tmp_path, registered=handed), PLACE, EVAL_REPORT))
+    assert "rollback  specdraft rollback --exports /w/exports" in text.splitlines()
+    assert f"restart   restart the server to load it (vLLM loads its draft at start): {SERVE}" in text.splitlines()
+
+
+def test_summary_shows_the_offline_drift_check(tmp_path):
+    result = records(tmp_path)
+    result["drift"] = {"alarm": True, "message": "champion v3 on this window's held-out slice: tau 2.100, at "
+                                                 "promotion 2.500 (-16.0%: DROP > monitor.max_drop 10%)"}
+    result["retrain"] = {"train": True, "reason": "drift: champion v3 ...", "new_rows": 3, "rows": 90, "drift": True}
+    text = render_text(summarize("toy", result, PLACE, EVAL_REPORT))
+    assert "ALARM: the champion's tau on the new window dropped" in text.splitlines()[0]
+    assert "ALARM     champion v3 on this window's held-out slice: tau 2.100" in text
+    assert "retrain   drift: champion v3" in text

@@ -1,0 +1,216 @@
+"""Keeping the draft fresh in the flow (issue 33): the served drift monitor read each night, the promotion gate
+on the traffic window's held-out slice, and the hand-off of a promoted draft to ``exports/current``.
+
+The decisions are ``specdraft.monitor``, ``specdraft.gate`` and ``specdraft.handoff`` (plain functions over
+numbers and files); this module feeds them the run's stages and the registry (MLflow) and is called from the
+flow's register stage and its start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pipelines import stages
+from pipelines.records import Evaluated, Prepared, Trained
+from pipelines.stages import RunConfig
+from pipelines.tracking import MlflowLogger, NullRun
+
+
+def window_gate(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evaluated: Evaluated):
+    """The promotion gate (``gate.enabled``; ``specdraft.gate.decide``) as ``register_draft`` calls it: the
+    candidate and the champion on the traffic window's held-out slice (the eval stage's settings and engine on
+    ``held_out.jsonl``), the eval sets as the regression set. None when the gate is off."""
+    if not cfg.gate.enabled:
+        return None
+    from specdraft.gate import decide
+
+    by_engine = evaluated.mean_engine_tau is not None
+    measure = "engine acceptance length" if by_engine else "tau"
+    value = (lambda e: e.mean_engine_tau) if by_engine else (lambda e: e.mean_tau)
+    held_out = (prepared.traffic.get("files") or {}).get("held_out")
+    window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out])) if held_out else None
+    candidate = value(stages.evaluate_draft(window_cfg, prepared, trained.draft, trained.key)) if held_out else None
+
+    def gate(champion_regression: float | None, champion_uri: str | None):
+        champion_window = None
+        if champion_uri is not None and window_cfg is not None:
+            from pipelines.registry import download_draft
+
+            with tempfile.TemporaryDirectory() as tmp:
+                local, _ = download_draft(run.client, champion_uri, tmp)
+                champion_window = value(stages.evaluate_draft(window_cfg, prepared, local, f"champion:{champion_uri}"))
+        ours = evaluated.mean_engine_tau if by_engine else evaluated.mean_tau
+        return decide(cfg.gate, window=(candidate, champion_window), regression=(ours, champion_regression),
+                      has_champion=champion_uri is not None, measure=measure)
+
+    return gate
+
+
+def hand_off(cfg: RunConfig, prepared: Prepared, trained: Trained, exports: dict[str, str],
+             decision: dict[str, Any]) -> dict[str, Any]:
+    """The promoted draft to ``<handoff.exports>/current`` (``specdraft.handoff``), the previous one kept; its
+    serve commands point at ``current``; the monitor's promotion value reset to the engine's acceptance length
+    when one was measured (else the next served period sets it)."""
+    from specdraft.export import serve_commands
+    from specdraft.handoff import publish, stable_exports
+
+    root = Path(cfg.handoff.exports or Path(cfg.workdir) / "exports").absolute()
+    current = publish(root, trained.draft, exports, meta={"version": decision["version"],
+                                                          "model": decision["model_name"], "target": prepared.target})
+    if cfg.monitor.metrics_url:
+        from specdraft.monitor import record_promotion
+
+        record_promotion(monitor_state(cfg), decision.get("mean_engine_tau"), decision["version"])
+    serve = serve_commands(stable_exports(root), prepared.target, cfg.register.serving.speculative_tokens)
+    restart = ("restart the server to load it (vLLM loads its draft at start): "
+               + (serve.get("vllm") or f"point the server's draft at {current}/<format>"))
+    return {"handoff": str(current), "restart": restart, "serve": serve}
+
+
+def monitor_state(cfg: RunConfig) -> Path:
+    return Path(cfg.monitor.state or Path(cfg.workdir) / "monitor" / "state.json")
+
+
+def observe_served(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: logging.Logger | Any) -> dict[str, Any]:
+    """The served drift monitor (``monitor.metrics_url``; ``specdraft.monitor``): the served acceptance since
+    the last night, logged to the parent run; an alarm is a WARNING in ``logger`` (the flow-run log). A server that does not
+    answer is a warning too, not a failed night. {} when the monitor is off."""
+    if not cfg.monitor.metrics_url:
+        return {}
+    from specdraft.monitor import observe
+
+    try:
+        served = observe(cfg.monitor, monitor_state(cfg))
+    except (OSError, ValueError) as err:  # unreachable, not vLLM, no draft
+        logger.warning("monitor: %s not read: %s: %s", cfg.monitor.metrics_url, type(err).__name__, err)
+        return {"error": f"{cfg.monitor.metrics_url} not read: {type(err).__name__}: {err}", "alarm": False}
+    parent.log_metrics({f"served.{k}": float(v) for k, v in served.items()
+                        if k in ("acceptance_length", "acceptance_rate", "baseline", "drop") and v is not None}, step=0)
+    parent.set_tags({"served.alarm": str(served["alarm"]), "served.restarted": str(served["restarted"])})
+    (logger.warning if served["alarm"] else logger.info)("monitor: %s", served["message"])
+    return served
+
+
+def trained_state(cfg: RunConfig) -> Path:
+    """The prompt hashes of the last window a night trained on (``remember_trained``)."""
+    return Path(cfg.workdir) / "traffic" / "trained_rows.json"
+
+
+def retrain_decision(cfg: RunConfig, prepared: Prepared, served: dict[str, Any], offline: dict[str, Any] | None = None):
+    """``specdraft.retraining.decide_retraining`` on this night: the window's rows new since the last trained
+    night (``trained_state``) and the drift alarms (the served monitor's, the offline check's)."""
+    from specdraft.retraining import decide_retraining
+
+    current = (prepared.traffic.get("files") or {}).get("trained_rows")
+    new_rows = rows = None
+    last = trained_state(cfg)
+    if current:
+        hashes = set(json.loads(Path(current).read_text()))
+        before = set(json.loads(last.read_text())) if last.is_file() else set()
+        new_rows, rows = len(hashes - before), len(hashes)
+    alarms = [d["message"] for d in (served, offline or {}) if d.get("alarm")]
+    return decide_retraining(cfg.retrain, new_rows=new_rows, rows=rows, drift=bool(alarms),
+                             drift_reason="; ".join(alarms), trained_before=last.is_file())
+
+
+def before_training(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prepared,
+                    logger: logging.Logger | Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """A night's checks before it trains: the served monitor (``observe_served``), the offline drift check
+    (``offline_drift``) and the retrain decision (``retrain_decision``), logged (tags ``retrain.train``,
+    ``retrain.reason``; metrics ``retrain.new_rows``, ``retrain.rows``). Returns (served, offline, decision)."""
+    served = observe_served(cfg, parent, logger)
+    offline = offline_drift(cfg, parent, prepared, logger)
+    retrain = retrain_decision(cfg, prepared, served, offline)
+    parent.set_tags({"retrain.train": str(retrain.train), "retrain.reason": retrain.reason})
+    if retrain.new_rows is not None:
+        parent.log_metrics({"retrain.new_rows": retrain.new_rows, "retrain.rows": retrain.rows}, step=0)
+    logger.info("retrain: %s", retrain.reason)
+    return served, offline, retrain
+
+
+def remember_trained(cfg: RunConfig, prepared: Prepared) -> None:
+    """After a night trained: its window's rows are the ones the next night's new rows are counted against."""
+    from specdraft import files
+
+    current = (prepared.traffic.get("files") or {}).get("trained_rows")
+    if current:
+        files.write_text(trained_state(cfg), Path(current).read_text())
+
+
+def download_champion(cfg: RunConfig, parent: MlflowLogger | NullRun):
+    """(the champion's model version, its draft directory downloaded once to ``<workdir>/champion/v<version>``),
+    or None with no registry (tracking off) or no champion yet."""
+    from pipelines.registry import current_champion, download_draft
+    from specdraft import files
+
+    if not parent.enabled:
+        return None
+    version = current_champion(parent.client, cfg.register.model_name, cfg.register.alias)
+    if version is None:
+        return None
+    out = (Path(cfg.workdir) / "champion" / f"v{version.version}").absolute()
+    if not (out / "model.safetensors").is_file():
+        with tempfile.TemporaryDirectory() as tmp, files.write_directory(out) as new:
+            local, _ = download_draft(parent.client, f"models:/{cfg.register.model_name}/{version.version}", tmp)
+            for item in Path(local).iterdir():
+                item.rename(new / item.name)
+    return version, out
+
+
+def champion_draft(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: logging.Logger | Any) -> str:
+    """``train.init_from=champion`` resolved: the registered champion's draft directory (``download_champion``: a
+    new champion is a new training input); "" — train from scratch, said in the log — when there is no registry
+    (tracking off) or no champion yet."""
+    found = download_champion(cfg, parent)
+    if found is None:
+        logger.warning("train.init_from=champion: %s: from scratch", "no champion yet" if parent.enabled else
+                       "tracking is off, no registry to find the champion in")
+        return ""
+    version, out = found
+    logger.info("train.init_from=champion: warm start from v%s (%s)", version.version, out)
+    return str(out)
+
+
+BASELINE_TAG = "offline.window_tau_at_promotion"
+
+
+def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prepared,
+                  logger: logging.Logger | Any) -> dict[str, Any]:
+    """The offline drift check (``monitor.offline``; issue 33 Deliver 2a): before training, the champion evaluated
+    on the new window's held-out slice (the eval stage's settings), beside its value on the first window it was
+    measured on after its promotion (a version tag); a drop beyond ``monitor.max_drop`` is an alarm (WARNING).
+    Logged to the parent run as ``offline.window_tau`` (one point a night: a time series across the nights' runs).
+    {} when off, without a window slice or without a champion."""
+    held_out = (prepared.traffic.get("files") or {}).get("held_out")
+    if not cfg.monitor.offline or not held_out:
+        return {}
+    found = download_champion(cfg, parent)
+    if found is None:
+        return {}
+    version, local = found
+    window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out]))
+    evaluated = stages.evaluate_draft(window_cfg, prepared, str(local), f"champion:v{version.version}")
+    tau = evaluated.mean_tau
+    if tau is None:
+        return {}
+    baseline = version.tags.get(BASELINE_TAG)
+    if baseline is None:  # the first window after its promotion sets it
+        parent.client.set_model_version_tag(cfg.register.model_name, version.version, BASELINE_TAG, f"{tau:.6f}")
+        baseline = tau
+    baseline = float(baseline)
+    drop = (baseline - tau) / baseline if baseline else 0.0
+    alarm = drop > cfg.monitor.max_drop
+    message = (f"champion v{version.version} on this window's held-out slice: tau {tau:.3f}, at promotion "
+               f"{baseline:.3f} ({-drop:+.1%}" + (f": DROP > monitor.max_drop {cfg.monitor.max_drop:.0%})" if alarm
+                                                 else ")"))
+    parent.log_metrics({"offline.window_tau": tau, "offline.window_tau_at_promotion": baseline,
+                        "offline.drop": drop}, step=0)
+    parent.set_tags({"offline.alarm": str(alarm)})
+    (logger.warning if alarm else logger.info)("drift: %s", message)
+    return {"champion_version": int(version.version), "window_tau": tau, "baseline": baseline, "drop": drop,
+            "alarm": alarm, "message": message}

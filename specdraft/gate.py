@@ -1,0 +1,75 @@
+"""The promotion gate (issue 33, Deliver 5): a candidate replaces the champion only when it beats it on the new
+traffic window's held-out slice by a margin AND loses no more than ``max_regression`` on a fixed regression set.
+
+Gated on acceptance (tau: mean accepted tokens per round, or the serving engine's acceptance length), never
+on loss: loss keeps falling while tau turns down (DeepSpec #84: an EAGLE-3 run peaked at epoch 4.6 and lost
+4.9 % of tau by epoch 10). A pure function over numbers; every comparison is returned as a record for the
+summary, MLflow tags and the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specdraft.configs.fresh import GateSettings
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Comparison:
+    """One slice: candidate against champion, the relative change and the bound it had to meet."""
+
+    slice: str  # "window" (the new traffic's held-out slice) or "regression" (the fixed regression set)
+    candidate: float | None
+    champion: float | None
+    change: float | None  # (candidate - champion) / champion; None when either is unknown
+    bound: float  # window: the change must exceed it (margin); regression: must not fall below it
+    passed: bool
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GateDecision:
+    promote: bool
+    measure: str  # "tau" or "engine acceptance length"
+    reason: str
+    comparisons: list[Comparison] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _change(candidate: float | None, champion: float | None) -> float | None:
+    return (candidate - champion) / champion if candidate is not None and champion else None
+
+
+def decide(settings: GateSettings, *, window: tuple[float | None, float | None],
+           regression: tuple[float | None, float | None], has_champion: bool, measure: str = "tau") -> GateDecision:
+    """``window`` and ``regression``: (candidate, champion) values of ``measure`` on each slice (a None
+    champion value: not measured there). No champion: promoted (nothing to protect). A window slice that is
+    missing refuses (nothing shows the candidate is better); a regression set that is missing passes, saying
+    so (no earlier slice yet)."""
+    if not has_champion:
+        return GateDecision(promote=True, measure=measure, reason="no champion yet: nothing to protect")
+    w_change = _change(*window)
+    w_ok = w_change is not None and w_change > settings.margin
+    w_note = "" if w_change is not None else "not measured on the window's held-out slice"
+    r_change = _change(*regression)
+    r_ok = r_change is None or r_change >= -settings.max_regression
+    r_note = "" if r_change is not None else "no regression set measured: not checked"
+    comparisons = [
+        Comparison(slice="window", candidate=window[0], champion=window[1], change=w_change, bound=settings.margin,
+                   passed=w_ok, note=w_note),
+        Comparison(slice="regression", candidate=regression[0], champion=regression[1], change=r_change,
+                   bound=-settings.max_regression, passed=r_ok, note=r_note)]
+    parts = []
+    for c in comparisons:
+        if c.change is None:
+            parts.append(f"{c.slice}: {c.note}")
+        else:
+            rel = ">" if c.slice == "window" else ">="
+            parts.append(f"{c.slice} {measure} {c.candidate:.4f} vs champion {c.champion:.4f} ({c.change:+.1%}, "
+                         f"needs {rel} {c.bound:+.1%}): {'pass' if c.passed else 'FAIL'}")
+    promote = w_ok and r_ok
+    return GateDecision(promote=promote, measure=measure, comparisons=comparisons,
+                        reason=("gate passed: " if promote else "gate refused: ") + "; ".join(parts))

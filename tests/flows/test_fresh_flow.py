@@ -1,0 +1,77 @@
+"""The flow on a traffic directory (issue 33): night 1 reads a window of two dated days (a malformed line, a
+duplicate, answers logged by the served model reused) and, with no champion, promotes and hands the draft off
+to exports/current; night 2 adds a day, and the gate compares candidate and champion on the new window's
+held-out slice and on the eval sets (the regression set) — its comparisons in the record and the summary — and
+trains warm from the champion (its vocabulary maps byte-identical). Slow: two toy flow runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.regenerate_and_train import regenerate_and_train
+from specdraft.toy.conversations import generate_prompts
+from tests.flows.test_flow import overrides
+
+pytestmark = pytest.mark.slow
+
+
+def write_day(root: Path, day: str, seed: int, served: int = 0) -> None:
+    """48 toy prompts; the first ``served`` carry a logged answer of the served model; one malformed line."""
+    lines = []
+    for i, messages in enumerate(generate_prompts(48, seed=seed)):
+        row = {"messages": messages, "created": 1764201600 + i}
+        if i < served:
+            row["response"] = {"model": "toy", "choices": [{"message": {"role": "assistant",
+                                                                        "content": "The answer is 4."}}]}
+        lines.append(json.dumps(row))
+    lines += ["{truncated", lines[-1]]  # a malformed line and a duplicate
+    (root / day).mkdir(parents=True, exist_ok=True)
+    (root / day / "gateway.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_two_nights_on_traffic(local_ray, tiny_toy_target, tmp_path):
+    traffic, questions = tmp_path / "traffic", tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "category": "toy", "turns": [
+        m["content"] for m in c if m["role"] == "user"]}) + "\n" for i, c in enumerate(generate_prompts(3, seed=22))))
+    write_day(traffic, "2026-11-24", seed=31, served=6)
+    write_day(traffic, "2026-11-25", seed=32)
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "toy.yaml")
+    args = [a for a in overrides(tmp_path, tiny_toy_target, Path("unused"), questions) if not a.startswith("data.")]
+    args += ["data.prompts=[]", f"data.traffic.path={traffic}", "data.traffic.days=2", "data.traffic.served_model=toy",
+             "data.traffic.held_out=0.1", "data.traffic.replay=0.0", "gate.enabled=true", "gate.margin=0.0", "retries=0"]
+    first = regenerate_and_train(config=config, overrides=args)
+    counts = first["prepare"]["traffic"]["counts"]
+    assert counts["rejected"] == 2 and counts["deduplicated"] == 2 and counts["reused"] + counts["held_out"] >= 6
+    assert len(first["regenerate"]) == 2  # prompts.jsonl regenerated, reused.jsonl ingested
+    register = first["register"]
+    assert register["promoted"] and register["gate"]["reason"] == "no champion yet: nothing to protect"
+    current = Path(register["handoff"])
+    assert json.loads((current / "handoff.json").read_text())["version"] == register["version"]
+    assert "rows read" in first["summary"] and "restart" in first["summary"]
+
+    write_day(traffic, "2026-11-26", seed=33)
+    second = regenerate_and_train(config=config, overrides=args + ["train.seed=1", "train.init_from=champion",
+                                                                   "train.init_min_coverage=0.0", "monitor.offline=true"])
+    assert second["prepare"]["traffic"]["days"] == ["2026-11-26", "2026-11-25"]
+    drift = second["drift"]  # the champion on night 2's window before training: the first reading is its baseline
+    assert drift["champion_version"] == register["version"] and drift["window_tau"] == drift["baseline"] > 0
+    assert not drift["alarm"] and "drift     champion v" in second["summary"]
+    gate = second["register"]["gate"]
+    assert [c["slice"] for c in gate["comparisons"]] == ["window", "regression"]
+    assert all(c["champion"] is not None and c["candidate"] is not None for c in gate["comparisons"])
+    assert second["register"]["promoted"] == gate["promote"]
+    assert "gate      window: candidate" in second["summary"]
+    if gate["promote"]:
+        assert (current.parent / "previous" / "handoff.json").is_file()
+    # warm: the champion's vocabulary maps, byte for byte
+    from safetensors.torch import load_file
+
+    champion = load_file(str(Path(first["train"]["draft"]) / "model.safetensors"))
+    warm = load_file(str(Path(second["train"]["draft"]) / "model.safetensors"))
+    for name in ("heads.d2t", "heads.t2d"):
+        assert warm[name].numpy().tobytes() == champion[name].numpy().tobytes()
+    plan = json.loads((Path(second["train"]["draft"]).parent / "draft_vocab.json").read_text())
+    assert plan["init_from"].endswith(f"champion/v{register['version']}") and "warm      started from" in second["summary"]

@@ -1,0 +1,41 @@
+"""The promotion gate (specdraft/gate.py, issue 33 Deliver 5): a candidate that wins on the window but regresses
+on the regression set is refused; one that wins by the margin and holds the regression set is promoted; every
+comparison is in the record."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdraft.config import ConfigError
+from specdraft.configs.fresh import GateSettings
+from specdraft.gate import decide
+
+GATE = GateSettings(enabled=True, margin=0.01, max_regression=0.02)
+
+
+def test_a_window_win_that_regresses_is_refused():
+    d = decide(GATE, window=(2.60, 2.40), regression=(2.30, 2.40), has_champion=True)  # +8.3 %, -4.2 %
+    assert not d.promote
+    window, regression = d.comparisons
+    assert window.passed and window.change == pytest.approx(0.2 / 2.4)
+    assert not regression.passed and regression.change == pytest.approx(-0.1 / 2.4) and regression.bound == -0.02
+    assert d.reason.startswith("gate refused") and "regression tau 2.3000 vs champion 2.4000 (-4.2%" in d.reason
+
+
+def test_a_good_candidate_is_promoted_and_the_margin_counts():
+    good = decide(GATE, window=(2.60, 2.40), regression=(2.37, 2.40), has_champion=True)  # -1.25 %: allowed
+    assert good.promote and all(c.passed for c in good.comparisons)
+    tie = decide(GATE, window=(2.41, 2.40), regression=(2.40, 2.40), has_champion=True)  # +0.4 % < margin 1 %
+    assert not tie.promote and not tie.comparisons[0].passed
+    engine = decide(GATE, window=(1.9, 1.8), regression=(None, None), has_champion=True,
+                    measure="engine acceptance length")
+    assert engine.promote and "no regression set measured" in engine.reason
+    assert "engine acceptance length 1.9000" in engine.reason
+
+
+def test_no_champion_promotes_and_no_window_refuses():
+    assert decide(GATE, window=(2.0, None), regression=(2.0, None), has_champion=False).promote
+    blind = decide(GATE, window=(None, None), regression=(2.5, 2.4), has_champion=True)
+    assert not blind.promote and "not measured on the window" in blind.reason
+    with pytest.raises(ConfigError, match="gate.max_regression"):
+        GateSettings(max_regression=-0.1)
