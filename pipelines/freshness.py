@@ -17,7 +17,7 @@ from typing import Any
 
 from pipelines import stages
 from pipelines.records import Evaluated, Prepared, Trained
-from pipelines.stages import RunConfig
+from pipelines.configs import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun
 
 

