@@ -82,6 +82,7 @@ def check_target_weights(path: str | Path, trust_remote_code: bool = False) -> N
     """The strict load's check without the load, for a pre-flight before Ray or a worker starts: the model
     ``config.json`` describes is built on the meta device (no memory, no tensor read into it) and the
     checkpoint's tensor names and shapes compared with it (``check_loading_info``)."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
@@ -92,6 +93,9 @@ def check_target_weights(path: str | Path, trust_remote_code: bool = False) -> N
     try:
         _, info = AutoModelForCausalLM.from_pretrained(root, device_map="meta", output_loading_info=True,
                                                        use_safetensors=True, trust_remote_code=trust_remote_code)
+    except SafetensorError as err:  # a weights file cut short or not safetensors: one line naming it, not a traceback
+        raise TargetWeightsError(f"target {root}: its safetensors weights cannot be read ({err}) — a file cut short "
+                                 "or not safetensors; copy the checkpoint again") from None
     finally:
         logging.set_verbosity(level)
         if bars:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flows.local_api import STARTUP_TIMEOUT_S
+from specdraft.toy.build import PREBUILT_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOW = """
@@ -63,17 +65,14 @@ def test_the_users_own_settings_and_server_win(tmp_path):
 
 @pytest.mark.slow
 def test_cli_run_starts_the_api_in_the_workdir_and_exits_without_logging_errors(tmp_path):
-    """A real ``specdraft run`` whose flow fails in its first stage (a target whose files are all there by
-    name and whose config.json is a model config, so the pre-flight passes, but whose weights file is empty): the
+    """A real ``specdraft run`` whose flow fails in a stage (the toy target with its tokenizer files emptied: they
+    are there by name and its weights are its config's, so the pre-flight passes, but no stage can tokenize): the
     API starts (its database appears in the workdir), the flow fails, and the server is stopped before exit — no
     "--- Logging error ---" from an atexit stop on closed streams."""
     work, broken = tmp_path / "work", tmp_path / "broken-target"
-    broken.mkdir()
-    config = json.dumps({"model_type": "llama", "num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 2,
-                         "vocab_size": 320})
-    for name, text in (("config.json", config), ("model.safetensors", ""), ("tokenizer.json", "{}"),
-                       ("tokenizer_config.json", "{}")):
-        (broken / name).write_text(text)
+    shutil.copytree(PREBUILT_DIR, broken)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (broken / name).write_text("{}")
     out = subprocess.run(
         [sys.executable, "-m", "flows.cli", "run", "--config", "configs/toy.yaml", f"workdir={work}",
          f"target.path={broken}", "retries=0", "tracking.enabled=false"],

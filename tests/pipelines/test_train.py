@@ -475,6 +475,7 @@ def test_online_features_train_like_the_dumped_store(recipe, local_ray, request,
     from specdraft.config import to_dict
     from specdraft.features import FeaturesConfig
     from specdraft.online import OnlineDataset
+    from specdraft.plan import build_plan
     from specdraft.run import build_run
     from specdraft.store import predicted_token_counts, read_manifest
     from specdraft.vocab import select_vocab
@@ -530,7 +531,7 @@ def test_online_features_train_like_the_dumped_store(recipe, local_ray, request,
 
     first = {}
     for source, open_split in opened.items():  # rank 0's first step in process, as build_run sets it up
-        run = build_run(cfg, target, open_split, aux_layers=layers, vocab=vocab, fingerprint="")
+        run = build_run(cfg, build_plan(cfg, aux_layers=layers or (), vocab=vocab), target, open_split, fingerprint="")
         run.trainer.run(lambda stage, epoch: [run.train.load(run.train.batches(0)[0])],
                         on_step=lambda tr, metrics: first.setdefault(source, metrics["loss"]))
     assert first["store"] > 0 and losses[0] == pytest.approx(first["store"], abs=1e-5, rel=0), (losses[0], first)
