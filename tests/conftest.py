@@ -167,6 +167,16 @@ def toy_drafts(shipped_toy_target, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def prebuilt() -> Path:
+    """The toy target the package ships, read in place (tests that only read it)."""
+    from specdraft.toy.build import PREBUILT_DIR
+
+    if not (PREBUILT_DIR / "model.safetensors").is_file():
+        pytest.skip("the shipped toy target is not in this checkout")
+    return PREBUILT_DIR
+
+
+@pytest.fixture(scope="session")
 def templateless_target(tiny_toy_target, tmp_path_factory) -> Path:
     """The tiny toy target as a base model would ship it: no chat template."""
     import json

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from specdraft.config import ConfigError
-from specdraft.toy.build import PREBUILT_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,13 +56,6 @@ def refused(result, *words: str) -> str:
     for word in words:
         assert word in lines[0], (word, lines[0])
     return lines[0]
-
-
-@pytest.fixture(scope="module")
-def prebuilt() -> Path:
-    if not (PREBUILT_DIR / "model.safetensors").is_file():
-        pytest.skip("the shipped toy target is not in this checkout")
-    return PREBUILT_DIR
 
 
 @pytest.fixture(scope="module")

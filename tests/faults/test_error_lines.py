@@ -6,7 +6,6 @@ like every other command. The real CLI, real files."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,7 +14,6 @@ import torch
 
 from flows.cli import main
 from tests.faults.test_outputs import export_argv, world  # noqa: F401 - world: the module fixture
-from specdraft.toy.build import PREBUILT_DIR
 
 
 def one_line(capsys, command: str) -> str:
@@ -23,13 +21,6 @@ def one_line(capsys, command: str) -> str:
     lines = [x for x in err.splitlines() if x.startswith(f"specdraft {command}")]
     assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
     return lines[0]
-
-
-@pytest.fixture(scope="module")
-def prebuilt() -> Path:
-    if not (PREBUILT_DIR / "model.safetensors").is_file():
-        pytest.skip("the shipped toy target is not in this checkout")
-    return PREBUILT_DIR
 
 
 @pytest.mark.parametrize("damage", ["cut short", "bytes flipped"])
