@@ -103,7 +103,7 @@ def build_run(
     ``run.trainer.run``. ``open_split`` opens a split of
     the features with a reader config (the draft's ``aux`` flag set when it reads auxiliary layers).
     ``cfg.init_from`` (a draft directory) starts the draft from its weights and vocabulary (``load_warm``)
-    when ``vocab`` is its vocabulary (``feature_plan`` kept it; a fallback to a fresh one starts fresh).
+    when ``plan.vocab`` is its vocabulary (``feature_plan`` kept it; a fallback to a fresh one starts fresh).
     The seed is ``cfg.seed`` for the draft's initial weights and ``cfg.seed + 1000 * rank`` for the
     trainer's stream (noise, window offsets). With ``world > 1`` the caller has initialised
     ``torch.distributed``; the draft is wrapped per ``strategy`` (``train.scaling.strategy``). The draft records the
@@ -119,7 +119,7 @@ def build_run(
                                     draft_vocab_size=None if vocab_ids is None else vocab_ids.numel(),
                                     **plan.draft_shape)
     draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab_ids)
-    if cfg.init_from and (vocab is None or list(vocab) == draft_vocab_ids(cfg.init_from)):  # kept: warm
+    if cfg.init_from and (plan.vocab is None or list(plan.vocab) == draft_vocab_ids(cfg.init_from)):  # kept: warm
         load_warm(draft, cfg.init_from)
     if resolve_precision(cfg.precision, torch.device(device)) == "bf16":
         set_frozen_dtype(draft, torch.bfloat16)  # frozen heads in the compute dtype; trainable weights stay fp32
