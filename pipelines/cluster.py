@@ -28,6 +28,13 @@ they are avoided at their source instead:
 
 Each is set in the Ray job's ``runtime_env`` only where the user's environment does not set it.
 
+One is a bug of Ray's: the cleaner's monitor thread catches only ``RayStateApiException`` around its state
+query, but a state-API answer that is JSON without a ``result`` key (an HTTP server other than the
+dashboard answering on its port, as happens when local clusters come and go on one machine) raises
+``KeyError`` inside Ray's client and kills the thread with a traceback; the run is unharmed, the cleaner
+gone. ``guard_cleaner_queries`` (in the setup hook) turns such an answer into the ``RayStateApiException``
+the thread expects, so it warns (a known harmless line) and keeps monitoring.
+
 ``KNOWN_HARMLESS`` (and ``KNOWN_HARMLESS_LOCAL``, local clusters only) list such messages per
 logger; ``quiet_known_warnings`` drops exactly those records at their logger — in the driver and,
 as the cluster's ``worker_process_setup_hook``, in every Ray worker process — so nothing else those
@@ -135,17 +142,41 @@ def quiet_known_warnings(local: bool = False) -> None:
     logger.addFilter(NoteInterrupt())
 
 
+def guard_cleaner_queries() -> None:
+    """Ray Train's placement-group cleaner sees a malformed state-API answer as the state API being
+    unavailable, which it handles (see the module docstring); idempotent."""
+    try:
+        from ray.train.v2._internal.execution.controller import placement_group_cleaner as cleaner
+        from ray.util.state.exception import RayStateApiException
+    except ImportError:  # another Ray layout: nothing to guard
+        return
+    query = cleaner.is_actor_alive
+    if getattr(query, "guarded", False):
+        return
+
+    def is_actor_alive(*args: Any, **kwargs: Any) -> bool:
+        try:
+            return query(*args, **kwargs)
+        except (KeyError, TypeError) as error:  # JSON without Ray's "result"/"data" keys
+            raise RayStateApiException(f"malformed state API answer ({error!r})") from error
+
+    is_actor_alive.guarded = True  # type: ignore[attr-defined]
+    cleaner.is_actor_alive = is_actor_alive
+
+
 def setup_local_worker() -> None:
     """``worker_process_setup_hook`` of a local cluster: quiet, and the state API is this cluster's."""
     import ray
 
     quiet_known_warnings(local=True)
+    guard_cleaner_queries()
     os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
 
 
 def setup_cluster_worker() -> None:
     """``worker_process_setup_hook`` on a cluster given by address."""
     quiet_known_warnings()
+    guard_cleaner_queries()
 
 
 LOOPBACK = "127.0.0.1"

@@ -61,10 +61,6 @@ PAGES = ("README.md", "docs/install.md", "docs/first-run.md", "docs/commands.md"
          "docs/development.md", "docs/README.md")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 CRASH = re.compile(r"Traceback \(most recent call last\)|Fatal Python error|SIGABRT|Mutex corrupt|core_worker\.cc:\d+")
-# Ray Train's placement-group cleaner thread (a Ray actor of its own, not the run) dies on a state-API answer without
-# "result" (ray/util/state/api.py raises KeyError where it catches only RayStateApiException); the run goes on
-# unharmed. Its lines are Ray's bug, not a crash of ours: left out of the crash search only.
-RAY_CLEANER = re.compile(r"^.*\(PlacementGroupCleaner pid=\d+\).*$\n?", re.M)
 FLOWS = ("specdraft run", "prefect deployment run", "specdraft train")  # commands that may run long
 PREFECT_PORT = "4200"  # the README's Prefect port, replaced by a free one
 VLLM_CPU_KVCACHE_GIB = "1"  # vLLM's CPU KV cache for the served champion (otherwise a share of the machine's memory)
@@ -276,7 +272,7 @@ class Session:
                               timeout=timeout)
         output = done.stdout + done.stderr
         assert done.returncode == 0, f"`{text}` exited {done.returncode}:\n{output[-6000:]}"
-        crash = CRASH.search(RAY_CLEANER.sub("", output))
+        crash = CRASH.search(output)
         assert crash is None, f"`{text}` succeeded but its output looks like a crash ({crash[0]!r}):\n{output[-6000:]}"
         return output
 

@@ -62,3 +62,44 @@ def test_ray_workers_drop_them_too_and_query_their_own_cluster(local_ray):
         time.sleep(0.2)
     assert any(f"kept {marker}" in t for t in texts.values())
     assert not any(f"actor state. {marker}" in t for t in texts.values())
+
+
+def test_the_cleaner_takes_a_state_answer_without_result_as_the_state_api_being_unavailable(monkeypatch):
+    """Ray's own client, asked by the cleaner's query, meets an HTTP server that answers JSON without
+    ``result`` (as another server on the dashboard's port does): Ray raises KeyError, which kills the cleaner's
+    monitor thread; guarded, it is the RayStateApiException the thread handles."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import pytest
+    from ray.train.v2._internal.execution.controller import placement_group_cleaner as cleaner
+    from ray.util.state.exception import RayStateApiException
+
+    from pipelines.cluster import guard_cleaner_queries
+
+    class NotRay(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"detail": "Not Found"}).encode()
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotRay)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("RAY_ADDRESS", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setattr(cleaner, "is_actor_alive", cleaner.is_actor_alive)  # restored after the test
+    try:
+        with pytest.raises(KeyError):  # Ray's bug, as it is
+            cleaner.is_actor_alive("ab" * 14, timeout=5)
+        guard_cleaner_queries()
+        guard_cleaner_queries()  # idempotent: wrapped once
+        with pytest.raises(RayStateApiException, match="malformed state API answer"):
+            cleaner.is_actor_alive("ab" * 14, timeout=5)
+    finally:
+        server.shutdown()
