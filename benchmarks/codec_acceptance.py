@@ -42,8 +42,8 @@ def train_and_score(store: Path, val_store: Path, target: Path, recipe: str, epo
                       optim=OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1),
                       reader=ReaderConfig(max_tokens=1024, val_fraction=0.15, seed=seed))
     plan = build_plan(cfg)
-    run = build_run(cfg, plan, target, lambda split, reader: FeatureDataset([store if split == "train" else val_store],
-                                                                            reader, split=split))
+    run = build_run(cfg, plan, target, lambda split, reader, aux: FeatureDataset([store if split == "train" else val_store],
+                                                                                 reader, split=split, aux_layers=aux))
     started = time.perf_counter()
     run.trainer.run(lambda stage, epoch: EpochBatches(run.train, plan.epoch_offsets[stage] + epoch))
     counts = validate_draft(run.draft, run.val, 5, 10_000, "cpu")

@@ -72,7 +72,7 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
     Path(out).mkdir(parents=True, exist_ok=True)
     aux_layers, vocab = feature_plan(cfg, [store], target, Path(out))  # the pipeline's choice, out/draft_vocab.json
     plan = build_plan(cfg, aux_layers=aux_layers, vocab=vocab)
-    run = build_run(cfg, plan, target, lambda split, reader: FeatureDataset([store], reader, split=split),
+    run = build_run(cfg, plan, target, lambda split, reader, aux: FeatureDataset([store], reader, split=split, aux_layers=aux),
                     target_id=target_id(target))
     draft, trainer, stages, val = run.draft, run.trainer, run.stages, run.val
     setup_s = time.perf_counter() - t0

@@ -80,10 +80,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
     if cfg.features == "online":
-        open_split = online_features(cfg, job.target, device, rank, world, list(job.plan.aux_layers))
+        open_split = online_features(cfg, job.target, device, rank, world)
     else:
-        def open_split(split: str, reader: ReaderConfig) -> FeatureDataset:
-            return FeatureDataset(job.stores, reader, split=split, rank=rank, world_size=world)
+        def open_split(split: str, reader: ReaderConfig, aux_layers: tuple[int, ...]) -> FeatureDataset:
+            return FeatureDataset(job.stores, reader, split=split, rank=rank, world_size=world, aux_layers=aux_layers)
     run = build_run(cfg, job.plan, job.target, open_split, target_id=job.target_id,
                     fingerprint=job.target_fingerprint, device=device, rank=rank, world=world,
                     logger=_rank0_logger(job) if rank == 0 else NullLogger(), strategy=cfg.scaling.strategy)
@@ -177,13 +177,13 @@ def online_conversations(cfg: TrainConfig, target: str | Path) -> tuple[Tokenize
     return tokenize_conversations(tokenizer, rows, cfg.online.max_length, cfg.online.overlong), len(rows)
 
 
-def online_features(cfg: TrainConfig, target: str, device, rank: int, world: int, aux_layers: list[int] | None = None):
-    """``features: online``: a function ``(split, reader) -> OnlineDataset`` over this worker's target.
+def online_features(cfg: TrainConfig, target: str, device, rank: int, world: int):
+    """``features: online``: a function ``(split, reader, aux_layers) -> OnlineDataset`` over this worker's target.
 
     The conversations are tokenized as a dump with ``cfg.online`` would tokenize them, and the frozen
     target is loaded once on the worker's device in ``cfg.online.dtype`` (auto: bf16 on GPU, fp32 on
-    CPU); both splits share them. ``aux_layers``: the resolved auxiliary layers the draft reads
-    (``feature_plan``), computed in the same forward.
+    CPU); both splits share them. ``aux_layers`` (the run plan's, from ``build_run``): the auxiliary layers the
+    draft reads, computed in the same forward.
     """
     data, num_rows = online_conversations(cfg, target)
     with torch.random.fork_rng(devices=[]):  # loading the target must not move the draft's random stream
@@ -194,10 +194,10 @@ def online_features(cfg: TrainConfig, target: str, device, rank: int, world: int
               f"truncated {data.truncated}, duplicate ids {data.duplicates}); target on {device} in "
               f"{next(model.parameters()).dtype}", flush=True)
 
-    def open_split(split: str, reader: ReaderConfig) -> OnlineDataset:
+    def open_split(split: str, reader: ReaderConfig, aux_layers: tuple[int, ...]) -> OnlineDataset:
         return OnlineDataset(model, data, reader, topk=cfg.online.topk, hidden_codec=cfg.online.hidden_codec,
                              logits_chunk=cfg.online.logits_chunk, split=split, rank=rank, world_size=world,
-                             aux_layers=aux_layers or ())
+                             aux_layers=aux_layers)
 
     return open_split
 

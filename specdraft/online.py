@@ -46,7 +46,7 @@ class OnlineDataset:
     reader's. ``hidden_codec`` (``fp16`` | ``bf16`` | ``int8``) is the store codec whose rounding the
     hidden states go through, so a run trains on the values its dump would have stored.
     ``aux_layers``: the resolved auxiliary layers (HF ``output_hidden_states`` indices, as a dump's
-    manifest records them); with ``cfg.aux`` every batch carries their states as ``aux_hidden``
+    manifest records them; the run plan's); every batch carries their states as ``aux_hidden``
     (B, T, L*d), as the store reader fills it from a store dumped with them.
     """
 
@@ -71,10 +71,7 @@ class OnlineDataset:
         self.model, self.data, self.cfg = model, data, cfg
         self.topk, self.hidden_codec, self.logits_chunk = topk, hidden_codec, logits_chunk
         self.split, self.rank, self.world_size, self.epoch = split, rank, world_size, 0
-        assert not cfg.aux or aux_layers, (
-            "the reader asks for auxiliary hidden states (EAGLE-3 features) but no aux_layers were given: "
-            "set train.online.aux_layers (eagle3 or a list of layers)")
-        self.aux_layers: list[int] = [int(i) for i in aux_layers] if cfg.aux else []  # as FeatureDataset's
+        self.aux_layers: list[int] = [int(i) for i in aux_layers]  # the run plan's, as FeatureDataset's
         self.pad_id = model.config.pad_token_id or 0  # as the dump pads (padding is masked out anyway)
         keep = [split == "all" or is_held_out(s, cfg.val_fraction) == (split == "val") for s in data.sample_ids]
         self._index = np.flatnonzero(np.asarray(keep, bool)).astype(np.int64)  # (S,) rows of ``data`` in this split

@@ -99,8 +99,8 @@ def train_on_samples(
         vocab = select_vocab(counts, cfg.draft_vocab_size).tolist()  # as specdraft.run.feature_plan chooses it
     plan = build_plan(cfg, aux_layers=aux_layers if eagle3 else (), vocab=vocab)
     splits = {"train": train, "val": held_out}
-    run = build_run(cfg, plan, target_dir, lambda split, reader: SampleSplit(splits[split], batch_size,
-                                                                             1000 * cfg.seed, reader),
+    run = build_run(cfg, plan, target_dir, lambda split, reader, aux: SampleSplit(splits[split], batch_size,
+                                                                                  1000 * cfg.seed, reader),
                     target_id=target_id(target_dir), logger=logger)
     trainer = run.trainer
     before = validate_draft(run.draft, run.val, depth, len(held_out), "cpu")

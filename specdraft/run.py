@@ -65,7 +65,8 @@ class FeatureSplit(Protocol):
     def batches(self, epoch: int) -> list[Any]: ...
 
 
-OpenSplit = Callable[[str, ReaderConfig], FeatureSplit]  # ("train" | "val", reader) -> the split
+# ("train" | "val", reader, the plan's aux layers: () none) -> the split, its batches carrying those layers' states
+OpenSplit = Callable[[str, ReaderConfig, tuple[int, ...]], FeatureSplit]
 
 
 @dataclass
@@ -101,7 +102,8 @@ def build_run(
     """The run of ``cfg`` as ``plan`` resolved it on the driver (``specdraft.plan.build_plan``: architecture, stage
     schedule, draft shape, aux layers, vocabulary) on this rank: draft, splits and trainer, ready for
     ``run.trainer.run``. ``open_split`` opens a split of
-    the features with a reader config (the draft's ``aux`` flag set when it reads auxiliary layers).
+    the features with a reader config and the plan's auxiliary layers (``plan.aux_layers``: the one place they
+    are said; a store holding others is refused by its reader).
     ``cfg.init_from`` (a draft directory) starts the draft from its weights and vocabulary (``load_warm``)
     when ``plan.vocab`` is its vocabulary (``feature_plan`` kept it; a fallback to a fresh one starts fresh).
     The seed is ``cfg.seed`` for the draft's initial weights and ``cfg.seed + 1000 * rank`` for the
@@ -125,11 +127,10 @@ def build_run(
         set_frozen_dtype(draft, torch.bfloat16)  # frozen heads in the compute dtype; trainable weights stay fp32
     model, grad_sync = distribute(draft, strategy, world, device)
 
-    reader = replace(cfg.reader, aux=True) if dcfg.aux_layers else cfg.reader
-    train = open_split("train", reader)
+    train = open_split("train", cfg.reader, plan.aux_layers)
     reader = fit_batches(train, cfg, stages)  # small stores get smaller batches, hence enough steps
     train.cfg = reader
-    val = open_split("val", reader) if cfg.reader.val_fraction > 0 else None
+    val = open_split("val", reader, plan.aux_layers) if cfg.reader.val_fraction > 0 else None
     per_epoch = len(train.batches(0))
     assert per_epoch > 0, f"rank {rank} got no training batches"
     trainer = Trainer(model, stages, cfg.optim, per_epoch, seed=cfg.seed + 1000 * rank, logger=logger or NullLogger(),

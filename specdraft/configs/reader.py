@@ -20,7 +20,6 @@ class ReaderConfig:
     seed: int = 0
     shuffle: bool = True  # False: batches in length order, same every epoch
     bucket_size: int = 1024  # sequences sorted by length within windows of this many
-    aux: bool = False  # fill Batch.aux_hidden (B, T, L*d) from the stores' auxiliary layers (EAGLE-3 features)
     prefetch: int = 2  # batches read ahead on a background thread (0: read in the consumer's thread)
     # a chunk that fails its checksum or is missing: "error" (StoreError naming store, shard, array and
     # chunk) or "skip" (the sequences it holds are skipped, their loss masked out, and counted)

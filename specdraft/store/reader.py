@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -92,6 +92,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         split: Literal["train", "val", "all"] = "train",
         rank: int = 0,
         world_size: int = 1,
+        aux_layers: Sequence[int] = (),
     ) -> None:
         assert split in ("train", "val", "all"), f"split {split!r} not in train/val/all"
         assert 0 <= rank < world_size, f"rank {rank} not in [0, {world_size})"
@@ -99,9 +100,11 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         self.epoch = 0
         self.stores = open_stores(paths)
         self.d, self.k = self.stores[0][1]["d"], self.stores[0][1]["k"]
-        self.aux_layers: list[int] = list(self.stores[0][1].get("aux_layers") or []) if cfg.aux else []
-        if cfg.aux:
-            check_aux_layers(self.stores)
+        # the auxiliary layers whose states the batches carry (the run plan's): every store must hold exactly these
+        self.aux_layers: list[int] = [int(i) for i in aux_layers]
+        if self.aux_layers and (held := check_aux_layers(self.stores)) != self.aux_layers:
+            raise StoreError(f"store {self.stores[0][0]} holds the states of aux layers {held}, but the run reads "
+                             f"layers {self.aux_layers}: dump it with aux_layers={self.aux_layers}")
         self._shards: list[tuple[Path | str, str]] = []  # (shard dir or URL, hidden codec)
         self._where: list[tuple[Path | str, str]] = []  # per shard: (store, shard name), for errors
         self._missing_at_open: list[dict[str, set[int]]] = []  # per shard: array -> lost chunks, as listed here

@@ -366,7 +366,7 @@ def test_cli_dump_eagle3_aux_layers(local_ray, deep_llama, tmp_path, capsys):
     assert store.validate(out).ok
 
     model = load_target_model(deep_llama)
-    ds = FeatureDataset(out, ReaderConfig(max_tokens=4096, aux=True), split="all")
+    ds = FeatureDataset(out, ReaderConfig(max_tokens=4096), split="all", aux_layers=(2, 4, 5))
     for i in range(len(ds.sample_ids)):
         batch = ds.load([i]).to("cpu")
         t = batch.input_ids.shape[1]

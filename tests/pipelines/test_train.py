@@ -198,7 +198,7 @@ def same_weights(a: str | Path, b: str | Path, target: Path, atol: float) -> Non
 
 def test_eagle3_recipe_trains_on_a_store_dumped_with_aux_layers(local_ray, tiny_toy_target, toy_store, tmp_path):
     """recipe eagle3 end to end: the dump stores aux_hidden, the reader fills Batch.aux_hidden (reader
-    aux=True, set by the train loop for an aux draft), training runs and writes an EAGLE-3 draft; a store
+    with the run plan's aux layers), training runs and writes an EAGLE-3 draft; a store
     without aux states is refused up front with the fix."""
     from pipelines.dump import dump_features
     from specdraft.features import FeaturesConfig
@@ -515,17 +515,18 @@ def test_online_features_train_like_the_dumped_store(recipe, local_ray, request,
     data = online_conversations(replace(cfg, conversations=[str(conversations.parent)]), target)[0]
     world = max(1, case["workers"])
     opened = {  # the split of rank ``rank`` of ``world`` on the store and online, as a worker opens it
-        "store": lambda split, reader, rank=0: FeatureDataset([store], reader, split=split, rank=rank, world_size=world),
-        "online": lambda split, reader, rank=0: OnlineDataset(model, data, reader, topk=features.topk, split=split,
-                                                              rank=rank, world_size=world, aux_layers=layers),
+        "store": lambda split, reader, aux, rank=0: FeatureDataset([store], reader, split=split, rank=rank,
+                                                                   world_size=world, aux_layers=aux),
+        "online": lambda split, reader, aux, rank=0: OnlineDataset(model, data, reader, topk=features.topk, split=split,
+                                                                   rank=rank, world_size=world, aux_layers=aux),
     }
-    reader = replace(cfg.reader, aux=bool(layers))
+    reader, aux = cfg.reader, tuple(layers or ())
     for rank in range(world):
-        offline, online = opened["store"]("train", reader, rank), opened["online"]("train", reader, rank)
+        offline, online = opened["store"]("train", reader, aux, rank), opened["online"]("train", reader, aux, rank)
         assert offline.sample_ids == online.sample_ids, rank
         for epoch in range(len(case["epochs"])):
             assert offline.batches(epoch) == online.batches(epoch), (rank, epoch)
-    per_epoch = len(opened["store"]("train", reader).batches(0))
+    per_epoch = len(opened["store"]("train", reader, aux).batches(0))
     assert params["train.batches_per_epoch"] == per_epoch
     assert len(losses) == params["train.total_steps"] == sum(case["epochs"]) * per_epoch >= 2, (losses, per_epoch)
 

@@ -120,8 +120,8 @@ def test_online_batches_equal_the_stored_ones(toy, tmp_path, codec):
         for split in ("train", "val"):
             for world in (1, 2):
                 for rank in range(world):
-                    cfg = ReaderConfig(max_tokens=max_tokens, val_fraction=0.25, seed=3, max_length=80, aux=True)
-                    offline = FeatureDataset(store, cfg, split=split, rank=rank, world_size=world)
+                    cfg = ReaderConfig(max_tokens=max_tokens, val_fraction=0.25, seed=3, max_length=80)
+                    offline = FeatureDataset(store, cfg, split=split, rank=rank, world_size=world, aux_layers=[0, 1])
                     online = OnlineDataset(model, data, cfg, topk=TOPK, hidden_codec=codec, split=split, rank=rank,
                                            world_size=world, aux_layers=[0, 1])
                     assert online.sample_ids == offline.sample_ids
@@ -184,9 +184,9 @@ def test_eagle3_first_step_loss_is_the_same_online_and_offline(deep, tmp_path, m
     vocab = select_vocab(counts, 48)
     heads, tconf = load_target_heads(target), load_target_config(target)
     stage = StageConfig(kind="ttt", epochs=1, steps=3, step_decay=0.8, noise_std=0.0, loss=LossWeights(ce=1.0))
-    reader = ReaderConfig(max_tokens=max_tokens, seed=0, aux=True)
+    reader = ReaderConfig(max_tokens=max_tokens, seed=0)
     losses = []
-    for dataset in (FeatureDataset(store, reader),
+    for dataset in (FeatureDataset(store, reader, aux_layers=layers),
                     OnlineDataset(model, data, reader, topk=TOPK, hidden_codec="int8", aux_layers=layers)):
         torch.manual_seed(0)
         dcfg = draft_config_from_target(tconf, "eagle3", aux_layers=layers, draft_vocab_size=vocab.numel())
@@ -203,9 +203,9 @@ def test_dflash_first_step_loss_is_the_same_online_and_offline(toy, tmp_path):
     store = write_store(tmp_path / "store", model, data, "fp16", aux_layers=[0, 1])
     heads, tconf = load_target_heads(target), load_target_config(target)
     stage = StageConfig(kind="block", epochs=1, anchors=6, step_decay=0.87, noise_std=0.0, loss=LossWeights(ce=1.0))
-    reader = ReaderConfig(max_tokens=400, seed=0, aux=True)
+    reader = ReaderConfig(max_tokens=400, seed=0)
     losses = []
-    for dataset in (FeatureDataset(store, reader), OnlineDataset(model, data, reader, topk=TOPK, aux_layers=[0, 1])):
+    for dataset in (FeatureDataset(store, reader, aux_layers=[0, 1]), OnlineDataset(model, data, reader, topk=TOPK, aux_layers=[0, 1])):
         torch.manual_seed(0)
         dcfg = draft_config_from_target(tconf, "dflash", aux_layers=[0, 1], num_layers=2, block_size=4)
         losses.append(first_two_losses(build_draft(dcfg, heads.embed, heads.lm_head), stage, dataset))
@@ -219,5 +219,3 @@ def test_online_dataset_checks_its_arguments(toy):
         OnlineDataset(model, data, topk=TOPK, hidden_codec="fp8")
     with pytest.raises(AssertionError, match="rank"):
         OnlineDataset(model, data, topk=TOPK, rank=2, world_size=2)
-    with pytest.raises(AssertionError, match="train.online.aux_layers"):
-        OnlineDataset(model, data, ReaderConfig(aux=True), topk=TOPK)

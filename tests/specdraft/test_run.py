@@ -50,17 +50,19 @@ def test_build_run_builds_the_recipes_draft_trainer_and_splits(samples, recipe):
     vocab = list(range(0, 320, 2)) if eagle3 else None
     splits = {"train": samples[:8], "val": samples[8:]}
     plan = build_plan(cfg, aux_layers=[1, 2, 3] if eagle3 else (), vocab=vocab)
-    run = build_run(cfg, plan, PREBUILT_DIR, lambda split, reader: SampleSplit(splits[split], 4, 0, reader),
+    asked = []  # the aux layers build_run hands the splits: the plan's
+    run = build_run(cfg, plan, PREBUILT_DIR,
+                    lambda split, reader, aux: asked.append(aux) or SampleSplit(splits[split], 4, 0, reader),
                     target_id="toy", rank=1)
     assert run.arch == RECIPES[recipe].arch and run.draft_config.arch == run.arch
     assert run.draft_config.aux_layers == ([1, 2, 3] if eagle3 else [])
     assert run.draft_config.draft_vocab_size == (160 if eagle3 else None)
-    assert run.reader.aux == eagle3  # a draft reading auxiliary layers asks the reader for them
+    assert asked == [(1, 2, 3) if eagle3 else ()] * 2  # a draft reading auxiliary layers asks its splits for them
     assert run.batches_per_epoch == 2 and run.trainer.total_steps == 2 * len(run.stages)
     assert run.trainer.draft is run.draft and run.trainer.seed == 3 + 1000  # one device: not wrapped; rank's seed
     assert validate_draft(run.draft, run.val, 3, 10, "cpu").reached.sum() > 0
     torch.manual_seed(99)  # build_run seeds the draft's initial weights itself (cfg.seed)
-    again = build_run(cfg, plan, PREBUILT_DIR, lambda split, reader: SampleSplit(splits[split], 4, 0, reader),
+    again = build_run(cfg, plan, PREBUILT_DIR, lambda split, reader, aux: SampleSplit(splits[split], 4, 0, reader),
                       target_id="toy")
     for (name, a), b in zip(run.draft.state_dict().items(), again.draft.state_dict().values()):
         assert torch.equal(a, b), name

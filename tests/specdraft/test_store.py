@@ -311,7 +311,7 @@ def test_validate_catches_a_sample_stored_twice(tmp_path):
 
 @pytest.mark.parametrize("codec", ["fp16", "bf16", "int8"])
 def test_aux_hidden_round_trip(tmp_path, codec):
-    """aux_hidden [N, L*d] goes through the writer, the manifest, validate and the reader (aux=True) in the
+    """aux_hidden [N, L*d] goes through the writer, the manifest, validate and the reader (asked for those layers) in the
     hidden codec; int8 keeps one scale per token and layer."""
     truth = make_store(tmp_path, shards=2, codec=codec, aux=(1, 3, 5))
     manifest = store.read_manifest(tmp_path)
@@ -319,7 +319,7 @@ def test_aux_hidden_round_trip(tmp_path, codec):
     assert manifest["totals"]["bytes_per_token_reference"] == 2 * D * 4 + 6 * K + 5
     assert store.validate(tmp_path).ok
     assert FeatureDataset(tmp_path, split="all").load([0]).aux_hidden is None  # not asked for
-    ds = FeatureDataset(tmp_path, ReaderConfig(max_tokens=64, aux=True), split="all")
+    ds = FeatureDataset(tmp_path, ReaderConfig(max_tokens=64), split="all", aux_layers=[1, 3, 5])
     assert ds.aux_layers == [1, 3, 5]
     for sid, batch, row in rows_of(ds):
         want = truth[sid]["aux_hidden"]  # (n, 3d)
@@ -339,11 +339,14 @@ def test_aux_hidden_round_trip(tmp_path, codec):
 
 def test_reader_asking_for_aux_from_a_store_without_is_a_clear_error(synthetic, tmp_path):
     with pytest.raises(StoreError, match="has no aux_hidden .dumped without aux_layers.: dump it again with aux_layers="):
-        FeatureDataset(synthetic[0], ReaderConfig(aux=True))
+        FeatureDataset(synthetic[0], aux_layers=[0, 1])
     make_store(tmp_path / "a", shards=1, aux=(0, 1))
     make_store(tmp_path / "b", shards=1, aux=(0, 2), prefix="b")
     with pytest.raises(StoreError, match="different aux layers"):
-        FeatureDataset([tmp_path / "a", tmp_path / "b"], ReaderConfig(aux=True))
+        FeatureDataset([tmp_path / "a", tmp_path / "b"], aux_layers=[0, 1])
+    # a store holding other layers than the run reads (the run plan's) is refused, naming both and the fix
+    with pytest.raises(StoreError, match=r"holds the states of aux layers \[0, 1\], but the run reads layers \[0, 2\]"):
+        FeatureDataset(tmp_path / "a", aux_layers=[0, 2])
 
 
 # --- fast reader: grouped reads, lazy decode, prefetch ----------------------------------------------
@@ -390,8 +393,8 @@ def test_fast_reader_gives_the_old_readers_batches(tmp_path, codec):
     epochs (same plan, same order), truncation, a second store, and a resumed epoch."""
     make_store(tmp_path / "a", shards=3, per_shard=9, codec=codec, aux=(0, 2))
     make_store(tmp_path / "b", shards=1, per_shard=5, codec=codec, aux=(0, 2), prefix="b", seed=3)
-    for cfg in (ReaderConfig(max_tokens=96, seed=2, aux=True), ReaderConfig(max_tokens=40, max_length=9, seed=5)):
-        ds = FeatureDataset([tmp_path / "a", tmp_path / "b"], cfg, split="all")
+    for cfg, aux in ((ReaderConfig(max_tokens=96, seed=2), (0, 2)), (ReaderConfig(max_tokens=40, max_length=9, seed=5), ())):
+        ds = FeatureDataset([tmp_path / "a", tmp_path / "b"], cfg, split="all", aux_layers=aux)
         for epoch in (0, 1):
             plan = ds.batches(epoch)
             ds.set_epoch(epoch)
