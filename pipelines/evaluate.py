@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from pipelines.cluster import ACTOR_POOL, connect_ray
 from pipelines.configs import RayEvalConfig
-from specdraft.config import from_dict, to_dict
+from specdraft.config import ConfigError, from_dict, to_dict
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.baselines import baselines_dir, open_baselines
 from specdraft.evaluation.engine import engine_report
@@ -107,7 +107,9 @@ def evaluate_with_ray(
     skipped: list[dict[str, Any]] = []
     questions = load_question_sets(question_files, settings.max_questions, allow_empty=settings.allow_empty,
                                    skipped=skipped)
-    assert questions, f"no questions in {[str(f) for f in question_files]} (allow_empty: run without --ray)"
+    if not questions:  # allow_empty let an empty set through: a fan-out of nothing has no report to merge
+        raise ConfigError(f"--questions {', '.join(map(str, question_files))}: no question to evaluate; allow_empty "
+                          "writes a report without one only without --ray")
     check_draft_target(draft, target)
     connect_ray(cfg.address)
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0

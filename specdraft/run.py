@@ -132,7 +132,9 @@ def build_run(
     train.cfg = reader
     val = open_split("val", reader, plan.aux_layers) if cfg.reader.val_fraction > 0 else None
     per_epoch = len(train.batches(0))
-    assert per_epoch > 0, f"rank {rank} got no training batches"
+    if per_epoch == 0:
+        raise ValueError(f"rank {rank} of {world} got no training batches: too few training sequences for "
+                         f"{world} worker(s) (more data, fewer workers or a smaller reader.val_fraction)")
     trainer = Trainer(model, stages, cfg.optim, per_epoch, seed=cfg.seed + 1000 * rank, logger=logger or NullLogger(),
                       device=device, precision=cfg.precision, grad_sync=grad_sync, loss_chunk=cfg.loss_chunk)
     return Run(plan=plan, arch=arch, stages=stages, draft_config=dcfg, draft=draft, trainer=trainer, train=train, val=val,

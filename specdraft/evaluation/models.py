@@ -19,7 +19,7 @@ from specdraft.decoding.speculative import DecodeConfig, eos_token_ids, speculat
 from specdraft.evaluation.questions import render_prompt
 from specdraft.models import check_draft_target, load_draft
 from specdraft.placement import MASK_ATTN_IMPLEMENTATIONS, output_device, resolve_device, resolve_dtype
-from specdraft.target import load_target_model, load_tokenizer
+from specdraft.target import TargetMismatch, load_target_model, load_tokenizer
 
 
 @dataclass
@@ -51,10 +51,9 @@ def load_models(target_dir: str | Path, draft_dir: str | Path, settings: EvalSet
     draft = load_draft(draft_dir, device=out, dtype=dtype, heads=heads)
     tokenizer = load_tokenizer(target_dir)
     vocab = target.get_output_embeddings().weight.shape[0]
-    assert draft.config.vocab_size == vocab and draft.config.hidden_size == target.config.hidden_size, (
-        f"draft (vocab {draft.config.vocab_size}, d {draft.config.hidden_size}) does not match the target "
-        f"(vocab {vocab}, d {target.config.hidden_size})"
-    )
+    if draft.config.vocab_size != vocab or draft.config.hidden_size != target.config.hidden_size:
+        raise TargetMismatch(f"draft {draft_dir} (vocab {draft.config.vocab_size}, d {draft.config.hidden_size}) does "
+                             f"not match the target {target_dir} (vocab {vocab}, d {target.config.hidden_size})")
     return Models(target, draft, tokenizer, eos_token_ids(target, tokenizer))
 
 

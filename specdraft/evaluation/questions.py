@@ -45,7 +45,8 @@ def load_question_sets(files: list[str | Path], max_questions: int | None = None
     skipped = [] if skipped is None else skipped
     for path in files:
         name = dataset_name(path)
-        assert name not in names, f"two question files map to dataset {name!r}: {names.get(name)} and {path}"
+        if name in names:
+            raise ConfigError(f"--questions: two files map to dataset {name!r}: {names[name]} and {path} (rename one)")
         names[name] = str(path)
         rows = read_questions(path)
         for row in rows[:max_questions] if max_questions is not None else rows:
@@ -71,7 +72,9 @@ def load_question_sets(files: list[str | Path], max_questions: int | None = None
 
 def render_prompt(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of ``messages`` rendered with the chat template plus the generation prompt."""
-    assert getattr(tokenizer, "chat_template", None), "the target tokenizer has no chat template"
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"the target's tokenizer ({getattr(tokenizer, 'name_or_path', '?')}) has no chat template: "
+                         "questions are asked as chat turns")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 

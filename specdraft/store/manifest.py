@@ -33,14 +33,17 @@ from specdraft.store.writer import list_shard_dirs, read_shard_record
 
 def make_manifest(*, header: dict[str, Any], shards: list[dict[str, Any]]) -> dict[str, Any]:
     """Manifest = ``header`` (target, features, d, k, hidden_codec, ...) + shard records + totals."""
-    for key in ("target_id", "d", "k", "hidden_codec"):
-        assert key in header, f"manifest header needs {key!r}"
+    missing = [key for key in ("target_id", "d", "k", "hidden_codec") if key not in header]
+    if missing:
+        raise StoreError(f"manifest header lacks {missing}")
     shards = sorted(shards, key=lambda r: r["index"])
     aux = header.get("aux_layers") or []
     odd = [r["index"] for r in shards if (r.get("aux_layers") or []) != aux]
-    assert not odd, f"shards {odd[:5]} hold other aux_layers than the header's {aux}"
+    if odd:
+        raise StoreError(f"shards {odd[:5]} hold other aux_layers than the header's {aux}")
     indices = [r["index"] for r in shards]
-    assert len(set(indices)) == len(indices), f"duplicate shard records {indices}"
+    if len(set(indices)) != len(indices):
+        raise StoreError(f"duplicate shard records {sorted(i for i in set(indices) if indices.count(i) > 1)}")
     tokens = sum(r["num_tokens"] for r in shards)
     nbytes = sum(r["bytes"] for r in shards)
     rejected: dict[str, int] = {}
