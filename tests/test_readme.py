@@ -478,6 +478,30 @@ def follow_flow_run(session: Session, output: str, timeout: float = 3600) -> Non
     telemetry = [line for line in (session.cwd / ".readme-server.log").read_text().splitlines()
                  if "prefect.server.services.telemetry" in line]  # an ERROR without internet unless turned off
     assert not telemetry, "the Prefect server tried to send telemetry:\n" + "\n".join(telemetry[:5])
+    check_flow_run_outputs(session, api, flow_run)
+
+
+def check_flow_run_outputs(session: Session, api: str, flow_run: str) -> None:
+    """What a deployment's flow run leaves: one parent MLflow run tagged with the flow run, a child run per stage
+    (a stage reused from an earlier run too, tagged skipped), and the run summary — tau beside the floor, the
+    MLflow run and how to browse it — in the flow run's logs (the Prefect UI) and the worker's output. The docs'
+    deployment is the suite's one deployment (its checks were ``tests/flows/test_deployment.py``'s, on a second)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{session.cwd / 'mlflow.db'}")  # the deployment's default tracking URI
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    parents = client.search_runs(experiments, filter_string=f"tags.`prefect.flow_run_id` = '{flow_run}'")
+    assert len(parents) == 1, [r.info.run_id for r in parents]
+    children = client.search_runs(experiments, filter_string=f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'")
+    stages = {r.data.tags.get("specdraft.stage") for r in children}
+    assert {"prepare", "regenerate", "features", "train", "eval", "register"} <= stages, stages
+    logs = httpx.post(f"{api}/logs/filter", timeout=30, json={
+        "logs": {"flow_run_id": {"any_": [flow_run]}}, "sort": "TIMESTAMP_DESC", "limit": 50}).json()
+    summary = next((log["message"] for log in logs if log["message"].startswith("run summary")), None)
+    assert summary, [log["message"][:120] for log in logs]
+    for needle in (f"run {parents[0].info.run_id}", "mlflow ui --backend-store-uri", "tau/floor"):
+        assert needle in summary, (needle, summary)
+    assert summary in (session.cwd / ".readme-worker.log").read_text().replace("\r", "")
 
 
 if __name__ == "__main__":  # list the commands and what the test does with each
