@@ -45,6 +45,8 @@ jobs) its auto-detection fails and kills the cleaner's monitor thread with a tra
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import logging
 import os
 import sys
@@ -142,14 +144,13 @@ def quiet_known_warnings(local: bool = False) -> None:
     logger.addFilter(NoteInterrupt())
 
 
-def guard_cleaner_queries() -> None:
-    """Ray Train's placement-group cleaner sees a malformed state-API answer as the state API being
-    unavailable, which it handles (see the module docstring); idempotent."""
-    try:
-        from ray.train.v2._internal.execution.controller import placement_group_cleaner as cleaner
-        from ray.util.state.exception import RayStateApiException
-    except ImportError:  # another Ray layout: nothing to guard
-        return
+CLEANER_MODULE = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+
+
+def _guard_cleaner(cleaner: Any) -> None:
+    """Wrap the cleaner module's state query (see ``guard_cleaner_queries``); idempotent."""
+    from ray.util.state.exception import RayStateApiException
+
     query = cleaner.is_actor_alive
     if getattr(query, "guarded", False):
         return
@@ -162,6 +163,36 @@ def guard_cleaner_queries() -> None:
 
     is_actor_alive.guarded = True  # type: ignore[attr-defined]
     cleaner.is_actor_alive = is_actor_alive
+
+
+class _GuardOnImport(importlib.abc.MetaPathFinder):
+    """Guards the cleaner module when a process imports it: a worker's setup hook imports nothing of Ray Train
+    (most workers never load it; the import costs seconds of CPU)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != CLEANER_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            load(module)
+            _guard_cleaner(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def guard_cleaner_queries() -> None:
+    """Ray Train's placement-group cleaner sees a malformed state-API answer as the state API being
+    unavailable, which it handles (see the module docstring): now if this process has imported it, else when
+    it does; idempotent."""
+    if CLEANER_MODULE in sys.modules:
+        _guard_cleaner(sys.modules[CLEANER_MODULE])
+    elif not any(isinstance(finder, _GuardOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _GuardOnImport())
 
 
 def setup_local_worker() -> None:

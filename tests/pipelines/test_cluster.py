@@ -103,3 +103,17 @@ def test_the_cleaner_takes_a_state_answer_without_result_as_the_state_api_being_
             cleaner.is_actor_alive("ab" * 14, timeout=5)
     finally:
         server.shutdown()
+
+
+def test_a_worker_guards_the_cleaner_when_it_imports_it_and_imports_nothing_of_ray_train_before():
+    """The setup hook's guard costs a worker nothing until it loads Ray Train's cleaner (a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pipelines.cluster import guard_cleaner_queries, CLEANER_MODULE; guard_cleaner_queries(); "
+            "guard_cleaner_queries(); assert 'ray.train' not in sys.modules, 'imported Ray Train'; "
+            "import importlib; m = importlib.import_module(CLEANER_MODULE); "
+            "print(getattr(m.is_actor_alive, 'guarded', False))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-2000:]
