@@ -119,7 +119,7 @@ def build_run(
                                     draft_vocab_size=None if vocab_ids is None else vocab_ids.numel(),
                                     **plan.draft_shape)
     draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab_ids)
-    if cfg.init_from and (plan.vocab is None or list(plan.vocab) == draft_vocab_ids(cfg.init_from)):  # kept: warm
+    if warm_start(cfg, plan.vocab):
         load_warm(draft, cfg.init_from)
     if resolve_precision(cfg.precision, torch.device(device)) == "bf16":
         set_frozen_dtype(draft, torch.bfloat16)  # frozen heads in the compute dtype; trainable weights stay fp32
@@ -197,6 +197,14 @@ def load_warm(draft, init_from: str | Path) -> None:
     if missing or unexpected:
         raise ValueError(f"train.init_from={init_from}: weights do not match (missing={missing}, "
                          f"unexpected={unexpected})")
+
+
+def warm_start(cfg: TrainConfig, vocab: list[int] | tuple[int, ...] | None) -> bool:
+    """Whether a run of ``cfg`` with the draft vocabulary ``vocab`` (``feature_plan``'s) starts from
+    ``cfg.init_from``: one is given and its vocabulary was kept (a draft over the target's vocabulary keeps it
+    always); a fallback to a fresh vocabulary starts fresh. The driver's plan (``build_plan(warm=...)``: the warm
+    schedule) and ``build_run`` (the weights loaded) both ask here."""
+    return bool(cfg.init_from) and (vocab is None or list(vocab) == draft_vocab_ids(cfg.init_from))
 
 
 def draft_vocab_ids(init_from: str | Path) -> list[int]:
