@@ -24,29 +24,56 @@ from pipelines.tracking import MlflowLogger, NullRun
 def window_gate(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evaluated: Evaluated):
     """The promotion gate (``gate.enabled``; ``specdraft.gate.decide``) as ``register_draft`` calls it: the
     candidate and the champion on the traffic window's held-out slice (the eval stage's settings and engine on
-    ``held_out.jsonl``), the eval sets as the regression set. None when the gate is off."""
+    ``held_out.jsonl``), and on the regression set: the eval sets and, when kept, the earlier windows' held-out
+    slices (``regression.jsonl``, one more dataset: ``specdraft.gate.regression_value``), its size in the run's
+    tags ``gate.regression.questions``, ``gate.regression.windows``. None when the gate is off."""
     if not cfg.gate.enabled:
         return None
-    from specdraft.gate import decide
+    from specdraft.gate import decide, describe_regression_set, regression_value
 
     by_engine = evaluated.mean_engine_tau is not None
     measure = "engine acceptance length" if by_engine else "tau"
     value = (lambda e: e.mean_engine_tau) if by_engine else (lambda e: e.mean_tau)
-    held_out = (prepared.traffic.get("files") or {}).get("held_out")
+    traffic_files = prepared.traffic.get("files") or {}
+    held_out, earlier = traffic_files.get("held_out"), traffic_files.get("regression")
     window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out])) if held_out else None
+    earlier_cfg = replace(cfg, eval=replace(cfg.eval, questions=[earlier])) if earlier else None
     candidate = value(stages.evaluate_draft(window_cfg, prepared, trained.draft, trained.key)) if held_out else None
+    eval_sets = len(evaluated.engine_tau if by_engine else evaluated.tau)
+    said = describe_regression_set(prepared.traffic.get("regression"), len(cfg.eval.questions))
+    if run.enabled:
+        counts = prepared.traffic.get("regression") or {}
+        run.set_tags({"gate.regression.set": said, "gate.regression.questions": str(counts.get("questions", 0)),
+                      "gate.regression.windows": ",".join(counts.get("windows", []))})
 
     def gate(champion_regression: float | None, champion_uri: str | None):
-        champion_window = None
-        if champion_uri is not None and window_cfg is not None:
+        champion_window = champion_earlier = None
+        if champion_uri is not None and (window_cfg is not None or earlier_cfg is not None):
             from pipelines.registry import download_draft
 
             with tempfile.TemporaryDirectory() as tmp:
                 local, _ = download_draft(run.client, champion_uri, tmp)
-                champion_window = value(stages.evaluate_draft(window_cfg, prepared, local, f"champion:{champion_uri}"))
+                key = f"champion:{champion_uri}"
+                if window_cfg is not None:
+                    champion_window = value(stages.evaluate_draft(window_cfg, prepared, local, key))
+                if earlier_cfg is not None:
+                    champion_earlier = value(stages.evaluate_draft(earlier_cfg, prepared, local, key))
         ours = evaluated.mean_engine_tau if by_engine else evaluated.mean_tau
-        return decide(cfg.gate, window=(candidate, champion_window), regression=(ours, champion_regression),
-                      has_champion=champion_uri is not None, measure=measure)
+        candidate_earlier = (value(stages.evaluate_draft(earlier_cfg, prepared, trained.draft, trained.key))
+                             if earlier_cfg is not None and champion_uri is not None else None)
+        note = ""
+        if candidate_earlier is not None and champion_earlier is not None:
+            if champion_regression is not None:  # the eval sets and the earlier slices: one more dataset
+                regression = (regression_value(ours, eval_sets, candidate_earlier),
+                              regression_value(champion_regression, eval_sets, champion_earlier))
+            else:
+                regression, note = (candidate_earlier, champion_earlier), "the champion's eval sets unknown: the " \
+                                                                          "earlier windows' slices alone"
+        else:
+            regression = (ours, champion_regression)
+            note = "the earlier windows' slices not measured on both drafts: the eval sets alone" if earlier else ""
+        return decide(cfg.gate, window=(candidate, champion_window), regression=regression,
+                      has_champion=champion_uri is not None, measure=measure, regression_set=note)
 
     return gate
 

@@ -194,7 +194,13 @@ def traffic_rows(prepared: dict[str, Any]) -> list[tuple[str, str]]:
                         f"{c['read']} rows read, {c['rejected']} rejected (malformed), {c['deduplicated']} deduplicated, "
                         f"{c['over_cap']} over the cap, {c['held_out']} held out; {c['to_regenerate']} to regenerate, "
                         f"{c['reused'] + c['replay_reused']} reused as logged (not regenerated), {c['replayed']} "
-                        f"replayed from {len(traffic['replay_days'])} earlier days ({c['dropped_replay']} not drawn)")]
+                        f"replayed from {len(traffic['replay_days'])} earlier days ({c['dropped_replay']} not drawn"
+                        + (f", {c['replay_held_out']} held out in their own window" if c.get("replay_held_out") else "")
+                        + ")")]
+    if "regression" in traffic:  # gate.enabled: the earlier windows' held-out slices
+        from specdraft.gate import describe_regression_set
+
+        rows.append(("gate", describe_regression_set(traffic["regression"], traffic["regression"]["eval_sets"])))
     rows += [("warning", w) for w in traffic["warnings"]]
     if c["rejected"]:
         rows.append(("rejects", traffic["files"].get("rejects", "")))
