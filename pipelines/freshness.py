@@ -204,15 +204,19 @@ def champion_draft(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: loggi
 
 
 BASELINE_TAG = "offline.window_tau_at_promotion"
+ENGINE_BASELINE_TAG = "offline.window_engine_tau_at_promotion"
 
 
 def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prepared,
                   logger: logging.Logger | Any) -> dict[str, Any]:
     """The offline drift check (``monitor.offline``; issue 33 Deliver 2a): before training, the champion evaluated
-    on the new window's held-out slice (the eval stage's settings), beside its value on the first window it was
-    measured on after its promotion (a version tag); a drop beyond ``monitor.max_drop`` is an alarm (WARNING).
-    Logged to the parent run as ``offline.window_tau`` (one point a night: a time series across the nights' runs).
-    {} when off, without a window slice or without a champion."""
+    on the new window's held-out slice (the eval stage's settings: our decoder's tau, and the serving engine's
+    acceptance length when ``eval.settings.engine`` measures one), beside its value on the first window it was
+    measured on after its promotion (version tags); a drop beyond ``monitor.max_drop`` — of the engine's
+    acceptance when measured, as the gate compares, else of tau — is an alarm (WARNING). Logged to the parent run
+    as ``offline.window_tau`` (and ``offline.window_engine_tau``), one point a night: a time series across the
+    nights' runs (``drift_series`` reads it back for the report). {} when off, without a window slice or without
+    a champion."""
     held_out = (prepared.traffic.get("files") or {}).get("held_out")
     if not cfg.monitor.offline or not held_out:
         return {}
@@ -222,22 +226,58 @@ def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prep
     version, local = found
     window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out]))
     evaluated = stages.evaluate_draft(window_cfg, prepared, str(local), f"champion:v{version.version}")
-    tau = evaluated.mean_tau
+    tau, engine = evaluated.mean_tau, evaluated.mean_engine_tau
     if tau is None:
         return {}
-    baseline = version.tags.get(BASELINE_TAG)
-    if baseline is None:  # the first window after its promotion sets it
-        parent.client.set_model_version_tag(cfg.register.model_name, version.version, BASELINE_TAG, f"{tau:.6f}")
-        baseline = tau
-    baseline = float(baseline)
-    drop = (baseline - tau) / baseline if baseline else 0.0
+    baselines = {}
+    for name, tag, value in (("tau", BASELINE_TAG, tau), ("engine", ENGINE_BASELINE_TAG, engine)):
+        if value is None:
+            continue
+        baseline = version.tags.get(tag)
+        if baseline is None:  # the first window after its promotion sets it
+            parent.client.set_model_version_tag(cfg.register.model_name, version.version, tag, f"{value:.6f}")
+            baseline = value
+        baselines[name] = float(baseline)
+    measure, value, baseline = (("engine acceptance length", engine, baselines["engine"]) if engine is not None
+                                else ("tau", tau, baselines["tau"]))
+    drop = (baseline - value) / baseline if baseline else 0.0
     alarm = drop > cfg.monitor.max_drop
-    message = (f"champion v{version.version} on this window's held-out slice: tau {tau:.3f}, at promotion "
+    message = (f"champion v{version.version} on this window's held-out slice: {measure} {value:.3f}, at promotion "
                f"{baseline:.3f} ({-drop:+.1%}" + (f": DROP > monitor.max_drop {cfg.monitor.max_drop:.0%})" if alarm
                                                  else ")"))
-    parent.log_metrics({"offline.window_tau": tau, "offline.window_tau_at_promotion": baseline,
-                        "offline.drop": drop}, step=0)
-    parent.set_tags({"offline.alarm": str(alarm)})
+    metrics = {"offline.window_tau": tau, "offline.window_tau_at_promotion": baselines["tau"], "offline.drop": drop}
+    if engine is not None:
+        metrics.update({"offline.window_engine_tau": engine,
+                        "offline.window_engine_tau_at_promotion": baselines["engine"]})
+    parent.log_metrics(metrics, step=0)
+    parent.set_tags({"offline.alarm": str(alarm), "offline.champion_version": str(version.version),
+                     "offline.measure": measure, "offline.window_end": prepared.traffic.get("end", "")})
     (logger.warning if alarm else logger.info)("drift: %s", message)
-    return {"champion_version": int(version.version), "window_tau": tau, "baseline": baseline, "drop": drop,
-            "alarm": alarm, "message": message}
+    return {"champion_version": int(version.version), "window_tau": tau, "window_engine_tau": engine,
+            "measure": measure, "value": value, "baseline": baseline, "drop": drop, "alarm": alarm,
+            "message": message}
+
+
+def drift_series(parent: MlflowLogger | NullRun, name: str, limit: int = 30) -> list[dict[str, Any]]:
+    """The offline drift check's time series for the run report: the last ``limit`` runs named ``name``
+    (``specdraft.run`` tag) of the parent's experiment that logged ``offline.window_tau``, oldest first — each
+    night's champion version, its tau (and engine acceptance) on that night's window beside the value at its
+    promotion, the drop and the alarm — as plain data (the report imports no MLflow). [] with tracking off."""
+    if not parent.enabled:
+        return []
+    runs = parent.client.search_runs([parent.experiment_id], filter_string=f"tags.`specdraft.run` = '{name}'",
+                                     order_by=["attributes.start_time DESC"], max_results=1000)
+    series = []
+    for r in runs:
+        m, tags = r.data.metrics, r.data.tags
+        if "offline.window_tau" not in m:
+            continue
+        series.append({"start": r.info.start_time, "window_end": tags.get("offline.window_end", ""),
+                       "champion_version": int(tags.get("offline.champion_version") or 0),
+                       "tau": m["offline.window_tau"], "tau_at_promotion": m.get("offline.window_tau_at_promotion"),
+                       "engine": m.get("offline.window_engine_tau"),
+                       "engine_at_promotion": m.get("offline.window_engine_tau_at_promotion"),
+                       "drop": m.get("offline.drop"), "alarm": tags.get("offline.alarm") == "True"})
+        if len(series) == limit:
+            break
+    return series[::-1]
