@@ -29,7 +29,6 @@ import torch
 from pipelines.cluster import connect_ray
 from pipelines.configs import ClusterTrainConfig, on_cluster
 from pipelines.ingest import load_conversations
-from specdraft import files
 from specdraft.config import ConfigError, flatten, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import save_draft
@@ -39,7 +38,7 @@ from specdraft.configs.train import TrainConfig
 from specdraft.features import EAGLE3
 from specdraft.online import OnlineDataset
 from specdraft.plan import RunPlan, aux_layers_setting, build_plan
-from specdraft.run import build_run, validate_draft, warm_start
+from specdraft.run import build_run, plan_run, validate_draft
 from specdraft.run import feature_plan as plan_features
 from specdraft.store import FeatureDataset, ReaderConfig, location
 from specdraft.target import load_target_model, load_tokenizer, target_fingerprint, target_id
@@ -219,20 +218,6 @@ def feature_plan(cfg: TrainConfig, stores: list[str], target: str | Path, out: P
     return plan_features(cfg, stores, target, out, conversations=lambda: online_conversations(cfg, target)[0])
 
 
-def plan_run(cfg: TrainConfig, stores: list[str], target: str | Path, out: Path) -> RunPlan:
-    """The run's plan, resolved once on the driver: the feature plan (aux layers, draft vocabulary), whether it
-    warm-starts (``specdraft.run.warm_start``: ``train.init_from`` given and its vocabulary kept) and so its
-    schedule (``build_plan``: ``train.warm_epochs`` on a warm start), written to ``out/schedule.json``."""
-    aux_layers, vocab = feature_plan(cfg, stores, target, out)
-    warm = warm_start(cfg, vocab)
-    plan = build_plan(cfg, aux_layers=aux_layers, vocab=vocab, warm=warm)
-    schedule = {**plan.schedule(), **({"init_from": str(cfg.init_from)} if warm else {})}
-    files.write_text(out / "schedule.json", json.dumps(schedule, indent=2))
-    print(f"[specdraft] schedule: {schedule['why']}: epochs {schedule['epochs']} ({', '.join(schedule['stages'])})",
-          flush=True)
-    return plan
-
-
 def run_training(
     cfg: TrainConfig | ClusterTrainConfig,
     stores: list[str | Path],
@@ -283,7 +268,7 @@ def run_training(
         if not stores:
             raise ConfigError("features: offline needs at least one feature store (or features=online with conversations)")
     # the stores checked against the target (TargetMismatch), the feature plan decided: before Ray starts
-    plan = plan_run(cfg, stores, target, out)  # resolved once, here: the workers train from it
+    plan = plan_run(cfg, *feature_plan(cfg, stores, target, out), out)  # resolved once: the workers train from it
     connect_ray(ray_address)
     job = WorkerConfig(train=cfg, plan=plan, stores=stores, target=str(Path(target).resolve()),
                        target_id=target_id(target), target_fingerprint=target_fingerprint(target), out=str(out),

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from specdraft import files
 from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
 from specdraft.features import aux_layers_of
 from specdraft.loggers import MetricLogger, NullLogger
@@ -42,7 +43,7 @@ from specdraft.chat import TokenizedConversations
 from specdraft.parallel import distribute, gathered
 from specdraft.configs.draft import Arch
 from specdraft.configs.train import TrainConfig
-from specdraft.plan import RunPlan, has_own_vocab, reads_eagle3_features
+from specdraft.plan import RunPlan, build_plan, has_own_vocab, reads_eagle3_features
 from specdraft.store import (
     ReaderConfig,
     StoreError,
@@ -205,6 +206,19 @@ def warm_start(cfg: TrainConfig, vocab: list[int] | tuple[int, ...] | None) -> b
     always); a fallback to a fresh vocabulary starts fresh. The driver's plan (``build_plan(warm=...)``: the warm
     schedule) and ``build_run`` (the weights loaded) both ask here."""
     return bool(cfg.init_from) and (vocab is None or list(vocab) == draft_vocab_ids(cfg.init_from))
+
+
+def plan_run(cfg: TrainConfig, aux_layers: list[int], vocab: list[int] | None, out: Path) -> RunPlan:
+    """The run's plan on the driver, from the feature plan (``feature_plan``: aux layers, draft vocabulary): whether
+    it warm-starts (``warm_start``) and so its schedule (``build_plan``: ``train.warm_epochs`` on a warm start),
+    written to ``out/schedule.json`` (epochs per stage, warm or fresh and why, ``init_from`` when warm)."""
+    warm = warm_start(cfg, vocab)
+    plan = build_plan(cfg, aux_layers=aux_layers, vocab=vocab, warm=warm)
+    schedule = {**plan.schedule(), **({"init_from": str(cfg.init_from)} if warm else {})}
+    files.write_text(Path(out) / "schedule.json", json.dumps(schedule, indent=2))
+    print(f"[specdraft] schedule: {schedule['why']}: epochs {schedule['epochs']} ({', '.join(schedule['stages'])})",
+          flush=True)
+    return plan
 
 
 def draft_vocab_ids(init_from: str | Path) -> list[int]:

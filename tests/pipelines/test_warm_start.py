@@ -15,10 +15,10 @@ from safetensors.torch import load_file
 
 from pipelines.conversations import write_conversations
 from pipelines.summary import warm_rows
-from pipelines.train import feature_plan, online_conversations, plan_run
+from pipelines.train import feature_plan, online_conversations
 from specdraft.features import FeaturesConfig
 from specdraft.models import build_draft, draft_config_from_target, save_draft
-from specdraft.run import load_warm
+from specdraft.run import load_warm, plan_run
 from specdraft.target import load_target_config, load_target_heads
 from specdraft.toy.conversations import generate_conversations
 from specdraft.vocab import select_vocab
@@ -65,7 +65,8 @@ def test_the_champion_vocabulary_and_weights_are_kept_byte_identical(tiny_toy_ta
     for name in ("heads.d2t", "heads.t2d"):
         assert mine[name].numpy().tobytes() == theirs[name].numpy().tobytes()
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)  # every weight from the champion
-    plan = plan_run(replace(warm, epochs=[8]), [], tiny_toy_target, tmp_path / "run")  # the driver's plan
+    cfg8 = replace(warm, epochs=[8])
+    plan = plan_run(cfg8, *feature_plan(cfg8, [], tiny_toy_target, tmp_path / "run"), tmp_path / "run")  # the driver
     assert plan.start == "warm" and [s.epochs for s in plan.stages] == [2] and list(plan.vocab) == kept
     schedule = json.loads((tmp_path / "run" / "schedule.json").read_text())
     assert schedule["epochs"] == [2] and schedule["init_from"] == str(champion)
@@ -83,7 +84,8 @@ def test_low_coverage_falls_back_and_another_shape_is_refused(tiny_toy_target, t
     assert ids == select_vocab(counts, VD).tolist()  # a fresh vocabulary
     record = json.loads((tmp_path / "run" / "draft_vocab.json").read_text())
     assert "init_from" not in record and "< train.init_min_coverage 90%" in record["warm_start_fallback"]
-    plan = plan_run(replace(warm, epochs=[8]), [], tiny_toy_target, tmp_path / "run")
+    cfg8 = replace(warm, epochs=[8])
+    plan = plan_run(cfg8, *feature_plan(cfg8, [], tiny_toy_target, tmp_path / "run"), tmp_path / "run")
     assert plan.start == "fresh" and [s.epochs for s in plan.stages] == [8]  # no warm start: the fresh schedule
     assert "no warm start" in warm_rows(tmp_path / "run")[0][1] and "(fresh start: train.epochs)" in warm_rows(
         tmp_path / "run")[0][1]
