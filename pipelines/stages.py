@@ -134,7 +134,7 @@ def prepare_traffic(cfg: RunConfig) -> dict[str, Any]:
     hashes = sorted({row["id"][len("YYYY-MM-DD-"):] for row in window.prompts + window.reused})  # the trained rows
     written["trained_rows"] = str(files.write_text(out / "trained_rows.json", json.dumps(hashes)))
     warnings = list(window.warnings)
-    kept, warning = keep_held_out(written.get("held_out"), held_out_home(cfg), window.end)
+    _, warning = keep_held_out(written.get("held_out"), held_out_home(cfg), window.end)
     warnings += [warning] if warning else []
     traffic = {"key": key, "days": window.days, "replay_days": window.replay_days, "counts": window.counts,
                "warnings": warnings, "files": written, "end": window.end}
