@@ -320,8 +320,9 @@ def report_run(cfg: RunConfig, parent: MlflowLogger | NullRun, result: dict[str,
             from pipelines.registry import version_history
 
             history = version_history(parent.client, cfg.register.model_name, cfg.register.alias)
+        drift = freshness.drift_series(parent, cfg.name) if cfg.monitor.offline else None  # the nights' series
         write_report(report_path, summary, metrics_file=result["train"]["metrics_file"], eval_report=eval_report,
-                     history=history)
+                     history=history, drift=drift)
     except Exception as err:  # the run itself succeeded: a report that cannot be written is said, not raised
         logger.warning("report: not written: %s: %s", type(err).__name__, err)
         summary = summarize(cfg.name, result, replace(place, report="", report_error=f"{type(err).__name__}: {err}"),

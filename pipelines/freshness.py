@@ -24,29 +24,56 @@ from pipelines.tracking import MlflowLogger, NullRun
 def window_gate(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evaluated: Evaluated):
     """The promotion gate (``gate.enabled``; ``specdraft.gate.decide``) as ``register_draft`` calls it: the
     candidate and the champion on the traffic window's held-out slice (the eval stage's settings and engine on
-    ``held_out.jsonl``), the eval sets as the regression set. None when the gate is off."""
+    ``held_out.jsonl``), and on the regression set: the eval sets and, when kept, the earlier windows' held-out
+    slices (``regression.jsonl``, one more dataset: ``specdraft.gate.regression_value``), its size in the run's
+    tags ``gate.regression.questions``, ``gate.regression.windows``. None when the gate is off."""
     if not cfg.gate.enabled:
         return None
-    from specdraft.gate import decide
+    from specdraft.gate import decide, describe_regression_set, regression_value
 
     by_engine = evaluated.mean_engine_tau is not None
     measure = "engine acceptance length" if by_engine else "tau"
     value = (lambda e: e.mean_engine_tau) if by_engine else (lambda e: e.mean_tau)
-    held_out = (prepared.traffic.get("files") or {}).get("held_out")
+    traffic_files = prepared.traffic.get("files") or {}
+    held_out, earlier = traffic_files.get("held_out"), traffic_files.get("regression")
     window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out])) if held_out else None
+    earlier_cfg = replace(cfg, eval=replace(cfg.eval, questions=[earlier])) if earlier else None
     candidate = value(stages.evaluate_draft(window_cfg, prepared, trained.draft, trained.key)) if held_out else None
+    eval_sets = len(evaluated.engine_tau if by_engine else evaluated.tau)
+    said = describe_regression_set(prepared.traffic.get("regression"), len(cfg.eval.questions))
+    if run.enabled:
+        counts = prepared.traffic.get("regression") or {}
+        run.set_tags({"gate.regression.set": said, "gate.regression.questions": str(counts.get("questions", 0)),
+                      "gate.regression.windows": ",".join(counts.get("windows", []))})
 
     def gate(champion_regression: float | None, champion_uri: str | None):
-        champion_window = None
-        if champion_uri is not None and window_cfg is not None:
+        champion_window = champion_earlier = None
+        if champion_uri is not None and (window_cfg is not None or earlier_cfg is not None):
             from pipelines.registry import download_draft
 
             with tempfile.TemporaryDirectory() as tmp:
                 local, _ = download_draft(run.client, champion_uri, tmp)
-                champion_window = value(stages.evaluate_draft(window_cfg, prepared, local, f"champion:{champion_uri}"))
+                key = f"champion:{champion_uri}"
+                if window_cfg is not None:
+                    champion_window = value(stages.evaluate_draft(window_cfg, prepared, local, key))
+                if earlier_cfg is not None:
+                    champion_earlier = value(stages.evaluate_draft(earlier_cfg, prepared, local, key))
         ours = evaluated.mean_engine_tau if by_engine else evaluated.mean_tau
-        return decide(cfg.gate, window=(candidate, champion_window), regression=(ours, champion_regression),
-                      has_champion=champion_uri is not None, measure=measure)
+        candidate_earlier = (value(stages.evaluate_draft(earlier_cfg, prepared, trained.draft, trained.key))
+                             if earlier_cfg is not None and champion_uri is not None else None)
+        note = ""
+        if candidate_earlier is not None and champion_earlier is not None:
+            if champion_regression is not None:  # the eval sets and the earlier slices: one more dataset
+                regression = (regression_value(ours, eval_sets, candidate_earlier),
+                              regression_value(champion_regression, eval_sets, champion_earlier))
+            else:
+                regression, note = (candidate_earlier, champion_earlier), "the champion's eval sets unknown: the " \
+                                                                          "earlier windows' slices alone"
+        else:
+            regression = (ours, champion_regression)
+            note = "the earlier windows' slices not measured on both drafts: the eval sets alone" if earlier else ""
+        return decide(cfg.gate, window=(candidate, champion_window), regression=regression,
+                      has_champion=champion_uri is not None, measure=measure, regression_set=note)
 
     return gate
 
@@ -177,15 +204,19 @@ def champion_draft(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: loggi
 
 
 BASELINE_TAG = "offline.window_tau_at_promotion"
+ENGINE_BASELINE_TAG = "offline.window_engine_tau_at_promotion"
 
 
 def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prepared,
                   logger: logging.Logger | Any) -> dict[str, Any]:
     """The offline drift check (``monitor.offline``; issue 33 Deliver 2a): before training, the champion evaluated
-    on the new window's held-out slice (the eval stage's settings), beside its value on the first window it was
-    measured on after its promotion (a version tag); a drop beyond ``monitor.max_drop`` is an alarm (WARNING).
-    Logged to the parent run as ``offline.window_tau`` (one point a night: a time series across the nights' runs).
-    {} when off, without a window slice or without a champion."""
+    on the new window's held-out slice (the eval stage's settings: our decoder's tau, and the serving engine's
+    acceptance length when ``eval.settings.engine`` measures one), beside its value on the first window it was
+    measured on after its promotion (version tags); a drop beyond ``monitor.max_drop`` — of the engine's
+    acceptance when measured, as the gate compares, else of tau — is an alarm (WARNING). Logged to the parent run
+    as ``offline.window_tau`` (and ``offline.window_engine_tau``), one point a night: a time series across the
+    nights' runs (``drift_series`` reads it back for the report). {} when off, without a window slice or without
+    a champion."""
     held_out = (prepared.traffic.get("files") or {}).get("held_out")
     if not cfg.monitor.offline or not held_out:
         return {}
@@ -195,22 +226,58 @@ def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prep
     version, local = found
     window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out]))
     evaluated = stages.evaluate_draft(window_cfg, prepared, str(local), f"champion:v{version.version}")
-    tau = evaluated.mean_tau
+    tau, engine = evaluated.mean_tau, evaluated.mean_engine_tau
     if tau is None:
         return {}
-    baseline = version.tags.get(BASELINE_TAG)
-    if baseline is None:  # the first window after its promotion sets it
-        parent.client.set_model_version_tag(cfg.register.model_name, version.version, BASELINE_TAG, f"{tau:.6f}")
-        baseline = tau
-    baseline = float(baseline)
-    drop = (baseline - tau) / baseline if baseline else 0.0
+    baselines = {}
+    for name, tag, value in (("tau", BASELINE_TAG, tau), ("engine", ENGINE_BASELINE_TAG, engine)):
+        if value is None:
+            continue
+        baseline = version.tags.get(tag)
+        if baseline is None:  # the first window after its promotion sets it
+            parent.client.set_model_version_tag(cfg.register.model_name, version.version, tag, f"{value:.6f}")
+            baseline = value
+        baselines[name] = float(baseline)
+    measure, value, baseline = (("engine acceptance length", engine, baselines["engine"]) if engine is not None
+                                else ("tau", tau, baselines["tau"]))
+    drop = (baseline - value) / baseline if baseline else 0.0
     alarm = drop > cfg.monitor.max_drop
-    message = (f"champion v{version.version} on this window's held-out slice: tau {tau:.3f}, at promotion "
+    message = (f"champion v{version.version} on this window's held-out slice: {measure} {value:.3f}, at promotion "
                f"{baseline:.3f} ({-drop:+.1%}" + (f": DROP > monitor.max_drop {cfg.monitor.max_drop:.0%})" if alarm
                                                  else ")"))
-    parent.log_metrics({"offline.window_tau": tau, "offline.window_tau_at_promotion": baseline,
-                        "offline.drop": drop}, step=0)
-    parent.set_tags({"offline.alarm": str(alarm)})
+    metrics = {"offline.window_tau": tau, "offline.window_tau_at_promotion": baselines["tau"], "offline.drop": drop}
+    if engine is not None:
+        metrics.update({"offline.window_engine_tau": engine,
+                        "offline.window_engine_tau_at_promotion": baselines["engine"]})
+    parent.log_metrics(metrics, step=0)
+    parent.set_tags({"offline.alarm": str(alarm), "offline.champion_version": str(version.version),
+                     "offline.measure": measure, "offline.window_end": prepared.traffic.get("end", "")})
     (logger.warning if alarm else logger.info)("drift: %s", message)
-    return {"champion_version": int(version.version), "window_tau": tau, "baseline": baseline, "drop": drop,
-            "alarm": alarm, "message": message}
+    return {"champion_version": int(version.version), "window_tau": tau, "window_engine_tau": engine,
+            "measure": measure, "value": value, "baseline": baseline, "drop": drop, "alarm": alarm,
+            "message": message}
+
+
+def drift_series(parent: MlflowLogger | NullRun, name: str, limit: int = 30) -> list[dict[str, Any]]:
+    """The offline drift check's time series for the run report: the last ``limit`` runs named ``name``
+    (``specdraft.run`` tag) of the parent's experiment that logged ``offline.window_tau``, oldest first — each
+    night's champion version, its tau (and engine acceptance) on that night's window beside the value at its
+    promotion, the drop and the alarm — as plain data (the report imports no MLflow). [] with tracking off."""
+    if not parent.enabled:
+        return []
+    runs = parent.client.search_runs([parent.experiment_id], filter_string=f"tags.`specdraft.run` = '{name}'",
+                                     order_by=["attributes.start_time DESC"], max_results=1000)
+    series = []
+    for r in runs:
+        m, tags = r.data.metrics, r.data.tags
+        if "offline.window_tau" not in m:
+            continue
+        series.append({"start": r.info.start_time, "window_end": tags.get("offline.window_end", ""),
+                       "champion_version": int(tags.get("offline.champion_version") or 0),
+                       "tau": m["offline.window_tau"], "tau_at_promotion": m.get("offline.window_tau_at_promotion"),
+                       "engine": m.get("offline.window_engine_tau"),
+                       "engine_at_promotion": m.get("offline.window_engine_tau_at_promotion"),
+                       "drop": m.get("offline.drop"), "alarm": tags.get("offline.alarm") == "True"})
+        if len(series) == limit:
+            break
+    return series[::-1]

@@ -1,7 +1,8 @@
 """Plots of a run, for the MLflow UI and the run report (``pipelines.report``): training curves per stage with
 the stage boundaries marked (Beagle §4.2's two-stage schedule: the loss changes meaning where a stage starts),
-acceptance per draft depth α_i and τ against the prompt-lookup floor (EAGLE §4 metrics), and the champion gate
-over the registered versions.
+acceptance per draft depth α_i and τ against the prompt-lookup floor (EAGLE §4 metrics), the champion gate
+over the registered versions, and the offline drift series (issue 33 Deliver 2a: the champion's τ on each
+night's traffic window beside its value at promotion).
 
 Each ``*_figure`` builds a matplotlib figure from plain data; ``save`` writes it (a path or a binary file
 object) and closes it.
@@ -140,6 +141,36 @@ def history_figure(history: list[dict[str, Any]]) -> Figure:
     ax.margins(y=0.15)  # room for the label
     ax.set_xticks(xs, labels, fontsize=7)
     ax.set(ylabel="mean tau", title="champion against challenger, last registered versions")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def drift_figure(series: list[dict[str, Any]]) -> Figure:
+    """The offline drift check night by night (``pipelines.freshness.drift_series``): the champion's tau on each
+    night's window held-out slice — the serving engine's acceptance length too when measured —, its value at
+    promotion as a dashed step, a red ring on a night that raised the alarm, the champion version on each point."""
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    xs = list(range(len(series)))
+    labels = [(s["window_end"] or f"{datetime.fromtimestamp(s['start'] / 1000):%m-%d %H:%M}") for s in series]
+    for key, base, colour, name in (("tau", "tau_at_promotion", "tab:blue", "tau"),
+                                    ("engine", "engine_at_promotion", "tab:purple", "engine acceptance length")):
+        if all(s.get(key) is None for s in series):
+            continue
+        ax.plot(xs, [_nan(s.get(key)) for s in series], marker="o", color=colour, label=f"champion {name} on the window")
+        ax.step(xs, [_nan(s.get(base)) for s in series], where="mid", linestyle="--", color=colour, alpha=0.6,
+                label=f"its {name} at promotion")
+    alarms = [i for i, s in enumerate(series) if s["alarm"]]
+    ax.scatter(alarms, [_nan(series[i]["engine"] if series[i].get("engine") is not None else series[i]["tau"])
+                        for i in alarms], s=160, facecolors="none", edgecolors="tab:red", zorder=3,
+               label="alarm (drop > monitor.max_drop)")
+    for x, s in zip(xs, series):
+        ax.annotate(f"v{s['champion_version']}", (x, s["tau"]), xytext=(0, 7), textcoords="offset points",
+                    ha="center", fontsize=7)
+    ax.set_xlim(-0.5, len(series) - 0.5)
+    ax.margins(y=0.15)
+    ax.set_xticks(xs, labels, fontsize=7)
+    ax.set(ylabel="tau on the night's window", title="offline drift: the champion on each night's traffic window")
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     return fig

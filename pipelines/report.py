@@ -5,7 +5,9 @@ workdir and logged to the run's MLflow parent run as ``report.html``.
 The plots (``pipelines.plots``): the training curves per stage with the stage boundaries marked (Beagle §4.2's
 two-stage schedule), α per draft depth and τ against the prompt-lookup floor per eval set (the metrics of EAGLE
 §4 beside the training-free floor), and the champion gate's decisions over the last registered versions (the
-nightly challengers against the champion they met). A part whose data is missing (a workdir moved away,
+nightly challengers against the champion they met), and with ``monitor.offline`` the offline drift series (the
+champion's tau on each night's traffic window beside its value at promotion, read from MLflow by the flow and
+handed over as plain data). A part whose data is missing (a workdir moved away,
 tracking off) says so in its place instead of a plot.
 """
 
@@ -79,9 +81,11 @@ def _plot_or_note(build, missing: str) -> str:
 
 
 def render_report(s: RunSummary, *, training: list[dict[str, Any]], eval_report: dict[str, Any] | None,
-                  history: list[dict[str, Any]], generated: datetime | None = None) -> str:
+                  history: list[dict[str, Any]], drift: list[dict[str, Any]] | None = None,
+                  generated: datetime | None = None) -> str:
     """The report page: ``training`` the rows of the train stage's ``metrics.jsonl`` (``[]``: none), ``eval_report``
-    the eval stage's report, ``history`` ``pipelines.registry.version_history`` (``[]``: no registry)."""
+    the eval stage's report, ``history`` ``pipelines.registry.version_history`` (``[]``: no registry), ``drift``
+    the offline drift series (``pipelines.freshness.drift_series``; None: ``monitor.offline`` is off, no part)."""
     register = [("register", s.decision), ("champion", s.champion), ("exports", s.exports)]
     register += [(f"serve ({engine})", command) for engine, command in sorted(s.serve.items())]
     register += list(s.fresh)  # the traffic window, the served monitor, the gate's comparisons, the hand-off
@@ -95,6 +99,9 @@ def render_report(s: RunSummary, *, training: list[dict[str, Any]], eval_report:
                           "" if s.datasets else "no eval set has a tau")
     gate = _plot_or_note(lambda: _png(plots.history_figure(history)),
                          "" if history else "no registered versions (tracking disabled, or none registered yet)")
+    offline = "" if drift is None else "<h2>Offline drift</h2>" + _plot_or_note(
+        lambda: _png(plots.drift_figure(drift)),
+        "" if drift else "no offline drift measured yet (no champion before this night, or tracking disabled)")
     when = (generated or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>specdraft run {escape(s.name)}</title><style>{STYLE}</style></head>
@@ -110,13 +117,15 @@ comparable with the previous stage's (a jump there is expected).</p>
 <div class="grid"><div><h2>Acceptance per draft depth</h2>{alpha}</div>
 <div><h2>tau against the floor</h2>{floor}</div></div>
 <h2>Champion against challenger</h2>{gate}
+{offline}
 <footer>generated {when} by specdraft</footer>
 </body></html>
 """
 
 
 def write_report(out: str | Path, s: RunSummary, *, metrics_file: str, eval_report: dict[str, Any] | None,
-                 history: list[dict[str, Any]]) -> Path:
+                 history: list[dict[str, Any]], drift: list[dict[str, Any]] | None = None) -> Path:
     """``render_report`` written to ``out`` (whole: a temporary name, then renamed)."""
     training = plots.read_metrics(metrics_file) if metrics_file and Path(metrics_file).is_file() else []
-    return files.write_text(out, render_report(s, training=training, eval_report=eval_report, history=history))
+    return files.write_text(out, render_report(s, training=training, eval_report=eval_report, history=history,
+                                               drift=drift))

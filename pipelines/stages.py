@@ -121,8 +121,11 @@ def prepare(cfg: RunConfig) -> Prepared:
 def prepare_traffic(cfg: RunConfig) -> dict[str, Any]:
     """Read ``data.traffic``'s window (``specdraft.traffic``) and write its files under
     ``<workdir>/traffic/<key>/`` (key: the settings and the window's content); returns days, counts, warnings and
-    the files (``prompts``: to regenerate; ``reused``: the served model's logged answers; ``held_out``)."""
-    from specdraft.traffic import read_window, write_window
+    the files (``prompts``: to regenerate; ``reused``: the served model's logged answers; ``held_out``). The
+    held-out slice is kept under ``held_out_home`` (once per window end); with ``gate.enabled`` the earlier
+    windows' slices (``specdraft.traffic.regression_questions``) are ``regression.jsonl`` and their counts
+    ``regression`` (questions, windows, over_cap)."""
+    from specdraft.traffic import keep_held_out, read_window, regression_questions, write_window
 
     window = read_window(cfg.data.traffic)
     key = stage_key(cfg.data.traffic, window.prompts, window.reused, window.held_out)
@@ -130,8 +133,25 @@ def prepare_traffic(cfg: RunConfig) -> dict[str, Any]:
     written = write_window(window, str(out))
     hashes = sorted({row["id"][len("YYYY-MM-DD-"):] for row in window.prompts + window.reused})  # the trained rows
     written["trained_rows"] = str(files.write_text(out / "trained_rows.json", json.dumps(hashes)))
-    return {"key": key, "days": window.days, "replay_days": window.replay_days, "counts": window.counts,
-            "warnings": window.warnings, "files": written}
+    warnings = list(window.warnings)
+    _, warning = keep_held_out(written.get("held_out"), held_out_home(cfg), window.end)
+    warnings += [warning] if warning else []
+    traffic = {"key": key, "days": window.days, "replay_days": window.replay_days, "counts": window.counts,
+               "warnings": warnings, "files": written, "end": window.end}
+    if cfg.gate.enabled:  # the gate's regression set: the eval sets and the earlier windows' held-out slices
+        questions, counts = regression_questions(held_out_home(cfg), window.end, written.get("held_out"),
+                                                 cfg.gate.regression_max_questions)
+        if questions:
+            written["regression"] = str(files.write_text(out / "regression.jsonl", "".join(
+                json.dumps(q, ensure_ascii=False) + "\n" for q in questions)))
+        traffic["regression"] = {**counts, "eval_sets": len(cfg.eval.questions),
+                                 "max_questions": cfg.gate.regression_max_questions}
+    return traffic
+
+
+def held_out_home(cfg: RunConfig) -> Path:
+    """Where each window's held-out slice is kept, under its window's last day (``specdraft.traffic.keep_held_out``)."""
+    return Path(cfg.workdir).absolute() / "traffic" / "heldout"
 
 
 def _done(record: Regenerated | Dumped | Trained | Evaluated | Exported) -> dict[str, Any]:

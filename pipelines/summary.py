@@ -194,11 +194,39 @@ def traffic_rows(prepared: dict[str, Any]) -> list[tuple[str, str]]:
                         f"{c['read']} rows read, {c['rejected']} rejected (malformed), {c['deduplicated']} deduplicated, "
                         f"{c['over_cap']} over the cap, {c['held_out']} held out; {c['to_regenerate']} to regenerate, "
                         f"{c['reused'] + c['replay_reused']} reused as logged (not regenerated), {c['replayed']} "
-                        f"replayed from {len(traffic['replay_days'])} earlier days ({c['dropped_replay']} not drawn)")]
+                        f"replayed from {len(traffic['replay_days'])} earlier days ({c['dropped_replay']} not drawn"
+                        + (f", {c['replay_held_out']} held out in their own window" if c.get("replay_held_out") else "")
+                        + ")")]
+    if "regression" in traffic:  # gate.enabled: the earlier windows' held-out slices
+        from specdraft.gate import describe_regression_set
+
+        rows.append(("gate", describe_regression_set(traffic["regression"], traffic["regression"]["eval_sets"])))
     rows += [("warning", w) for w in traffic["warnings"]]
     if c["rejected"]:
         rows.append(("rejects", traffic["files"].get("rejects", "")))
     return rows
+
+
+def _read(path: Path | None) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+
+
+def warm_rows(train_dir: Path | None) -> list[tuple[str, str]]:
+    """The warm line: where the run started from (``draft_vocab.json``: the vocabulary kept, or why not) and the
+    schedule it trained (``schedule.json``: epochs per stage, warm or fresh, and why); none for a fresh run that
+    was not asked to warm-start."""
+    vocab = _read(train_dir / "draft_vocab.json" if train_dir else None)
+    schedule = _read(train_dir / "schedule.json" if train_dir else None)
+    said = (f"; schedule: epochs {schedule['epochs']} over {', '.join(schedule['stages'])} ({schedule['why']})"
+            if schedule else "")
+    if vocab.get("init_from"):
+        return [("warm", f"started from {vocab['init_from']}: its weights and draft vocabulary kept ({vocab['size']} "
+                         f"tokens, covering {vocab['coverage']:.1%} of the new predicted tokens){said}")]
+    if vocab.get("warm_start_fallback"):
+        return [("warm", f"no warm start: {vocab['warm_start_fallback']}{said}")]
+    if schedule.get("start") == "warm":  # a draft over the target's vocabulary: only the weights to keep
+        return [("warm", f"started from {schedule.get('init_from', 'train.init_from')}: its weights kept{said}")]
+    return []
 
 
 def fresh_rows(result: dict[str, Any], registered: Registered | None) -> list[tuple[str, str]]:
@@ -217,13 +245,7 @@ def fresh_rows(result: dict[str, Any], registered: Registered | None) -> list[tu
         rows.append(("retrain", retrain["reason"]))
     if registered is None:  # a night that did not train
         return rows
-    plan = Path(result["train"]["draft"]).parent / "draft_vocab.json" if result.get("train") else None
-    record = json.loads(plan.read_text()) if plan is not None and plan.is_file() else {}
-    if record.get("init_from"):
-        rows.append(("warm", f"started from {record['init_from']}: its weights and draft vocabulary kept "
-                             f"({record['size']} tokens, covering {record['coverage']:.1%} of the new predicted tokens)"))
-    elif record.get("warm_start_fallback"):
-        rows.append(("warm", f"no warm start: {record['warm_start_fallback']}"))
+    rows += warm_rows(Path(result["train"]["draft"]).parent if result.get("train") else None)
     for c in (registered.gate or {}).get("comparisons", []):
         values = (f"candidate {_f(c['candidate'], 4)} vs champion {_f(c['champion'], 4)}"
                   + (f" ({c['change']:+.1%}, bound {c['bound']:+.1%})" if c["change"] is not None else ""))

@@ -38,7 +38,7 @@ from specdraft.configs.train import TrainConfig
 from specdraft.features import EAGLE3
 from specdraft.online import OnlineDataset
 from specdraft.plan import RunPlan, aux_layers_setting, build_plan
-from specdraft.run import build_run, validate_draft
+from specdraft.run import build_run, plan_run, validate_draft
 from specdraft.run import feature_plan as plan_features
 from specdraft.store import FeatureDataset, ReaderConfig, location
 from specdraft.target import load_target_model, load_tokenizer, target_fingerprint, target_id
@@ -110,6 +110,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                                    "train.max_tokens_used": run.reader.max_tokens,
                                    "train.warmup_used": warmup_of(cfg.optim, trainer.total_steps),
                                    "train.stage_kinds": ",".join(s.kind for s in stages),  # the report's labels
+                                   "train.schedule": job.plan.start,  # warm or fresh: why these epochs
+                                   "train.epochs_used": ",".join(str(s.epochs) for s in stages),
                                    "train.warnings": " | ".join(trainer.warnings) or "none"})
 
     epoch_offsets = job.plan.epoch_offsets
@@ -266,8 +268,7 @@ def run_training(
         if not stores:
             raise ConfigError("features: offline needs at least one feature store (or features=online with conversations)")
     # the stores checked against the target (TargetMismatch), the feature plan decided: before Ray starts
-    aux_layers, vocab = feature_plan(cfg, stores, target, out)
-    plan = build_plan(cfg, aux_layers=aux_layers, vocab=vocab)  # resolved once, here: the workers train from it
+    plan = plan_run(cfg, *feature_plan(cfg, stores, target, out), out)  # resolved once: the workers train from it
     connect_ray(ray_address)
     job = WorkerConfig(train=cfg, plan=plan, stores=stores, target=str(Path(target).resolve()),
                        target_id=target_id(target), target_fingerprint=target_fingerprint(target), out=str(out),

@@ -4,7 +4,8 @@ traffic window's held-out slice by a margin AND loses no more than ``max_regress
 Gated on acceptance (tau: mean accepted tokens per round, or the serving engine's acceptance length), never
 on loss: loss keeps falling while tau turns down (DeepSpec #84: an EAGLE-3 run peaked at epoch 4.6 and lost
 4.9 % of tau by epoch 10). A pure function over numbers; every comparison is returned as a record for the
-summary, MLflow tags and the report.
+summary, MLflow tags and the report. The regression set is the eval sets plus the earlier windows' held-out
+slices (``specdraft.traffic.regression_questions``) as one more dataset (``regression_value``).
 """
 
 from __future__ import annotations
@@ -43,12 +44,36 @@ def _change(candidate: float | None, champion: float | None) -> float | None:
     return (candidate - champion) / champion if candidate is not None and champion else None
 
 
+def regression_value(eval_sets: float | None, count: int, earlier: float) -> float:
+    """A draft's value on the regression set: the mean over its datasets — the ``count`` eval sets (their mean
+    ``eval_sets``; None or no set: none) and the earlier windows' held-out slices as one more (``earlier``)."""
+    if eval_sets is None or count == 0:
+        return earlier
+    return (eval_sets * count + earlier) / (count + 1)
+
+
+def describe_regression_set(counts: dict[str, Any] | None, eval_sets: int) -> str:
+    """What the gate's regression set holds, in words: the eval sets and the earlier windows' questions."""
+    sets = f"the {eval_sets} eval set{'s' if eval_sets != 1 else ''} (eval.questions)"
+    if not counts or not counts.get("questions"):
+        return f"regression set: {sets} alone (no earlier traffic window's held-out slice kept yet)"
+    windows = counts["windows"]
+    span = windows[0] if len(windows) == 1 else f"{windows[-1]}..{windows[0]}"
+    capped = (f", {counts['over_cap']} more over gate.regression_max_questions {counts['max_questions']}"
+              if counts.get("over_cap") else "")
+    whose = "windows'" if len(windows) != 1 else "window's"
+    return (f"regression set: {sets} + {counts['questions']} questions from {len(windows)} earlier {whose} held-out "
+            f"slices (ending {span}{capped})")
+
+
 def decide(settings: GateSettings, *, window: tuple[float | None, float | None],
-           regression: tuple[float | None, float | None], has_champion: bool, measure: str = "tau") -> GateDecision:
+           regression: tuple[float | None, float | None], has_champion: bool, measure: str = "tau",
+           regression_set: str = "") -> GateDecision:
     """``window`` and ``regression``: (candidate, champion) values of ``measure`` on each slice (a None
-    champion value: not measured there). No champion: promoted (nothing to protect). A window slice that is
-    missing refuses (nothing shows the candidate is better); a regression set that is missing passes, saying
-    so (no earlier slice yet)."""
+    champion value: not measured there; ``regression_value`` makes the regression set's). No champion: promoted (nothing to
+    protect). A window slice that is missing refuses (nothing shows the candidate is better); a regression set
+    that is missing passes, saying so (no earlier slice yet). ``regression_set``: the regression comparison's
+    note (what its values stand for, when not the whole set)."""
     if not has_champion:
         return GateDecision(promote=True, measure=measure, reason="no champion yet: nothing to protect")
     w_change = _change(*window)
@@ -56,7 +81,7 @@ def decide(settings: GateSettings, *, window: tuple[float | None, float | None],
     w_note = "" if w_change is not None else "not measured on the window's held-out slice"
     r_change = _change(*regression)
     r_ok = r_change is None or r_change >= -settings.max_regression
-    r_note = "" if r_change is not None else "no regression set measured: not checked"
+    r_note = regression_set if r_change is not None else "no regression set measured: not checked"
     comparisons = [
         Comparison(slice="window", candidate=window[0], champion=window[1], change=w_change, bound=settings.margin,
                    passed=w_ok, note=w_note),
@@ -69,7 +94,8 @@ def decide(settings: GateSettings, *, window: tuple[float | None, float | None],
         else:
             rel = ">" if c.slice == "window" else ">="
             parts.append(f"{c.slice} {measure} {c.candidate:.4f} vs champion {c.champion:.4f} ({c.change:+.1%}, "
-                         f"needs {rel} {c.bound:+.1%}): {'pass' if c.passed else 'FAIL'}")
+                         f"needs {rel} {c.bound:+.1%}): {'pass' if c.passed else 'FAIL'}"
+                         + (f" ({c.note})" if c.note else ""))
     promote = w_ok and r_ok
     return GateDecision(promote=promote, measure=measure, comparisons=comparisons,
                         reason=("gate passed: " if promote else "gate refused: ") + "; ".join(parts))

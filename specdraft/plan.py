@@ -2,7 +2,8 @@
 trainer resolves its job config once and hands the pieces down): the draft architecture, the stage schedule
 with its epochs split, whether the draft reads the EAGLE-3 features ("EAGLE-3: Scaling up Inference
 Acceleration of Large Language Models via Training-Time Test", §3) and predicts over its own vocabulary, and
-the block draft's shape ("DFlash: Block Diffusion for Flash Speculative Decoding", §3-4).
+the block draft's shape ("DFlash: Block Diffusion for Flash Speculative Decoding", §3-4), and whether it
+warm-starts (issue 33 Deliver 4: fewer epochs then).
 
 ``build_plan`` makes the frozen ``RunPlan`` once on the driver — with the auxiliary layers and the draft
 vocabulary the driver read from the stores or the target (``specdraft.run.feature_plan``) — and the workers,
@@ -37,6 +38,15 @@ class RunPlan:
     draft_shape: dict[str, Any] = field(default_factory=dict)  # block drafts: layers, block size, mask, attention
     aux_layers: tuple[int, ...] = ()  # HF hidden_states indices the draft reads (the stores' or the target's)
     vocab: tuple[int, ...] | None = None  # the draft vocabulary's target ids (None: the target's whole vocabulary)
+    start: str = "fresh"  # "warm": the run starts from train.init_from (its vocabulary kept) and trains warm_epochs
+
+    def schedule(self) -> dict[str, Any]:
+        """The schedule as the train stage's ``schedule.json``, its MLflow params and the summary say it: epochs
+        per stage and why (a warm or a fresh start)."""
+        return {"start": self.start, "epochs": [s.epochs for s in self.stages],
+                "stages": [s.kind for s in self.stages], "total": self.epochs,
+                "why": ("warm start: train.warm_epochs (default: a quarter of each stage's train.epochs, rounded up)"
+                        if self.start == "warm" else "fresh start: train.epochs")}
 
     @property
     def epochs(self) -> int:
@@ -44,15 +54,16 @@ class RunPlan:
 
 
 def build_plan(cfg: TrainConfig, *, aux_layers: list[int] | tuple[int, ...] = (),
-               vocab: list[int] | tuple[int, ...] | None = None) -> RunPlan:
+               vocab: list[int] | tuple[int, ...] | None = None, warm: bool = False) -> RunPlan:
     """The plan of ``cfg``: its recipe resolved (``resolve_stages``, ``reads_eagle3_features``, ``has_own_vocab``,
-    ``draft_shape``), with the auxiliary layers and draft vocabulary the driver decided."""
-    arch, stages = resolve_stages(cfg)
+    ``draft_shape``), with the auxiliary layers and draft vocabulary the driver decided; ``warm`` (the driver
+    found the run warm-starts: ``specdraft.run.warm_start``) trains the warm schedule (``train.warm_epochs``)."""
+    arch, stages = resolve_stages(cfg, warm=warm)
     offsets = tuple(sum(s.epochs for s in stages[:i]) for i in range(len(stages)))
     return RunPlan(recipe=cfg.recipe, arch=arch, stages=tuple(stages), epoch_offsets=offsets,
                    eagle3_features=reads_eagle3_features(cfg), own_vocab=has_own_vocab(cfg),
                    draft_shape=draft_shape(cfg), aux_layers=tuple(int(i) for i in aux_layers),
-                   vocab=None if vocab is None else tuple(int(i) for i in vocab))
+                   vocab=None if vocab is None else tuple(int(i) for i in vocab), start="warm" if warm else "fresh")
 
 
 def aux_layers_setting(cfg: TrainConfig, aux_layers: str | list[int] | None) -> str | list[int] | None:

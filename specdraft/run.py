@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from specdraft import files
 from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
 from specdraft.features import aux_layers_of
 from specdraft.loggers import MetricLogger, NullLogger
@@ -42,7 +43,7 @@ from specdraft.chat import TokenizedConversations
 from specdraft.parallel import distribute, gathered
 from specdraft.configs.draft import Arch
 from specdraft.configs.train import TrainConfig
-from specdraft.plan import RunPlan, has_own_vocab, reads_eagle3_features
+from specdraft.plan import RunPlan, build_plan, has_own_vocab, reads_eagle3_features
 from specdraft.store import (
     ReaderConfig,
     StoreError,
@@ -121,7 +122,7 @@ def build_run(
                                     draft_vocab_size=None if vocab_ids is None else vocab_ids.numel(),
                                     **plan.draft_shape)
     draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab_ids)
-    if cfg.init_from and (plan.vocab is None or list(plan.vocab) == draft_vocab_ids(cfg.init_from)):  # kept: warm
+    if warm_start(cfg, plan.vocab):
         load_warm(draft, cfg.init_from)
     if resolve_precision(cfg.precision, torch.device(device)) == "bf16":
         set_frozen_dtype(draft, torch.bfloat16)  # frozen heads in the compute dtype; trainable weights stay fp32
@@ -200,6 +201,27 @@ def load_warm(draft, init_from: str | Path) -> None:
     if missing or unexpected:
         raise ValueError(f"train.init_from={init_from}: weights do not match (missing={missing}, "
                          f"unexpected={unexpected})")
+
+
+def warm_start(cfg: TrainConfig, vocab: list[int] | tuple[int, ...] | None) -> bool:
+    """Whether a run of ``cfg`` with the draft vocabulary ``vocab`` (``feature_plan``'s) starts from
+    ``cfg.init_from``: one is given and its vocabulary was kept (a draft over the target's vocabulary keeps it
+    always); a fallback to a fresh vocabulary starts fresh. The driver's plan (``build_plan(warm=...)``: the warm
+    schedule) and ``build_run`` (the weights loaded) both ask here."""
+    return bool(cfg.init_from) and (vocab is None or list(vocab) == draft_vocab_ids(cfg.init_from))
+
+
+def plan_run(cfg: TrainConfig, aux_layers: list[int], vocab: list[int] | None, out: Path) -> RunPlan:
+    """The run's plan on the driver, from the feature plan (``feature_plan``: aux layers, draft vocabulary): whether
+    it warm-starts (``warm_start``) and so its schedule (``build_plan``: ``train.warm_epochs`` on a warm start),
+    written to ``out/schedule.json`` (epochs per stage, warm or fresh and why, ``init_from`` when warm)."""
+    warm = warm_start(cfg, vocab)
+    plan = build_plan(cfg, aux_layers=aux_layers, vocab=vocab, warm=warm)
+    schedule = {**plan.schedule(), **({"init_from": str(cfg.init_from)} if warm else {})}
+    files.write_text(Path(out) / "schedule.json", json.dumps(schedule, indent=2))
+    print(f"[specdraft] schedule: {schedule['why']}: epochs {schedule['epochs']} ({', '.join(schedule['stages'])})",
+          flush=True)
+    return plan
 
 
 def draft_vocab_ids(init_from: str | Path) -> list[int]:

@@ -13,7 +13,9 @@ conversations, deduplicated by their prompt — system and user turns — across
 of the ``replay_days`` days before it, sampled with ``seed``, so a draft keeps last month's traffic. A row
 whose logged response names ``served_model`` is the target's own answer already: it is reused as is and not
 regenerated. A ``held_out`` share of the window (by prompt hash, stable from night to night) is kept out of
-training: the slice the drift check and the promotion gate measure tau on.
+training — replay never draws it either: the slice the drift check and the promotion gate measure tau on. Each
+window's slice is kept (``keep_held_out``) and the earlier windows' slices are the gate's regression set
+(``regression_questions``).
 
 Nothing is lost without a count: every line read ends up kept (to regenerate or reused), held out,
 rejected (malformed: file and line named), deduplicated, or over the window's cap; a day of the window with
@@ -26,6 +28,7 @@ import datetime as dt
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +45,7 @@ class Window:
     """One night's traffic: rows to regenerate, rows reused as logged, the held-out slice, and the counts."""
 
     days: list[str]  # the window's days present, newest first
+    end: str = ""  # the window's last day (YYYY-MM-DD): the name its held-out slice is kept under
     replay_days: list[str]  # the earlier days replay drew from
     prompts: list[dict[str, Any]] = field(default_factory=list)  # {"id", "messages"}: prompts to regenerate
     reused: list[dict[str, Any]] = field(default_factory=list)  # {"id", "messages"} ending in the logged answer
@@ -133,10 +137,11 @@ def read_window(settings: TrafficSettings) -> Window:
     end = dt.date.fromisoformat(settings.end or present[-1])
     wanted = [(end - dt.timedelta(days=i)).isoformat() for i in range(settings.days)]  # newest first
     earlier = [(end - dt.timedelta(days=settings.days + i)).isoformat() for i in range(settings.replay_days)]
-    window = Window(days=[d for d in wanted if d in present], replay_days=[d for d in earlier if d in present])
+    window = Window(days=[d for d in wanted if d in present], replay_days=[d for d in earlier if d in present],
+                    end=end.isoformat())
     window.warnings = [f"traffic: day {d} has no folder under {settings.path}" for d in wanted if d not in present]
     counts = dict.fromkeys(("read", "rejected", "deduplicated", "over_cap", "held_out", "to_regenerate", "reused",
-                            "replay_pool", "replayed", "replay_reused"), 0)
+                            "replay_pool", "replayed", "replay_reused", "replay_held_out"), 0)
     seen: set[str] = set()
     kept: list[tuple[str, list, str | None, str, str]] = []  # (hash, messages, answer, model, day)
     for day in window.days:
@@ -157,6 +162,8 @@ def read_window(settings: TrafficSettings) -> Window:
             key = prompt_hash(messages)
             if key in seen:
                 counts["deduplicated"] += 1
+            elif _held_out(key, settings.held_out, settings.seed):  # held out in its own window: in the
+                counts["replay_held_out"] += 1  # regression set (keep_held_out), never trained on
             else:
                 seen.add(key)
                 pool.append((key, messages, answer, model, day))
@@ -201,3 +208,53 @@ def write_window(window: Window, out: str) -> dict[str, str]:
         {"days": window.days, "replay_days": window.replay_days, "counts": window.counts,
          "warnings": window.warnings}, indent=2)))
     return written
+
+
+def _question_key(question: dict[str, Any]) -> str:
+    return json.dumps(question["turns"], ensure_ascii=False)
+
+
+def keep_held_out(held_out: str | None, root: str | Path, end: str) -> tuple[Path | None, str]:
+    """The window's held-out slice (``held_out``: its ``held_out.jsonl``; None: an empty slice) kept as
+    ``<root>/<end>.jsonl`` (written whole). A slice kept before for the same window end stays as it is — the
+    regression set an earlier night measured is never rewritten — and a different one is said in the warning
+    returned ("" when none). Returns (the kept file or None, warning)."""
+    path = Path(root) / f"{end}.jsonl"
+    if held_out is None:
+        return (path if path.is_file() else None), ""
+    text = Path(held_out).read_text()
+    if not path.is_file():
+        return files.write_text(path, text), ""
+    if path.read_text() == text:
+        return path, ""
+    return path, (f"traffic: the held-out slice of the window ending {end} differs from the one kept in {path} "
+                  "(other data.traffic settings or logs?): the kept one stays in the regression set")
+
+
+def regression_questions(root: str | Path, before: str, exclude: str | None, cap: int) -> tuple[list[dict[str, Any]],
+                                                                                               dict[str, Any]]:
+    """The regression set's traffic part: the held-out slices kept under ``root`` (``keep_held_out``) of the
+    windows ending before ``before``, deduplicated by their turns, less the questions of ``exclude`` (this window's
+    held-out file: measured as the window slice), at most ``cap``: taken from the windows in turn, newest first, so
+    every earlier window is represented. Returns (questions, counts: ``questions``, ``windows`` used, ``over_cap``)."""
+    root = Path(root)
+    ends = sorted((p.stem for p in root.glob("*.jsonl") if DAY.match(p.stem) and p.stem < before), reverse=True)
+    seen = {_question_key(json.loads(line)) for line in Path(exclude).read_text().splitlines()} if exclude else set()
+    slices = []
+    for end in ends:
+        kept = []
+        for line in (root / f"{end}.jsonl").read_text().splitlines():
+            question = json.loads(line)
+            if (key := _question_key(question)) not in seen:
+                seen.add(key)
+                kept.append(question)
+        slices.append((end, kept))
+    taken: list[dict[str, Any]] = []
+    used: set[str] = set()
+    for i in range(max((len(k) for _, k in slices), default=0)):  # one from each window in turn
+        for end, kept in slices:
+            if i < len(kept) and len(taken) < cap:
+                taken.append(kept[i])
+                used.add(end)
+    total = sum(len(k) for _, k in slices)
+    return taken, {"questions": len(taken), "windows": sorted(used, reverse=True), "over_cap": total - len(taken)}

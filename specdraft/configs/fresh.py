@@ -75,10 +75,14 @@ class GateSettings:
     enabled: bool = False  # False: the registry's plain champion comparison (mean tau on the eval sets)
     margin: float = 0.0  # the candidate's window tau must exceed the champion's by more than this share
     max_regression: float = 0.02  # the most the candidate may lose against the champion on the regression set
+    # the regression set: the eval sets plus at most this many questions of earlier traffic windows' held-out
+    # slices (kept under <workdir>/traffic/heldout/; 0: the eval sets alone)
+    regression_max_questions: int = 200
 
     def __post_init__(self) -> None:
         _share("gate.margin", self.margin)
         _share("gate.max_regression", self.max_regression)
+        _at_least("gate.regression_max_questions", self.regression_max_questions, 0)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -6,6 +6,7 @@ architecture, the stage schedule with its epochs, the draft's shape and vocabula
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -87,6 +88,10 @@ class TrainConfig:
     # the warm start's vocabulary must cover this share of the new data's predicted tokens, else the run falls back
     # to a fresh vocabulary and fresh weights (and says so)
     init_min_coverage: float = 0.9
+    # the epochs of a run that warm-starts (init_from resolved and its vocabulary kept), as `epochs` is given (a
+    # total split over the stages, or one count per stage); None: each stage's fresh epochs cut to
+    # a quarter of each stage's fresh epochs, rounded up (WARM_SHARE; a run that does not warm-start trains `epochs`)
+    warm_epochs: int | list[int] | None = None
 
     def __post_init__(self) -> None:
         """Every check that needs no file: a bad key or value is a ``ConfigError`` naming it, raised when the
@@ -108,37 +113,60 @@ class TrainConfig:
         if not 0.0 <= self.init_min_coverage <= 1.0:
             raise ConfigError(f"init_min_coverage={self.init_min_coverage}: must be between 0 and 1")
         resolve_stages(self)  # the epoch counts against the recipe's stages
+        resolve_stages(self, warm=True)  # and the warm start's
 
     def resolved(self) -> tuple[Arch, list[StageConfig]]:
         """(draft architecture, stage schedule): ``resolve_stages``."""
         return resolve_stages(self)
 
 
-def resolve_stages(cfg: TrainConfig) -> tuple[Arch, list[StageConfig]]:
+WARM_SHARE = 0.25  # a warm start's default epochs: this share of each stage's fresh epochs (issue 33's goal: <= 40 %
+# of from-scratch compute; a quarter leaves room for the replayed rows, data.traffic.replay 0.2 by default)
+
+
+def resolve_stages(cfg: TrainConfig, *, warm: bool = False) -> tuple[Arch, list[StageConfig]]:
     """(draft architecture, stage schedule): the recipe's, with the config's overrides applied (``epochs`` a
     total split over the stages, or one count per stage; ``recompute``); a count that fits no schedule is a
-    ``ConfigError`` naming ``epochs``."""
+    ``ConfigError`` naming ``epochs``. ``warm`` (the run warm-starts): ``warm_epochs`` instead, by default
+    each stage's fresh epochs cut to ``warm_epochs`` (a quarter, rounded up)."""
     recipe = RECIPES.get(cfg.recipe, Recipe("beagle", False, []))
     arch = cfg.arch or recipe.arch
     stages = list(cfg.stages) if cfg.stages else list(recipe.stages)
+    stages = _with_epochs(cfg, stages, cfg.epochs, "epochs")
+    if warm:
+        given = cfg.warm_epochs is not None
+        epochs = cfg.warm_epochs if given else [warm_epochs(s.epochs) for s in stages]
+        stages = _with_epochs(cfg, stages, epochs, "warm_epochs" if given else "epochs")
+    if cfg.recompute:
+        stages = [replace(s, recompute=True) for s in stages]
+    return arch, stages
+
+
+def warm_epochs(fresh: int) -> int:
+    """A stage's default epochs on a warm start: ``WARM_SHARE`` of its fresh epochs, rounded up (a stage that
+    does not train stays at 0)."""
+    return math.ceil(WARM_SHARE * fresh)
+
+
+def _with_epochs(cfg: TrainConfig, stages: list[StageConfig], epochs: int | list[int] | None,
+                 key: str) -> list[StageConfig]:
+    """``stages`` with ``epochs`` (the setting ``key``: a total split over them, one count per stage, or None:
+    theirs); a count that fits no schedule is a ``ConfigError`` naming ``key``."""
     kinds = ", ".join(s.kind for s in stages)
-    epochs = cfg.epochs
     if isinstance(epochs, int):  # the total over the stages
         if epochs < len(stages):
-            raise ConfigError(f"epochs={epochs}: a total of {epochs} cannot give each of the {len(stages)} stage(s) "
+            raise ConfigError(f"{key}={epochs}: a total of {epochs} cannot give each of the {len(stages)} stage(s) "
                               f"of recipe {cfg.recipe!r} ({kinds}) an epoch; give at least {len(stages)}, or one "
                               f"count per stage as a list")
         epochs = split_epochs(epochs, len(stages))
     if epochs is not None:
         if len(epochs) != len(stages):
-            raise ConfigError(f"epochs={epochs}: recipe {cfg.recipe!r} has {len(stages)} stage(s) ({kinds}): give "
+            raise ConfigError(f"{key}={epochs}: recipe {cfg.recipe!r} has {len(stages)} stage(s) ({kinds}): give "
                               f"one epoch count per stage, or one number: the total, split over the stages")
         if any(e < 0 for e in epochs):
-            raise ConfigError(f"epochs={epochs}: an epoch count must be >= 0")
+            raise ConfigError(f"{key}={epochs}: an epoch count must be >= 0")
         stages = [replace(s, epochs=e) for s, e in zip(stages, epochs)]
     if sum(s.epochs for s in stages) == 0:  # no step would run: the "draft" would be its initial weights
-        raise ConfigError(f"{'epochs' if cfg.epochs is not None else 'stages'}="
+        raise ConfigError(f"{key if epochs is not None else 'stages'}="
                           f"{[s.epochs for s in stages]}: no stage trains (every epoch count is 0)")
-    if cfg.recompute:
-        stages = [replace(s, recompute=True) for s in stages]
-    return arch, stages
+    return stages

@@ -2,7 +2,8 @@
 duplicate, answers logged by the served model reused) and, with no champion, promotes and hands the draft off
 to exports/current; night 2 adds a day, and the gate compares candidate and champion on the new window's
 held-out slice and on the eval sets (the regression set) — its comparisons in the record and the summary — and
-trains warm from the champion (its vocabulary maps byte-identical). Slow: two toy flow runs."""
+trains warm from the champion (its vocabulary maps byte-identical) on the warm schedule (fewer epochs), with night
+1's held-out slice in the regression set and the offline drift series in the report. Slow: two toy flow runs."""
 
 from __future__ import annotations
 
@@ -75,3 +76,18 @@ def test_two_nights_on_traffic(local_ray, tiny_toy_target, tmp_path):
         assert warm[name].numpy().tobytes() == champion[name].numpy().tobytes()
     plan = json.loads((Path(second["train"]["draft"]).parent / "draft_vocab.json").read_text())
     assert plan["init_from"].endswith(f"champion/v{register['version']}") and "warm      started from" in second["summary"]
+    # warm: fewer epochs, a quarter of each stage's, said in schedule.json and the summary's warm line
+    fresh_schedule, warm_schedule = (json.loads((Path(run["train"]["draft"]).parent / "schedule.json").read_text())
+                                     for run in (first, second))
+    assert fresh_schedule["start"] == "fresh" and warm_schedule["start"] == "warm"
+    assert warm_schedule["epochs"] == [-(-e // 4) for e in fresh_schedule["epochs"]]
+    assert f"schedule: epochs {warm_schedule['epochs']}" in " ".join(second["summary"].split())
+    # the regression set: the eval set and night 1's held-out slice (less night 2's own held-out questions)
+    heldout = tmp_path / "work" / "traffic" / "heldout"
+    assert sorted(p.name for p in heldout.iterdir()) == ["2026-11-25.jsonl", "2026-11-26.jsonl"]
+    regression = second["prepare"]["traffic"]["regression"]
+    assert first["prepare"]["traffic"]["regression"]["questions"] == 0 and regression["windows"] == ["2026-11-25"]
+    assert f"+ {regression['questions']} questions from 1 earlier window's" in " ".join(second["summary"].split())
+    # the offline drift series drawn in the report
+    html = Path(second["report"]).read_text()
+    assert html.split("<h2>Offline drift</h2>")[1].lstrip().startswith('<img src="data:image/png;base64,')

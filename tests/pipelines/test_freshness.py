@@ -37,3 +37,39 @@ def test_a_server_that_does_not_answer_is_a_warning(tmp_path, caplog):
         served = observe_served(cfg, NullRun(), logging.getLogger("test"))
     assert not served["alarm"] and "not read" in served["error"] and "not read" in caplog.text
     assert observe_served(from_dict(RunConfig, {}), NullRun(), logging.getLogger("test")) == {}
+
+
+def test_the_offline_drift_series_reaches_the_report_as_plain_data(tmp_path):
+    """The nights' ``offline.window_tau`` read back from a real MLflow store (SQLite), oldest first, runs of another
+    name or without the check left out; the report draws it in its own part."""
+    from pipelines.freshness import drift_series
+    from pipelines.report import render_report
+    from pipelines.summary import summarize
+    from pipelines.tracking import MlflowLogger
+    from tests.pipelines.test_run_summary import EVAL_REPORT, PLACE, records
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    nights = [(2.50, 2.50, "False", "7"), (2.41, 2.50, "False", "7"), (2.05, 2.50, "True", "7"), (2.60, 2.60, "False", "8")]
+    for i, (tau, base, alarm, version) in enumerate(nights):
+        night = MlflowLogger(uri, run_name=f"night-{i}", tags={"specdraft.run": "nightly"})
+        night.log_metrics({"offline.window_tau": tau, "offline.window_tau_at_promotion": base,
+                           "offline.drop": (base - tau) / base}, step=0)
+        night.set_tags({"offline.alarm": alarm, "offline.champion_version": version,
+                        "offline.window_end": f"2026-11-2{i}"})
+        night.close()
+        MlflowLogger(uri, run_name="skipped", tags={"specdraft.run": "nightly"}).close()  # no drift check
+    MlflowLogger(uri, run_name="other", tags={"specdraft.run": "other"}).log_metrics({"offline.window_tau": 9.0}, 0)
+    parent = MlflowLogger(uri, run_name="tonight", tags={"specdraft.run": "nightly"})
+    series = drift_series(parent, "nightly")
+    assert [s["tau"] for s in series] == [2.50, 2.41, 2.05, 2.60]
+    assert [s["champion_version"] for s in series] == [7, 7, 7, 8] and [s["alarm"] for s in series][2]
+    assert series[2]["tau_at_promotion"] == 2.50 and series[0]["window_end"] == "2026-11-20"
+    assert drift_series(parent, "nightly", limit=2) == series[-2:]
+    assert drift_series(NullRun(), "nightly") == []
+    summary = summarize("nightly", records(tmp_path), PLACE, EVAL_REPORT)
+    html = render_report(summary, training=[], eval_report=None, history=[], drift=series)
+    part = html.split("<h2>Offline drift</h2>")[1]
+    assert part.lstrip().startswith('<img src="data:image/png;base64,') and 'alt="offline drift' in part
+    empty = render_report(summary, training=[], eval_report=None, history=[], drift=[])
+    assert "no offline drift measured yet" in empty
+    assert "Offline drift" not in render_report(summary, training=[], eval_report=None, history=[])  # check off

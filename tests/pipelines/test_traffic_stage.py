@@ -4,6 +4,7 @@ target, no Ray), and the counts reach the record the summary and MLflow read."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,35 @@ def test_run_refuses_missing_traffic(tmp_path):
                                          "data": {"traffic": {"path": str(tmp_path / "nowhere")}}}))
     with pytest.raises(ConfigError, match="data.traffic.days"):
         from_dict(RunConfig, {"data": {"traffic": {"days": 0}}})
+
+
+def test_each_window_keeps_its_held_out_slice_and_the_gate_reads_the_earlier_ones(tmp_path):
+    from pipelines.summary import traffic_rows
+
+    root = write_traffic(tmp_path / "traffic")
+    for day, n in (("2026-11-21", 30), ("2026-11-22", 30)):
+        (root / day).mkdir()
+        (root / day / "gateway-0.jsonl").write_text("".join(
+            json.dumps({"messages": [{"role": "user", "content": f"{day} question {i}"}]}) + "\n" for i in range(n)))
+
+    def night(end: str, **gate):
+        cfg = from_dict(RunConfig, {"workdir": str(tmp_path / "runs"), "gate": {"enabled": True, **gate},
+                                    "eval": {"questions": [str(root / "2026-11-20" / "gateway-0.jsonl")]},
+                                    "data": {"traffic": {"path": str(root), "days": 1, "end": end, "replay": 0.0,
+                                                         "held_out": 0.3}}})
+        return prepare(cfg).traffic
+
+    first = night("2026-11-21")
+    home = tmp_path / "runs" / "traffic" / "heldout"
+    assert (home / "2026-11-21.jsonl").read_text() == Path(first["files"]["held_out"]).read_text()
+    assert first["regression"]["questions"] == 0 and "regression" not in first["files"]
+    assert any("alone (no earlier traffic window" in text for _, text in traffic_rows({"traffic": first}))
+    second = night("2026-11-22", regression_max_questions=4)
+    held = len(Path(first["files"]["held_out"]).read_text().splitlines())
+    assert held > 4 and second["regression"] == {"questions": 4, "windows": ["2026-11-21"], "over_cap": held - 4,
+                                                "eval_sets": 1, "max_questions": 4}
+    regression = [json.loads(line) for line in Path(second["files"]["regression"]).read_text().splitlines()]
+    assert len(regression) == 4 and all(q["turns"][0].startswith("2026-11-21 question") for q in regression)
+    assert sorted(p.name for p in home.iterdir()) == ["2026-11-21.jsonl", "2026-11-22.jsonl"]
+    [(label, text)] = [row for row in traffic_rows({"traffic": second}) if row[0] == "gate"]
+    assert text.startswith("regression set: the 1 eval set (eval.questions) + 4 questions from 1 earlier window's")

@@ -1,7 +1,8 @@
 """Warm start from the champion (issue 33, Deliver 4): ``train.init_from`` keeps the champion's draft vocabulary
 (its d2t/t2d maps byte-identical, never recomputed from the new data) and its weights; a vocabulary that no longer
 covers the new data's predicted tokens falls back to a fresh one, said in draft_vocab.json; a draft of another
-shape is refused naming the fields."""
+shape is refused naming the fields. The driver's plan trains the warm schedule (train.warm_epochs, by default a
+quarter of the epochs) only when the run does warm-start, and says so in schedule.json and the summary."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import torch
 from safetensors.torch import load_file
 
 from pipelines.conversations import write_conversations
+from pipelines.summary import warm_rows
 from pipelines.train import feature_plan, online_conversations
 from specdraft.features import FeaturesConfig
 from specdraft.models import build_draft, draft_config_from_target, save_draft
-from specdraft.run import load_warm
+from specdraft.run import load_warm, plan_run
 from specdraft.target import load_target_config, load_target_heads
 from specdraft.toy.conversations import generate_conversations
 from specdraft.vocab import select_vocab
@@ -63,6 +65,13 @@ def test_the_champion_vocabulary_and_weights_are_kept_byte_identical(tiny_toy_ta
     for name in ("heads.d2t", "heads.t2d"):
         assert mine[name].numpy().tobytes() == theirs[name].numpy().tobytes()
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)  # every weight from the champion
+    cfg8 = replace(warm, epochs=[8])
+    plan = plan_run(cfg8, *feature_plan(cfg8, [], tiny_toy_target, tmp_path / "run"), tmp_path / "run")  # the driver
+    assert plan.start == "warm" and [s.epochs for s in plan.stages] == [2] and list(plan.vocab) == kept
+    schedule = json.loads((tmp_path / "run" / "schedule.json").read_text())
+    assert schedule["epochs"] == [2] and schedule["init_from"] == str(champion)
+    [(label, text)] = warm_rows(tmp_path / "run")  # the summary's warm line says the schedule and why
+    assert label == "warm" and "vocabulary kept" in text and "schedule: epochs [2] over ttt (warm start" in text
 
 
 def test_low_coverage_falls_back_and_another_shape_is_refused(tiny_toy_target, tmp_path, plan):
@@ -75,6 +84,11 @@ def test_low_coverage_falls_back_and_another_shape_is_refused(tiny_toy_target, t
     assert ids == select_vocab(counts, VD).tolist()  # a fresh vocabulary
     record = json.loads((tmp_path / "run" / "draft_vocab.json").read_text())
     assert "init_from" not in record and "< train.init_min_coverage 90%" in record["warm_start_fallback"]
+    cfg8 = replace(warm, epochs=[8])
+    plan = plan_run(cfg8, *feature_plan(cfg8, [], tiny_toy_target, tmp_path / "run"), tmp_path / "run")
+    assert plan.start == "fresh" and [s.epochs for s in plan.stages] == [8]  # no warm start: the fresh schedule
+    assert "no warm start" in warm_rows(tmp_path / "run")[0][1] and "(fresh start: train.epochs)" in warm_rows(
+        tmp_path / "run")[0][1]
     other = save_draft(_draft(tiny_toy_target, list(range(16)), seed=1), tmp_path / "small")
     with pytest.raises(ValueError, match="draft_vocab_size"):
         load_warm(_draft(tiny_toy_target, ids, seed=2), other)

@@ -8,7 +8,7 @@ import pytest
 
 from specdraft.config import ConfigError
 from specdraft.configs.fresh import GateSettings
-from specdraft.gate import decide
+from specdraft.gate import decide, describe_regression_set, regression_value
 
 GATE = GateSettings(enabled=True, margin=0.01, max_regression=0.02)
 
@@ -39,3 +39,21 @@ def test_no_champion_promotes_and_no_window_refuses():
     assert not blind.promote and "not measured on the window" in blind.reason
     with pytest.raises(ConfigError, match="gate.max_regression"):
         GateSettings(max_regression=-0.1)
+    with pytest.raises(ConfigError, match="gate.regression_max_questions"):
+        GateSettings(regression_max_questions=-1)
+
+
+def test_earlier_windows_are_one_more_dataset_of_the_regression_set():
+    # two eval sets at mean 2.4, the earlier windows' slices at 1.8: the mean over the three datasets
+    assert regression_value(2.4, 2, 1.8) == pytest.approx(2.2)
+    assert regression_value(None, 0, 1.8) == 1.8  # no eval set: the earlier slices alone
+    # the candidate holds the eval sets but loses the earlier traffic: the gate refuses
+    d = decide(GATE, window=(2.6, 2.4), regression=(regression_value(2.4, 2, 1.5), regression_value(2.4, 2, 1.8)),
+               has_champion=True)
+    assert not d.promote and not d.comparisons[1].passed and d.comparisons[1].change == pytest.approx(-0.3 / 6.6)
+    said = describe_regression_set({"questions": 37, "windows": ["2026-11-25", "2026-11-24"], "over_cap": 4,
+                                    "max_questions": 37}, 2)
+    assert said == ("regression set: the 2 eval sets (eval.questions) + 37 questions from 2 earlier windows' held-out "
+                    "slices (ending 2026-11-24..2026-11-25, 4 more over gate.regression_max_questions 37)")
+    assert describe_regression_set({"questions": 0, "windows": []}, 1) == (
+        "regression set: the 1 eval set (eval.questions) alone (no earlier traffic window's held-out slice kept yet)")

@@ -3,9 +3,11 @@ table, carried to the workers as plain data, and the one place the EAGLE-3 aux-l
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from specdraft.config import from_dict, to_dict
+from specdraft.config import ConfigError, from_dict, to_dict
 from specdraft.configs.train import TrainConfig
 from specdraft.plan import RunPlan, aux_layers_setting, build_plan
 from specdraft.recipes import RECIPES
@@ -34,3 +36,21 @@ def test_the_eagle3_aux_layer_default_is_decided_by_the_plan_alone():
     assert aux_layers_setting(TrainConfig(recipe="beagle3"), [1, 2]) == [1, 2]  # a given setting wins
     assert aux_layers_setting(TrainConfig(recipe="hass"), None) is None  # a recipe without EAGLE-3 features
     assert aux_layers_setting(TrainConfig(recipe="hass", arch="eagle3"), None) == "eagle3"  # the arch reads them
+
+
+def test_a_warm_start_trains_fewer_epochs_and_an_explicit_count_wins():
+    cfg = TrainConfig(recipe="beagle3", epochs=[10, 6])
+    fresh, warm = build_plan(cfg), build_plan(cfg, warm=True)
+    assert [s.epochs for s in fresh.stages] == [10, 6] and fresh.start == "fresh"
+    assert [s.epochs for s in warm.stages] == [3, 2] and warm.start == "warm"  # a quarter of each, rounded up
+    assert warm.epoch_offsets == (0, 3) and warm.schedule()["epochs"] == [3, 2]
+    assert warm.schedule()["why"].startswith("warm start") and fresh.schedule()["why"].startswith("fresh start")
+    assert [s.epochs for s in build_plan(TrainConfig(recipe="eagle3", epochs=1), warm=True).stages] == [1]
+    given = TrainConfig(recipe="beagle3", epochs=[10, 6], warm_epochs=5)  # the warm total, split as epochs is
+    assert [s.epochs for s in build_plan(given, warm=True).stages] == [3, 2]
+    assert [s.epochs for s in build_plan(given).stages] == [10, 6]  # a fresh start ignores warm_epochs
+    assert [s.epochs for s in build_plan(replace(given, warm_epochs=[4, 0]), warm=True).stages] == [4, 0]
+    with pytest.raises(ConfigError, match="warm_epochs"):
+        TrainConfig(recipe="beagle3", warm_epochs=[1, 1, 1])
+    with pytest.raises(ConfigError, match="warm_epochs"):
+        TrainConfig(recipe="beagle3", warm_epochs=[0, 0])

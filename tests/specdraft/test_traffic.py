@@ -10,7 +10,7 @@ import pytest
 
 from specdraft.config import ConfigError, from_dict
 from specdraft.configs.fresh import TrafficSettings
-from specdraft.traffic import read_window, write_window
+from specdraft.traffic import keep_held_out, read_window, regression_questions, write_window
 
 SERVED = "toy-target"
 
@@ -58,7 +58,7 @@ def test_window_counts_every_row(tmp_path):
     assert (c["reused"], c["replayed"], c["replay_pool"], c["dropped_replay"]) == (2, 5, 10, 5)
     assert c["to_regenerate"] == 3 + 5  # sort, spell 80, count to three + the replayed rows
     assert c["read"] == c["to_regenerate"] + c["reused"] + c["held_out"] + c["deduplicated"] + c["over_cap"] \
-        + c["dropped_replay"] + c["replay_reused"]
+        + c["dropped_replay"] + c["replay_reused"] + c["replay_held_out"]
     reused = {r["messages"][0]["content"]: r["messages"][-1]["content"] for r in window.reused}
     assert reused == {"what is 2 + 2?": "four", "reverse pencil": "licnep"}  # the newest day's answer wins
     assert sum(r["messages"][0]["content"].startswith("old question") for r in window.prompts) == 5
@@ -103,3 +103,40 @@ def test_window_from_s3(tmp_path, s3_bucket):
     local = read_window(TrafficSettings(path=str(root), days=4, served_model=SERVED, held_out=0.0))
     remote = read_window(TrafficSettings(path=f"{s3_bucket}/logs", days=4, served_model=SERVED, held_out=0.0))
     assert remote.counts == local.counts and remote.reused == local.reused
+
+
+def _questions(path: Path, texts: list[str]) -> str:
+    path.write_text("".join(json.dumps({"question_id": t, "category": "traffic", "turns": [t]}) + "\n"
+                            for t in texts))
+    return str(path)
+
+
+def test_held_out_slices_are_kept_and_earlier_ones_make_the_regression_set(tmp_path):
+    home = tmp_path / "heldout"
+    for end, texts in (("2026-11-23", ["a", "b", "c"]), ("2026-11-24", ["c", "d", "e"]),
+                       ("2026-11-25", ["e", "f"])):
+        kept, warning = keep_held_out(_questions(tmp_path / f"{end}.jsonl", texts), home, end)
+        assert kept == home / f"{end}.jsonl" and warning == ""
+    assert keep_held_out(_questions(tmp_path / "same.jsonl", ["e", "f"]), home, "2026-11-25") == (
+        home / "2026-11-25.jsonl", "")  # a rerun of the same night: the same slice
+    kept, warning = keep_held_out(_questions(tmp_path / "other.jsonl", ["z"]), home, "2026-11-25")
+    assert "differs" in warning and kept.read_text() == (tmp_path / "2026-11-25.jsonl").read_text()  # not rewritten
+    # night 11-26: the earlier windows' slices, less this window's held-out questions ("f"), each question once
+    now = _questions(tmp_path / "now.jsonl", ["f", "g"])
+    questions, counts = regression_questions(home, "2026-11-26", now, cap=100)
+    assert sorted(q["turns"][0] for q in questions) == ["a", "b", "c", "d", "e"]
+    assert counts == {"questions": 5, "windows": ["2026-11-25", "2026-11-24", "2026-11-23"], "over_cap": 0}
+    questions, counts = regression_questions(home, "2026-11-26", now, cap=3)  # one from each window in turn
+    assert [q["turns"][0] for q in questions] == ["e", "c", "a"] and counts["over_cap"] == 2
+    assert regression_questions(home, "2026-11-23", None, cap=100)[1] == {"questions": 0, "windows": [],
+                                                                          "over_cap": 0}  # no earlier window
+
+
+def test_replay_never_draws_a_row_held_out_in_its_own_window(tmp_path):
+    root = write_traffic(tmp_path / "traffic")
+    settings = TrafficSettings(path=str(root), days=4, replay=1.0, replay_days=7, held_out=0.3)
+    earlier = read_window(TrafficSettings(path=str(root), days=1, end="2026-11-20", replay=0.0, held_out=0.3))
+    window = read_window(settings)
+    held = {r["messages"][0]["content"] for r in earlier.held_out}
+    assert held and window.counts["replay_held_out"] == len(held)
+    assert not held & {r["messages"][0]["content"] for r in window.prompts + window.reused}
