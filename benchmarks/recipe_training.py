@@ -8,6 +8,7 @@ Decoding" (Beagle), §5) is measured before, after every epoch and after trainin
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -24,7 +25,8 @@ SHARED = ("threads", "seed", "epochs", "max_tokens", "lr", "warmup", "schedule",
 
 
 def train_config(args: dict[str, Any], recipe: str):
-    """The ``ClusterTrainConfig`` of ``recipe`` under the benchmark's shared settings (batches not refitted)."""
+    """The ``ClusterTrainConfig`` of ``recipe`` under the benchmark's shared settings (batches not refitted);
+    ``args["init_from"]`` (optional): the draft directory a warm start begins from (``train.init_from``)."""
     from dataclasses import replace
 
     from pipelines.configs import ClusterTrainConfig, ScalingSection
@@ -47,6 +49,7 @@ def train_config(args: dict[str, Any], recipe: str):
         log_every=10**9, scaling=ScalingSection(num_workers=1, cpus_per_worker=1.0),
         **({"draft_vocab_size": args["draft_vocab"]} if args.get("draft_vocab") else {}),
         block_size=args.get("block_size") or DEFAULT_BLOCK_SIZE, draft_layers=args.get("draft_layers"),
+        init_from=args.get("init_from") or "",  # a draft directory: warm start (its weights and draft vocabulary)
     )
 
 
@@ -71,6 +74,9 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
     t0 = time.perf_counter()
     Path(out).mkdir(parents=True, exist_ok=True)
     aux_layers, vocab = feature_plan(cfg, [store], target, Path(out))  # the pipeline's choice, out/draft_vocab.json
+    vocab_file = Path(out) / "draft_vocab.json"  # feature_plan's record (save_draft below replaces out's files)
+    vocab_plan = ({k: v for k, v in json.loads(vocab_file.read_text()).items() if k != "target_ids"}
+                  if vocab_file.is_file() else None)
     plan = build_plan(cfg, aux_layers=aux_layers, vocab=vocab)
     run = build_run(cfg, plan, target, lambda split, reader, aux: FeatureDataset([store], reader, split=split, aux_layers=aux),
                     target_id=target_id(target))
@@ -140,7 +146,7 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
             "peak_process_mb": max(peak_process_before, peak_train),
         },
         "sim_before": rounded(before), "sim_after": rounded(after), "history": history, "draft": str(draft_dir),
-        "aux_layers": aux_layers, "draft_vocab_size": None if vocab is None else len(vocab),
+        "aux_layers": aux_layers, "draft_vocab_size": None if vocab is None else len(vocab), "vocab_plan": vocab_plan,
         "draft_layers": run.draft_config.num_layers, "trainable_params": sum(p.numel() for p in draft.parameters()
                                                                               if p.requires_grad),
         "threads": torch.get_num_threads(),

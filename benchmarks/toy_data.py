@@ -8,6 +8,7 @@ writer (``specdraft.store.write_shard``), so every recipe trains from the same a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -17,11 +18,14 @@ from typing import Any
 
 
 def build_store(store: Path, target: Path, conversations: int, seed: int, max_length: int, topk: int,
-                samples_per_shard: int, aux_layers: list[int]) -> dict[str, Any]:
+                samples_per_shard: int, aux_layers: list[int],
+                chats: list[list[dict[str, str]]] | None = None) -> dict[str, Any]:
     """A Zarr feature store of ``conversations`` toy chats (reused when already built the same way).
 
     With ``aux_layers`` the store also holds the EAGLE-3 features (``aux_hidden``: the states entering
-    those target layers, from the same forward), so every recipe trains from the same store."""
+    those target layers, from the same forward), so every recipe trains from the same store. ``chats``:
+    these conversations instead of ``generate_conversations(conversations, seed)`` (their digest joins the
+    spec; ``seed`` still names the sample ids)."""
     from specdraft.features import AUX_CONVENTION, compute_features, sample_arrays
     from specdraft.store import (
         make_manifest,
@@ -34,6 +38,9 @@ def build_store(store: Path, target: Path, conversations: int, seed: int, max_le
 
     spec = {"target_id": target_id(target), "conversations": conversations, "seed": seed, "max_length": max_length,
             "topk": topk, "samples_per_shard": samples_per_shard, "aux_layers": aux_layers}
+    if chats is not None:
+        spec.update(conversations=len(chats),
+                    chats_sha256=hashlib.sha256(json.dumps(chats, sort_keys=True).encode()).hexdigest()[:16])
     marker = store / "bench_store.json"
     if marker.is_file() and json.loads(marker.read_text()).get("spec") == spec:
         return {**json.loads(marker.read_text()), "reused": True}
@@ -41,8 +48,8 @@ def build_store(store: Path, target: Path, conversations: int, seed: int, max_le
     store.mkdir(parents=True)
     started = time.perf_counter()
     model, tokenizer = load_target_model(target), load_tokenizer(target)
-    samples = compute_features(model, tokenizer, generate_conversations(conversations, seed=seed), max_length, topk,
-                               progress=False, aux_layers=aux_layers)
+    chats = generate_conversations(conversations, seed=seed) if chats is None else chats
+    samples = compute_features(model, tokenizer, chats, max_length, topk, progress=False, aux_layers=aux_layers)
     # compute_features returns the samples sorted by length; ids number them in that order and the
     # held-out split is by id hash (FeatureDataset), identical for every recipe
     d = samples[0]["hidden"].shape[-1]
