@@ -77,7 +77,8 @@ def ray_run(args: argparse.Namespace, shared: dict[str, Any], store: Path, targe
     fit_s = time.perf_counter() - t0
     ray.shutdown()
     draft = load_draft(summary["draft"], target=target)
-    counts = validate_draft(draft, FeatureDataset([store], cfg.reader, split="val"), cfg.sim_depth, 10**6, "cpu")
+    counts = validate_draft(draft, FeatureDataset([store], cfg.reader, split="val", aux_layers=draft.config.aux_layers or ()),
+                            cfg.sim_depth, 10**6, "cpu")
     result = {"recipe": args.ray_recipe, "ray_init_s": round(init_s, 2), "run_training_s": round(fit_s, 2),
               "optimizer_steps": summary["metrics"].get("state_step"),
               "train_tokens": summary["metrics"].get("state_tokens"), "sim_tau": round(counts.sim_tau, 4),
