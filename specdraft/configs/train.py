@@ -89,8 +89,8 @@ class TrainConfig:
     # to a fresh vocabulary and fresh weights (and says so)
     init_min_coverage: float = 0.9
     # the epochs of a run that warm-starts (init_from resolved and its vocabulary kept), as `epochs` is given (a
-    # total split over the stages, or one count per stage); None: each stage's fresh epochs cut to
-    # a quarter of each stage's fresh epochs, rounded up (WARM_SHARE; a run that does not warm-start trains `epochs`)
+    # total split over the stages, or one count per stage); None: a quarter of each stage's fresh epochs, rounded
+    # up (WARM_SHARE; a run that does not warm-start trains `epochs`)
     warm_epochs: int | list[int] | None = None
 
     def __post_init__(self) -> None:
