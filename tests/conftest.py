@@ -3,7 +3,14 @@ Prefect API set up as ``specdraft run`` sets it up (``flows/local_api.py``) and 
 
 The README's test command runs the suite on two pytest-xdist workers (``-n 2``): each worker is its own
 session, with its own Prefect home (database), Ray cluster, S3 server (free port) and temp dirs, and
-its share of the cores for torch; the tests run longest first (``pytest_collection_modifyitems``)."""
+its share of the cores for torch; the tests run longest first (``pytest_collection_modifyitems``).
+
+A module's tests run on one worker (``--dist loadfile``): its module-scoped fixtures (the docs test's one
+session, a module's dumps and trained drafts) are built once. Not ``--dist loadgroup`` with ``xdist_group``
+marks: pytest-xdist 3.8 groups by a suffix it writes into ``item._nodeid``, which pytest 9 no longer reads
+(``Node.nodeid`` is ``str(item._id)``), so the groups were silently spread over both workers — the docs test's
+chain then ran on both, each worker replaying what the other had run (``tests/test_readme.py::test_the_test_command_keeps_a_module_on_one_worker`` runs the README command's
+scheduling on two small modules)."""
 
 from __future__ import annotations
 

@@ -65,7 +65,8 @@ FLOWS = ("specdraft run", "prefect deployment run", "specdraft train")  # comman
 PREFECT_PORT = "4200"  # the README's Prefect port, replaced by a free one
 VLLM_CPU_KVCACHE_GIB = "1"  # vLLM's CPU KV cache for the served champion (otherwise a share of the machine's memory)
 
-pytestmark = pytest.mark.xdist_group("readme")  # one session, in order, on one worker (see replay_before)
+# one session, in order, on one worker: the README's test command keeps a module on one worker (``--dist loadfile``,
+# tests/conftest.py); replay_before still covers ``-k`` on one command
 
 
 @dataclass(frozen=True)
@@ -508,3 +509,24 @@ if __name__ == "__main__":  # list the commands and what the test does with each
     for c in COMMANDS:
         print(f"{c.page:<22} L{c.line:<4} {c.rule.action:<10} {c.text}")
     sys.exit(0)
+
+
+def test_the_test_command_keeps_a_module_on_one_worker(tmp_path):
+    """The README's test command schedules a module's tests on one xdist worker, so that a module-scoped fixture
+    (this module's one session) is built once: its ``-n``/``--dist`` options, run on two small modules."""
+    command = next(c.text for c in COMMANDS if "python -m pytest" in c.text)
+    tokens = shlex.split(command[command.index("python -m pytest"):].split("&&")[0])
+    options = [t for i, t in enumerate(tokens) if t.startswith(("-n", "--dist")) or tokens[i - 1] in ("-n", "--dist")]
+    assert "-n" in options and "--dist" in options, tokens
+    for module in ("a", "b"):
+        (tmp_path / f"test_{module}.py").write_text(
+            "import os, pathlib, pytest\n"
+            "@pytest.mark.parametrize('i', range(4))\n"
+            f"def test_one(i):\n    pathlib.Path('{tmp_path}', '{module}-%d' % i).write_text("
+            "os.environ['PYTEST_XDIST_WORKER'])\n")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                          *options, str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for module in ("a", "b"):
+        workers = {(tmp_path / f"{module}-{i}").read_text() for i in range(4)}
+        assert len(workers) == 1, f"test_{module}.py ran on {sorted(workers)} with {options}"

@@ -44,7 +44,7 @@ from specdraft.toy.conversations import generate_conversations
 from specdraft.training import OptimConfig
 from tests.tiny_models import NARROW
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("faults-pairing")]
+pytestmark = pytest.mark.slow
 
 CFG = FeaturesConfig(samples_per_shard=8, max_length=96, batch_tokens=400, max_batch_size=6)
 

@@ -34,9 +34,8 @@ TOY = ToyTargetConfig(num_conversations=200, vocab_size=300, hidden_size=32, num
 CFG = FeaturesConfig(samples_per_shard=4, max_length=96, batch_tokens=400, max_batch_size=6)
 SHARDS = 6  # 22 unique ids
 
-# one xdist worker runs the whole module (``--dist loadgroup``): its module-scoped dumps (one per family,
-# parametrized) are then made once, not once per worker that draws one of their tests
-pytestmark = pytest.mark.xdist_group("dump")
+# one xdist worker runs the whole module (``--dist loadfile``, tests/conftest.py): its module-scoped dumps (one per
+# family, parametrized) are made once, not once per worker that draws one of their tests
 
 
 def conversations(n: int = 18, seed: int = 7) -> list[dict]:
