@@ -9,6 +9,7 @@ Unknown keys are errors, values are coerced to the declared field types, and
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import types
 import typing
@@ -122,6 +123,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         except ValueError:
             raise ConfigError(f"{where}: expected a number, got {value!r}") from None
     if tp is str:
+        if isinstance(value, datetime.date):  # YAML reads an unquoted 2026-11-26 as a date: the day as written
+            return value.isoformat()
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
         return str(value)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.config import ConfigError, from_dict
+from specdraft.config import ConfigError, from_dict, parse_overrides
 from specdraft.configs.fresh import TrafficSettings
 from specdraft.traffic import keep_held_out, read_window, regression_questions, write_window
 
@@ -85,6 +85,10 @@ def test_end_day_and_bad_settings(tmp_path):
     root = write_traffic(tmp_path / "traffic")
     window = read_window(TrafficSettings(path=str(root), days=1, end="2026-11-25", replay=0.0, held_out=0.0))
     assert window.days == ["2026-11-25"] and window.counts["to_regenerate"] == 2
+    # the override as typed (data.traffic.end=2026-11-25): YAML reads it as a date, the setting keeps the day
+    assert from_dict(TrafficSettings, parse_overrides(["end=2026-11-25"])).end == "2026-11-25"
+    with pytest.raises(ConfigError, match="data.traffic.end"):  # a YAML timestamp is not a day
+        from_dict(TrafficSettings, parse_overrides(["end=2026-11-25 10:00:00"]))
     with pytest.raises(ConfigError, match="data.traffic.end"):
         TrafficSettings(end="26/11/2026")
     with pytest.raises(ConfigError, match="data.traffic.held_out"):
