@@ -43,12 +43,7 @@ import torch
 from benchmarks.host import LoadSampler
 from benchmarks.recipe_training import SHARED, train_config, train_in_fresh_process
 from benchmarks.speculative import decode_eval, engine_acceptance
-from benchmarks.toy_data import (
-    build_store,
-    question_overlap,
-    write_mt_bench,
-    write_toy_questions,
-)
+from benchmarks.toy_data import build_store, question_overlap, write_mt_bench, write_toy_questions
 
 RECIPE_ORDER = ("eagle", "hass", "beagle-early", "beagle", "beagle-topk", "eagle3", "eagle3-hass", "beagle3", "dflash",
                 "beagle-dflash")
@@ -77,8 +72,8 @@ def ray_run(args: argparse.Namespace, shared: dict[str, Any], store: Path, targe
     fit_s = time.perf_counter() - t0
     ray.shutdown()
     draft = load_draft(summary["draft"], target=target)
-    counts = validate_draft(draft, FeatureDataset([store], cfg.reader, split="val", aux_layers=draft.config.aux_layers or ()),
-                            cfg.sim_depth, 10**6, "cpu")
+    counts = validate_draft(draft, FeatureDataset([store], cfg.reader, split="val", aux_layers=draft.config.aux_layers
+                                                  or ()), cfg.sim_depth, 10**6, "cpu")
     result = {"recipe": args.ray_recipe, "ray_init_s": round(init_s, 2), "run_training_s": round(fit_s, 2),
               "optimizer_steps": summary["metrics"].get("state_step"),
               "train_tokens": summary["metrics"].get("state_tokens"), "sim_tau": round(counts.sim_tau, 4),
