@@ -277,20 +277,41 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
 
 def skip_night(cfg: RunConfig, parent: MlflowLogger | NullRun, result: dict[str, Any]) -> dict[str, Any]:
     """A night that does not train (``retrain.policy=when_it_pays``): its summary (why, the traffic window, the
-    served monitor) logged and returned; no stage after prepare ran, no report is written."""
-    from pipelines.summary import Place, render_skipped
+    monitors) and its report (those decisions, the registered versions, the offline drift series) written, logged
+    and returned; no stage after prepare ran."""
+    from datetime import datetime
+
+    from pipelines.report import render_skipped_report
+    from pipelines.summary import Place, render_skipped, skipped_summary
 
     try:
-        place = Place(workdir=str(Path(cfg.workdir).absolute()), tracking_uri=parent.uri,
+        name = f"{datetime.now():%Y%m%d-%H%M%S}-{flow_run.get_name() or 'local'}.html"
+        report_path = Path(cfg.workdir).absolute() / "reports" / name
+        place = Place(workdir=str(Path(cfg.workdir).absolute()), report=str(report_path), tracking_uri=parent.uri,
                       experiment_id=parent.experiment_id, run_id=parent.run_id)
+        try:
+            history = []
+            if parent.enabled:
+                from pipelines.registry import version_history
+
+                history = version_history(parent.client, cfg.register.model_name, cfg.register.alias)
+            drift = freshness.drift_series(parent, cfg.name) if cfg.monitor.offline else None
+            summary, decisions = skipped_summary(cfg.name, result, place)
+            files.write_text(report_path, render_skipped_report(summary, decisions, history=history, drift=drift))
+        except Exception as err:  # the night itself succeeded: a report that cannot be written is said, not raised
+            get_run_logger().warning("report: not written: %s: %s", type(err).__name__, err)
+            place = replace(place, report="", report_error=f"{type(err).__name__}: {err}")
+            report_path = ""
         text = render_skipped(cfg.name, result, place)
         parent.set_tags({"specdraft.summary": text.splitlines()[0].strip("= ")})
         with tempfile.TemporaryDirectory() as tmp:
             parent.log_artifact(files.write_text(Path(tmp) / "summary.txt", text + "\n"))
+            if report_path:
+                parent.log_artifact(shutil.copyfile(report_path, Path(tmp) / "report.html"))
         get_run_logger().info("run summary\n%s", text, extra={SUMMARY: True})
     finally:
         parent.close()
-    return {**result, "summary": text, "report": ""}
+    return {**result, "summary": text, "report": str(report_path)}
 
 
 SUMMARY = "specdraft_summary"  # the attribute marking the summary's log record (``summary_off_the_console``)

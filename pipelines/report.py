@@ -123,6 +123,29 @@ comparable with the previous stage's (a jump there is expected).</p>
 """
 
 
+def render_skipped_report(s: RunSummary, decisions: list[tuple[str, str]], *, history: list[dict[str, Any]],
+                          drift: list[dict[str, Any]] | None, generated: datetime | None = None) -> str:
+    """The report page of a night that did not train (``retrain.policy=when_it_pays``): its decisions (the traffic
+    window, the monitors, why it did not train), the registered versions and the offline drift series."""
+    gate = _plot_or_note(lambda: _png(plots.history_figure(history)),
+                         "" if history else "no registered versions (tracking disabled, or none registered yet)")
+    offline = "" if drift is None else "<h2>Offline drift</h2>" + _plot_or_note(
+        lambda: _png(plots.drift_figure(drift)), "" if drift else "no offline drift measured yet")
+    when = (generated or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>specdraft run {escape(s.name)}</title><style>{STYLE}</style></head>
+<body>
+<h1>specdraft run '{escape(s.name)}'</h1>
+<p class="headline">{escape(s.headline)}</p>
+<h2>This night's decisions</h2>{_rows(decisions, set())}
+<h2>Where the results are</h2>{_rows(s.where(), {"workdir", "report", "browse", "open"})}
+<h2>Registered versions</h2>{gate}
+{offline}
+<footer>generated {when} by specdraft</footer>
+</body></html>
+"""
+
+
 def write_report(out: str | Path, s: RunSummary, *, metrics_file: str, eval_report: dict[str, Any] | None,
                  history: list[dict[str, Any]], drift: list[dict[str, Any]] | None = None) -> Path:
     """``render_report`` written to ``out`` (whole: a temporary name, then renamed)."""

@@ -312,14 +312,23 @@ def fresh_lines(rows: list[tuple[str, str]]) -> list[str]:
                           break_on_hyphens=False, break_long_words=False) for label, text in rows]
 
 
+def skipped_summary(name: str, result: dict[str, Any], place: Place) -> tuple[RunSummary, list[tuple[str, str]]]:
+    """A night that skipped training (``retrain``): its summary (where the results are) and its decision rows —
+    the traffic window, the monitors, why it did not train, the champion unchanged."""
+    rows = [(label, text) for label, text in fresh_rows(result, None) if label != "retrain"]
+    rows += [("retrain", result["retrain"]["reason"]),
+             ("champion", "unchanged: nothing trained, evaluated or registered")]
+    s = RunSummary(name=name, headline="night skipped: no training", stages=[], datasets=[], notes=[], decision="",
+                   champion="", exports="", place=place)
+    return s, rows
+
+
 def render_skipped(name: str, result: dict[str, Any], place: Place) -> str:
     """The summary of a night that skipped training (``retrain``): why, the traffic window, the monitor, where."""
-    reason = result["retrain"]["reason"]
+    s, rows = skipped_summary(name, result, place)
     out = [f"== specdraft run '{name}': night skipped: no training ==", ""]
-    out += fresh_lines([(label, text) for label, text in fresh_rows(result, None) if label != "retrain"])
-    out += [textwrap.fill(reason, WIDTH, initial_indent=f"{'retrain':<9} ", subsequent_indent=" " * 10),
-            f"{'champion':<9} unchanged: nothing trained, evaluated or registered", ""]
-    s = RunSummary(name=name, headline="", stages=[], datasets=[], notes=[], decision="", champion="", exports="",
-                   place=place)
-    out += [f"{label:<9} {text}" for label, text in s.where() if label != "report"]
+    out += fresh_lines(rows[:-2])
+    out += [textwrap.fill(rows[-2][1], WIDTH, initial_indent=f"{'retrain':<9} ", subsequent_indent=" " * 10),
+            f"{'champion':<9} {rows[-1][1]}", ""]
+    out += [f"{label:<9} {text}" for label, text in s.where()]
     return "\n".join(out)

@@ -1,6 +1,6 @@
 """A night that does not pay (issue 33, Deliver 3): with ``retrain.policy=when_it_pays``, the same traffic window
 as the last trained night and no drift, the flow stops after prepare — nothing regenerated, trained, evaluated
-or registered — and its summary says why; a new day with enough new rows trains again (decided, not run here)."""
+or registered — and its summary and report say why; a new day with enough new rows trains again (decided, not run here)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ def test_a_night_without_new_data_or_drift_skips_training(tmp_path):
     assert text.splitlines()[0] == "== specdraft run 'toy': night skipped: no training =="
     assert "no drift and 0 of" in text and "training skipped" in text and "rows read" in text
     assert not (work / "train").exists() and not (work / "regenerate").exists()
+    report = Path(result["report"])  # the night's decisions are in its report too
+    assert report.parent == work / "reports" and f"report    {report}" in text
+    page = report.read_text()
+    assert "night skipped: no training" in page and "training skipped" in page and "rows read" in page
+    assert "Registered versions" in page and "unchanged: nothing trained, evaluated or registered" in page
     write_day(traffic, "2026-11-26", seed=33)  # a new day: half the window is new
     from flows.regenerate_and_train import freshness
 
