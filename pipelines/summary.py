@@ -183,6 +183,12 @@ def _register_rows(r: Registered) -> tuple[str, str, str, str]:
     return headline, decision, champion, exports
 
 
+def _replay_days_read(c: dict[str, int]) -> str:
+    """How many of the rows read were on the replay days (before the window), when any were."""
+    earlier = c.get("read_replay_days", 0)
+    return f" ({c['read'] - earlier} in the window, {earlier} on the earlier days replay draws from)" if earlier else ""
+
+
 def traffic_rows(prepared: dict[str, Any]) -> list[tuple[str, str]]:
     """The traffic window's counts and warnings (``data.traffic``; none when off)."""
     traffic = prepared.get("traffic") or {}
@@ -191,7 +197,7 @@ def traffic_rows(prepared: dict[str, Any]) -> list[tuple[str, str]]:
     c = traffic["counts"]
     days = traffic["days"]
     rows = [("traffic", f"window {days[-1] if days else '-'}..{days[0] if days else '-'} ({len(days)} days): "
-                        f"{c['read']} rows read, {c['rejected']} rejected (malformed), {c['deduplicated']} deduplicated, "
+                        f"{c['read']} rows read{_replay_days_read(c)}, {c['rejected']} rejected (malformed), {c['deduplicated']} deduplicated, "
                         f"{c['over_cap']} over the cap, {c['held_out']} held out; {c['to_regenerate']} to regenerate, "
                         f"{c['reused'] + c['replay_reused']} reused as logged (not regenerated), {c['replayed']} "
                         f"replayed from {len(traffic['replay_days'])} earlier days ({c['dropped_replay']} not drawn"

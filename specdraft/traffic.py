@@ -140,8 +140,9 @@ def read_window(settings: TrafficSettings) -> Window:
     window = Window(days=[d for d in wanted if d in present], replay_days=[d for d in earlier if d in present],
                     end=end.isoformat())
     window.warnings = [f"traffic: day {d} has no folder under {settings.path}" for d in wanted if d not in present]
-    counts = dict.fromkeys(("read", "rejected", "deduplicated", "over_cap", "held_out", "to_regenerate", "reused",
-                            "replay_pool", "replayed", "replay_reused", "replay_held_out"), 0)
+    # read: every row read, the window's days' and the replay days' (read_replay_days: the latter)
+    counts = dict.fromkeys(("read", "read_replay_days", "rejected", "deduplicated", "over_cap", "held_out",
+                            "to_regenerate", "reused", "replay_pool", "replayed", "replay_reused", "replay_held_out"), 0)
     seen: set[str] = set()
     kept: list[tuple[str, list, str | None, str, str]] = []  # (hash, messages, answer, model, day)
     for day in window.days:
@@ -159,6 +160,7 @@ def read_window(settings: TrafficSettings) -> Window:
     for day in window.replay_days if settings.replay > 0 else []:  # no replay: earlier days are not read
         for messages, answer, model in _read_day(root, day, window.rejects):
             counts["read"] += 1
+            counts["read_replay_days"] += 1
             key = prompt_hash(messages)
             if key in seen:
                 counts["deduplicated"] += 1

@@ -55,6 +55,7 @@ def test_window_counts_every_row(tmp_path):
     c = window.counts
     # window: 11-26 (3 good rows) + 11-25 (2, one a duplicate) + 11-23 (1) = 5 unique; replay: 5 of 10
     assert (c["read"], c["rejected"], c["deduplicated"], c["over_cap"]) == (16, 2, 1, 0)
+    assert c["read_replay_days"] == 10  # of the 16 read: the replay day's rows (the window's: 6)
     assert (c["reused"], c["replayed"], c["replay_pool"], c["dropped_replay"]) == (2, 5, 10, 5)
     assert c["to_regenerate"] == 3 + 5  # sort, spell 80, count to three + the replayed rows
     assert c["read"] == c["to_regenerate"] + c["reused"] + c["held_out"] + c["deduplicated"] + c["over_cap"] \
