@@ -274,6 +274,7 @@ def transcript(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    # Long on purpose: the demonstration's script, night by night; the nights share the server, worker and records.
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="JSON result path (the transcript: the same path with .txt)")
     ap.add_argument("--work", default="/tmp/nightly-days", help="traffic, workdir, MLflow, Prefect home (replaced)")

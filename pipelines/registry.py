@@ -57,20 +57,9 @@ def current_champion(client: MlflowClient, name: str, alias: str):
 
 
 def register_draft(
-    client: MlflowClient,
-    *,
-    run_id: str,
-    draft_dir: str | Path,
-    model_name: str,
-    alias: str,
-    eval_key: str,
-    mean_tau: float,
-    taus: dict[str, float],
-    train_key: str = "",
-    evaluate_champion: Callable[[str], Any] | None = None,
-    mean_tau_pld: float | None = None,
-    mean_engine_tau: float | None = None,
-    tags: dict[str, str] | None = None,
+    client: MlflowClient, *, run_id: str, draft_dir: str | Path, model_name: str, alias: str, eval_key: str,
+    mean_tau: float, taus: dict[str, float], train_key: str = "", evaluate_champion: Callable[[str], Any] | None = None,
+    mean_tau_pld: float | None = None, mean_engine_tau: float | None = None, tags: dict[str, str] | None = None,
     gate: Callable[[float | None, str | None], Any] | None = None,
 ) -> dict[str, Any]:
     """Register ``draft_dir`` (logged into ``run_id``) and apply the champion gate; ``mean_tau_pld``
@@ -99,11 +88,9 @@ def register_draft(
     except MlflowException:
         pass  # exists
     version_tags = {_tau_tag(eval_key): f"{mean_tau:.6f}", "eval_key": eval_key, "taus": json.dumps(taus),
-                    "train_key": train_key, **(tags or {})}
-    if mean_tau_pld is not None:
-        version_tags[_floor_tag(eval_key)] = f"{mean_tau_pld:.6f}"
-    if mean_engine_tau is not None:
-        version_tags[_engine_tag(eval_key)] = f"{mean_engine_tau:.6f}"
+                    "train_key": train_key, **(tags or {}),
+                    **({_floor_tag(eval_key): f"{mean_tau_pld:.6f}"} if mean_tau_pld is not None else {}),
+                    **({_engine_tag(eval_key): f"{mean_engine_tau:.6f}"} if mean_engine_tau is not None else {})}
     version = client.create_model_version(model_name, source=f"runs:/{run_id}/draft", run_id=run_id,
                                           tags=version_tags)
     above_floor = None if mean_tau_pld is None else mean_tau > mean_tau_pld
@@ -120,36 +107,25 @@ def register_draft(
     if promote:
         client.set_registered_model_alias(model_name, alias, version.version)
     decision = {
-        "model_name": model_name,
-        "version": int(version.version),
-        "run_id": run_id,
-        "mean_tau": mean_tau,
-        "champion_version": int(champion.version) if champion is not None else None,
-        "champion_mean_tau": champion_tau,
-        "compared_by": "engine acceptance length" if by_engine else "tau",
-        "mean_engine_tau": mean_engine_tau,
-        "mean_tau_pld": mean_tau_pld,
-        "tau_over_pld": mean_tau / mean_tau_pld if mean_tau_pld else None,
-        "above_floor": above_floor,
-        "promoted": promote,
-        "alias": alias,
+        "model_name": model_name, "version": int(version.version), "run_id": run_id, "mean_tau": mean_tau,
+        "champion_version": int(champion.version) if champion is not None else None, "champion_mean_tau": champion_tau,
+        "compared_by": "engine acceptance length" if by_engine else "tau", "mean_engine_tau": mean_engine_tau,
+        "mean_tau_pld": mean_tau_pld, "tau_over_pld": mean_tau / mean_tau_pld if mean_tau_pld else None,
+        "above_floor": above_floor, "promoted": promote, "alias": alias,
         "reason": _reason(mean_tau, mean_tau_pld, above_floor, champion is not None, champion_tau, beats_champion,
                           mean_engine_tau),
     }
     if gated is not None:
         floor = decision["reason"].split(";")[0]
         decision["reason"] = f"{floor}; {gated.reason}"
-    for key, value in decision.items():
-        if key == "run_id":
-            continue
-        client.set_model_version_tag(model_name, version.version, f"gate.{key}", str(value))
-        client.set_tag(run_id, f"gate.{key}", str(value))
+    gate_tags = {f"gate.{key}": str(value) for key, value in decision.items() if key != "run_id"}
     if gated is not None:
         decision["gate"] = gated.to_dict()
-        for c in gated.comparisons:
-            for key in ("candidate", "champion", "change", "bound", "passed"):
-                client.set_model_version_tag(model_name, version.version, f"gate.{c.slice}.{key}", str(getattr(c, key)))
-                client.set_tag(run_id, f"gate.{c.slice}.{key}", str(getattr(c, key)))
+        gate_tags.update({f"gate.{c.slice}.{key}": str(getattr(c, key)) for c in gated.comparisons
+                     for key in ("candidate", "champion", "change", "bound", "passed")})
+    for key, value in gate_tags.items():  # on the version and on its run
+        client.set_model_version_tag(model_name, version.version, key, value)
+        client.set_tag(run_id, key, value)
     return decision
 
 
