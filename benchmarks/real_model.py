@@ -210,18 +210,44 @@ def main(argv: list[str] | None = None) -> int:
     target = args.target.resolve()
     store = (args.store or find_store(args.run)).resolve()
     started, phases = time.perf_counter(), {}
+    trained: dict[str, Any] = {}
+    ours: dict[str, Any] = {}
+    engine: dict[str, Any] = {}
+
+    def write(complete: bool) -> dict[str, Any]:
+        """The result so far (after each phase: a run stopped later keeps what it measured)."""
+        result = {
+            "benchmark": "real_model", "complete": complete, "note": args.note,
+            "settings": {k: (str(v) if isinstance(v, Path) else [str(x) for x in v] if k == "questions" else v)
+                         for k, v in vars(args).items()},
+            "target": target_facts(target), "store": store_facts(store),
+            "questions": {f.stem: sum(1 for x in f.read_text().splitlines() if x.strip()) for f in files},
+            "recipes": {recipe: {"train": trained[recipe], "ours": ours.get(recipe),
+                                 **{f"engine_{k}": e.get(recipe) for k, e in engine.items()}} for recipe in trained},
+            "floor": {"engine_ngram": {k: e["ngram"] for k, e in engine.items()},
+                      "ours_prompt_lookup": {name: {mode: block.get("tau_pld") for mode, block in modes.items()}
+                                             for name, modes in next(iter(ours.values())).items()} if ours else {}},
+            "engine": {k: {key: e[key] for key in ("engine", "speculative_tokens", "prompts", "engine_process_s")}
+                       for k, e in engine.items()},
+            "machine": {**machine(), "torch_threads": args.threads, "load": load.summary()},
+            "phases": phases, "total_s": round(time.perf_counter() - started, 1),
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        return result
+
     with LoadSampler() as load:
         files = write_question_sets(args.questions, work / "questions", args.max_questions)
         t0 = time.perf_counter()
-        trained = train_all(args, store, target, work)
+        trained.update(train_all(args, store, target, work))
         phases["train_s"] = round(time.perf_counter() - t0, 1)
+        write(False)
         t0 = time.perf_counter()
-        ours = {}
         for recipe, r in trained.items():
             print(f"[real_model] our decoder with {recipe} ...", file=sys.stderr, flush=True)
             ours[recipe] = decode_eval(target, Path(r["draft"]), files, args, decode_modes(args), work / "baselines")
         phases["decode_s"] = round(time.perf_counter() - t0, 1)
-        engine = {}
+        write(False)
         if not args.no_engine:
             t0 = time.perf_counter()
             served = {r: Path(t["draft"]) for r, t in trained.items()
@@ -231,26 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                 engine[f"k{k}"] = engine_acceptance(target, served, files, work / f"engine-k{k}", args.max_new_tokens,
                                                     k, floor=True, max_model_len=args.engine_max_len,
                                                     ours=not args.engine_only)
-            phases["engine_s"] = round(time.perf_counter() - t0, 1)
-    result = {
-        "benchmark": "real_model",
-        "note": args.note,
-        "settings": {k: (str(v) if isinstance(v, Path) else [str(x) for x in v] if k == "questions" else v)
-                     for k, v in vars(args).items()},
-        "target": target_facts(target), "store": store_facts(store),
-        "questions": {f.stem: sum(1 for x in f.read_text().splitlines() if x.strip()) for f in files},
-        "recipes": {recipe: {"train": trained[recipe], "ours": ours[recipe],
-                             **{f"engine_{k}": e.get(recipe) for k, e in engine.items()}} for recipe in trained},
-        "floor": {"engine_ngram": {k: e["ngram"] for k, e in engine.items()},
-                  "ours_prompt_lookup": {name: {mode: block.get("tau_pld") for mode, block in modes.items()}
-                                         for name, modes in next(iter(ours.values())).items()} if ours else {}},
-        "engine": {k: {key: e[key] for key in ("engine", "speculative_tokens", "prompts", "engine_process_s")}
-                   for k, e in engine.items()},
-        "machine": {**machine(), "torch_threads": args.threads, "load": load.summary()},
-        "phases": phases, "total_s": round(time.perf_counter() - started, 1),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+                phases["engine_s"] = round(time.perf_counter() - t0, 1)
+                write(False)
+    result = write(True)
     print_table(result)
     print(f"written: {args.out}")
     return 0
@@ -264,8 +273,9 @@ def print_table(result: dict[str, Any]) -> None:
     """One line per recipe and question set: training, our τ per mode, vLLM's acceptance and speedup per K."""
     ks = [k for k in result["engine"]]
     recipes = result["recipes"]
-    datasets = list(next(iter(recipes.values()))["ours"]) if recipes else []
-    modes = list(next(iter(recipes.values()))["ours"][datasets[0]]) if datasets else []
+    first = next(iter(recipes.values()), {}).get("ours") or {}
+    datasets = list(first)
+    modes = list(first[datasets[0]]) if datasets else []
     head = (f"{'recipe':12s} {'set':10s} {'steps':>5s} {'train s':>7s} {'tok/s':>6s} "
             + " ".join(f"{'tau ' + m:>10s}" for m in modes)
             + "".join(f" | {'vLLM AL ' + k:>11s} {'speedup':>7s}" for k in ks))
