@@ -73,8 +73,8 @@ def write_question_sets(files: list[Path], out: Path, n: int) -> list[Path]:
                 continue
             turns = [m["content"] for m in messages if m["role"] == "user"]
             if turns:
-                rows.append({"question_id": record.get("question_id", source_id or i), "category": record.get("category", path.stem),
-                             "turns": turns})
+                rows.append({"question_id": record.get("question_id", source_id or i),
+                             "category": record.get("category", path.stem), "turns": turns})
             if len(rows) == n:
                 break
         target = out / f"{path.stem}.jsonl"
@@ -298,8 +298,8 @@ def print_table(result: dict[str, Any]) -> None:
             d = floor["engine_ngram"][k]["datasets"].get(name, {})
             line += f" | {_f(d.get('acceptance_length')):>11s} {_f(d.get('speedup')):>7s}"
         print(line)
-    print("tau: our decoder's tokens per target forward (greedy, bonus counted); floor row: our prompt lookup (tau_pld) "
-          "and vLLM's ngram; vLLM AL: vLLM's mean acceptance length (1 + accepted / drafts); speedup: vLLM's tokens/s "
+    print("tau: our decoder's tokens per target forward (greedy, bonus counted); floor row: our prompt lookup "
+          "(tau_pld) and vLLM's ngram; vLLM AL: vLLM's mean acceptance length (1 + accepted / drafts); speedup: vLLM's tokens/s "
           "with the draft over without it")
     load = result["machine"]["load"]
     print(f"load avg (1m): min {load['load_1m_min']} mean {load['load_1m_mean']} max {load['load_1m_max']} on "

@@ -137,7 +137,8 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
     return {
         "recipe": recipe, "arch": run.arch, "stages": [to_dict(s) for s in stages], "epochs": [s.epochs for s in stages],
         "train_sequences": len(run.train.sample_ids), "val_sequences": len(val.sample_ids) if val else 0,
-        "batches_per_epoch": per_epoch, "store_batches_per_epoch": run.batches_per_epoch, "optimizer_steps": steps, "train_tokens": tokens,
+        "batches_per_epoch": per_epoch, "store_batches_per_epoch": run.batches_per_epoch, "optimizer_steps": steps,
+        "train_tokens": tokens,
         "train_s": round(train_s, 2), "data_s": round(timers["data_s"], 2), "tokens_per_s": round(tokens / train_s, 1),
         "tokens_per_s_excl_data": round(tokens / max(1e-9, train_s - timers["data_s"]), 1),
         "cpu_s": round(cpu_s, 2),  # process CPU time of the loop (all its threads), validation excluded

@@ -65,7 +65,8 @@ def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Nam
 
 
 def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], work: Path, max_new_tokens: int,
-                      k: int, floor: bool = False, max_model_len: int | None = 512, ours: bool = True) -> dict[str, Any]:
+                      k: int, floor: bool = False, max_model_len: int | None = 512,
+                      ours: bool = True) -> dict[str, Any]:
     """vLLM's acceptance of each draft beside our decoder's (``specdraft.evaluation.engine``): every draft exported in
     its vLLM format and served from one vLLM process (the target alone, then with each draft, on the questions),
     our decoder a chain of ``k`` on the same prompts counted as vLLM counts; per recipe the overall report of
