@@ -299,8 +299,8 @@ def print_table(result: dict[str, Any]) -> None:
             line += f" | {_f(d.get('acceptance_length')):>11s} {_f(d.get('speedup')):>7s}"
         print(line)
     print("tau: our decoder's tokens per target forward (greedy, bonus counted); floor row: our prompt lookup "
-          "(tau_pld) and vLLM's ngram; vLLM AL: vLLM's mean acceptance length (1 + accepted / drafts); speedup: vLLM's tokens/s "
-          "with the draft over without it")
+          "(tau_pld) and vLLM's ngram; vLLM AL: vLLM's mean acceptance length (1 + accepted / drafts); speedup: "
+          "vLLM's tokens/s with the draft over without it")
     load = result["machine"]["load"]
     print(f"load avg (1m): min {load['load_1m_min']} mean {load['load_1m_mean']} max {load['load_1m_max']} on "
           f"{load['cpus']} CPUs; total {result['total_s']:.0f} s")
