@@ -242,12 +242,6 @@ def main(argv: list[str] | None = None) -> int:
         trained.update(train_all(args, store, target, work))
         phases["train_s"] = round(time.perf_counter() - t0, 1)
         write(False)
-        t0 = time.perf_counter()
-        for recipe, r in trained.items():
-            print(f"[real_model] our decoder with {recipe} ...", file=sys.stderr, flush=True)
-            ours[recipe] = decode_eval(target, Path(r["draft"]), files, args, decode_modes(args), work / "baselines")
-        phases["decode_s"] = round(time.perf_counter() - t0, 1)
-        write(False)
         if not args.no_engine:
             t0 = time.perf_counter()
             served = {r: Path(t["draft"]) for r, t in trained.items()
@@ -259,6 +253,13 @@ def main(argv: list[str] | None = None) -> int:
                                                     ours=not args.engine_only)
                 phases["engine_s"] = round(time.perf_counter() - t0, 1)
                 write(False)
+        t0 = time.perf_counter()
+        for recipe, r in trained.items():
+            print(f"[real_model] our decoder with {recipe} ...", file=sys.stderr, flush=True)
+            ours[recipe] = decode_eval(target, Path(r["draft"]), files, args, decode_modes(args), work / "baselines")
+            write(False)
+        phases["decode_s"] = round(time.perf_counter() - t0, 1)
+        write(False)
     result = write(True)
     print_table(result)
     print(f"written: {args.out}")
