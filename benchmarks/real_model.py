@@ -172,8 +172,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def train_all(args: argparse.Namespace, store: Path, target: Path, work: Path) -> dict[str, Any]:
-    """Every recipe on ``store`` for ``args.steps`` optimizer steps (``steps // epochs`` batches an epoch)."""
+def train_all(args: argparse.Namespace, store: Path, target: Path, work: Path,
+              results: dict[str, Any], trained_one: Any = lambda: None) -> dict[str, Any]:
+    """Every recipe on ``store`` for ``args.steps`` optimizer steps (``steps // epochs`` batches an epoch), into
+    ``results``; ``trained_one()`` after each."""
     from specdraft.configs.train import OptimConfig
     from specdraft.recipes import RECIPES as KNOWN
 
@@ -182,7 +184,6 @@ def train_all(args: argparse.Namespace, store: Path, target: Path, work: Path) -
         "threads": args.threads, "seed": args.seed, "epochs": args.epochs, "max_tokens": args.max_tokens,
         "lr": args.lr or optim.lr, "warmup": None, "schedule": optim.schedule, "min_lr_ratio": optim.min_lr_ratio,
         "sim_depth": 5, "val_fraction": 0.05, "epoch_batches": args.steps // args.epochs}
-    results = {}
     for recipe in args.recipes:
         if recipe not in KNOWN or args.epochs < len(KNOWN[recipe].stages):
             raise SystemExit(f"{recipe}: unknown, or more stages than --epochs {args.epochs}")
@@ -192,6 +193,7 @@ def train_all(args: argparse.Namespace, store: Path, target: Path, work: Path) -
         r = results[recipe] = train_in_fresh_process(shared, recipe, store, target, out)
         print(f"[real_model]   {r['optimizer_steps']} steps, {r['train_s']} s, {r['tokens_per_s']} tokens/s, sim_tau "
               f"{r['sim_before']['sim_tau']} -> {r['sim_after']['sim_tau']}", file=sys.stderr, flush=True)
+        trained_one()
     return results
 
 
@@ -239,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     with LoadSampler() as load:
         files = write_question_sets(args.questions, work / "questions", args.max_questions)
         t0 = time.perf_counter()
-        trained.update(train_all(args, store, target, work))
+        train_all(args, store, target, work, trained, lambda: write(False))
         phases["train_s"] = round(time.perf_counter() - t0, 1)
         write(False)
         if not args.no_engine:
