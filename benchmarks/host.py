@@ -76,7 +76,8 @@ class LoadSampler:
         return {
             "cpus": os.cpu_count(),
             "load_1m_min": round(min(s), 2), "load_1m_mean": round(sum(s) / len(s), 2), "load_1m_max": round(max(s), 2),
-            "loadavg_start": [round(x, 2) for x in self.start], "loadavg_end": [round(x, 2) for x in self.end],
+            "loadavg_start": [round(x, 2) for x in self.start],
+            "loadavg_end": [round(x, 2) for x in getattr(self, "end", None) or os.getloadavg()],  # now, while running
             "samples": len(self.samples), "sample_every_s": self.every,
             "note": "includes this benchmark's own process (about 1 with --threads 1)",
         }

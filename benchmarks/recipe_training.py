@@ -3,7 +3,9 @@
 The recipe (``specdraft.recipes``) is set up by ``specdraft.run.build_run`` exactly as a one-rank Ray Train
 worker sets it up (minus its checkpoints) and trains in a fresh spawned process, so its peak resident set is
 its own; the held-out simulated chain acceptance (alpha_i, sim_tau, as in "Cross-Attention Speculative
-Decoding" (Beagle), §5) is measured before, after every epoch and after training.
+Decoding" (Beagle), §5) is measured before, after every epoch and after training. With ``epoch_batches`` every
+epoch is the first that many batches of its shuffled order and the LR schedule is sized to them, so recipes
+of one and of two stages train the same number of optimizer steps (``benchmarks.real_model``).
 """
 
 from __future__ import annotations
@@ -81,6 +83,15 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
     run = build_run(cfg, plan, target, lambda split, reader, aux: FeatureDataset([store], reader, split=split, aux_layers=aux),
                     target_id=target_id(target))
     draft, trainer, stages, val = run.draft, run.trainer, run.stages, run.val
+    per_epoch = run.batches_per_epoch
+    if args.get("epoch_batches"):  # each epoch its first N batches; the trainer's LR schedule sized to them
+        from dataclasses import replace
+
+        if args["epoch_batches"] > run.batches_per_epoch:
+            raise ValueError(f"{recipe}: {args['epoch_batches']} batches per epoch asked, the store gives "
+                             f"{run.batches_per_epoch} (fewer steps, more epochs or a smaller max_tokens)")
+        per_epoch = args["epoch_batches"]
+        trainer = replace(trainer, batches_per_epoch=per_epoch)  # a fresh optimizer and scheduler for the draft
     setup_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     before = validate_draft(draft, val, cfg.sim_depth, cfg.val_max_batches, "cpu")
@@ -93,7 +104,10 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
     epoch_start = [0]
 
     class TimedBatches(EpochBatches):
-        """The pipeline's lazy epoch batches, with the store reads timed."""
+        """The pipeline's lazy epoch batches (the first ``per_epoch``), with the store reads timed."""
+
+        def __len__(self) -> int:
+            return min(per_epoch, super().__len__())
 
         def __getitem__(self, i: int):
             t = time.perf_counter()
@@ -129,7 +143,8 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
     return {
         "recipe": recipe, "arch": run.arch, "stages": [to_dict(s) for s in stages], "epochs": [s.epochs for s in stages],
         "train_sequences": len(run.train.sample_ids), "val_sequences": len(val.sample_ids) if val else 0,
-        "batches_per_epoch": run.batches_per_epoch, "optimizer_steps": steps, "train_tokens": tokens,
+        "batches_per_epoch": per_epoch, "store_batches_per_epoch": run.batches_per_epoch, "optimizer_steps": steps,
+        "train_tokens": tokens,
         "train_s": round(train_s, 2), "data_s": round(timers["data_s"], 2), "tokens_per_s": round(tokens / train_s, 1),
         "tokens_per_s_excl_data": round(tokens / max(1e-9, train_s - timers["data_s"]), 1),
         "cpu_s": round(cpu_s, 2),  # process CPU time of the loop (all its threads), validation excluded

@@ -33,13 +33,16 @@ def bootstrap_tau(records: list[dict[str, Any]], samples: int = 2000, seed: int 
     return [round(float(x), 3) for x in np.percentile(taus, [2.5, 97.5])]
 
 
-def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Namespace) -> dict[str, Any]:
-    """Greedy chain and tree speculative decoding of every question file; per dataset and mode."""
+def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Namespace,
+                modes: dict[str, Any] | None = None, baselines: Path | None = None) -> dict[str, Any]:
+    """Greedy speculative decoding of every question file; per dataset and mode. ``modes``: name ->
+    ``DecodeConfig`` (default: ``chain`` of ``args.gamma`` and the ``tree`` of ``args``); ``baselines``: a
+    directory where the vanilla and prompt-lookup decodes are cached (``run_eval``'s), shared between drafts."""
     from specdraft.decoding import DecodeConfig
     from specdraft.configs.evaluation import EvalSettings
     from specdraft.evaluation.run import run_eval
 
-    modes = {
+    modes = modes or {
         "chain": DecodeConfig(mode="chain", gamma=args.gamma, max_new_tokens=args.max_new_tokens),
         "tree": DecodeConfig(mode="tree", depth=args.tree_depth, topk=args.tree_topk, total_tokens=args.total_tokens,
                              max_new_tokens=args.max_new_tokens),
@@ -47,8 +50,9 @@ def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Nam
     out: dict[str, Any] = {}
     for mode, decode in modes.items():
         started = time.perf_counter()
-        report = run_eval(target, draft, files, EvalSettings(decode=decode, device="cpu", seed=args.seed),
-                          progress=False)
+        settings = EvalSettings(decode=decode, device="cpu", seed=args.seed,
+                                workers=getattr(args, "eval_workers", None))  # None: one per CPU core
+        report = run_eval(target, draft, files, settings, progress=False, baselines_home=baselines)
         for name, block in report["datasets"].items():
             entry = {k: v for k, v in block.items() if k != "turns"}
             entry["tau_per_turn"] = {t: b["tau"] for t, b in block["turns"].items()}
@@ -61,19 +65,23 @@ def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Nam
 
 
 def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], work: Path, max_new_tokens: int,
-                      k: int) -> dict[str, Any]:
+                      k: int, floor: bool = False, max_model_len: int | None = 512,
+                      ours: bool = True) -> dict[str, Any]:
     """vLLM's acceptance of each draft beside our decoder's (``specdraft.evaluation.engine``): every draft exported in
     its vLLM format and served from one vLLM process (the target alone, then with each draft, on the questions),
     our decoder a chain of ``k`` on the same prompts counted as vLLM counts; per recipe the overall report of
-    ``evaluation.engine_comparison.compare`` (acceptance length on both sides, the gap, per-position rates, greedy equality)."""
+    ``evaluation.engine_comparison.compare`` (acceptance length on both sides, the gap, per-position rates, greedy
+    equality) and its per-dataset reports. ``floor``: vLLM's own ``ngram`` prompt lookup served too (under
+    ``"ngram"``: the engine's numbers alone); ``ours=False``: the engine's numbers alone for the drafts as well (no
+    decode of ours); ``max_model_len`` None: the target's positions."""
     from dataclasses import asdict
 
     from specdraft.decoding import DecodeConfig
     from specdraft.configs.evaluation import EvalSettings
     from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
     from specdraft.models import read_draft_config
-    from specdraft.evaluation.engine import measure_engine
-    from specdraft.evaluation.engine_comparison import compare
+    from specdraft.evaluation.engine import measure_engine, ngram_drafter
+    from specdraft.evaluation.engine_comparison import compare, engine_only
     from specdraft.evaluation.engine_records import EngineRequest
     from specdraft.evaluation.models import load_models
     from specdraft.evaluation.questions import load_question_sets
@@ -84,7 +92,9 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
         fmt = next(f for f in formats_for(read_draft_config(draft)) if f in VLLM_FORMATS)
         out = export_draft(draft, fmt, work / "export" / recipe, target=target, speculative_tokens=k, overwrite=True)
         exports[recipe] = {"model": str(out), "method": export_layout(fmt, out).method}
-    engine = EngineSettings(name="vllm", speculative_tokens=k, max_model_len=512)
+    if floor:
+        exports["ngram"] = ngram_drafter()
+    engine = EngineSettings(name="vllm", speculative_tokens=k, max_model_len=max_model_len)
     started = time.perf_counter()
     run = measure_engine(EngineRequest(target=str(target), drafts=exports, questions=load_question_sets(files),
                                        settings=asdict(engine), max_new_tokens=max_new_tokens), engine)
@@ -92,6 +102,12 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
                               "engine_process_s": round(time.perf_counter() - started, 1)}
     settings = EvalSettings(decode=DecodeConfig(mode="chain", gamma=k, max_new_tokens=max_new_tokens))
     for recipe, draft in drafts.items():
-        report = compare(run, recipe, load_models(target, draft, settings), settings.decode, engine)
-        result[recipe] = {**report["overall"], "warnings": report["warnings"]}
+        if ours:
+            report = compare(run, recipe, load_models(target, draft, settings), settings.decode, engine)
+        else:
+            report = {**engine_only(run, recipe, k), "warnings": []}
+        result[recipe] = {**report["overall"], "warnings": report["warnings"], "datasets": report["datasets"]}
+    if floor:
+        report = engine_only(run, "ngram", k)
+        result["ngram"] = {**report["overall"], "datasets": report["datasets"], "drafter": exports["ngram"]}
     return result

@@ -9,6 +9,10 @@ the engine's. Mean acceptance length = 1 + accepted / drafts (SGLang's τ: token
 Settings (``specdraft.configs.evaluation.EngineSettings``, ``eval.engine`` in a run config) pass straight to
 ``vllm.LLM``; the engine's context ``max_model_len`` is the target's own unless set
 (``specdraft.preflight.engine_model_len``, which refuses a value above it).
+
+vLLM's own ``ngram`` prompt lookup is one more drafter of a request (``ngram_drafter``: our prompt-lookup floor's
+n-gram range, ``specdraft.decoding.prompt_lookup``), reported by ``engine_comparison.engine_only``: the floor in
+the engine.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.config import ConfigError
+from specdraft.configs.decode import PromptLookupConfig
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.engine_comparison import compare
 from specdraft.evaluation.engine_records import EngineRequest, EngineRun
@@ -32,6 +37,13 @@ from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_
 from specdraft.models import read_draft_config
 from specdraft.preflight import engine_model_len, target_positions
 from specdraft.configs.evaluation import EngineSettings
+
+
+def ngram_drafter(pld: PromptLookupConfig | None = None) -> dict[str, Any]:
+    """vLLM's ``ngram`` prompt-lookup drafter as an ``EngineRequest.drafts`` entry, matching suffixes of
+    ``pld.min_ngram`` .. ``pld.max_ngram`` tokens like our floor (its K: the engine's ``speculative_tokens``)."""
+    pld = pld or PromptLookupConfig()
+    return {"method": "ngram", "prompt_lookup_max": pld.max_ngram, "prompt_lookup_min": pld.min_ngram}
 
 
 def measure_engine(request: EngineRequest, settings: EngineSettings) -> EngineRun:

@@ -6,6 +6,9 @@ Counting: vLLM compares all K drafts of a round with the target before it applie
 drafted token after EOS that matches still counts as accepted. ``compare`` counts our decoder the same way:
 it decodes each prompt with the EOS stop off and ``max_new_tokens`` = the engine's answer length (EOS
 included), which leaves every round as it was and the last one uncut.
+
+``engine_only`` reports the engine's side alone, for a drafter of the engine's own with no model of ours (vLLM's
+``ngram`` prompt lookup, ``engine.ngram_drafter``: the floor in the engine).
 """
 
 from __future__ import annotations
@@ -60,6 +63,16 @@ def compare(run: EngineRun, name: str, models: Models, decode: DecodeConfig, eng
             "warnings": warnings}
 
 
+def engine_only(run: EngineRun, name: str, k: int, greedy: bool = True) -> dict[str, Any]:
+    """The engine's counters for the drafter ``name`` alone (no decoder of ours to put beside them): per dataset
+    and overall its acceptance length, accepted per position, tokens/s with and without it, the engine's speedup
+    and (greedy) how many answers equal the engine's answers without it."""
+    datasets = list(dict.fromkeys(t["dataset"] for t in run.turns))
+    report = {dataset: _engine_side(run, name, [dataset], k, greedy) for dataset in datasets}
+    return {"engine": run.engine, "speculative_tokens": k, "greedy": greedy, "datasets": report,
+            "overall": _engine_side(run, name, datasets, k, greedy)}
+
+
 def _total(rows, k: int) -> dict[str, Any]:
     rows = list(rows)
     out = {key: sum(r[key] for r in rows) for key in ("rounds", "accepted", "tokens", "wall_s", "prompts", "same_answer")}
@@ -67,8 +80,8 @@ def _total(rows, k: int) -> dict[str, Any]:
     return out
 
 
-def _dataset_report(run: EngineRun, draft: str, names: list[str], ours: dict[str, Any], k: int,
-                    greedy: bool) -> dict[str, Any]:
+def _engine_side(run: EngineRun, draft: str, names: list[str], k: int, greedy: bool) -> dict[str, Any]:
+    """The engine's own numbers for ``draft`` over the datasets ``names``: its counters and its timings."""
     counted = run.counters[draft]
     counters = {key: sum(counted[n].get(key, 0) for n in names)
                 for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
@@ -80,23 +93,38 @@ def _dataset_report(run: EngineRun, draft: str, names: list[str], ours: dict[str
     spec_s = sum(run.spec_s[draft][n] for n in names)
     vanilla_s = sum(run.vanilla_s[n] for n in names)
     drafts = counters["num_drafts"]
-    length = 1 + counters["num_accepted_tokens"] / drafts if drafts else None
-    tau_ours = 1 + ours["accepted"] / ours["rounds"] if ours["rounds"] else None
     spec_tps = spec_tokens / spec_s if spec_s else None
     vanilla_tps = vanilla_tokens / vanilla_s if vanilla_s else None
     return {
-        "acceptance_length": length,  # vLLM: 1 + accepted / drafts
-        "tau_ours": tau_ours,  # ours, counted the same way (chain of K on the same prompts)
-        "gap": (length - tau_ours) / tau_ours if length is not None and tau_ours else None,
+        "acceptance_length": 1 + counters["num_accepted_tokens"] / drafts if drafts else None,  # 1 + accepted / drafts
         "accepted_per_pos": [a / drafts for a in per_pos] if drafts else [],  # P(position j accepted) per round
-        "accepted_per_pos_ours": [a / ours["rounds"] for a in ours["per_pos"]] if ours["rounds"] else [],
         "drafts": drafts,
-        "rounds_ours": ours["rounds"],
         "prompts": len(rows),
-        "same_answer_as_ours": ours["same_answer"] if greedy else None,  # greedy: the engine's tokens equal ours
         "engine_lossless": sum(spec[i] == run.vanilla[i] for i in rows) if greedy else None,
         "tokens_per_s": spec_tps,  # the engine with the draft
         "tokens_per_s_vanilla": vanilla_tps,  # the engine without it
         "speedup": spec_tps / vanilla_tps if spec_tps and vanilla_tps else None,  # the engine's own speedup
+    }
+
+
+def _dataset_report(run: EngineRun, draft: str, names: list[str], ours: dict[str, Any], k: int,
+                    greedy: bool) -> dict[str, Any]:
+    engine = _engine_side(run, draft, names, k, greedy)
+    length = engine["acceptance_length"]
+    tau_ours = 1 + ours["accepted"] / ours["rounds"] if ours["rounds"] else None
+    return {
+        "acceptance_length": length,  # vLLM: 1 + accepted / drafts
+        "tau_ours": tau_ours,  # ours, counted the same way (chain of K on the same prompts)
+        "gap": (length - tau_ours) / tau_ours if length is not None and tau_ours else None,
+        "accepted_per_pos": engine["accepted_per_pos"],  # P(position j accepted) per round
+        "accepted_per_pos_ours": [a / ours["rounds"] for a in ours["per_pos"]] if ours["rounds"] else [],
+        "drafts": engine["drafts"],
+        "rounds_ours": ours["rounds"],
+        "prompts": engine["prompts"],
+        "same_answer_as_ours": ours["same_answer"] if greedy else None,  # greedy: the engine's tokens equal ours
+        "engine_lossless": engine["engine_lossless"],
+        "tokens_per_s": engine["tokens_per_s"],  # the engine with the draft
+        "tokens_per_s_vanilla": engine["tokens_per_s_vanilla"],  # the engine without it
+        "speedup": engine["speedup"],  # the engine's own speedup
         "tokens_per_s_ours": ours["tokens"] / ours["wall_s"] if ours["wall_s"] else None,
     }

@@ -14,7 +14,9 @@ class EngineRequest:
     """What the engine process runs (JSON between the processes)."""
 
     target: str
-    drafts: dict[str, dict[str, str]]  # name -> {"model": the exported directory, "method": vLLM's ("eagle", ...)}
+    # name -> vLLM's speculative_config less its K: {"model": the exported directory, "method": vLLM's ("eagle",
+    # ...)}, or a drafter of the engine's own (``engine.ngram_drafter``: {"method": "ngram", "prompt_lookup_max": ...})
+    drafts: dict[str, dict[str, Any]]
     questions: list[dict[str, Any]]  # ``questions.load_question_sets`` rows
     settings: dict[str, Any]  # ``EngineSettings``
     temperature: float = 0.0

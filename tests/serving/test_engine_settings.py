@@ -50,6 +50,34 @@ def test_the_engine_lines_of_an_eval_report():
     assert text.splitlines()[-1] == "  warning: toy: a gap"
 
 
+def test_the_engines_own_ngram_drafter_is_our_floors_range_and_reported_from_its_counters():
+    """vLLM's ``ngram`` prompt lookup rides in a request like an exported draft (our floor's n-gram range) and is
+    reported from the engine's counters alone: acceptance length 1 + accepted / drafts, per-position rates,
+    tokens/s with and without it, and its answers against the engine's own."""
+    from specdraft.configs.decode import PromptLookupConfig
+    from specdraft.evaluation.engine import ngram_drafter
+    from specdraft.evaluation.engine_comparison import engine_only
+    from specdraft.evaluation.engine_records import EngineRun
+
+    assert ngram_drafter() == {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    assert ngram_drafter(PromptLookupConfig(max_ngram=5, min_ngram=2))["prompt_lookup_min"] == 2
+    run = EngineRun(turns=[{"dataset": "mt", "index": 0}, {"dataset": "mt", "index": 1}, {"dataset": "he", "index": 0}],
+                    vanilla=[[1, 2, 3, 4], [5, 6], [7, 8, 9]], vanilla_s={"mt": 3.0, "he": 1.5},
+                    spec={"ngram": [[1, 2, 3, 4], [5, 0], [7, 8, 9]]}, spec_s={"ngram": {"mt": 2.0, "he": 3.0}},
+                    counters={"ngram": {"mt": {"num_drafts": 4, "num_accepted_tokens": 2,
+                                               "num_accepted_tokens_per_pos": [2, 0, 0]},
+                                        "he": {"num_drafts": 0, "num_accepted_tokens": 0}}},
+                    engine={"name": "vllm"})
+    report = engine_only(run, "ngram", k=3)
+    mt, he, overall = report["datasets"]["mt"], report["datasets"]["he"], report["overall"]
+    assert mt["acceptance_length"] == 1.5 and mt["accepted_per_pos"] == [0.5, 0.0, 0.0]
+    assert mt["tokens_per_s"] == 3.0 and mt["tokens_per_s_vanilla"] == 2.0 and mt["speedup"] == 1.5
+    assert mt["engine_lossless"] == 1 and mt["prompts"] == 2  # the second answer differs from the engine's own
+    assert he["acceptance_length"] is None and he["accepted_per_pos"] == [] and he["speedup"] == 0.5  # nothing drafted
+    assert overall["acceptance_length"] == 1.5 and overall["prompts"] == 3 and overall["engine_lossless"] == 2
+    assert overall["tokens_per_s"] == pytest.approx(9 / 5) and overall["tokens_per_s_vanilla"] == pytest.approx(9 / 4.5)
+
+
 @pytest.fixture
 def vllm_found(monkeypatch):
     """The engine counts as installed (pre-flight finds the package; nothing imports it)."""

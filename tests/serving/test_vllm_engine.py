@@ -184,3 +184,22 @@ def test_eval_with_the_engine_on_its_default_context_runs_on_the_toy_target(targ
     assert engine["engine"]["name"] == "vllm" and engine["engine"]["max_model_len"] == 1024, engine["engine"]
     assert engine["overall"]["prompts"] >= 2 and engine["overall"]["drafts"] > 0, engine["overall"]
     assert "engine vllm" in capsys.readouterr().out
+
+
+def test_vllms_own_ngram_prompt_lookup_is_served_as_the_floor(target):
+    """vLLM's ``ngram`` drafter (``engine.ngram_drafter``: our floor's n-gram range) in one request, no model of
+    ours: greedy answers equal the engine's own without it, and its counters are read (``engine_only``)."""
+    from specdraft.configs.evaluation import EngineSettings
+    from specdraft.evaluation.engine import measure_engine, ngram_drafter
+    from specdraft.evaluation.engine_comparison import engine_only
+    from specdraft.evaluation.engine_records import EngineRequest
+    from specdraft.evaluation.questions import load_question_sets
+
+    engine = EngineSettings(name="vllm", speculative_tokens=K, max_model_len=512)
+    run = measure_engine(EngineRequest(target=str(target), drafts={"ngram": ngram_drafter()},
+                                       questions=load_question_sets([QUESTIONS], 4), settings=asdict(engine),
+                                       max_new_tokens=MAX_NEW), engine)
+    overall = engine_only(run, "ngram", K)["overall"]
+    assert overall["prompts"] == len(run.prompts) >= 4 and overall["engine_lossless"] == overall["prompts"], overall
+    assert overall["drafts"] > 0 and overall["acceptance_length"] >= 1.0, overall
+    assert overall["tokens_per_s"] and overall["tokens_per_s_vanilla"], overall
