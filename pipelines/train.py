@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from pipelines.cluster import connect_ray
-from pipelines.configs import ClusterTrainConfig, ScalingSection, on_cluster
+from pipelines.configs import ClusterTrainConfig, on_cluster
 from pipelines.ingest import load_conversations
 from specdraft.config import ConfigError, flatten, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
@@ -79,7 +79,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
-    if (threads := worker_threads(cfg.scaling, device)) is not None:
+    if device.type == "cpu" and (threads := cfg.scaling.cpu_threads()) is not None:
         torch.set_num_threads(threads)  # Ray's OMP_NUM_THREADS default for a worker is 1, whatever it holds
     if cfg.features == "online":
         open_split = online_features(cfg, job.target, device, rank, world, list(job.plan.aux_layers))
@@ -170,14 +170,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         save_draft(unwrap(trainer.draft), Path(job.out) / DRAFT_DIR, weights=weights)
         trainer.logger.close()
     ray.train.report({"done": 1.0, **skipped(), **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
-
-
-def worker_threads(scaling: ScalingSection, device: torch.device) -> int | None:
-    """Torch threads of a CPU training worker: the CPUs it holds (``train.scaling.cpus_per_worker``, at least 1).
-    None — leave torch's count — on a GPU and in Ray Train's local mode (``num_workers=0``: the driver's process)."""
-    if device.type != "cpu" or scaling.num_workers == 0:
-        return None
-    return max(1, int(scaling.cpus_per_worker))
 
 
 def online_conversations(cfg: TrainConfig, target: str | Path) -> tuple[TokenizedConversations, int]:

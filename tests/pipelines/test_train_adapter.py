@@ -4,7 +4,6 @@ threads follow the CPUs it holds, and a wrong schedule is refused before any clu
 from __future__ import annotations
 
 import pytest
-import torch
 
 from pipelines import train
 from pipelines.configs import ClusterTrainConfig, ScalingSection
@@ -34,9 +33,8 @@ def test_a_wrong_epoch_count_is_refused_on_the_driver(tmp_path, monkeypatch):
 
 def test_a_cpu_worker_uses_the_cpus_it_holds_as_torch_threads():
     # Ray starts a worker with OMP_NUM_THREADS=1 unless told otherwise: the loop sets what the worker holds
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert train.worker_threads(ScalingSection(cpus_per_worker=2), cpu) == 2
-    assert train.worker_threads(ScalingSection(cpus_per_worker=3.5), cpu) == 3
-    assert train.worker_threads(ScalingSection(cpus_per_worker=0.5), cpu) == 1
-    assert train.worker_threads(ScalingSection(cpus_per_worker=2, use_gpu=True), cuda) is None
-    assert train.worker_threads(ScalingSection(num_workers=0, cpus_per_worker=2), cpu) is None  # the driver's own
+    assert ScalingSection(cpus_per_worker=2).cpu_threads() == 2
+    assert ScalingSection(cpus_per_worker=3.5).cpu_threads() == 3
+    assert ScalingSection(cpus_per_worker=0.5).cpu_threads() == 1
+    assert ScalingSection(cpus_per_worker=2, use_gpu=True).cpu_threads() is None
+    assert ScalingSection(num_workers=0, cpus_per_worker=2).cpu_threads() is None  # the driver's own process
