@@ -44,6 +44,11 @@ class ScalingSection:
     gpus_per_worker: float = 1.0
     strategy: Literal["ddp", "fsdp"] = "ddp"  # the draft over the workers: ddp replicates it, fsdp shards it
 
+    def cpu_threads(self) -> int | None:
+        """Torch threads of a CPU worker: the CPUs it holds (at least 1). None — torch's own count — on GPUs and in
+        local mode (``num_workers=0``: the driver's process)."""
+        return None if self.use_gpu or self.num_workers == 0 else max(1, int(self.cpus_per_worker))
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterTrainConfig(TrainConfig):

@@ -79,6 +79,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
+    if device.type == "cpu" and (threads := cfg.scaling.cpu_threads()) is not None:
+        torch.set_num_threads(threads)  # Ray's OMP_NUM_THREADS default for a worker is 1, whatever it holds
     if cfg.features == "online":
         open_split = online_features(cfg, job.target, device, rank, world)
     else:
@@ -91,7 +93,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if rank == 0:
         print(f"[specdraft] {trainer.total_steps} optimizer steps ({per_epoch} batches of <= {run.reader.max_tokens} "
               f"tokens per epoch and rank), warmup {warmup_of(cfg.optim, trainer.total_steps)}, peak lr "
-              f"{cfg.optim.lr:g}", flush=True)
+              f"{cfg.optim.lr:g}, {torch.get_num_threads()} torch threads per worker on {device}", flush=True)
         for line in trainer.warnings:
             print(f"[specdraft] WARNING: this configuration cannot learn well: {line}", flush=True)
     checkpoint = ray.train.get_checkpoint()
