@@ -9,10 +9,9 @@ around the loop. Every ``checkpoint_every`` optimizer steps and at every epoch e
 scheduler, every rank's RNG, loop position; ``specdraft.training.save_checkpoint``), gathered by all ranks and
 written by rank 0, is reported; a rerun into the same output directory, or a worker failure, resumes from the
 latest one mid-stage, whatever the strategy.
-``features: online`` (SpecForge's online mode) reads no store: each worker loads the frozen target and computes
-every batch's features from the conversations, tokenized as a dump would (``specdraft.online``), for the EAGLE-3
-recipes too (``train.online.aux_layers``, default ``eagle3``). Validation runs the simulated chain acceptance on
-held-out sequences (alpha_i, sim_tau) after each epoch. Rank 0 logs to the configured logger.
+``features: online`` (SpecForge's online mode): each worker computes every batch's features with the frozen target,
+tokenized as a dump would (``specdraft.online``; ``train.online.aux_layers`` for EAGLE-3, default ``eagle3``).
+Validation: simulated chain acceptance (alpha_i, sim_tau) on held-out sequences after each epoch; rank 0 logs.
 """
 
 from __future__ import annotations
