@@ -45,26 +45,13 @@ if WORKERS > 1:
 import pytest
 
 
-# the longest modules of the slow run, longest first (``--durations`` of the slow run on 2 cores: the docs test's
-# chain ~9 min, the engine tests, the training tests, vLLM regeneration ~3 min, SmolLM2 ~2.5 min, two nights ~2 min):
-# a worker takes whole modules in this order (``--dist loadfile --no-loadscope-reorder``; xdist's own order is by
-# test count, which left the long one-test modules for last, one worker running them while the other was idle)
-LONGEST = ("test_readme.py", "serving/test_vllm_engine.py", "pipelines/test_train.py", "serving/test_regenerate_vllm.py",
-           "serving/test_real_model.py", "flows/test_fresh_flow.py")
-
-
 @pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Longest first, so that the last test on one worker does not start while the other is idle:
-    the end-to-end (``slow``) tests ahead of the rest, the longest modules (``LONGEST``) first. Stable, and by
-    module (a module's tests stay together: its module-scoped fixtures are built once per worker)."""
+    the end-to-end (``slow``) tests ahead of the rest. Stable, and by module (a module's tests stay
+    together: its module-scoped fixtures are built once per worker)."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-
-    def rank(item: pytest.Item) -> int:
-        path = item.path.as_posix()
-        return next((i for i, name in enumerate(LONGEST) if path.endswith("tests/" + name)), len(LONGEST))
-
-    items.sort(key=lambda item: (item.path not in slow_files, rank(item)))
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(scope="session", autouse=True)
