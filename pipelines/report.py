@@ -80,6 +80,16 @@ def _plot_or_note(build, missing: str) -> str:
     return build() if missing == "" else f'<p class="missing">{escape(missing)}</p>'
 
 
+def _versions_and_drift(history: list[dict[str, Any]], drift: list[dict[str, Any]] | None) -> tuple[str, str]:
+    """The registered versions' plot and the offline drift part (empty when ``monitor.offline`` is off)."""
+    gate = _plot_or_note(lambda: _png(plots.history_figure(history)),
+                         "" if history else "no registered versions (tracking disabled, or none registered yet)")
+    offline = "" if drift is None else "<h2>Offline drift</h2>" + _plot_or_note(
+        lambda: _png(plots.drift_figure(drift)),
+        "" if drift else "no offline drift measured yet (no champion before this night, or tracking disabled)")
+    return gate, offline
+
+
 def render_report(s: RunSummary, *, training: list[dict[str, Any]], eval_report: dict[str, Any] | None,
                   history: list[dict[str, Any]], drift: list[dict[str, Any]] | None = None,
                   generated: datetime | None = None) -> str:
@@ -97,11 +107,7 @@ def render_report(s: RunSummary, *, training: list[dict[str, Any]], eval_report:
                                                           [d.floor for d in s.datasets],
                                                           [d.engine for d in s.datasets])),
                           "" if s.datasets else "no eval set has a tau")
-    gate = _plot_or_note(lambda: _png(plots.history_figure(history)),
-                         "" if history else "no registered versions (tracking disabled, or none registered yet)")
-    offline = "" if drift is None else "<h2>Offline drift</h2>" + _plot_or_note(
-        lambda: _png(plots.drift_figure(drift)),
-        "" if drift else "no offline drift measured yet (no champion before this night, or tracking disabled)")
+    gate, offline = _versions_and_drift(history, drift)
     when = (generated or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>specdraft run {escape(s.name)}</title><style>{STYLE}</style></head>
@@ -127,10 +133,7 @@ def render_skipped_report(s: RunSummary, decisions: list[tuple[str, str]], *, hi
                           drift: list[dict[str, Any]] | None, generated: datetime | None = None) -> str:
     """The report page of a night that did not train (``retrain.policy=when_it_pays``): its decisions (the traffic
     window, the monitors, why it did not train), the registered versions and the offline drift series."""
-    gate = _plot_or_note(lambda: _png(plots.history_figure(history)),
-                         "" if history else "no registered versions (tracking disabled, or none registered yet)")
-    offline = "" if drift is None else "<h2>Offline drift</h2>" + _plot_or_note(
-        lambda: _png(plots.drift_figure(drift)), "" if drift else "no offline drift measured yet")
+    gate, offline = _versions_and_drift(history, drift)
     when = (generated or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>specdraft run {escape(s.name)}</title><style>{STYLE}</style></head>
