@@ -46,8 +46,6 @@ import os
 import platform
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -57,6 +55,7 @@ from typing import Any
 import httpx
 
 from benchmarks.drift import domain_chats
+from benchmarks.processes import free_port, start, stop, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT = [sys.executable, "-m", "prefect"]
@@ -65,48 +64,6 @@ DAYS = ("2026-11-24", "2026-11-25", "2026-11-26", "2026-11-27")
 LABELS = ("register", "champion", "traffic", "warning", "monitor", "ALARM", "drift", "retrain", "warm", "gate",
           "handoff", "rollback", "restart")
 TAG_PREFIXES = ("retrain.", "gate.", "offline.", "served.", "specdraft.summary", "specdraft.stage")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """``cmd`` in its own process group (``stop`` ends it and its children), its output in ``log``."""
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group, then SIGKILL (a worker whose server has gone may ignore SIGTERM)."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=15)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=15)
-
-
-def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while True:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited:\n{log.read_text()[-3000:]}")
-        if time.time() > deadline:
-            raise RuntimeError(f"{url} did not answer in {timeout:.0f} s:\n{log.read_text()[-3000:]}")
-        time.sleep(1)
 
 
 def prefect(args: list[str], env: dict[str, str], timeout: int = 300) -> str:
@@ -348,13 +305,13 @@ def main() -> None:
         "nights": []}
     t_all = time.perf_counter()
     server = start(PREFECT + ["server", "start", "--host", "127.0.0.1", "--port", str(port)], env,
-                   work / "server.log")
+                   work / "server.log", ROOT)
     worker = None
     try:
-        wait_http(f"{api}/health", server, work / "server.log")
+        wait_http(f"{api}/health", server, work / "server.log", timeout=180)
         prefect(["work-pool", "create", "specdraft-process", "--type", "process", "--overwrite"], env)
         prefect(["--no-prompt", "deploy", "--all"], env)
-        worker = start(PREFECT + ["worker", "start", "--pool", "specdraft-process"], env, work / "worker.log")
+        worker = start(PREFECT + ["worker", "start", "--pool", "specdraft-process"], env, work / "worker.log", ROOT)
         for i in range(args.nights):
             if i == 3:  # day 4: chosen by night 3's outcome (see the docstring)
                 refused = result["nights"][2]["outcome"] != "promoted"

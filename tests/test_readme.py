@@ -51,7 +51,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.flows.processes import free_port, start, stop, wait_http
+from benchmarks.processes import free_port, start, stop, wait_http
 
 REPO = Path(__file__).resolve().parents[1]
 # the pages whose blocks run, in the order a reader follows them (one chain: a later page's commands work on

@@ -11,7 +11,7 @@ from pipelines.records import Prepared, Trained
 from pipelines.tracking import NullRun
 from pipelines.stages import RunConfig
 from specdraft.config import from_dict
-from tests.flows.processes import free_port
+from benchmarks.processes import free_port
 
 
 def test_hand_off_publishes_and_resets_the_monitor_baseline(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 from specdraft.configs.fresh import MonitorSettings
 from specdraft.monitor import observe, read_metrics
-from tests.flows.processes import free_port, start, stop, wait_http
+from benchmarks.processes import free_port, start, stop, wait_http
 
 pytestmark = [
     pytest.mark.slow,

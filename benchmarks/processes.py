@@ -1,5 +1,6 @@
-"""Servers and workers started by the end-to-end tests (the Prefect deployment, the README's commands): a free
-port on 127.0.0.1, a process in its own process group, waiting for an HTTP answer, and stopping it for sure."""
+"""Servers and workers started by the end-to-end tests (the README's commands, the served monitor) and the
+benchmarks that run the deployment (``benchmarks.nightly_days``): a free port on 127.0.0.1, a process in its own
+process group, waiting for an HTTP answer, and stopping it for sure."""
 
 from __future__ import annotations
 
