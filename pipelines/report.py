@@ -80,6 +80,20 @@ def _plot_or_note(build, missing: str) -> str:
     return build() if missing == "" else f'<p class="missing">{escape(missing)}</p>'
 
 
+def _page(s: RunSummary, generated: datetime | None, body: str) -> str:
+    """A report page: the run's name and headline, ``body``, and when it was generated."""
+    when = (generated or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>specdraft run {escape(s.name)}</title><style>{STYLE}</style></head>
+<body>
+<h1>specdraft run '{escape(s.name)}'</h1>
+<p class="headline">{escape(s.headline)}</p>
+{body}
+<footer>generated {when} by specdraft</footer>
+</body></html>
+"""
+
+
 def _versions_and_drift(history: list[dict[str, Any]], drift: list[dict[str, Any]] | None) -> tuple[str, str]:
     """The registered versions' plot and the offline drift part (empty when ``monitor.offline`` is off)."""
     gate = _plot_or_note(lambda: _png(plots.history_figure(history)),
@@ -108,13 +122,7 @@ def render_report(s: RunSummary, *, training: list[dict[str, Any]], eval_report:
                                                           [d.engine for d in s.datasets])),
                           "" if s.datasets else "no eval set has a tau")
     gate, offline = _versions_and_drift(history, drift)
-    when = (generated or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>specdraft run {escape(s.name)}</title><style>{STYLE}</style></head>
-<body>
-<h1>specdraft run '{escape(s.name)}'</h1>
-<p class="headline">{escape(s.headline)}</p>
-<div class="grid"><div><h2>Stages</h2>{_stages(s)}</div><div><h2>Eval sets</h2>{_datasets(s)}</div></div>
+    return _page(s, generated, f"""<div class="grid"><div><h2>Stages</h2>{_stages(s)}</div><div><h2>Eval sets</h2>{_datasets(s)}</div></div>
 <h2>Champion gate</h2>{_rows(register, {label for label, _ in register if label.startswith("serve")})}
 <h2>Where the results are</h2>{_rows(s.where(), {"workdir", "report", "browse", "open"})}
 <h2>Training curves</h2>{curves}
@@ -123,10 +131,7 @@ comparable with the previous stage's (a jump there is expected).</p>
 <div class="grid"><div><h2>Acceptance per draft depth</h2>{alpha}</div>
 <div><h2>tau against the floor</h2>{floor}</div></div>
 <h2>Champion against challenger</h2>{gate}
-{offline}
-<footer>generated {when} by specdraft</footer>
-</body></html>
-"""
+{offline}""")
 
 
 def render_skipped_report(s: RunSummary, decisions: list[tuple[str, str]], *, history: list[dict[str, Any]],
@@ -134,19 +139,10 @@ def render_skipped_report(s: RunSummary, decisions: list[tuple[str, str]], *, hi
     """The report page of a night that did not train (``retrain.policy=when_it_pays``): its decisions (the traffic
     window, the monitors, why it did not train), the registered versions and the offline drift series."""
     gate, offline = _versions_and_drift(history, drift)
-    when = (generated or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>specdraft run {escape(s.name)}</title><style>{STYLE}</style></head>
-<body>
-<h1>specdraft run '{escape(s.name)}'</h1>
-<p class="headline">{escape(s.headline)}</p>
-<h2>This night's decisions</h2>{_rows(decisions, set())}
+    return _page(s, generated, f"""<h2>This night's decisions</h2>{_rows(decisions, set())}
 <h2>Where the results are</h2>{_rows(s.where(), {"workdir", "report", "browse", "open"})}
 <h2>Registered versions</h2>{gate}
-{offline}
-<footer>generated {when} by specdraft</footer>
-</body></html>
-"""
+{offline}""")
 
 
 def write_report(out: str | Path, s: RunSummary, *, metrics_file: str, eval_report: dict[str, Any] | None,
