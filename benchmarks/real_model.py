@@ -162,6 +162,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="vLLM's numbers alone (no decode of ours on the engine's prompts for the gap)")
     ap.add_argument("--eval-workers", type=int, default=None,
                     help="processes our decoder's questions spread over (default: one per CPU core)")
+    ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                    help="training precision (auto: bf16 on GPU, fp32 on CPU; bf16 on a CPU with avx512_bf16)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of training")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--note", default="", help="a line stored with the result (its size, the host's state)")
@@ -183,7 +185,8 @@ def train_all(args: argparse.Namespace, store: Path, target: Path, work: Path,
     shared = {k: None for k in SHARED} | {
         "threads": args.threads, "seed": args.seed, "epochs": args.epochs, "max_tokens": args.max_tokens,
         "lr": args.lr or optim.lr, "warmup": None, "schedule": optim.schedule, "min_lr_ratio": optim.min_lr_ratio,
-        "sim_depth": 5, "val_fraction": 0.05, "epoch_batches": args.steps // args.epochs}
+        "sim_depth": 5, "val_fraction": 0.05, "epoch_batches": args.steps // args.epochs,
+        "precision": args.precision}
     for recipe in args.recipes:
         if recipe not in KNOWN or args.epochs < len(KNOWN[recipe].stages):
             raise SystemExit(f"{recipe}: unknown, or more stages than --epochs {args.epochs}")

@@ -52,6 +52,7 @@ def train_config(args: dict[str, Any], recipe: str):
         **({"draft_vocab_size": args["draft_vocab"]} if args.get("draft_vocab") else {}),
         block_size=args.get("block_size") or DEFAULT_BLOCK_SIZE, draft_layers=args.get("draft_layers"),
         init_from=args.get("init_from") or "",  # a draft directory: warm start (its weights and draft vocabulary)
+        precision=args.get("precision") or "auto",  # bf16: autocast on a CPU with avx512_bf16 too
     )
 
 
