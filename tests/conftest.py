@@ -28,8 +28,10 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 # inherit the controller's environment: a home this file made there is replaced by one per worker (two
 # ephemeral APIs on one SQLite database lock it); a home the user set is kept.
 _OWN_HOME = "SPECDRAFT_TESTS_PREFECT_HOME"
+_MADE_HOME = None  # the home this process made (removed at the session's end)
 if "PREFECT_HOME" not in os.environ or os.environ.get(_OWN_HOME) == os.environ["PREFECT_HOME"]:
-    os.environ["PREFECT_HOME"] = os.environ[_OWN_HOME] = tempfile.mkdtemp(prefix=f"specdraft-prefect-{WORKER or ''}")
+    _MADE_HOME = tempfile.mkdtemp(prefix=f"specdraft-prefect-{WORKER or ''}")
+    os.environ["PREFECT_HOME"] = os.environ[_OWN_HOME] = _MADE_HOME
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_TIMEOUT_S))
 os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -62,6 +64,15 @@ def stop_prefect_api_at_the_end():
     from flows.local_api import stop_ephemeral_api
 
     stop_ephemeral_api()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The temporary Prefect home this process made is not left in /tmp (the xdist controller's too, which
+    runs no test; a worker's API is stopped by then)."""
+    if _MADE_HOME:
+        import shutil
+
+        shutil.rmtree(_MADE_HOME, ignore_errors=True)
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
