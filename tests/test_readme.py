@@ -435,9 +435,12 @@ def write_inputs(cwd: Path) -> None:
     write_conversations(cwd / "a.parquet", convs[:12])
     (cwd / "b.jsonl").write_text("".join(json.dumps({"id": c["id"], "messages": c["messages"]}) + "\n"
                                          for c in convs[12:]))
+    # two questions, one and two turns: every eval example decodes three answers three ways (the draft, the
+    # vanilla and prompt-lookup baselines) with a random draft — a token a round — so each turn costs seconds
     (cwd / "q.jsonl").write_text("".join(
-        json.dumps({"question_id": i, "category": "toy", "turns": [m["content"] for m in c if m["role"] == "user"]})
-        + "\n" for i, c in enumerate(generate_prompts(3, seed=9))))
+        json.dumps({"question_id": i, "category": "toy",
+                    "turns": [m["content"] for m in c if m["role"] == "user"][:2]}) + "\n"
+        for i, c in enumerate(generate_prompts(2, seed=9))))
 
 
 # --- one test per command ----------------------------------------------------------------------------------
