@@ -158,6 +158,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--total-tokens", type=int, default=60)
     ap.add_argument("--engine-max-len", type=int, default=2048, help="vLLM's context (prompt + answer)")
     ap.add_argument("--no-engine", action="store_true", help="no vLLM")
+    ap.add_argument("--no-decode", action="store_true", help="no evaluation in our decoder (vLLM's numbers only)")
     ap.add_argument("--engine-only", action="store_true",
                     help="vLLM's numbers alone (no decode of ours on the engine's prompts for the gap)")
     ap.add_argument("--eval-workers", type=int, default=None,
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 phases["engine_s"] = round(time.perf_counter() - t0, 1)
                 write(False)
         t0 = time.perf_counter()
-        for recipe, r in trained.items():
+        for recipe, r in ({} if args.no_decode else trained).items():
             print(f"[real_model] our decoder with {recipe} ...", file=sys.stderr, flush=True)
             ours[recipe] = decode_eval(target, Path(r["draft"]), files, args, decode_modes(args), work / "baselines")
             write(False)
@@ -280,8 +281,9 @@ def print_table(result: dict[str, Any]) -> None:
     ks = [k for k in result["engine"]]
     recipes = result["recipes"]
     first = next(iter(recipes.values()), {}).get("ours") or {}
-    datasets = list(first)
-    modes = list(first[datasets[0]]) if datasets else []
+    engine_first = next(iter(recipes.values()), {}).get(f"engine_{ks[0]}") if ks else None
+    datasets = list(first) or list((engine_first or {}).get("datasets", {}))  # --no-decode: the engine's sets
+    modes = list(first[datasets[0]]) if first else []
     head = (f"{'recipe':12s} {'set':10s} {'steps':>5s} {'train s':>7s} {'tok/s':>6s} "
             + " ".join(f"{'tau ' + m:>10s}" for m in modes)
             + "".join(f" | {'vLLM AL ' + k:>11s} {'speedup':>7s}" for k in ks))
