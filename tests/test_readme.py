@@ -138,6 +138,8 @@ TEXT_BLOCKS = {
     "specdraft/          ": "the repository layout, one comment per module",
     "== specdraft run ": "a run summary, as `specdraft run` prints it",
     "specdraft import-target: ": "the lines `specdraft import-target` refuses with",
+    "python -m benchmarks.real_model --run runs-smollm2": "the real-model benchmark as it ran (~50 min on 2 cores, "
+                                                          "on the SmolLM2 run's store)",
     "traffic/\n": "a traffic directory's layout, one folder per day",
     '{"messages": [{"role": "user", "content": "What is 2 + 2?"}]': "a logged request, as a gateway writes it",
     "traffic   window": "the summary's traffic lines",
