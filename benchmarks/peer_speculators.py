@@ -7,7 +7,7 @@ served by the same vLLM measurement (``benchmarks.speculative.engine_acceptance`
 at K = 3 and K = 5 on the same held-out question files (``real_model.write_question_sets``):
 
 1. ``convert_store``: the store (dumped with ``aux_layers=eagle3``, read with ``specdraft.store``) in
-   speculators' offline-training format: a ``datasets.save_to_disk`` dataset (``input_ids``, ``loss_mask``,
+   speculators' offline-training format (its own layout, one directory): a ``datasets.save_to_disk`` dataset (``input_ids``, ``loss_mask``,
    ``seq_len``; the store's training split first, its held-out split last, so speculators' ``train_data_ratio``
    cut reproduces our split), one ``hidden_states/hs_{i}.safetensors`` per sequence (``token_ids`` [T],
    ``hidden_states`` [T, 4, d]: the 3 aux layers, then the target's last state) and ``token_freq.json`` (the
@@ -90,14 +90,17 @@ def write_hidden_states(store: Path, out: Path, val_fraction: float) -> dict[str
 def convert_store(store: Path, out: Path, val_fraction: float) -> dict[str, Any]:
     """``store`` in speculators' offline-training format under ``out`` (needs the ``datasets`` package: run it
     in speculators' environment); returns what the trainer needs to know about it."""
+    import shutil
+
     import datasets
 
     started = time.perf_counter()
+    shutil.rmtree(out, ignore_errors=True)  # the benchmark's own directory: a fresh conversion
     written = write_hidden_states(store, out, val_fraction)
     rows, sizes = written.pop("rows"), written.pop("sizes")
     data = datasets.Dataset.from_dict(rows)
     data.set_format(type="torch")
-    data.save_to_disk(str(out / "dataset"))
+    data.save_to_disk(str(out))  # beside hidden_states/, as speculators lays its data out
     (out / "token_freq.json").write_text(json.dumps({str(k): v for k, v in written.pop("token_freq").items()}))
     total = sizes["train"] + sizes["val"]
     if not sizes["train"] or not sizes["val"]:

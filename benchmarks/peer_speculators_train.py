@@ -13,6 +13,7 @@ run in speculators' own virtual environment as
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -130,8 +131,9 @@ def train(request: dict[str, Any]) -> dict[str, Any]:
     per_epoch = request["steps"] // request["epochs"]
     patch_for_cpu(per_epoch, stats)
     save = work / "checkpoints"
+    shutil.rmtree(save, ignore_errors=True)  # a fresh run: no earlier epoch's checkpoint left to serve
     argv = ["--speculator-type", "eagle3", "--verifier-name-or-path", request["target"],
-            "--data-path", str(data / "dataset"), "--hidden-states-path", str(data / "hidden_states"),
+            "--data-path", str(data), "--hidden-states-path", str(data / "hidden_states"),
             "--save-path", str(save), "--log-dir", str(work / "logs"),
             "--total-seq-len", str(request["max_tokens"]), "--epochs", str(request["epochs"]),
             "--train-data-ratio", str(converted["train_data_ratio"]),
