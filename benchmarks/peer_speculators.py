@@ -7,20 +7,23 @@ served by the same vLLM measurement (``benchmarks.speculative.engine_acceptance`
 at K = 3 and K = 5 on the same held-out question files (``real_model.write_question_sets``):
 
 1. ``convert_store``: the store (dumped with ``aux_layers=eagle3``, read with ``specdraft.store``) in
-   speculators' offline-training format (its own layout, one directory): a ``datasets.save_to_disk`` dataset (``input_ids``, ``loss_mask``,
-   ``seq_len``; the store's training split first, its held-out split last, so speculators' ``train_data_ratio``
-   cut reproduces our split), one ``hidden_states/hs_{i}.safetensors`` per sequence (``token_ids`` [T],
+   speculators' offline-training format (its own layout, one directory): a ``datasets.save_to_disk`` dataset
+   (``input_ids``, ``loss_mask``, ``seq_len``; the store's training split first, its held-out split last, so
+   speculators' ``train_data_ratio`` cut reproduces our split), beside it one ``hidden_states/hs_{i}.safetensors`` per sequence (``token_ids`` [T],
    ``hidden_states`` [T, 4, d]: the 3 aux layers, then the target's last state) and ``token_freq.json`` (the
    tokens the draft predicts under the loss mask, for speculators' draft vocabulary).
 2. ``benchmarks.peer_speculators_train`` in speculators' virtual environment (``--venv``; the project's own
    processes never import speculators): the draft vocabulary built with speculators' own function, then
    speculators' trainer on the CPU with the run-time patches it needs (``PATCHES`` there, copied into the JSON):
-   ``Trainer.device_type`` "cpu" (upstream falls back to "cuda" for autocast without an accelerator); the
-   trainer's ``get_local_rank`` -> "cpu" (its ``.to(self.local_rank)`` of the model and of every batch would
-   move to cuda:0); the draft's ``verifier_norm`` -> identity (our store's last state is already the target's
-   final-normed state, speculators' is the pre-norm one); each epoch its first ``steps // epochs`` packed
-   batches (``max_train_batches``, as real_model.py's ``epoch_batches``; the LR schedule is sized to them).
-   Flags, not patches: ``--draft-attn-impl sdpa`` (flex attention does not run on CPU), ``--num-workers 0``.
+   the trainer's ``get_local_rank`` -> "cpu" (its ``.to(self.local_rank)`` of the model and of every batch would
+   move to cuda:0); ``_StepTimer.mark`` / ``now`` without ``torch.accelerator.synchronize()`` (it raises without
+   an accelerator); ``Trainer.device_type`` "cpu" (upstream falls back to "cuda" for autocast); the draft's
+   ``verifier_norm`` -> identity (our store's last state is already the target's final-normed state, speculators'
+   is the pre-norm one); each epoch its first ``steps // epochs`` packed batches (``max_train_batches``, as
+   real_model.py's ``epoch_batches``; the LR schedule is sized to them). Flags, not patches:
+   ``--draft-attn-impl sdpa`` and ``--loss-implementation eager`` (flex attention and the fused losses need
+   Triton on a GPU), ``--num-workers 0``, ``--on-missing raise``. The peer's recipe is otherwise its own defaults
+   (Muon at lr 1e-3, linear schedule, KL loss over 3 test-time-training steps, one llama layer).
 3. vLLM: the last epoch's checkpoint served as is (speculators' format, ``method: eagle3``) beside the target
    alone: acceptance length, tokens/s with and without the draft, the speedup, per question set and K.
 
