@@ -11,7 +11,7 @@ at K = 3 and K = 5 on the same held-out question files (``real_model.write_quest
    (``input_ids``, ``loss_mask``, ``seq_len``; the store's training split first, its held-out split last, so
    speculators' ``train_data_ratio`` cut reproduces our split), beside it one ``hidden_states/hs_{i}.safetensors`` per sequence (``token_ids`` [T],
    ``hidden_states`` [T, 4, d]: the 3 aux layers, then the target's last state) and ``token_freq.json`` (the
-   tokens the draft predicts under the loss mask, for speculators' draft vocabulary).
+   training split's loss-masked (assistant) tokens counted as speculators counts them, for its draft vocabulary).
 2. ``benchmarks.peer_speculators_train`` in speculators' virtual environment (``--venv``; the project's own
    processes never import speculators): the draft vocabulary built with speculators' own function, then
    speculators' trainer on the CPU with the run-time patches it needs (``PATCHES`` there, copied into the JSON):
@@ -28,7 +28,8 @@ at K = 3 and K = 5 on the same held-out question files (``real_model.write_quest
    alone: acceptance length, tokens/s with and without the draft, the speedup, per question set and K.
 
 Tokens per step: speculators packs sequences into one row of ``--max-tokens`` (``total_seq_len``), our reader
-pads batches to at most ``--max-tokens`` padded tokens; both train about ``--max-tokens`` tokens a step.
+pads batches to at most ``--max-tokens`` padded tokens; both train about ``--max-tokens`` positions a step.
+``tokens_per_s`` counts the loss-masked tokens, as real_model.py's recipes count them (``positions_per_s``: all).
 
     python -m benchmarks.peer_speculators --target T (--store S | --run WORKDIR) [--steps 20 --epochs 2]
         [--max-tokens 2048] [--precision bf16] [--questions FILE...] [--max-questions 5] [--max-new-tokens 64]
@@ -83,10 +84,10 @@ def write_hidden_states(store: Path, out: Path, val_fraction: float) -> dict[str
             save_file({"hidden_states": states.to(dtype).contiguous(), "token_ids": ids.long().contiguous()},
                       str(out / "hidden_states" / f"hs_{len(rows['seq_len'])}.safetensors"))
             rows["input_ids"].append(ids.tolist())
-            rows["loss_mask"].append(mask.long().tolist())  # ours: position t's prediction (of token t+1) trained
+            rows["loss_mask"].append(mask.long().tolist())  # assistant tokens, speculators' convention too
             rows["seq_len"].append(t)
             if split == "train":
-                freq.update(ids[1:][mask[:-1]].tolist())  # the tokens the draft learns to predict
+                freq.update(ids[mask].tolist())  # as speculators counts: the assistant tokens
     return {"rows": rows, "sizes": sizes, "token_freq": freq, "aux_layers": aux, "d": int(manifest["d"])}
 
 

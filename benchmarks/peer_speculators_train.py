@@ -30,8 +30,8 @@ PATCHES = [
     "already the target's final-normed state (what its lm_head reads); speculators' data holds the pre-norm one",
     "speculators.train.cli.create_train_val_loaders(max_train_batches=steps // epochs): each epoch its first "
     "steps // epochs packed batches, as real_model.py's epoch_batches (speculators sizes its LR schedule to them)",
-    "instrumentation only: the train loader wrapped to count steps and trained tokens (document_ids != -1), "
-    "Trainer.train_epoch / val_epoch timed",
+    "instrumentation only: the train loader wrapped to count steps, positions (document_ids != -1) and loss-masked "
+    "tokens; Trainer.train_epoch / val_epoch timed",
 ]
 FLAGS = ["--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--num-workers", "0", "--on-missing", "raise", "--checkpoint-freq", "1",
          "--no-resume-from-checkpoint"]  # flex attention and the fused (Triton) losses need a GPU; no vLLM to generate states
@@ -163,8 +163,10 @@ def train(request: dict[str, Any]) -> dict[str, Any]:
                                           "norm_before_residual", "norm_output", "norm_before_fc", "draft_vocab_size",
                                           "target_layer_ids") if k in flat},
         "data": converted, "batches_per_epoch": per_epoch, "optimizer_steps": stats["steps"],
-        "train_tokens": stats["tokens"], "train_loss_positions": stats["loss_tokens"],
-        "train_s": round(stats["train_s"], 2), "tokens_per_s": round(stats["tokens"] / max(stats["train_s"], 1e-9), 1),
+        # tokens as real_model.py counts them (the trainer's state.tokens: loss-masked positions), and all positions
+        "train_tokens": stats["loss_tokens"], "train_positions": stats["tokens"], "train_s": round(stats["train_s"], 2),
+        "tokens_per_s": round(stats["loss_tokens"] / max(stats["train_s"], 1e-9), 1),
+        "positions_per_s": round(stats["tokens"] / max(stats["train_s"], 1e-9), 1),
         "cpu_share": round(stats["train_cpu_s"] / max(stats["train_s"], 1e-9), 3),
         "validation_s": round(stats["val_s"], 2), "val": stats["val"], "run_s": round(run_s, 2),
         "threads": request["threads"],

@@ -44,8 +44,8 @@ def test_hidden_state_files_hold_the_store(toy_store, tmp_path):
         assert torch.equal(hs["hidden_states"][:, 3].float(), b.hidden[0])
         assert rows["input_ids"][n] == b.input_ids[0].tolist() and rows["seq_len"][n] == t
         assert rows["loss_mask"][n] == b.loss_mask[0].long().tolist()
-        if split == "train":  # the tokens the draft predicts: token t+1 where position t's prediction is trained
-            for tok in b.input_ids[0, 1:][b.loss_mask[0, :-1]].tolist():
+        if split == "train":  # the assistant (loss-masked) tokens, as speculators counts them
+            for tok in b.input_ids[0][b.loss_mask[0]].tolist():
                 freq[tok] = freq.get(tok, 0) + 1
     assert dict(out["token_freq"]) == freq
 
