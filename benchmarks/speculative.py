@@ -66,14 +66,16 @@ def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Nam
 
 def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], work: Path, max_new_tokens: int,
                       k: int, floor: bool = False, max_model_len: int | None = 512,
-                      ours: bool = True) -> dict[str, Any]:
+                      ours: bool = True, served: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """vLLM's acceptance of each draft beside our decoder's (``specdraft.evaluation.engine``): every draft exported in
     its vLLM format and served from one vLLM process (the target alone, then with each draft, on the questions),
     our decoder a chain of ``k`` on the same prompts counted as vLLM counts; per recipe the overall report of
     ``evaluation.engine_comparison.compare`` (acceptance length on both sides, the gap, per-position rates, greedy
     equality) and its per-dataset reports. ``floor``: vLLM's own ``ngram`` prompt lookup served too (under
     ``"ngram"``: the engine's numbers alone); ``ours=False``: the engine's numbers alone for the drafts as well (no
-    decode of ours); ``max_model_len`` None: the target's positions."""
+    decode of ours); ``max_model_len`` None: the target's positions. ``served``: drafts already in a format vLLM
+    reads (name -> an ``EngineRequest.drafts`` entry, e.g. a draft trained by the peer ``speculators``), served on
+    the same prompts in the same process, the engine's numbers alone."""
     from dataclasses import asdict
 
     from specdraft.decoding import DecodeConfig
@@ -92,6 +94,7 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
         fmt = next(f for f in formats_for(read_draft_config(draft)) if f in VLLM_FORMATS)
         out = export_draft(draft, fmt, work / "export" / recipe, target=target, speculative_tokens=k, overwrite=True)
         exports[recipe] = {"model": str(out), "method": export_layout(fmt, out).method}
+    exports.update(served or {})
     if floor:
         exports["ngram"] = ngram_drafter()
     engine = EngineSettings(name="vllm", speculative_tokens=k, max_model_len=max_model_len)
@@ -107,6 +110,9 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
         else:
             report = {**engine_only(run, recipe, k), "warnings": []}
         result[recipe] = {**report["overall"], "warnings": report["warnings"], "datasets": report["datasets"]}
+    for name, spec in (served or {}).items():
+        report = engine_only(run, name, k)
+        result[name] = {**report["overall"], "datasets": report["datasets"], "drafter": spec}
     if floor:
         report = engine_only(run, "ngram", k)
         result["ngram"] = {**report["overall"], "datasets": report["datasets"], "drafter": exports["ngram"]}
