@@ -78,7 +78,6 @@ def test_smollm2_on_sharegpt_regenerate_dump_train_eval_and_serve(local_ray, tmp
     report = json.loads(report_path.read_text())
     ours = report["datasets"]["sharegpt_questions"]
     assert ours["lossless_checked"] == 3 and ours["lossless_mismatches"] == 0, ours  # = the target's greedy answer
-    assert ours["tau"] >= 1.0
     served = report["engine"]["datasets"]["sharegpt_questions"]
     assert served["prompts"] == 3 and served["drafts"] > 0, served  # vLLM served the target with the draft
     assert served["same_answer_as_ours"] == 3, served  # greedy: the engine's answers are the target's too
