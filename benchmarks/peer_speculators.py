@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.host import LoadSampler
-from benchmarks.real_model import ROOT, find_store, machine, store_facts, target_facts, write_question_sets
+from benchmarks.real_model import (ROOT, add_inputs, find_store, machine, number, store_facts, target_facts,
+                                   write_question_sets)
 
 VENV = Path("/tmp/specvenv-bench32")
 NAME = "speculators"  # the peer draft's name in the engine's results
@@ -134,10 +135,7 @@ def train_peer(args: argparse.Namespace, store: Path, target: Path, work: Path) 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target", required=True, type=Path, help="the target model directory")
-    source = ap.add_mutually_exclusive_group(required=True)
-    source.add_argument("--store", type=Path, help="a feature store dumped with aux_layers=eagle3")
-    source.add_argument("--run", type=Path, help="a finished `specdraft run` workdir: its EAGLE-3 store")
+    add_inputs(ap)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "real_model_peer_cpu.json")
     ap.add_argument("--work", type=Path, default=Path("runs/bench-peer"), help="converted data, checkpoints")
     ap.add_argument("--venv", type=Path, default=VENV, help="a virtual environment with speculators installed")
@@ -215,18 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _f(x: Any, spec: str = ".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def print_table(result: dict[str, Any]) -> None:
     t = result["train"]
     print(f"speculators EAGLE-3: {t['optimizer_steps']} steps, {t['train_s']:.1f} s, {t['tokens_per_s']:.0f} tokens/s")
     for key in [k for k in result if k.startswith("engine_k")]:
         for name, d in result[key]["speculators"]["datasets"].items():
-            print(f"  {key[7:]} {name:12s} vLLM acceptance length {_f(d['acceptance_length'])}, "
-                  f"{_f(d['tokens_per_s'], '.1f')} vs {_f(d['tokens_per_s_vanilla'], '.1f')} tokens/s "
-                  f"(speedup {_f(d['speedup'])})")
+            print(f"  {key[7:]} {name:12s} vLLM acceptance length {number(d['acceptance_length'])}, "
+                  f"{number(d['tokens_per_s'], '.1f')} vs {number(d['tokens_per_s_vanilla'], '.1f')} tokens/s "
+                  f"(speedup {number(d['speedup'])})")
 
 
 if __name__ == "__main__":

@@ -135,12 +135,17 @@ def decode_modes(args: argparse.Namespace) -> dict[str, Any]:
     return modes
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_inputs(ap: argparse.ArgumentParser) -> None:
+    """The target and its EAGLE-3 store (or the run workdir holding it): the options of this and the peer's arm."""
     ap.add_argument("--target", required=True, type=Path, help="the target model directory")
     source = ap.add_mutually_exclusive_group(required=True)
     source.add_argument("--store", type=Path, help="a feature store dumped with aux_layers=eagle3")
     source.add_argument("--run", type=Path, help="a finished `specdraft run` workdir: its EAGLE-3 store")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_inputs(ap)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "real_model_cpu.json")
     ap.add_argument("--work", type=Path, default=Path("runs/bench-real-model"), help="drafts, questions, exports")
     ap.add_argument("--recipes", default=RECIPES, help="comma-separated (also: beagle, eagle3-hass)")
@@ -272,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _f(x: Any, spec: str = ".2f") -> str:
+def number(x: Any, spec: str = ".2f") -> str:
+    """``x`` formatted, or "-" where it was not measured."""
     return "-" if x is None else format(x, spec)
 
 
@@ -293,18 +299,18 @@ def print_table(result: dict[str, Any]) -> None:
         t = r["train"]
         for name in datasets:
             line = (f"{recipe:12s} {name[:10]:10s} {t['optimizer_steps']:5d} {t['train_s']:7.1f} "
-                    f"{t['tokens_per_s']:6.0f} " + " ".join(f"{_f(r['ours'][name][m]['tau']):>10s}" for m in modes))
+                    f"{t['tokens_per_s']:6.0f} " + " ".join(f"{number(r['ours'][name][m]['tau']):>10s}" for m in modes))
             for k in ks:
                 d = (r.get(f"engine_{k}") or {}).get("datasets", {}).get(name, {})
-                line += f" | {_f(d.get('acceptance_length')):>11s} {_f(d.get('speedup')):>7s}"
+                line += f" | {number(d.get('acceptance_length')):>11s} {number(d.get('speedup')):>7s}"
             print(line)
     floor = result["floor"]
     for name in datasets:
         line = (f"{'floor':12s} {name[:10]:10s} {'':5s} {'':7s} {'':6s} "
-                + " ".join(f"{_f(floor['ours_prompt_lookup'][name][m]):>10s}" for m in modes))
+                + " ".join(f"{number(floor['ours_prompt_lookup'][name][m]):>10s}" for m in modes))
         for k in ks:
             d = floor["engine_ngram"][k]["datasets"].get(name, {})
-            line += f" | {_f(d.get('acceptance_length')):>11s} {_f(d.get('speedup')):>7s}"
+            line += f" | {number(d.get('acceptance_length')):>11s} {number(d.get('speedup')):>7s}"
         print(line)
     print("tau: our decoder's tokens per target forward (greedy, bonus counted); floor row: our prompt lookup "
           "(tau_pld) and vLLM's ngram; vLLM AL: vLLM's mean acceptance length (1 + accepted / drafts); speedup: "
