@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.host import LoadSampler
-from benchmarks.real_model import (ROOT, add_inputs, find_store, machine, number, store_facts, target_facts,
-                                   write_question_sets)
+from benchmarks.real_model import (ROOT, add_inputs, find_store, machine, number, question_counts, settings_of,
+                                   store_facts, target_facts, write_question_sets)
 
 VENV = Path("/tmp/specvenv-bench32")
 NAME = "speculators"  # the peer draft's name in the engine's results
@@ -178,10 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     def write(complete: bool) -> dict[str, Any]:
         result = {
             "benchmark": "real_model_peer", "peer": "speculators", "complete": complete, "note": args.note,
-            "settings": {k: (str(v) if isinstance(v, Path) else [str(x) for x in v] if k == "questions" else v)
-                         for k, v in vars(args).items()},
-            "target": target_facts(target), "store": store_facts(store),
-            "questions": {f.stem: sum(1 for x in f.read_text().splitlines() if x.strip()) for f in files},
+            "settings": settings_of(args), "target": target_facts(target), "store": store_facts(store),
+            "questions": question_counts(files),
             "train": trained, "patches": trained.get("patches", []),
             **{f"engine_{k}": {key: e[key] for key in ("engine", "speculative_tokens", "prompts", "engine_process_s")}
                | {"speculators": e[NAME]} | ({"ngram": e["ngram"]} if "ngram" in e else {}) for k, e in engine.items()},

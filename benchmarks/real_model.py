@@ -126,6 +126,17 @@ def store_facts(store: Path) -> dict[str, Any]:
             "target_id": manifest.get("target_id"), "bytes": manifest["totals"]["bytes"]}
 
 
+def settings_of(args: argparse.Namespace) -> dict[str, Any]:
+    """A benchmark's command-line settings as JSON values (paths as strings)."""
+    return {k: (str(v) if isinstance(v, Path) else [str(x) for x in v] if k == "questions" else v)
+            for k, v in vars(args).items()}
+
+
+def question_counts(files: list[Path]) -> dict[str, int]:
+    """Questions per written question file (by its stem)."""
+    return {f.stem: sum(1 for x in f.read_text().splitlines() if x.strip()) for f in files}
+
+
 def decode_modes(args: argparse.Namespace) -> dict[str, Any]:
     from specdraft.decoding import DecodeConfig
 
@@ -229,10 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         """The result so far (after each phase: a run stopped later keeps what it measured)."""
         result = {
             "benchmark": "real_model", "complete": complete, "note": args.note,
-            "settings": {k: (str(v) if isinstance(v, Path) else [str(x) for x in v] if k == "questions" else v)
-                         for k, v in vars(args).items()},
-            "target": target_facts(target), "store": store_facts(store),
-            "questions": {f.stem: sum(1 for x in f.read_text().splitlines() if x.strip()) for f in files},
+            "settings": settings_of(args), "target": target_facts(target), "store": store_facts(store),
+            "questions": question_counts(files),
             "recipes": {recipe: {"train": trained[recipe], "ours": ours.get(recipe),
                                  **{f"engine_{k}": e.get(recipe) for k, e in engine.items()}} for recipe in trained},
             "floor": {"engine_ngram": {k: e["ngram"] for k, e in engine.items()},

@@ -94,9 +94,8 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
         fmt = next(f for f in formats_for(read_draft_config(draft)) if f in VLLM_FORMATS)
         out = export_draft(draft, fmt, work / "export" / recipe, target=target, speculative_tokens=k, overwrite=True)
         exports[recipe] = {"model": str(out), "method": export_layout(fmt, out).method}
-    exports.update(served or {})
-    if floor:
-        exports["ngram"] = ngram_drafter()
+    engine_drafters = {**(served or {}), **({"ngram": ngram_drafter()} if floor else {})}  # the engine's numbers alone
+    exports.update(engine_drafters)
     engine = EngineSettings(name="vllm", speculative_tokens=k, max_model_len=max_model_len)
     started = time.perf_counter()
     run = measure_engine(EngineRequest(target=str(target), drafts=exports, questions=load_question_sets(files),
@@ -110,10 +109,7 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
         else:
             report = {**engine_only(run, recipe, k), "warnings": []}
         result[recipe] = {**report["overall"], "warnings": report["warnings"], "datasets": report["datasets"]}
-    for name, spec in (served or {}).items():
+    for name, spec in engine_drafters.items():
         report = engine_only(run, name, k)
         result[name] = {**report["overall"], "datasets": report["datasets"], "drafter": spec}
-    if floor:
-        report = engine_only(run, "ngram", k)
-        result["ngram"] = {**report["overall"], "datasets": report["datasets"], "drafter": exports["ngram"]}
     return result
