@@ -208,7 +208,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         _sync(device)
         step_s = time.perf_counter() - t0
         peak = _peak_mb(device) - start_mb
-    return {**spec, "step_s": round(step_s, 3), "peak_mb": round(peak, 1),
+    return {**spec, "step_s": round(step_s, 3), "tokens_per_s": round(spec["batch"] * t / step_s, 1),
+            "peak_mb": round(peak, 1),
             **({"block_positions": spec["batch"] * min(stage.anchors, t - 1) * 16} if block else {}),
             "draft_params_mb": round(params_mb, 1), "frozen_heads_mb": round(frozen_mb, 1),
             "loss": spec["loss"], "loss_value": round(metrics["loss"], 4), "substeps": stage.num_substeps,
@@ -268,6 +269,19 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def compared(row: dict[str, Any], paths: list[Path]) -> dict[str, Any]:
+    """``row``'s peak and rate over those of the first row of the same (recipe, loss) in the results at ``paths``."""
+    same = [(path, earlier, r) for path in paths for earlier in [json.loads(path.read_text())] for r in earlier["rows"]
+            if (r["recipe"], r["loss"]) == (row["recipe"], row["loss"]) and "error" not in r]
+    if not same or "error" in row:
+        return {}
+    path, earlier, other = same[0]
+    rate = other.get("tokens_per_s") or round(other["batch"] * other["seq"] / other["step_s"], 1)
+    return {"compared": {"file": path.name, "device": earlier["machine"]["device"], "peak_mb": other["peak_mb"],
+                         "tokens_per_s": rate, "peak_over_compared": round(row["peak_mb"] / other["peak_mb"], 3),
+                         "speedup_over_compared": round(row["tokens_per_s"] / rate, 1)}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
@@ -285,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="CPU: glibc mmap/trim threshold in the measuring processes (RSS follows live memory)")
     parser.add_argument("--recipes", nargs="+", default=DEFAULT_RECIPES, choices=list(RECIPES))
     parser.add_argument("--loss", nargs="+", default=["fused", "materialized"], choices=("fused", "materialized"))
+    parser.add_argument("--compare", type=Path, nargs="+", default=[],
+                        help="earlier results (e.g. the CPU runs at the same shape): the first one's row of the same "
+                             "recipe and loss, its peak and rate beside ours")
     args = parser.parse_args(argv)
     if args.malloc_mmap_threshold is not None:  # read by glibc when the spawned measuring processes start
         os.environ["MALLOC_MMAP_THRESHOLD_"] = os.environ["MALLOC_TRIM_THRESHOLD_"] = str(args.malloc_mmap_threshold)
@@ -296,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                         threads=args.threads, dflash_layers=args.dflash_layers)
             row = run(spec)
             rows.append(row)
+            row.update(compared(row, args.compare))
             shown = {k: row.get(k) for k in ("recipe", "loss", "step_s", "peak_mb", "baseline_mb", "error")}
             print(json.dumps(shown), flush=True)
     result = {
