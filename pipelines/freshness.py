@@ -172,7 +172,7 @@ def remember_trained(cfg: RunConfig, prepared: Prepared) -> None:
 def download_champion(cfg: RunConfig, parent: MlflowLogger | NullRun):
     """(the champion's model version, its draft directory downloaded once to ``<workdir>/champion/v<version>``),
     or None with no registry (tracking off) or no champion yet."""
-    from pipelines.registry import current_champion, download_draft
+    from pipelines.registry import current_champion, download_draft, version_uri
     from specdraft import files
 
     if not parent.enabled:
@@ -183,7 +183,7 @@ def download_champion(cfg: RunConfig, parent: MlflowLogger | NullRun):
     out = (Path(cfg.workdir) / "champion" / f"v{version.version}").absolute()
     if not (out / "model.safetensors").is_file():
         with tempfile.TemporaryDirectory() as tmp, files.write_directory(out) as new:
-            local, _ = download_draft(parent.client, f"models:/{cfg.register.model_name}/{version.version}", tmp)
+            local, _ = download_draft(parent.client, version_uri(cfg.register.model_name, version.version), tmp)
             for item in Path(local).iterdir():
                 item.rename(new / item.name)
     return version, out
@@ -225,7 +225,11 @@ def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prep
         return {}
     version, local = found
     window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out]))
-    evaluated = stages.evaluate_draft(window_cfg, prepared, str(local), f"champion:v{version.version}")
+    from pipelines.registry import version_uri
+
+    # the gate's key for the same measurement (window_gate): the register stage finds it done
+    evaluated = stages.evaluate_draft(window_cfg, prepared, str(local),
+                                      f"champion:{version_uri(cfg.register.model_name, version.version)}")
     tau, engine = evaluated.mean_tau, evaluated.mean_engine_tau
     if tau is None:
         return {}

@@ -49,6 +49,12 @@ def _engine_tag(eval_key: str) -> str:
     return f"mean_engine_tau.{eval_key}"
 
 
+def version_uri(name: str, version: int | str) -> str:
+    """``models:/NAME/VERSION``: a registered draft's URI, also the evaluation key of a champion (``champion:URI``):
+    the offline drift check and the gate measure the champion on the window's held-out slice once a night."""
+    return f"models:/{name}/{version}"
+
+
 def current_champion(client: MlflowClient, name: str, alias: str):
     try:
         return client.get_model_version_by_alias(name, alias)
@@ -101,7 +107,7 @@ def register_draft(
     beats_champion = champion is None or (champion_tau is not None and ours > champion_tau)
     gated = None
     if gate is not None and above_floor is not False:
-        gated = gate(champion_tau, f"models:/{model_name}/{champion.version}" if champion is not None else None)
+        gated = gate(champion_tau, version_uri(model_name, champion.version) if champion is not None else None)
         beats_champion = gated.promote
     promote = above_floor is not False and beats_champion
     if promote:
@@ -167,7 +173,7 @@ def _champion_tau(client: MlflowClient, model_name: str, champion, eval_key: str
         return float(tagged)
     if evaluate_champion is None or above_floor is False:  # below the floor: no need
         return None
-    measured = evaluate_champion(f"models:/{model_name}/{champion.version}")
+    measured = evaluate_champion(version_uri(model_name, champion.version))
     taus = measured if isinstance(measured, tuple) else (measured, None)
     for key, value in zip((_tau_tag(eval_key), _engine_tag(eval_key)), taus):
         if value is not None:

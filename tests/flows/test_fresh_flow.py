@@ -62,6 +62,11 @@ def test_two_nights_on_traffic(local_ray, tiny_toy_target, tmp_path):
     assert not drift["alarm"] and "drift     champion v" in second["summary"]
     gate = second["register"]["gate"]
     assert [c["slice"] for c in gate["comparisons"]] == ["window", "regression"]
+    assert gate["comparisons"][0]["champion"] == drift["window_tau"]
+    held_out = second["prepare"]["traffic"]["files"]["held_out"]
+    on_window = [p for p in (tmp_path / "work" / "eval").glob("*/report.json")
+                 if json.loads(p.read_text())["settings"]["questions"] == [held_out]]
+    assert len(on_window) == 2  # the candidate, and the champion once: the drift check's measurement is the gate's
     assert all(c["champion"] is not None and c["candidate"] is not None for c in gate["comparisons"])
     assert second["register"]["promoted"] == gate["promote"]
     assert "gate      window: candidate" in second["summary"]
