@@ -19,6 +19,8 @@ they are avoided at their source instead:
 * every line a Ray Train worker prints appeared twice: Ray Train patches ``print`` to log to the root
   logger (shown on stderr) and, since Ray's workers replace ``sys.stdout``, also to print it (stdout) —
   ``RAY_TRAIN_ENABLE_PRINT_PATCH=0`` (``TRAIN_ENV``) keeps a worker's prints plain, once;
+* (not a line: a wait) Ray Train's controller polls its workers every 2 s, and each report of a worker waits for
+  the previous one to be collected: ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.2`` (``TRAIN_ENV``);
 * "has constructor arguments in the object store and max_restarts > 0" (``core_worker.cc``) is logged
   when an actor that Ray may restart is built from an object reference: Ray Data passes every pool
   actor its map function by reference, and Ray Train's preemption watcher is built so too. Our actor
@@ -81,7 +83,12 @@ KNOWN_HARMLESS_LOCAL: dict[str, tuple[str, ...]] = {
 
 
 # Ray Train's settings for every run (see the module docstring), and for a local cluster's runs
-TRAIN_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+TRAIN_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+             # the controller collects a worker's report (a checkpoint, an epoch end) when it polls the workers, and
+             # a worker's next report waits until then: at Ray's 2 s, reports under 2 s apart (a small draft,
+             # checkpoint_every of tens of steps) stalled training — 21 of the toy recipe's 30 s. A slow poll is only
+             # a missed health check (a worker is dead after RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S, 10 min).
+             "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
 TRAIN_ENV_LOCAL = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
                    # torch.distributed's gloo and NCCL pairs on the loopback interface (``rendezvous_config``)
                    **({"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"} if sys.platform == "linux" else {})}

@@ -17,10 +17,8 @@ Validation: simulated chain acceptance (alpha_i, sim_tau) on held-out sequences 
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -175,27 +173,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     ray.train.report({"done": 1.0, **skipped(), **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
 
 
-# Ray Train's controller collects a worker's report (a checkpoint, an epoch end) when it polls the workers, every
-# RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (Ray's default 2 s), and a worker's next report waits until the previous one is
-# collected: reports under 2 s apart (a small draft, checkpoint_every of tens of steps) stalled training up to 2 s
-# each — 21 of the toy recipe's 30 s. Polled every POLL_S unless the environment sets the interval; a slow poll is
-# only a missed health check (a worker is declared dead after RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S, 10 min).
-POLL_ENV, POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", 0.2
-
-
-@contextmanager
-def controller_polling():
-    """``POLL_S`` as the interval of the Ray Train controller started inside (Ray passes the variable to it)."""
-    if POLL_ENV in os.environ:
-        yield
-        return
-    os.environ[POLL_ENV] = str(POLL_S)
-    try:
-        yield
-    finally:
-        os.environ.pop(POLL_ENV, None)
-
-
 def online_conversations(cfg: TrainConfig, target: str | Path) -> tuple[TokenizedConversations, int]:
     """(``cfg.conversations`` tokenized as a dump with ``cfg.online`` would tokenize them, rows read)."""
     tokenizer = load_tokenizer(target, trust_remote_code=cfg.online.trust_remote_code)
@@ -309,8 +286,7 @@ def run_training(
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
         ),
     )
-    with controller_polling():
-        result = trainer.fit()
+    result = trainer.fit()
     if result.error is not None:
         raise result.error
     draft_dir = out / DRAFT_DIR

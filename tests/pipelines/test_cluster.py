@@ -4,11 +4,12 @@ workers (through the cluster's worker_process_setup_hook); everything else those
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from pathlib import Path
 
-from pipelines.cluster import KNOWN_HARMLESS, KNOWN_HARMLESS_LOCAL, _logger_name, quiet_known_warnings
+from pipelines.cluster import KNOWN_HARMLESS, KNOWN_HARMLESS_LOCAL, TRAIN_ENV, _logger_name, quiet_known_warnings
 
 CLEANER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 AUTOSCALING = "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
@@ -117,3 +118,18 @@ def test_a_worker_guards_the_cleaner_when_it_imports_it_and_imports_nothing_of_r
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+def test_an_actor_with_its_own_environment_gets_the_train_settings(local_ray):
+    # Ray Train starts its controller with runtime_env={"env_vars": <the driver's RAY_TRAIN_* variables>}: the job's
+    # TRAIN_ENV (the controller's poll interval: each checkpoint report waits for its poll) reaches it all the same
+    @local_ray.remote(num_cpus=0, runtime_env={"env_vars": {"SPECDRAFT_TEST_OWN": "1"}})
+    class Controller:
+        def env(self, names: list[str]) -> dict[str, str | None]:
+            import os
+
+            return {name: os.environ.get(name) for name in names}
+
+    names = [name for name in TRAIN_ENV if name not in os.environ]
+    seen = local_ray.get(Controller.remote().env.remote([*names, "SPECDRAFT_TEST_OWN"]))
+    assert seen == {**{name: TRAIN_ENV[name] for name in names}, "SPECDRAFT_TEST_OWN": "1"}

@@ -39,16 +39,3 @@ def test_a_cpu_worker_uses_the_cpus_it_holds_as_torch_threads():
     assert ScalingSection(cpus_per_worker=2, use_gpu=True).cpu_threads() is None
     assert ScalingSection(num_workers=0, cpus_per_worker=2).cpu_threads() is None  # the driver's own process
 
-
-def test_the_controller_polls_often_unless_the_environment_says(monkeypatch):
-    # what Ray hands the controller actor it starts in fit(): a worker's report waits for the previous one's poll
-    from ray.train.v2._internal.constants import get_env_vars_to_propagate
-
-    monkeypatch.delenv(train.POLL_ENV, raising=False)
-    with train.controller_polling():
-        assert get_env_vars_to_propagate()[train.POLL_ENV] == str(train.POLL_S)
-    assert train.POLL_ENV not in get_env_vars_to_propagate()  # restored
-    monkeypatch.setenv(train.POLL_ENV, "5")
-    with train.controller_polling():
-        assert get_env_vars_to_propagate()[train.POLL_ENV] == "5"
-    assert get_env_vars_to_propagate()[train.POLL_ENV] == "5"
