@@ -14,6 +14,7 @@ scheduling on two small modules)."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -35,9 +36,6 @@ if "PREFECT_HOME" not in os.environ or os.environ.get(_OWN_HOME) == os.environ["
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(STARTUP_TIMEOUT_S))
 os.environ.setdefault("DO_NOT_TRACK", "1")
-# Ray Train's controller polls its workers every 2 s by default, and a worker's report() (every checkpoint
-# and epoch end) waits for that poll: tiny test runs spent most of their time there
-os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 # each xdist worker its share of the cores, for torch here and in the processes it starts (CLI
 # subprocesses, a Prefect worker's flow run): two workers each spinning two OpenMP threads on two cores
 # slow each other down
@@ -47,13 +45,38 @@ if WORKERS > 1:
 import pytest
 
 
+DURATIONS = Path(__file__).with_name("durations.json")  # seconds per test module, as last measured
+
+
+def module_seconds() -> dict[str, float]:
+    """``tests/durations.json``'s seconds per module path (relative to the checkout); {} without the file."""
+    if not DURATIONS.is_file():
+        return {}
+    return {name: float(s) for name, s in json.loads(DURATIONS.read_text()).items() if not name.startswith("_")}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist hands modules out in collection order (``--dist loadfile``) unless it reorders them by their number of
+    # tests: a one-test module of three minutes then came last and ran while the other worker sat idle
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 @pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first, so that the last test on one worker does not start while the other is idle:
-    the end-to-end (``slow``) tests ahead of the rest. Stable, and by module (a module's tests stay
-    together: its module-scoped fixtures are built once per worker)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest first, so that the last module on one worker does not start while the other is idle: modules by
+    their measured seconds (``tests/durations.json``), the end-to-end (``slow``) ones ahead of the rest where
+    none is recorded. Stable, and by module (a module's tests stay together: its module-scoped fixtures are
+    built once per worker)."""
+    seconds = module_seconds()
+    root = config.rootpath
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
+
+    def weight(item: pytest.Item) -> tuple[float, bool]:
+        recorded = seconds.get(item.path.relative_to(root).as_posix()) if item.path.is_relative_to(root) else None
+        return (-(recorded or 0.0), item.path not in slow_files)
+
+    items.sort(key=weight)
 
 
 @pytest.fixture(scope="session", autouse=True)
