@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdraft.features import FeaturesConfig, encode_features, resolve_aux_layers, sequence_features
+from specdraft.features import (FeaturesConfig, encode_features, pad_sequences, prefill_batches, resolve_aux_layers,
+                                sequence_features)
 from specdraft.store import write_shard
 from specdraft.store.location import tree_bytes
 
@@ -82,14 +83,17 @@ def main(argv: list[str] | None = None) -> int:
     seqs = [torch.randint(1, args.vocab, (args.seq,), generator=g).numpy().astype(np.int32)
             for _ in range(args.samples)]
     tokens = args.samples * args.seq
-    ids = torch.from_numpy(np.stack(seqs)).long()  # (S, T)
+    # what the dump stores beside the features (features.sample_arrays' layout), and the shard's attributes
+    shard = dict(input_ids=np.concatenate(seqs), loss_mask=np.ones(tokens, np.uint8),
+                 offsets=np.arange(0, tokens + 1, args.seq, dtype=np.int64),
+                 sample_ids=np.array([f"s{i}" for i in range(args.samples)]))
+    attrs = {"d": conf.hidden_size, "k": cfg.topk, "hidden_codec": cfg.hidden_codec, "aux_layers": aux_layers}
 
     @torch.no_grad()
     def forward():  # the floor: the same padded batches as sequence_features, logits included
-        per = max(1, cfg.batch_tokens // args.seq)
-        for lo in range(0, args.samples, per):
-            batch = ids[lo : lo + per].to(device)  # (b, T)
-            model(input_ids=batch, attention_mask=torch.ones_like(batch)).logits.sum().item()
+        for group in prefill_batches([len(s) for s in seqs], cfg.batch_tokens, cfg.max_batch_size):
+            ids, att = pad_sequences([seqs[i] for i in group], 0)  # (B, T), (B, T)
+            model(input_ids=ids.to(device), attention_mask=att.to(device)).logits.sum().item()
 
     def features():
         return sequence_features(model, seqs, cfg, aux_layers, pad_id=0)
@@ -104,11 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             _, fwd_s = timed(device, forward)
             (feats, prefill_s), feat_s = timed(device, features)
             arrays, enc_s = timed(device, lambda: encode_features(feats, cfg.hidden_codec, len(aux_layers)))
-            lengths = [args.seq] * args.samples
-            arrays.update(input_ids=np.concatenate(seqs), loss_mask=np.ones(tokens, np.uint8),
-                          offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-                          sample_ids=np.array([f"s{i}" for i in range(args.samples)]))
-            attrs = {"d": conf.hidden_size, "k": cfg.topk, "hidden_codec": cfg.hidden_codec, "aux_layers": aux_layers}
+            arrays.update(shard)
             store = Path(tmp) / f"rep{rep}"
             _, write_s = timed(torch.device("cpu"), lambda: write_shard(
                 store, 0, arrays, attrs, chunk_tokens=cfg.chunk_tokens, compression=cfg.compression,

@@ -269,15 +269,16 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def compared(row: dict[str, Any], paths: list[Path]) -> dict[str, Any]:
-    """``row``'s peak and rate over those of the first row of the same (recipe, loss) in the results at ``paths``."""
-    same = [(path, earlier, r) for path in paths for earlier in [json.loads(path.read_text())] for r in earlier["rows"]
+def compared(row: dict[str, Any], earlier: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``row``'s peak and rate over those of the first row of the same (recipe, loss) in the ``earlier`` results
+    (file name -> result)."""
+    same = [(name, result, r) for name, result in earlier.items() for r in result["rows"]
             if (r["recipe"], r["loss"]) == (row["recipe"], row["loss"]) and "error" not in r]
     if not same or "error" in row:
         return {}
-    path, earlier, other = same[0]
+    name, result, other = same[0]
     rate = other.get("tokens_per_s") or round(other["batch"] * other["seq"] / other["step_s"], 1)
-    return {"compared": {"file": path.name, "device": earlier["machine"]["device"], "peak_mb": other["peak_mb"],
+    return {"compared": {"file": name, "device": result["machine"]["device"], "peak_mb": other["peak_mb"],
                          "tokens_per_s": rate, "peak_over_compared": round(row["peak_mb"] / other["peak_mb"], 3),
                          "speedup_over_compared": round(row["tokens_per_s"] / rate, 1)}}
 
@@ -305,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.malloc_mmap_threshold is not None:  # read by glibc when the spawned measuring processes start
         os.environ["MALLOC_MMAP_THRESHOLD_"] = os.environ["MALLOC_TRIM_THRESHOLD_"] = str(args.malloc_mmap_threshold)
+    earlier = {path.name: json.loads(path.read_text()) for path in args.compare}
     rows = []
     for loss in args.loss:
         for recipe in args.recipes:
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                         threads=args.threads, dflash_layers=args.dflash_layers)
             row = run(spec)
             rows.append(row)
-            row.update(compared(row, args.compare))
+            row.update(compared(row, earlier))
             shown = {k: row.get(k) for k in ("recipe", "loss", "step_s", "peak_mb", "baseline_mb", "error")}
             print(json.dumps(shown), flush=True)
     result = {

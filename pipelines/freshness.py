@@ -223,10 +223,10 @@ def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prep
     found = download_champion(cfg, parent)
     if found is None:
         return {}
-    version, local = found
-    window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out]))
     from pipelines.registry import version_uri
 
+    version, local = found
+    window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out]))
     # the gate's key for the same measurement (window_gate): the register stage finds it done
     evaluated = stages.evaluate_draft(window_cfg, prepared, str(local),
                                       f"champion:{version_uri(cfg.register.model_name, version.version)}")

@@ -503,13 +503,15 @@ def check_flow_run_outputs(session: Session, api: str, flow_run: str) -> None:
     assert {"prepare", "regenerate", "features", "train", "eval", "register"} <= stages, stages
     # the flow run's process ships its logs in batches and flushes the last ones as it exits, after its state is
     # COMPLETED: the summary may reach the API a few seconds after the state
-    deadline, summary = time.time() + 120, None
-    while summary is None:
+    deadline = time.time() + 120
+    while True:
         logs = httpx.post(f"{api}/logs/filter", timeout=30, json={
             "logs": {"flow_run_id": {"any_": [flow_run]}}, "sort": "TIMESTAMP_DESC", "limit": 50}).json()
         summary = next((log["message"] for log in logs if log["message"].startswith("run summary")), None)
-        assert summary or time.time() < deadline, [log["message"][:120] for log in logs]
-        time.sleep(0 if summary else 2)
+        if summary:
+            break
+        assert time.time() < deadline, [log["message"][:120] for log in logs]
+        time.sleep(2)
     for needle in (f"run {parents[0].info.run_id}", "mlflow ui --backend-store-uri", "tau/floor"):
         assert needle in summary, (needle, summary)
     assert summary in (session.cwd / ".readme-worker.log").read_text().replace("\r", "")

@@ -38,4 +38,3 @@ def test_a_cpu_worker_uses_the_cpus_it_holds_as_torch_threads():
     assert ScalingSection(cpus_per_worker=0.5).cpu_threads() == 1
     assert ScalingSection(cpus_per_worker=2, use_gpu=True).cpu_threads() is None
     assert ScalingSection(num_workers=0, cpus_per_worker=2).cpu_threads() is None  # the driver's own process
-
