@@ -10,7 +10,10 @@ any order (``report.build_report`` sorts them). A record depends only on (settin
 come from (seed, question index, turn) — so the split changes timings only.
 
 Workers start with ``fork`` when that is safe (CPU, one thread per worker, a parent with no other
-threads and no CUDA state: they start at once and share the imported modules), else ``spawn``.
+threads and no CUDA state: they start at once and share the imported modules), else from a
+``forkserver`` that imported this module (torch, transformers, the drafts) once: a flow's process has
+threads and evaluates several times a night, and each ``spawn``\ed worker paid the imports again
+(~5 CPU-s a worker). ``spawn`` only where there is no forkserver.
 The Ray path (``pipelines/evaluate.py``) spreads the same function over Ray actors instead.
 """
 
@@ -89,9 +92,17 @@ def _evaluate(question: dict[str, Any], cached: dict[str, Any]) -> tuple[list[di
 
 
 def _context(plan: WorkerPlan):
-    safe = (plan.device.type == "cpu" and plan.threads == 1 and threading.active_count() == 1
-            and not torch.cuda.is_initialized() and "fork" in multiprocessing.get_all_start_methods())
-    return multiprocessing.get_context("fork" if safe else "spawn")
+    methods = multiprocessing.get_all_start_methods()
+    if (plan.device.type == "cpu" and plan.threads == 1 and threading.active_count() == 1
+            and not torch.cuda.is_initialized() and "fork" in methods):
+        return multiprocessing.get_context("fork")
+    if "forkserver" not in methods:
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    # the server (one per process, started by the first pool) imports this module before it forks a worker; it
+    # never touches CUDA, so a worker may take its own GPUs; a preload that fails to import is only slower
+    ctx.set_forkserver_preload([__name__])
+    return ctx
 
 
 def evaluate_in_processes(target, draft, questions: list[dict[str, Any]], cached: list[dict[str, Any]], settings,

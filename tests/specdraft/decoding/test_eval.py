@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
 
 from specdraft.decoding import DecodeConfig, PromptLookupConfig
 from specdraft.configs.evaluation import EvalSettings
+from specdraft.evaluation import replicas
 from specdraft.evaluation.questions import dataset_name, load_question_sets, read_questions, render_prompt
 from specdraft.evaluation.report import build_report
 from specdraft.evaluation.run import run_eval
@@ -182,12 +184,26 @@ def serial_threads():
     torch.set_num_threads(before)
 
 
-def test_questions_in_parallel_give_the_serial_records(toy_target_dir, draft_dir, question_files, serial_threads):
+@pytest.mark.parametrize("parent", ["as-it-is", "threaded"])
+def test_questions_in_parallel_give_the_serial_records(toy_target_dir, draft_dir, question_files, serial_threads,
+                                                       parent):
+    """Workers forked from this process when it has one thread, else from a forkserver that imported the evaluation
+    once (a flow's process has threads: Prefect's, Ray's); both give the records of one worker."""
     decode = DecodeConfig(mode="tree", depth=3, topk=3, total_tokens=8, temperature=0.7, max_new_tokens=12)
     serial = run_eval(toy_target_dir, draft_dir, question_files,
                       EvalSettings(decode=decode, workers=1, baselines="off", seed=5), progress=False)
-    spread = run_eval(toy_target_dir, draft_dir, question_files,
-                      EvalSettings(decode=decode, workers=2, baselines="off", seed=5), progress=False)
+    done = threading.Event()
+    other = threading.Thread(target=done.wait, daemon=True)
+    if parent == "threaded":
+        other.start()
+    try:
+        plan = replicas.plan_workers(EvalSettings(decode=decode, workers=2), 4)
+        method = replicas._context(plan).get_start_method()
+        assert method == ("forkserver" if threading.active_count() > 1 else "fork")
+        spread = run_eval(toy_target_dir, draft_dir, question_files,
+                          EvalSettings(decode=decode, workers=2, baselines="off", seed=5), progress=False)
+    finally:
+        done.set()
     assert serial["settings"]["workers"]["workers"] == 1 and spread["settings"]["workers"]["workers"] == 2
     assert spread["settings"]["workers"]["threads"] == 1
     assert without(spread) == without(serial)  # sampled: the seeds follow the question, not the worker
