@@ -45,6 +45,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -258,6 +259,7 @@ class Session:
     background: list[subprocess.Popen] = field(default_factory=list)
     ports: dict[str, str] = field(default_factory=dict)
     done: set[Command] = field(default_factory=set)  # the commands run in this session
+    start_ray: Callable[[], object] = lambda: None  # the session's Ray (``local_ray``), started when first needed
 
     def expand(self, command: Command) -> str:
         """The command with the placeholders replaced, the README's Prefect port made this session's."""
@@ -357,12 +359,17 @@ class Session:
             stop(proc)
 
     def make_stores(self) -> None:
-        """S1 and S2: two feature stores of the toy target, made as the README makes stores (``specdraft dump``)."""
+        """S1 and S2: two feature stores of the toy target, made as the README makes stores (``specdraft dump``'s
+        own ``main``), both in this process on the session's Ray: not two more processes and clusters to start."""
+        from flows.cli import main
+
         for name, prompts in (("S1", "a.parquet"), ("S2", "b.jsonl")):
             out = self.cwd.parent / "inputs" / name
             if not out.is_dir():
-                self.run(f"specdraft dump --target {shlex.quote(self.places['T'])} --prompts {prompts} "
-                         f"--out {shlex.quote(str(out))} --quiet")
+                self.start_ray()
+                argv = ["dump", "--target", self.places["T"], "--prompts", str(self.cwd / prompts), "--out", str(out),
+                        "--quiet"]
+                assert main(argv) == 0, f"specdraft {' '.join(argv)} failed"
             self.places[name] = str(out)
 
 
@@ -374,7 +381,7 @@ def sandbox_files() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
+def session(tmp_path_factory, request):
     from specdraft.toy.build import ToyTargetConfig, build_toy_target
 
     cwd = tmp_path_factory.mktemp("readme") / "specdraft"
@@ -390,7 +397,8 @@ def session(tmp_path_factory):
     places["T"] = places["TARGET"] = str(target)
     places["D"] = str(random_draft(target, inputs / "D"))
     write_inputs(cwd)
-    s = Session(cwd=cwd, env=env, places=places, ports={"prefect": str(free_port())})
+    s = Session(cwd=cwd, env=env, places=places, ports={"prefect": str(free_port())},
+                start_ray=lambda: request.getfixturevalue("local_ray"))
     yield s
     for proc in reversed(s.background):
         stop(proc)
