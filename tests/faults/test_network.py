@@ -64,8 +64,10 @@ def test_nothing_of_a_training_run_listens_outside_loopback(tiny_toy_target, tmp
     if shutil.which("ss") is None:
         pytest.skip("ss (iproute2) is not installed here")
     store = toy_store(tmp_path / "store", tiny_toy_target)
+    # 8 epochs of this small store: the workers' sockets live a few seconds, long enough to be seen between polls
+    # (2 epochs, about four steps, were missed once in a full run)
     argv = [sys.executable, "-m", "flows.cli", "train", "--store", str(store), "--target", str(tiny_toy_target),
-            "--out", str(tmp_path / "run"), "recipe=eagle", "epochs=[2]", "min_steps=1", "checkpoint_every=0",
+            "--out", str(tmp_path / "run"), "recipe=eagle", "epochs=[8]", "min_steps=1", "checkpoint_every=0",
             "reader.max_tokens=256", "reader.val_fraction=0.0", "scaling.num_workers=2", "tracking.enabled=false"]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: dict[str, tuple[int, str]] = {}
@@ -73,7 +75,7 @@ def test_nothing_of_a_training_run_listens_outside_loopback(tiny_toy_target, tmp
         while proc.poll() is None:
             for addr, pid, name in listening(descendants(proc.pid)):
                 seen.setdefault(addr, (pid, name))
-            time.sleep(0.2)
+            time.sleep(0.1)
         output = proc.stdout.read()
     finally:
         if proc.poll() is None:
