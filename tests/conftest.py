@@ -49,7 +49,7 @@ import pytest
 DURATIONS = Path(__file__).with_name("durations.json")  # seconds per test module, as last measured
 
 
-def module_seconds() -> dict[str, float]:
+def recorded_seconds() -> dict[str, float]:
     """``tests/durations.json``'s seconds per module path (relative to the checkout); {} without the file."""
     if not DURATIONS.is_file():
         return {}
@@ -70,7 +70,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     most tests first (xdist's own order, measured 267-268 s for the fast run against 284-287 s by seconds: its
     Ray-heavy modules then started together). Stable, and by module (a module's tests stay together: its
     module-scoped fixtures are built once per worker)."""
-    seconds = module_seconds()
+    seconds = recorded_seconds()
     root = config.rootpath
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     counts = Counter(item.path for item in items)
