@@ -231,8 +231,8 @@ def tokenize_conversation(
 
     The one tokenization of training data (``tokenize_conversations``: the dump's shards, online features):
     a conversation the template cannot render is ``unrenderable``; one longer than ``max_length``
-    is truncated (``overlong="truncate"``) or ``too_long``; one without assistant tokens (after
-    truncation) is ``no_loss_tokens``.
+    is truncated (``overlong="truncate"``) or ``too_long``; one without an assistant token before its last
+    token (after truncation: a position whose next token is trained) is ``no_loss_tokens``.
     """
     assert overlong in ("truncate", "reject"), f"overlong must be truncate or reject, got {overlong!r}"
     try:
@@ -244,7 +244,7 @@ def tokenize_conversation(
         if overlong == "reject":
             return TrainingTokens([], [], rejected="too_long")
         ids, mask, truncated = ids[:max_length], mask[:max_length], True
-    if not any(mask):
+    if not any(mask[:-1]):  # the last position predicts nothing: its next token is not in the sequence
         return TrainingTokens([], [], truncated=truncated, rejected="no_loss_tokens")
     return TrainingTokens(ids, mask, truncated=truncated)
 

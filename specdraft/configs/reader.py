@@ -14,7 +14,7 @@ ON_CORRUPT = ("error", "skip")
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ReaderConfig:
     max_tokens: int = 16384  # padded tokens per batch (B * T); a longer sequence gets a batch of its own
-    max_length: int | None = None  # sequences are truncated to this many tokens
+    max_length: int | None = None  # sequences are truncated to this many tokens (>= 2: a token and the next)
     max_batch_size: int | None = None
     val_fraction: float = 0.0  # fraction of sample ids held out (by hash) for validation
     seed: int = 0
@@ -31,8 +31,8 @@ class ReaderConfig:
         for name in ("max_tokens", "bucket_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)}: must be >= 1")
-        if self.max_length is not None and self.max_length < 1:
-            raise ConfigError(f"max_length={self.max_length}: must be >= 1")
+        if self.max_length is not None and self.max_length < 2:  # a draft learns a position from its next token
+            raise ConfigError(f"max_length={self.max_length}: must be >= 2 (a sequence of one token predicts nothing)")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"val_fraction={self.val_fraction}: must be in [0, 1)")
         if self.prefetch < 0:

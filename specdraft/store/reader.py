@@ -141,9 +141,18 @@ class FeatureDataset(torch.utils.data.IterableDataset):
                 self._fill.append(fill)
                 self._where.append((path, record["name"]))
         keep = np.array([split == "all" or (is_held_out(s, cfg.val_fraction) == (split == "val")) for s in ids], bool)
+        length = np.concatenate(lengths or [np.zeros(0, np.int64)])  # (S_all,)
+        # a one-token sequence predicts nothing (its only position has no next token) and, alone in a batch, leaves
+        # the drafts no slot to attend to: the train and val splits leave it out, counted; "all" reads what is stored
+        short = keep & (length < 2) if split != "all" else np.zeros_like(keep)  # (S_all,)
+        self.too_short = [s for s, k in zip(ids, short) if k]  # the sample ids left out for it
+        if self.too_short and rank == 0:
+            print(f"[specdraft] reader: {len(self.too_short)} sequence(s) of one token left out of the {split} split "
+                  f"(nothing to predict), e.g. {self.too_short[0]!r}", flush=True)
+        keep &= ~short
         self._key = np.asarray(keys, np.int64)[keep]  # (S,)
         self._start = np.concatenate(starts or [np.zeros(0, np.int64)])[keep]  # (S,)
-        length = np.concatenate(lengths or [np.zeros(0, np.int64)])[keep]  # (S,)
+        length = length[keep]  # (S,)
         self._length = length if cfg.max_length is None else np.minimum(length, cfg.max_length)  # (S,)
         self.sample_ids = [s for s, k in zip(ids, keep) if k]
         self._open: dict[int, dict[str, ShardArray]] = {}

@@ -14,11 +14,12 @@ D, K, V = 8, 4, 50
 
 def synthetic_shard(
     idx: int, rng: np.random.Generator, gen: torch.Generator, *, per_shard: int, codec: str = "fp16", d: int = D,
-    aux: tuple[int, ...] = (), prefix: str = "s", max_len: int = 24,
+    aux: tuple[int, ...] = (), prefix: str = "s", max_len: int = 24, min_len: int = 2,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Every array of shard ``idx`` (``per_shard`` sequences of 1..max_len-1 tokens, drawn from ``rng``
-    and ``gen``), and the float values they encode: ``hidden``, ``aux_hidden``, ``logits``, ``top``."""
-    lengths = rng.integers(1, max_len, size=per_shard)
+    """Every array of shard ``idx`` (``per_shard`` sequences of min_len..max_len-1 tokens, drawn from ``rng``
+    and ``gen``), and the float values they encode: ``hidden``, ``aux_hidden``, ``logits``, ``top``. A dump
+    stores no sequence shorter than 2 tokens (``chat.tokenize_conversation``); ``min_len=1`` writes some."""
+    lengths = rng.integers(min_len, max_len, size=per_shard)
     n = int(lengths.sum())
     hidden = torch.randn(n, d, generator=gen) * 3  # (N, d)
     logits = torch.randn(n, V, generator=gen) * 4  # (N, V)

@@ -13,7 +13,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from specdraft.chat import FALLBACK_CHAT_TEMPLATE, RenderError, assistant_spans, ensure_chat_template, render_with_loss_mask
+from specdraft.chat import (FALLBACK_CHAT_TEMPLATE, RenderError, assistant_spans, ensure_chat_template,
+                           render_with_loss_mask, tokenize_conversation)
 from specdraft.toy.tokenizer import wrap_tokenizer
 
 CHATML_TEMPLATE = (  # Qwen2.5-style: a default system prompt when none is given
@@ -227,6 +228,19 @@ def test_max_length_truncates_ids_and_mask_together(template):
     full = render_with_loss_mask(tokenizer, messages)
     short = render_with_loss_mask(tokenizer, messages, max_length=len(full.input_ids) - 3)
     assert short.input_ids == full.input_ids[:-3] and short.loss_mask == full.loss_mask[:-3]
+
+
+def test_a_conversation_cut_right_after_its_first_assistant_token_trains_nothing(template):
+    """Position p trains the prediction of token p+1: a sequence whose only assistant token is its last (cut by
+    max_length, or a one-token sequence) has nothing to train and is rejected as ``no_loss_tokens``, not stored."""
+    _, tokenizer, _, _, _ = template
+    messages = conversation(["I am fine, thank you."])
+    full = render_with_loss_mask(tokenizer, messages)
+    first = full.loss_mask.index(1)
+    cut = tokenize_conversation(tokenizer, messages, max_length=first + 1)
+    assert cut.rejected == "no_loss_tokens" and cut.truncated and cut.input_ids == []
+    kept = tokenize_conversation(tokenizer, messages, max_length=first + 2)  # one trained position: kept
+    assert kept.rejected is None and kept.loss_mask == full.loss_mask[: first + 2]
 
 
 def test_toy_template_agrees_with_hf_generation_mask():

@@ -191,6 +191,25 @@ def test_max_length_truncates(synthetic):
         assert batch.input_ids[row, :n].tolist() == truth[sid]["input_ids"][:n].tolist()
 
 
+def test_one_token_sequences_are_left_out_of_training_and_counted(tmp_path, capsys):
+    """A one-token sequence (a store written before the dump rejected them) predicts nothing and, batched alone,
+    left the drafts no slot to attend to (an IndexError in training): train and val leave it out and say so."""
+    header = {"target_id": "t@1", "d": D, "k": K, "hidden_codec": "fp16"}
+    arrays, _ = synthetic_shard(0, np.random.default_rng(0), torch.Generator().manual_seed(0), per_shard=40, min_len=1)
+    lengths = np.diff(arrays["offsets"])
+    short = {str(s) for s, n in zip(arrays["sample_ids"], lengths) if n == 1}
+    assert short and len(short) < len(lengths)  # the draw has some of each
+    store.write_manifest(tmp_path, store.make_manifest(header=header, shards=[
+        store.write_shard(tmp_path, 0, arrays, header, chunk_tokens=16)]))
+    cfg = ReaderConfig(max_tokens=4, val_fraction=0.3)  # small batches: a one-token sequence would be alone in one
+    train, val = FeatureDataset(tmp_path, cfg, split="train"), FeatureDataset(tmp_path, cfg, split="val", rank=0)
+    assert set(train.too_short) | set(val.too_short) == short
+    assert set(train.sample_ids) | set(val.sample_ids) == {str(s) for s in arrays["sample_ids"]} - short
+    assert all(train.load(seqs).input_ids.shape[1] >= 2 for seqs in train.batches(0))
+    assert f"{len(train.too_short)} sequence(s) of one token left out of the train split" in capsys.readouterr().out
+    assert len(FeatureDataset(tmp_path, cfg, split="all").sample_ids) == len(lengths)  # "all" reads what is stored
+
+
 def test_multiple_stores_and_int8(tmp_path):
     t1 = make_store(tmp_path / "a", shards=2, prefix="a")
     t2 = make_store(tmp_path / "b", shards=1, prefix="b", codec="int8", seed=1)
