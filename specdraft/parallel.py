@@ -13,6 +13,7 @@ outside a forward (validation drafting).
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -35,7 +36,7 @@ def distribute(draft, strategy: str, world: int, device) -> tuple[torch.nn.Modul
     DDP: the draft is moved to ``device`` (on CUDA, made the current device and DDP's only device,
     as ``ray.train.torch.prepare_model`` did); the frozen target tensors are buffers every rank loads
     from the target itself, so they are neither broadcast at construction nor before each forward
-    (ignored, and ``broadcast_buffers=False``: a 128k x 4096 embedding is 1 GB), and gradients are
+    (ignored, and not synchronised before a forward: a 128k x 4096 embedding is 1 GB), and gradients are
     synchronised only on the last backward of an accumulation group (``no_sync`` elsewhere).
     """
     assert strategy in ("ddp", "fsdp"), f"unknown train.scaling.strategy {strategy!r}: ddp or fsdp"
@@ -51,7 +52,11 @@ def distribute(draft, strategy: str, world: int, device) -> tuple[torch.nn.Modul
     frozen = [f"heads.{name}" for name, _ in draft.heads.named_buffers() if name in FROZEN]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(draft, frozen)
     placement = {"device_ids": [device], "output_device": device} if device.type != "cpu" else {}
-    model = DistributedDataParallel(draft.to(device), broadcast_buffers=False, **placement)
+    # buffers are not synchronised before each forward: ``forward_sync_buffers`` where torch has it (2.13 deprecates
+    # ``broadcast_buffers`` with a FutureWarning on every rank), ``broadcast_buffers`` before (torch 2.11 on GPUs)
+    sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+            else "broadcast_buffers")
+    model = DistributedDataParallel(draft.to(device), **{sync: False}, **placement)
     return model, lambda enabled: nullcontext() if enabled else model.no_sync()
 
 
