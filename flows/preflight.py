@@ -109,26 +109,19 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
 
 def check_cluster_cpus(cfg: Any) -> None:
     """On a local Ray cluster (no ``ray.address``, no ``RAY_ADDRESS``) of ``ray.num_cpus`` CPUs (default: all):
-    the actor pools of the two Ray Data stages that also run plain tasks must leave them a CPU. The dump's actors
-    beside its tokenize and write tasks, and vLLM's engines on a CPU-only machine beside ``ray.data.llm``'s row
-    tasks: actors holding every CPU leave those tasks waiting forever (the stage hangs without a word).
-    ``features.torch_threads`` sets an actor's threads apart from the CPUs it asks Ray for."""
+    the dump's actor pool must leave a CPU to the tokenize and write tasks it runs beside (actors holding every CPU
+    leave those tasks waiting forever: the stage hangs without a word). Regenerate's replicas (hf and vllm) run
+    without tasks beside them. ``features.torch_threads`` sets an actor's threads apart from the CPUs it asks
+    Ray for."""
     if cfg.ray.address or os.environ.get("RAY_ADDRESS"):
         return
     cpus = cfg.ray.num_cpus or os.cpu_count() or 1
-    f, r = cfg.features, cfg.regenerate
+    f = cfg.features
     if f.num_actors * f.cpus_per_actor >= cpus:
         raise ConfigError(f"features.cpus_per_actor={f.cpus_per_actor:g} x features.num_actors={f.num_actors}: "
                           f"the dump's actors would hold all {cpus} CPUs of the local cluster (ray.num_cpus) and its "
                           f"tokenize and write tasks would never run; ask for fewer (features.torch_threads sets "
                           f"the threads)")
-    if r.backend == "vllm" and r.concurrency * r.num_cpus >= cpus:
-        import torch
-
-        if not torch.cuda.is_available():  # on GPUs the engines ask Ray for GPUs, not for these CPUs
-            raise ConfigError(f"regenerate.num_cpus={r.num_cpus:g} x regenerate.concurrency={r.concurrency}: "
-                              f"the vLLM engines would hold all {cpus} CPUs of the local cluster (ray.num_cpus) and "
-                              f"ray.data.llm's row tasks would never run; ask for fewer")
 
 
 # what a run writes in its workdir: a workdir of a run from before the ownership marker holds some of them

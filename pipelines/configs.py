@@ -137,16 +137,16 @@ class RegenerateConfig:
     # shares one GPU, a whole N > 1 splits the layers over the replica's N GPUs (device_map).
     # vllm: set vllm_engine_kwargs.tensor_parallel_size instead
     num_gpus: float = 1.0
-    num_cpus: float = 1.0  # per replica (vllm on a CPU-only cluster: per engine worker); hf on CPU: its torch threads
+    num_cpus: float = 1.0  # per replica; hf on CPU: its torch threads
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"  # hf; flash: CUDA + flash-attn
     limit: int | None = None  # only the first N ingested conversations
     trust_remote_code: bool = False
     ray_address: str | None = None  # used only when Ray is not initialized yet
-    # vllm.AsyncEngineArgs on top of max_model_len / dtype (e.g. tensor_parallel_size; on CPU
-    # kv_cache_memory_bytes, else vLLM reserves a share of the machine's memory, and enforce_eager)
+    # vllm.LLM's engine arguments on top of max_model_len / dtype (e.g. tensor_parallel_size: the replica's GPUs;
+    # on CPU kv_cache_memory_bytes, else vLLM reserves a share of the machine's memory, and enforce_eager)
     vllm_engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    vllm_chunk_size: int = 4096  # conversations per vllm pass (= per output part)
+    vllm_chunk_size: int = 4096  # conversations per vllm replica batch (= per output part), every turn in it
     ingest: IngestConfig = field(default_factory=IngestConfig)
     allow_empty: bool = False  # prompts that ingest to no conversation: an error (exit 2) unless true
 

@@ -5,7 +5,7 @@ Self-distillation ("Medusa: Simple LLM Inference Acceleration Framework with Mul
 Heads", §3.3.2): each user turn is answered by the target conditioned on its own earlier answers.
 ``regenerate_rows`` runs the turns for any backend given an ``AnswerFn``; ``hf_answer_fn`` is the
 ``transformers`` one (``generate_batch``: left-padded, stop on eos or the template's end-of-turn
-token). Sampling draws each row's tokens from its own generator seeded by ``(seed, conversation id,
+token), ``vllm_answer_fn`` the vLLM engine's (the same prompt ids in, token ids out, cut and decoded alike). Sampling draws each row's tokens from its own generator seeded by ``(seed, conversation id,
 turn)``, so a row's answer does not depend on which batch it lands in.
 """
 
@@ -236,5 +236,20 @@ def hf_answer_fn(model, tokenizer, cfg: GenerationSettings, stop_ids: list[int])
             for i, (tokens, stopped) in zip(group, generated):
                 results[i] = decoded_answer(tokenizer, tokens, stopped)
         return results
+
+    return answer
+
+
+def vllm_answer_fn(llm, tokenizer, cfg: GenerationSettings, stop_ids: list[int]) -> AnswerFn:
+    """An ``AnswerFn`` over a vLLM engine (``vllm.LLM``): a turn's prompts in one ``generate`` (the engine batches
+    and schedules them), each with its row's seed; prompt ids in, token ids out (no detokenizing in the engine),
+    cut at the first stop token and decoded as ``hf_answer_fn``'s answers are."""
+    from vllm import SamplingParams
+
+    def answer(prompts, messages, seeds):
+        params = [SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
+                                 stop_token_ids=stop_ids, seed=seed, detokenize=False) for seed in seeds]
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)  # input order
+        return [decoded_answer(tokenizer, *split_at_stop(list(o.outputs[0].token_ids), stop_ids)) for o in outputs]
 
     return answer

