@@ -116,7 +116,8 @@ def decode_hidden(hidden: np.ndarray, codec: str, scale: np.ndarray | None = Non
     if codec not in HIDDEN_CODECS:
         raise ValueError(f"hidden codec {codec!r} not in {HIDDEN_CODECS}")
     values = stored_tensor(hidden, codec)  # (N, F)
-    return decode_features(values, None if scale is None else torch.from_numpy(np.ascontiguousarray(scale, np.float32)))
+    # the scales (N,) | (N, P) copied: a small array, and zarr's may be read-only (torch warns on such a tensor)
+    return decode_features(values, None if scale is None else torch.from_numpy(np.array(scale, np.float32)))
 
 
 def stored_tensor(values: np.ndarray, codec: str) -> torch.Tensor:
