@@ -146,7 +146,7 @@ class RegenerateConfig:
     # vllm.LLM's engine arguments on top of max_model_len / dtype (e.g. tensor_parallel_size: the replica's GPUs;
     # on CPU kv_cache_memory_bytes, else vLLM reserves a share of the machine's memory, and enforce_eager)
     vllm_engine_kwargs: dict[str, Any] = field(default_factory=dict)
-    vllm_chunk_size: int = 4096  # conversations per vllm replica batch (= per output part), every turn in it
+    vllm_chunk_size: int = 4096  # conversations per vllm replica batch (= per part) at most; fewer if replicas would idle
     ingest: IngestConfig = field(default_factory=IngestConfig)
     allow_empty: bool = False  # prompts that ingest to no conversation: an error (exit 2) unless true
 

