@@ -1,12 +1,13 @@
 """The target's answers to conversation prompts: stop tokens, per-row seeds, batched generation and the
 multi-turn loop (the regenerate stage's generation, ``pipelines/regenerate.py``; issue 3, part A).
 
-Self-distillation ("Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
-Heads", §3.3.2): each user turn is answered by the target conditioned on its own earlier answers.
+Self-distillation ("Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads",
+§3.3.2): each user turn is answered by the target conditioned on its own earlier answers.
 ``regenerate_rows`` runs the turns for any backend given an ``AnswerFn``; ``hf_answer_fn`` is the
-``transformers`` one (``generate_batch``: left-padded, stop on eos or the template's end-of-turn
-token), ``vllm_answer_fn`` the vLLM engine's (the same prompt ids in, token ids out, cut and decoded alike). Sampling draws each row's tokens from its own generator seeded by ``(seed, conversation id,
-turn)``, so a row's answer does not depend on which batch it lands in.
+``transformers`` one (``generate_batch``: left-padded, stop on eos or the template's end-of-turn token),
+``vllm_answer_fn`` the vLLM engine's (the same prompt ids in, token ids out, cut and decoded alike).
+Sampling draws each row's tokens from its own generator seeded by ``(seed, conversation id, turn)``, so
+a row's answer does not depend on which batch it lands in.
 """
 
 from __future__ import annotations

