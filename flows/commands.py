@@ -109,6 +109,7 @@ def regenerate(args: argparse.Namespace) -> int:
 
 def evaluate(args: argparse.Namespace) -> int:
     from pipelines.evaluate import evaluate
+    from specdraft.evaluation.questions import describe_kinds, describe_skipped
 
     settings, sections = command_config(args)
     preflight(args, settings)
@@ -125,6 +126,7 @@ def evaluate(args: argparse.Namespace) -> int:
         from specdraft.evaluation.engine import engine_summary
 
         print(engine_summary(report["engine"]))
+    print(f"questions: {describe_kinds(report.get('question_kinds') or {})}, {describe_skipped(report)}")
     print(f"report: {args.out}")
     return 0
 

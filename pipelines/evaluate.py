@@ -105,8 +105,9 @@ def evaluate_with_ray(
 
     The draft is checked against the target on the driver (``check_draft_target``), before Ray starts."""
     skipped: list[dict[str, Any]] = []
+    kinds: dict[str, dict[str, int]] = {}
     questions = load_question_sets(question_files, settings.max_questions, allow_empty=settings.allow_empty,
-                                   skipped=skipped)
+                                   skipped=skipped, kinds=kinds)
     if not questions:  # allow_empty let an empty set through: a fan-out of nothing has no report to merge
         raise ConfigError(f"--questions {', '.join(map(str, question_files))}: no question to evaluate; allow_empty "
                           "writes a report without one only without --ray")
@@ -147,7 +148,8 @@ def evaluate_with_ray(
     extra = {"target": str(target), "draft": str(draft), "questions": [str(f) for f in question_files],
              "placement": [json.loads(p) for p in sorted(placements)],  # one entry per distinct replica placement
              "baselines": cache.summary()}
-    return {**build_report(records, settings_dict(settings, **extra)), "questions_skipped": skipped}
+    return {**build_report(records, settings_dict(settings, **extra)), "questions_skipped": skipped,
+            "question_kinds": kinds}
 
 
 def evaluate(

@@ -39,8 +39,9 @@ def run_eval(
     """Evaluate every question — in this process, or spread over worker processes (``replicas``) —
     reusing cached baselines (``baselines_dir``); return the report."""
     skipped: list[dict[str, Any]] = []
+    kinds: dict[str, dict[str, int]] = {}
     questions = load_question_sets(question_files, settings.max_questions, allow_empty=settings.allow_empty,
-                                   skipped=skipped)
+                                   skipped=skipped, kinds=kinds)
     check_draft_target(draft_dir, target_dir)
     plan = plan_workers(settings, len(questions))
     cache = open_baselines(baselines_dir(settings, report_path, baselines_home), target_dir, questions, settings,
@@ -60,4 +61,5 @@ def run_eval(
     extra = {"target": str(target_dir), "draft": str(draft_dir), "questions": [str(f) for f in question_files],
              "placement": placements,  # kernel, dtype, devices actually used
              "workers": plan.describe(), "baselines": cache.summary()}
-    return {**build_report(records, settings_dict(settings, **extra)), "questions_skipped": skipped}
+    return {**build_report(records, settings_dict(settings, **extra)), "questions_skipped": skipped,
+            "question_kinds": kinds}

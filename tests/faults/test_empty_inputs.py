@@ -81,7 +81,24 @@ def test_a_question_with_an_empty_turn_is_skipped_with_its_reason(toy, tmp_path,
     report = json.loads((tmp_path / "report.json").read_text())
     assert {r["question_id"] for r in report["records"]} == {9}
     assert [s["question_id"] for s in report["questions_skipped"]] == [7, 8]
+    assert report["question_kinds"] == {"q": {"turns": 3}}  # read and counted by kind, the skipped ones too
     blank = tmp_path / "blank.jsonl"
     blank.write_text(json.dumps(rows[0]) + "\n")
     with pytest.raises(ConfigError, match="1 skipped"):  # only empty questions: nothing to evaluate
         load_question_sets([blank])
+
+
+def test_eval_of_questions_in_no_format_or_of_garbage_exits_2_in_one_line(toy, tmp_path, capsys):
+    """Issue 44 item 3: a row in no known question format was a 20-line traceback and exit 1; a file of binary
+    garbage a UnicodeDecodeError. Now one line naming the file, the row and its keys, exit 2, before a model loads."""
+    argv = ["eval", "--target", str(toy["target"]), "--draft", str(toy["draft"]), "--quiet", "--out",
+            str(tmp_path / "report.json"), "--questions"]
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"query": "What is 2 + 2?", "answer": "4"}) + "\n")
+    assert main([*argv, str(questions)]) == 2
+    assert "q.jsonl line 1: no question: keys ['answer', 'query']" in one_line(capsys, "eval")
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_bytes(bytes(range(128, 256)) + b"\n{cut")
+    assert main([*argv, str(garbage)]) == 2
+    assert "no question to evaluate (2 skipped: ['bad_json', 'not_utf8'])" in one_line(capsys, "eval")
+    assert not (tmp_path / "report.json").exists()
