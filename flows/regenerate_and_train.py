@@ -129,13 +129,12 @@ def train_stage(cfg: RunConfig, run, prepared: Prepared, stores: list[Dumped] | 
                 fail_at_step: int | None = None) -> Trained:
     record = stages.train(cfg, prepared, stores, tracking=run.ref(), fail_at_step=fail_at_step)
     if Path(record.metrics_file).is_file():
-        from pipelines.plots import plot_training
+        from pipelines.plots import plot_training, read_metrics
 
         with tempfile.TemporaryDirectory() as tmp:
             run.log_artifact(plot_training(record.metrics_file, Path(tmp) / "training_curves.png"), "plots")
         if record.skipped:  # a finished run logged nothing this time: replay its metrics
-            for line in Path(record.metrics_file).read_text().splitlines():
-                item = json.loads(line)
+            for item in read_metrics(record.metrics_file):
                 if item.get("kind") == "metrics":
                     run.log_metrics({k: v for k, v in item.items() if k not in ("kind", "step", "time")}, item["step"])
     return record

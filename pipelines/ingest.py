@@ -37,6 +37,7 @@ from typing import Any
 from pipelines.configs import IngestConfig
 from pipelines.conversations import check_messages, content_hash
 from pipelines.prompt_files import Reject, list_inputs, read_records
+from specdraft import jsonl
 from specdraft.store import location
 
 ROLE_MAP = {
@@ -257,7 +258,7 @@ def _summary(files: list[Path], skipped: list[dict[str, Any]], rows: list[dict[s
 
 def write_rejects(path: str | Path, rejects: list[dict[str, Any]]) -> Path | str:
     """Write reject records as JSONL (temp name, then rename; at an object-store URL one PUT)."""
-    return location.write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejects))
+    return location.write_text(path, jsonl.dumps_rows(rejects))
 
 
 def load_conversations(

@@ -10,7 +10,6 @@ object) and closes it.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -21,6 +20,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from specdraft import jsonl  # noqa: E402
+
 
 def save(fig: Figure, out: str | Path | IO[bytes], fmt: str = "png") -> str | Path | IO[bytes]:
     fig.savefig(out, dpi=100, format=fmt)
@@ -29,8 +30,10 @@ def save(fig: Figure, out: str | Path | IO[bytes], fmt: str = "png") -> str | Pa
 
 
 def read_metrics(metrics_jsonl: str | Path) -> list[dict[str, Any]]:
-    """The rows of a training run's ``metrics.jsonl`` (params first, then every logged step)."""
-    return [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
+    """The rows of a training run's ``metrics.jsonl`` (params first, then every logged step), read by
+    ``specdraft.jsonl.read_rows``; a line that is no JSON object (the last one of a run killed mid-write) is no
+    point of a curve and is left out."""
+    return [row for _, row in jsonl.read_rows(Path(metrics_jsonl).read_bytes()) if isinstance(row, dict)]
 
 
 def stage_starts(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:

@@ -2,7 +2,8 @@
 prompt input names (files, directories, globs, a packaged set's name such as ``sharegpt``) and their records, row by
 row, for ``pipelines.ingest`` to normalize.
 
-* JSONL: one record a line; blank lines are not rows; a UTF-8 byte-order mark is not part of the text.
+* JSONL: one record a line (a line ends at ``\\n`` only, ``specdraft.jsonl``: U+2028 in a record is text); blank
+  lines are not rows; a UTF-8 byte-order mark is not part of the text.
 * JSON: an array is read record by record through a bounded buffer (``read_json_array``), so ShareGPT's 125 MB
   file is never held as several copies; a file cut off mid-record gives every complete record and one
   ``truncated`` reject naming the byte offset; anything else is one document, or JSONL misnamed.
@@ -21,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from specdraft import jsonl
 from specdraft.config import ConfigError
 from specdraft.packaged import resolve_prompt_inputs
 
@@ -133,9 +135,7 @@ def read_records(path: Path) -> Iterator[tuple[dict[str, int | None], Any, str]]
             return
     else:
         text = path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in jsonl.text_lines(text):  # split on "\n" only: U+2028 in a row is text, not a line end
         try:
             yield {"line": number, "index": None}, json.loads(line), line
         except json.JSONDecodeError as err:

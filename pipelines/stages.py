@@ -37,7 +37,7 @@ from pipelines.conversations import read_conversations
 from pipelines.records import Dumped, Evaluated, Exported, Prepared, PromptFile, Regenerated, Trained
 from pipelines.train import run_training
 from specdraft import __version__ as CODE_VERSION
-from specdraft import files
+from specdraft import files, jsonl
 from specdraft.config import ConfigError, config_hash, to_dict
 from specdraft.features import FeaturesConfig
 from specdraft.plan import aux_layers_setting
@@ -142,8 +142,7 @@ def prepare_traffic(cfg: RunConfig) -> dict[str, Any]:
         questions, counts = regression_questions(held_out_home(cfg), window.end, written.get("held_out"),
                                                  cfg.gate.regression_max_questions)
         if questions:
-            written["regression"] = str(files.write_text(out / "regression.jsonl", "".join(
-                json.dumps(q, ensure_ascii=False) + "\n" for q in questions)))
+            written["regression"] = str(files.write_text(out / "regression.jsonl", jsonl.dumps_rows(questions)))
         traffic["regression"] = {**counts, "eval_sets": len(cfg.eval.questions),
                                  "max_questions": cfg.gate.regression_max_questions}
     return traffic

@@ -189,6 +189,12 @@ def _replay_days_read(c: dict[str, int]) -> str:
     return f" ({c['read'] - earlier} in the window, {earlier} on the earlier days replay draws from)" if earlier else ""
 
 
+def _reasons(counts: dict[str, int]) -> str:
+    """The window's rejects by reason (``rejected.<reason>`` counts), in words: `` (bad_json 2, not_utf8 1)``."""
+    said = [f"{k[len('rejected.'):]} {n}" for k, n in sorted(counts.items()) if k.startswith("rejected.")]
+    return f" ({', '.join(said)})" if said else ""
+
+
 def traffic_rows(prepared: dict[str, Any]) -> list[tuple[str, str]]:
     """The traffic window's counts and warnings (``data.traffic``; none when off)."""
     traffic = prepared.get("traffic") or {}
@@ -197,7 +203,7 @@ def traffic_rows(prepared: dict[str, Any]) -> list[tuple[str, str]]:
     c = traffic["counts"]
     days = traffic["days"]
     rows = [("traffic", f"window {days[-1] if days else '-'}..{days[0] if days else '-'} ({len(days)} days): "
-                        f"{c['read']} rows read{_replay_days_read(c)}, {c['rejected']} rejected (malformed), {c['deduplicated']} deduplicated, "
+                        f"{c['read']} rows read{_replay_days_read(c)}, {c['rejected']} rejected{_reasons(c)}, {c['deduplicated']} deduplicated, "
                         f"{c['over_cap']} over the cap, {c['held_out']} held out; {c['to_regenerate']} to regenerate, "
                         f"{c['reused'] + c['replay_reused']} reused as logged (not regenerated), {c['replayed']} "
                         f"replayed from {len(traffic['replay_days'])} earlier days ({c['dropped_replay']} not drawn"

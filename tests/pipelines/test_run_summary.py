@@ -195,14 +195,15 @@ def test_summary_and_report_count_the_traffic_window(tmp_path):
     from pipelines.report import render_report
 
     result = records(tmp_path)
-    counts = {"read": 16, "rejected": 2, "deduplicated": 1, "over_cap": 0, "held_out": 0, "to_regenerate": 8,
-              "reused": 2, "replay_pool": 10, "replayed": 5, "replay_reused": 0, "dropped_replay": 5}
+    counts = {"read": 16, "rejected": 2, "rejected.bad_json": 1, "rejected.not_utf8": 1, "deduplicated": 1,
+              "over_cap": 0, "held_out": 0, "to_regenerate": 8, "reused": 2, "replay_pool": 10, "replayed": 5,
+              "replay_reused": 0, "dropped_replay": 5}
     result["prepare"]["traffic"] = {"key": "k", "days": ["2026-11-26", "2026-11-25"], "replay_days": ["2026-11-20"],
                                     "counts": counts, "warnings": ["traffic: day 2026-11-24 has no folder under /l"],
                                     "files": {"rejects": "/w/traffic/k/rejects.jsonl"}}
     summary = summarize("toy", result, PLACE, EVAL_REPORT)
     text = render_text(summary)
-    assert "16 rows read, 2 rejected (malformed), 1 deduplicated" in " ".join(text.split())
+    assert "16 rows read, 2 rejected (bad_json 1, not_utf8 1), 1 deduplicated" in " ".join(text.split())
     assert "2 reused as logged (not regenerated), 5 replayed" in " ".join(text.split())
     assert "warning   traffic: day 2026-11-24 has no folder under /l" in text
     assert "rejects   /w/traffic/k/rejects.jsonl" in text

@@ -25,7 +25,7 @@ def test_prepare_reads_the_window_and_the_reused_rows_are_not_regenerated(tmp_pa
     assert [(Path(p.path).name, p.reuse) for p in prepared.prompts] == [("prompts.jsonl", False),
                                                                         ("reused.jsonl", True)]
     counts = prepared.traffic["counts"]
-    assert (counts["reused"], counts["to_regenerate"], counts["rejected"], counts["deduplicated"]) == (2, 3, 2, 1)
+    assert (counts["reused"], counts["to_regenerate"], counts["rejected"], counts["deduplicated"]) == (2, 3, 3, 1)
     assert prepared.traffic["warnings"] == [f"traffic: day 2026-11-24 has no folder under {root}"]
     reused = regenerate_file(cfg, prepared, prepared.prompts[1])  # would need Ray and the target if regenerated
     rows = read_conversations([reused.conversations])
@@ -68,7 +68,7 @@ def test_each_window_keeps_its_held_out_slice_and_the_gate_reads_the_earlier_one
     second = night("2026-11-22", regression_max_questions=4)
     held = len(Path(first["files"]["held_out"]).read_text().splitlines())
     assert held > 4 and second["regression"] == {"questions": 4, "windows": ["2026-11-21"], "over_cap": held - 4,
-                                                "eval_sets": 1, "max_questions": 4}
+                                                "rejected": 0, "eval_sets": 1, "max_questions": 4}
     regression = [json.loads(line) for line in Path(second["files"]["regression"]).read_text().splitlines()]
     assert len(regression) == 4 and all(q["turns"][0].startswith("2026-11-21 question") for q in regression)
     assert sorted(p.name for p in home.iterdir()) == ["2026-11-21.jsonl", "2026-11-22.jsonl"]

@@ -49,12 +49,14 @@ def test_window_counts_every_row(tmp_path):
     assert window.days == ["2026-11-26", "2026-11-25", "2026-11-23"]
     assert window.replay_days == ["2026-11-20"]
     assert window.warnings == [f"traffic: day 2026-11-24 has no folder under {root}"]
-    assert [(Path(r["file"]).name, r["line"]) for r in window.rejects] == [("gateway-0.jsonl", 2),
-                                                                       ("gateway-0.jsonl", 5)]
-    assert "not JSON" in window.rejects[0]["reason"] and "no user turn" in window.rejects[1]["reason"]
+    assert [(Path(r["file"]).name, r["line"], r["reason"]) for r in window.rejects] == [
+        ("gateway-0.jsonl", 2, "bad_json"), ("gateway-0.jsonl", 5, "no_user_turn"),
+        ("notes.txt", None, "unsupported_file")]  # a file that is no log: counted, not read
+    assert "not JSON" in window.rejects[0]["detail"] and "no user turn" in window.rejects[1]["detail"]
     c = window.counts
     # window: 11-26 (3 good rows) + 11-25 (2, one a duplicate) + 11-23 (1) = 5 unique; replay: 5 of 10
-    assert (c["read"], c["rejected"], c["deduplicated"], c["over_cap"]) == (16, 2, 1, 0)
+    assert (c["read"], c["rejected"], c["deduplicated"], c["over_cap"]) == (16, 3, 1, 0)
+    assert (c["rejected.bad_json"], c["rejected.no_user_turn"], c["rejected.unsupported_file"]) == (1, 1, 1)
     assert c["read_replay_days"] == 10  # of the 16 read: the replay day's rows (the window's: 6)
     assert (c["reused"], c["replayed"], c["replay_pool"], c["dropped_replay"]) == (2, 5, 10, 5)
     assert c["to_regenerate"] == 3 + 5  # sort, spell 80, count to three + the replayed rows
@@ -76,7 +78,7 @@ def test_cap_held_out_and_files(tmp_path):
     written = write_window(window, str(tmp_path / "out"))
     saved = json.loads(Path(written["window"]).read_text())
     assert saved["counts"] == c and saved["warnings"] == window.warnings
-    assert len(Path(written["rejects"]).read_text().splitlines()) == 2
+    assert len(Path(written["rejects"]).read_text().split("\n")) == 3 + 1  # the last line ends too
     if window.held_out:
         question = json.loads(Path(written["held_out"]).read_text().splitlines()[0])
         assert set(question) == {"question_id", "category", "turns"}
@@ -94,8 +96,8 @@ def test_end_day_and_bad_settings(tmp_path):
         TrafficSettings(end="26/11/2026")
     with pytest.raises(ConfigError, match="data.traffic.held_out"):
         from_dict(TrafficSettings, {"held_out": 0.9})
-    with pytest.raises(FileNotFoundError, match="no YYYY-MM-DD"):
-        read_window(TrafficSettings(path=str(tmp_path)))
+    with pytest.raises(ConfigError, match="no YYYY-MM-DD day folders .1 rejected .not_a_day 1.; the first: .*traffic"):
+        read_window(TrafficSettings(path=str(tmp_path)))  # tmp_path holds only the folder traffic/
 
 
 def test_window_from_s3(tmp_path, s3_bucket):
@@ -103,11 +105,12 @@ def test_window_from_s3(tmp_path, s3_bucket):
 
     root = write_traffic(tmp_path / "traffic")
     fs = fsspec.filesystem("s3")
-    for path in root.rglob("*.jsonl"):
+    for path in (p for p in root.rglob("*") if p.is_file()):  # notes.txt too: rejected on both
         fs.pipe_file(f"{s3_bucket}/logs/{path.relative_to(root)}", path.read_bytes())
     local = read_window(TrafficSettings(path=str(root), days=4, served_model=SERVED, held_out=0.0))
     remote = read_window(TrafficSettings(path=f"{s3_bucket}/logs", days=4, served_model=SERVED, held_out=0.0))
     assert remote.counts == local.counts and remote.reused == local.reused
+    assert [(r["line"], r["reason"]) for r in remote.rejects] == [(r["line"], r["reason"]) for r in local.rejects]
 
 
 def _questions(path: Path, texts: list[str]) -> str:
@@ -130,11 +133,12 @@ def test_held_out_slices_are_kept_and_earlier_ones_make_the_regression_set(tmp_p
     now = _questions(tmp_path / "now.jsonl", ["f", "g"])
     questions, counts = regression_questions(home, "2026-11-26", now, cap=100)
     assert sorted(q["turns"][0] for q in questions) == ["a", "b", "c", "d", "e"]
-    assert counts == {"questions": 5, "windows": ["2026-11-25", "2026-11-24", "2026-11-23"], "over_cap": 0}
+    assert counts == {"questions": 5, "windows": ["2026-11-25", "2026-11-24", "2026-11-23"], "over_cap": 0,
+                      "rejected": 0}
     questions, counts = regression_questions(home, "2026-11-26", now, cap=3)  # one from each window in turn
     assert [q["turns"][0] for q in questions] == ["e", "c", "a"] and counts["over_cap"] == 2
     assert regression_questions(home, "2026-11-23", None, cap=100)[1] == {"questions": 0, "windows": [],
-                                                                          "over_cap": 0}  # no earlier window
+                                                                          "over_cap": 0, "rejected": 0}  # none earlier
 
 
 def test_replay_never_draws_a_row_held_out_in_its_own_window(tmp_path):
