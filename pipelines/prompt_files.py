@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -63,7 +64,12 @@ def list_inputs(inputs: str | Path | Iterable[str | Path]) -> tuple[list[Path], 
         text = str(item)
         path = Path(text)
         if path.is_dir():
-            candidates = sorted(p for p in path.rglob("*") if p.is_file())
+            entries = sorted(path.rglob("*"))
+            candidates = [p for p in entries if p.is_file()]
+            skipped += [{"kind": "file", "source": str(p), "line": None, "index": None, "reason": "unreadable",
+                         "detail": f"under prompt input {text!r}: a symlink to {os.readlink(p)!r}, which does not "
+                                   "exist; nothing was read", "excerpt": ""}
+                        for p in entries if p.is_symlink() and not p.exists()]  # a dangling symlink: counted
         elif path.is_file():
             if not is_prompt_file(path):
                 raise ValueError(f"{text}: unsupported prompt file type (expected one of {SUFFIXES})")

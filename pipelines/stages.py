@@ -143,6 +143,10 @@ def prepare_traffic(cfg: RunConfig) -> dict[str, Any]:
                                                  cfg.gate.regression_max_questions)
         if questions:
             written["regression"] = str(files.write_text(out / "regression.jsonl", jsonl.dumps_rows(questions)))
+        if counts["rejected"]:  # a kept slice's line that is no question (a hand edit, a cut file): counted
+            said = ", ".join(f"{r['file']}:{r['line']} {r['reason']}" for r in counts["rejects"][:3])
+            warnings.append(f"traffic: {counts['rejected']} lines of the kept held-out slices are not in the "
+                            f"regression set ({said}{', ...' if counts['rejected'] > 3 else ''})")
         traffic["regression"] = {**counts, "eval_sets": len(cfg.eval.questions),
                                  "max_questions": cfg.gate.regression_max_questions}
     return traffic

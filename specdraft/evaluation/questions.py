@@ -57,7 +57,8 @@ def question_turns(row: Any, where: str) -> tuple[str, list[str]]:
         messages = row["messages"]
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise ConfigError(f"{where}: 'messages' needs a list of {{role, content}} objects")
-        turns = [_text(m, "content", f"{where} messages[{i}]") for i, m in enumerate(messages) if m.get("role") == "user"]
+        turns = [_text(m, "content", f"{where} messages[{i}]")
+                 for i, m in enumerate(messages) if m.get("role") == "user"]
         if not turns:
             raise ConfigError(f"{where}: 'messages' has no user turn (roles {[m.get('role') for m in messages]})")
         return kind, turns

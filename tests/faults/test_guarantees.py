@@ -129,7 +129,8 @@ RUN: dict[str, Callable[[Path], list[str]]] = {
     "tracking-unreachable": tracking_unreachable, "model-uri-without-registry": model_uri_without_registry,
 }
 BY_ITS_TEST = {"wrong-target", "corrupt-chunk", "ctrl-c", "ray-worker-failure",  # a training run or Ray
-               "config-disagrees-with-weights", "corrupt-parquet", "pickle-target", "empty-input"}  # a model or draft built first
+               "config-disagrees-with-weights", "corrupt-parquet", "pickle-target", "empty-input",
+               "questions-in-no-format"}  # a model or draft built first
 
 
 @pytest.mark.parametrize("case", sorted(table()))

@@ -71,14 +71,17 @@ def test_upper_case_suffixes_are_read_and_other_files_are_counted_as_skipped(tmp
     (tmp_path / "d" / "Mixed.Json").write_text(json.dumps([{"id": "3", "prompt": "three"}]))
     (tmp_path / "d" / "notes.txt").write_text("not prompts")
     (tmp_path / "d" / "more.jsonl.bak").write_text('{"id": "4", "prompt": "four"}\n')
+    (tmp_path / "d" / "gone.jsonl").symlink_to(tmp_path / "moved.jsonl")  # a dangling symlink (issue 44 item 7)
     rows, summary = ingest(tmp_path / "d", rejects_path=tmp_path / "rejects.jsonl")
     assert sorted(r["id"] for r in rows) == ["Mixed:3", "UPPER:2", "lower:1"]
     skipped = {Path(s["source"]).name: s["reason"] for s in summary["skipped_files"]}
-    assert skipped == {"notes.txt": "unsupported_file", "more.jsonl.bak": "unsupported_file"}
-    assert summary["files_skipped"] == 2
+    assert skipped == {"notes.txt": "unsupported_file", "more.jsonl.bak": "unsupported_file",
+                       "gone.jsonl": "unreadable"}
+    assert summary["files_skipped"] == 3
     files = [r for r in read_jsonl(tmp_path / "rejects.jsonl") if r["kind"] == "file"]
-    assert sorted(Path(r["source"]).name for r in files) == ["more.jsonl.bak", "notes.txt"]
-    assert all(r["reason"] == "unsupported_file" and repr(Path(r["source"]).suffix) in r["detail"] for r in files)
+    assert sorted(Path(r["source"]).name for r in files) == ["gone.jsonl", "more.jsonl.bak", "notes.txt"]
+    assert all(r["reason"] == "unsupported_file" and repr(Path(r["source"]).suffix) in r["detail"] for r in files
+               if r["reason"] != "unreadable")
 
 
 def test_a_prompt_directory_given_to_dump_is_ingested_not_read_as_empty(tmp_path):

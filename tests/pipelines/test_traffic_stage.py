@@ -74,3 +74,11 @@ def test_each_window_keeps_its_held_out_slice_and_the_gate_reads_the_earlier_one
     assert sorted(p.name for p in home.iterdir()) == ["2026-11-21.jsonl", "2026-11-22.jsonl"]
     [(label, text)] = [row for row in traffic_rows({"traffic": second}) if row[0] == "gate"]
     assert text.startswith("regression set: the 1 eval set (eval.questions) + 4 questions from 1 earlier window's")
+    # a kept slice cut short and with a byte that is no UTF-8 (issue 44 item 7): its lines counted, the night goes on
+    with open(home / "2026-11-21.jsonl", "ab") as fh:
+        fh.write(b'{"question_id": "x", "turns": ["caf\xe9"]}\n{"question_id": "y", "tur')
+    third = night("2026-11-23", regression_max_questions=1000)
+    assert third["regression"]["rejected"] == 2 and third["regression"]["questions"] == held + len(
+        Path(second["files"]["held_out"]).read_text().splitlines())
+    assert [r["reason"] for r in third["regression"]["rejects"]] == ["not_utf8", "bad_json"]
+    assert any("2 lines of the kept held-out slices are not in the regression set" in w for w in third["warnings"])

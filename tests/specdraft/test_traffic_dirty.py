@@ -97,8 +97,8 @@ def test_log_files_by_name(tmp_path):
 def test_day_folders_by_name(tmp_path):
     today = dt.datetime.now(dt.timezone.utc).date()
     names = {"2026-13-01": "bad month", "2026-02-30": "bad day", "logs": "odd name", "2026-11-5": "odd name too",
-             (today + dt.timedelta(days=2)).isoformat(): "future", (today + dt.timedelta(days=1)).isoformat(): "tomorrow",
-             today.isoformat(): "today"}
+             (today + dt.timedelta(days=2)).isoformat(): "future",
+             (today + dt.timedelta(days=1)).isoformat(): "tomorrow", today.isoformat(): "today"}
     for name, text in names.items():
         day(tmp_path, name, {"gw.jsonl": row(text) + b"\n"})
     (tmp_path / ".hidden").mkdir()
