@@ -254,14 +254,16 @@ def rollback(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     cfg, _ = command_config(args)  # a bad key exits with code 2 here, before Prefect starts
     preflight(args, cfg)  # the workdir too: not an input, and a run's own unless --overwrite
-    from specdraft.outputs import mark_output
+    from specdraft.outputs import held_output, mark_output
 
-    mark_output(cfg.workdir, "run")  # the flow's own pre-flight finds it the run's
-    from flows.local_api import local_prefect_api
-    from flows.regenerate_and_train import regenerate_and_train, summary_off_the_console
+    # one run per workdir: a second one (another `specdraft run`, a deployment's) is refused here, exit 2
+    with held_output(cfg.workdir, "run"):
+        mark_output(cfg.workdir, "run")  # the flow's own pre-flight finds it the run's
+        from flows.local_api import local_prefect_api
+        from flows.regenerate_and_train import regenerate_and_train, summary_off_the_console
 
-    # the flow logs its summary (pipelines.summary) to the flow-run log; here it is printed once, last
-    with local_prefect_api(cfg.workdir), summary_off_the_console():  # API started reliably, stopped before exit
-        result = regenerate_and_train(config=args.config, overrides=list(args.overrides))
+        # the flow logs its summary (pipelines.summary) to the flow-run log; here it is printed once, last
+        with local_prefect_api(cfg.workdir), summary_off_the_console():  # API started reliably, stopped before exit
+            result = regenerate_and_train(config=args.config, overrides=list(args.overrides))
     print("\n" + result["summary"])
     return 0

@@ -20,6 +20,7 @@ from specdraft.preflight import (
     check_draft,
     check_engine,
     check_files,
+    check_init_from,
     check_target,
     target_positions,
 )
@@ -59,11 +60,17 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
         check_engine(cfg.engine, positions=target_positions(args.target))
     elif command == "train":
         check_target(args.target, tokenizer=cfg.features == "online")  # offline: the heads and config only
+        check_init_from(cfg.init_from, cfg.resolved()[0], "init_from")
+        from specdraft.outputs import repeated_paths
         from specdraft.store import location
 
         local = [s for s in args.store if not location.is_url(s)]
         if local:
             check_files(local, "--store")
+        if twice := repeated_paths(args.store):  # a typo for another store, most likely
+            first, again = twice[0]
+            raise ConfigError(f"--store {again}: the same store as {first}, given twice; name each store once "
+                              "(was another store meant?)")
         if cfg.features == "online":
             check_target_weights(args.target)
             _inputs(list(cfg.conversations), "conversations")
@@ -72,8 +79,9 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
 
 
 def check_run(cfg: Any, overwrite: bool = False) -> None:
-    """The paths of a ``pipelines.configs.RunConfig``: the target (unless the toy one is built), the prompts
-    and the eval questions (``ConfigError`` naming the key), then the workdir (``check_workdir``)."""
+    """The paths of a ``pipelines.configs.RunConfig``: the target (unless the toy one is built), the prompts,
+    the eval questions (at least one file: every run evaluates) and ``train.init_from`` (``check_init_from``), each
+    a ``ConfigError`` naming the key; then the workdir (``check_workdir``)."""
     if cfg.target.path:
         check_target(cfg.target.path, "target.path")
         check_target_weights(cfg.target.path)
@@ -96,8 +104,11 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
 
         if not location.is_dir(traffic):
             raise ConfigError(f"data.traffic.path={traffic}: no such directory or prefix (YYYY-MM-DD/*.jsonl)")
-    if cfg.eval.questions:
-        check_files(cfg.eval.questions, "eval.questions")
+    if not cfg.eval.questions:  # the eval stage would find nothing to measure, after regenerate, dump and train
+        raise ConfigError("eval.questions: no question file given; the eval stage measures the trained draft on "
+                          "them (MT-Bench-format files) and the champion gate compares those numbers")
+    check_files(cfg.eval.questions, "eval.questions")
+    check_init_from(cfg.train.init_from, cfg.train.resolved()[0], champion=True)
     positions = target_positions(cfg.target.path) if cfg.target.path else cfg.target.toy.max_position_embeddings
     check_engine(cfg.eval.settings.engine, "eval.settings.engine", positions=positions)
     check_cluster_cpus(cfg)

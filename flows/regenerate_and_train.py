@@ -37,7 +37,7 @@ from pipelines.tracking import MlflowLogger, NullRun, TrackingConfig, open_run
 from flows.preflight import check_run
 from specdraft import files
 from specdraft.config import ConfigError, config_hash, flatten, from_dict, load, to_dict
-from specdraft.outputs import mark_output
+from specdraft.outputs import held_output, mark_output
 
 
 
@@ -233,7 +233,14 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
     """Run every stage for ``config`` (+ ``key=value`` overrides); returns the stage records as dicts."""
     cfg = load(RunConfig, config, list(overrides or []))
     check_run(cfg)  # the pre-flight: a bad path fails here, before Ray, a model or a stage starts
-    mark_output(cfg.workdir, "run")  # the workdir a run's own from now on (specdraft/outputs.py)
+    # one run per workdir (specdraft/outputs.py): `specdraft run` took the lock already; a deployment's run takes it
+    with held_output(cfg.workdir, "run"):
+        mark_output(cfg.workdir, "run")  # the workdir a run's own from now on
+        return run_stages(cfg)
+
+
+def run_stages(cfg: RunConfig) -> dict[str, Any]:
+    """The flow's stages for ``cfg`` (checked, its workdir held): the records as dicts, with the summary."""
     data = to_dict(cfg)
     retries = cfg.retries
     parent, tr = open_parent_run(cfg)

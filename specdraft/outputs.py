@@ -15,8 +15,10 @@ A command that writes a directory checks it first (``check_output``, before any 
 
 While a command writes a local ``--out`` it holds the directory's lock file, ``.specdraft-lock``
 (``held_output``: pid, host, command), so a second run into the same directory is refused while the
-first lives; a lock left by a dead process of this host is taken over with one line. A command that
-ends having written nothing but its marker leaves the directory as it found it.
+first lives; a lock left by a dead process of this host is taken over with one line. ``specdraft run`` holds
+its workdir's lock the same way (the CLI takes it before Prefect starts; the flow takes it too, for a
+deployment's run, and finds it already this process's). A command that ends having written nothing but its
+marker leaves the directory as it found it.
 
 Paths may be object-store URLs (``specdraft/store/location.py``); containment is then compared on
 the URL text.
@@ -42,10 +44,24 @@ class OutputError(ValueError):
     """An ``--out`` the command must not write: one of its inputs, or someone else's non-empty directory."""
 
 
-def _key(path: str | Path) -> str:
-    """A comparable form: the resolved local path, or the URL without its trailing slash."""
+def path_key(path: str | Path) -> str:
+    """A comparable form: the resolved local path, or the URL without its trailing slash (two paths naming one
+    directory have one key: ``a/../b``, ``./b``, a symlink to it)."""
     loc = location.as_location(path)
     return str(loc).rstrip("/") if location.is_url(loc) else str(Path(loc).expanduser().resolve())
+
+
+def repeated_paths(paths: Iterable[str | Path]) -> list[tuple[str, str]]:
+    """(earlier path, later path) for each path of ``paths`` naming the same directory as an earlier one
+    (``path_key``): ``--store S S``, ``--store S ./S``."""
+    seen: dict[str, str] = {}
+    twice = []
+    for path in paths:
+        key = path_key(path)
+        if key in seen:
+            twice.append((seen[key], str(path)))
+        seen.setdefault(key, str(path))
+    return twice
 
 
 def _contains(parent: str, child: str) -> bool:
@@ -57,12 +73,12 @@ def refuse_own_input(out: str | Path, inputs: Mapping[str, Sequence[str | Path] 
     """Raise ``OutputError`` naming both paths when ``out`` is, is inside, or holds one of ``inputs``
     (option name -> path or paths; ``None`` and empty entries are skipped). ``option``: how the
     command names ``out`` (``workdir=`` for ``specdraft run``)."""
-    o = _key(out)
+    o = path_key(out)
     for name, paths in inputs.items():
         if paths is None or isinstance(paths, (str, Path)):
             paths = [] if paths in (None, "") else [paths]
         for path in paths:
-            p = _key(path)
+            p = path_key(path)
             if _contains(o, p) or _contains(p, o):
                 how = "is" if o == p else ("is inside" if _contains(p, o) else "holds")
                 raise OutputError(
@@ -189,7 +205,8 @@ def lock_output(out: str | Path, command: str) -> Path | None:
     """Take ``out``'s lock for ``command`` (creating ``out``): one writer per output directory. A lock held
     by a live process — or by one on another host, which cannot be asked — is an ``OutputLocked`` naming the
     lock file and its holder; a lock left by a dead process of this host is taken over, said in one line on
-    stderr. Returns the lock file (None for an object-store URL: there is no exclusive create to lock with)."""
+    stderr. Returns the lock file; None for an object-store URL (there is no exclusive create to lock with) and for a
+    lock this process holds already (the outer holder — ``specdraft run`` around its flow — releases it)."""
     loc = location.as_location(out)
     if location.is_url(loc):
         return None
@@ -206,6 +223,8 @@ def lock_output(out: str | Path, command: str) -> Path | None:
         if held is None:
             continue
         pid, host = int(held.get("pid", -1)), str(held.get("host", "?"))
+        if pid == os.getpid() and host == socket.gethostname():
+            return None  # this process holds it: a nested hold, released by the outer one
         who = f"`specdraft {held.get('command', '?')}` (pid {pid} on {host})"
         if host != socket.gethostname() or _alive(pid):
             raise OutputLocked(

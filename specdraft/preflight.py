@@ -84,6 +84,32 @@ def check_draft(path: str | Path, key: str = "--draft") -> Path:
     return root
 
 
+def check_init_from(init_from: str, arch: str, key: str = "train.init_from", *, champion: bool = False) -> None:
+    """A warm start's ``init_from`` (``specdraft.configs.train.TrainConfig``) as training will load it, after hours of
+    regenerating and dumping: "" (from scratch), "champion" where ``champion`` (``specdraft run``: the registered
+    one, resolved when the run trains; none yet trains from scratch) or a draft directory (``check_draft``) of the
+    run's architecture ``arch`` (its ``config.json``, read as JSON; ``specdraft.run.load_warm`` compares the rest)."""
+    if not init_from:
+        return
+    if init_from == "champion":
+        if champion:
+            return
+        raise ConfigError(f"{key}=champion: only `specdraft run` finds the registered champion; give a draft "
+                          "directory (config.json + model.safetensors)")
+    named = "a draft directory, or champion (the registered one)" if champion else "a draft directory"
+    if not Path(init_from).is_dir():
+        raise ConfigError(f"{key}={init_from}: no such directory ({named} is expected)")
+    check_draft(init_from, key)
+    try:
+        theirs = json.loads((Path(init_from) / "config.json").read_text()).get("arch")
+    except (OSError, ValueError, AttributeError) as err:
+        raise ConfigError(f"{key}={init_from}: its config.json cannot be read ({err})") from None
+    if theirs != arch:
+        what = f"a {theirs} draft" if theirs else "its config.json names no draft architecture (arch)"
+        raise ConfigError(f"{key}={init_from}: {what}, but this run trains a {arch} draft (train.recipe, train.arch): "
+                          "a warm start loads a draft of the same architecture")
+
+
 def check_files(paths: list[str] | tuple[str, ...], key: str) -> None:
     """Every path in ``paths`` exists (a file or a directory); ``key`` names the option in the error."""
     if not paths:

@@ -27,6 +27,27 @@ def is_held_out(sample_id: str, fraction: float) -> bool:
     return h / 16**15 < fraction
 
 
+def token_digests(input_ids: np.ndarray, offsets: np.ndarray, unread: list[tuple[int, int, str]] = ()) -> np.ndarray:
+    """(S,) 16-byte digests of each sequence's token ids (``offsets`` (S+1,) into ``input_ids`` (N,)): what makes
+    two stored sequences the same one, whatever store, shard or sample id holds them. A sequence overlapping one
+    of the ``unread`` rows (first, end, why: a bad chunk skipped) gets an empty digest: never taken for another."""
+    ids = np.ascontiguousarray(input_ids, dtype="<i4")  # (N,) as stored
+    out = np.zeros(len(offsets) - 1, "S16")  # (S,)
+    for i, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+        if not any(first < b and a < end for first, end, _ in unread):
+            out[i] = hashlib.blake2b(ids[a:b].tobytes(), digest_size=16).digest()
+    return out
+
+
+def repeats(digests: np.ndarray) -> np.ndarray:
+    """(S,) bool: each sequence whose digest (``token_digests``) an earlier one has — a sequence read twice (a store
+    given twice, a shard copied under another name or into another store). Empty digests are never repeats."""
+    _, first = np.unique(digests, return_index=True)
+    twice = np.ones(len(digests), bool)  # (S,)
+    twice[first] = False
+    return twice & (digests != b"")
+
+
 def balance_batches(batches: list[list[int]], world_size: int) -> list[list[int]]:
     """Make the batch count a multiple of ``world_size`` by halving the largest batches.
 

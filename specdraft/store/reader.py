@@ -16,6 +16,11 @@ values) — and a bad chunk is a one-line
 ``StoreError`` naming the store, shard, array and chunk; under ``ReaderConfig.on_corrupt="skip"`` the
 sequences it holds are skipped instead (their loss masked out) and counted in ``FeatureDataset.skipped``.
 Stores written before the checksums are read unverified, with one warning per store.
+
+Each sequence is read once, however the stores arrive: one whose token ids equal a sequence read before it (a store
+given twice, a shard copied under another name or into another store) is left out, counted in
+``FeatureDataset.duplicates`` and printed as ``duplicate_sequence: N`` (``batching.token_digests``: the stores'
+``input_ids`` are read when the reader opens, 4 bytes per token).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch
 from specdraft.batch import Batch
 from specdraft.configs.reader import ON_CORRUPT, ReaderConfig  # noqa: F401 - imported from here too
 from specdraft.store import location
-from specdraft.store.batching import is_held_out, plan_batches
+from specdraft.store.batching import is_held_out, plan_batches, repeats, token_digests
 from specdraft.store.chunks import ShardArray, read_rows, shard_chunks
 from specdraft.store.manifest import read_manifest
 from specdraft.store.prefetcher import Prefetcher
@@ -111,7 +116,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         self._verified: list[bool] = []  # per shard: written with per-chunk checksums (an unlisted absent chunk is lost)
         self._fill: list[dict[str, frozenset[int]]] = []  # per shard: array -> fill-valued chunks left unstored
         self.skipped: dict[str, str] = {}  # on_corrupt="skip": sample id -> the bad chunk it was skipped for
-        keys, starts, lengths, ids = [], [], [], []
+        keys, starts, lengths, ids, digests = [], [], [], [], []
         for path, manifest in self.stores:
             unverified = [r["name"] for r in manifest["shards"] if r.get("chunk_checksum") != CHUNK_CHECKSUM]
             if unverified and str(path) not in _UNVERIFIED_WARNED:
@@ -132,6 +137,10 @@ class FeatureDataset(torch.utils.data.IterableDataset):
                 names = [str(s) for s in names.tolist()]
                 if offsets.shape != (record["num_sequences"] + 1,) or len(names) != record["num_sequences"]:
                     raise StoreError(f"{location.join(path, record['name'])}: offsets/sample_ids disagree with the manifest")
+                tokens, unread = read_rows(ShardArray.open(group["input_ids"], verified, fill.get("input_ids")), 0,
+                                           None, path, record["name"], missing.get("input_ids"),
+                                           cfg.on_corrupt == "skip")  # (N,)
+                digests.append(token_digests(tokens, offsets, unread))
                 keys += [len(self._shards)] * len(names)
                 starts.append(offsets[:-1])
                 lengths.append(np.diff(offsets))
@@ -141,6 +150,15 @@ class FeatureDataset(torch.utils.data.IterableDataset):
                 self._fill.append(fill)
                 self._where.append((path, record["name"]))
         keep = np.array([split == "all" or (is_held_out(s, cfg.val_fraction) == (split == "val")) for s in ids], bool)
+        # a sequence read before (the same token ids: a store given twice, a copied shard) trains once: the first
+        # copy read stays (in whichever split its sample id puts it), every later one is left out, counted
+        twice = keep & repeats(np.concatenate(digests or [np.zeros(0, "S16")]))  # (S_all,)
+        self.duplicates = [s for s, k in zip(ids, twice) if k]  # the sample ids left out for it
+        if self.duplicates and rank == 0:
+            print(f"[specdraft] reader: duplicate_sequence: {len(self.duplicates)} sequence(s) left out of the {split} "
+                  f"split (the same token ids as one read before: a store given twice, or a shard copied), e.g. "
+                  f"{self.duplicates[0]!r}", flush=True)
+        keep &= ~twice
         length = np.concatenate(lengths or [np.zeros(0, np.int64)])  # (S_all,)
         # a one-token sequence predicts nothing (its only position has no next token) and, alone in a batch, leaves
         # the drafts no slot to attend to: the train and val splits leave it out, counted; "all" reads what is stored

@@ -149,6 +149,59 @@ def test_specdraft_run_refuses_bad_config_before_prefect_or_ray(cli, no_tokenize
     refused(cli("run", "train.epochs=1"), "epochs=1", "a total of 1 cannot give each of the 2 stage(s)")
 
 
+def draft_dir(root: Path, arch: str | None, weights: bool = True) -> Path:
+    """A directory that looks like a draft of ``arch`` to the pre-flight (its files' names and config.json)."""
+    root.mkdir(parents=True)
+    (root / "config.json").write_text("{}" if arch is None else f'{{"arch": "{arch}"}}')
+    if weights:
+        (root / "model.safetensors").write_bytes(b"")
+    return root
+
+
+def test_run_settings_that_fail_only_after_the_expensive_stages_are_refused_first(cli, tmp_path, monkeypatch):
+    """Issue 44: ``eval.questions=[]`` and a typo in ``train.init_from`` failed after regenerate, dump and train."""
+    from flows.preflight import check_run
+    from pipelines.configs import RunConfig
+    from specdraft.config import load
+
+    monkeypatch.chdir(ROOT)
+    arch = load(RunConfig, "configs/toy.yaml", []).train.resolved()[0]
+    other = "eagle" if arch != "eagle" else "beagle"
+    refused(cli("run", "eval.questions=[]"), "eval.questions", "no question file")
+    refused(cli("run", "train.init_from=champoin"), "train.init_from=champoin", "no such directory", "champion")
+    refused(cli("run", f"train.init_from={draft_dir(tmp_path / 'other', other)}"), "train.init_from",
+            f"a {other} draft", f"a {arch} draft")
+    refused(cli("run", f"train.init_from={draft_dir(tmp_path / 'bare', arch, weights=False)}"), "train.init_from",
+            "not a draft directory", "model.safetensors")
+    refused(cli("run", f"train.init_from={draft_dir(tmp_path / 'old', None)}"), "train.init_from",
+            "names no draft architecture")
+
+    def run(*overrides: str) -> None:
+        check_run(load(RunConfig, "configs/toy.yaml", [f"workdir={tmp_path / 'w'}", *overrides]))
+
+    run()  # from scratch
+    run("train.init_from=champion")  # the registered one, resolved when the run trains (none yet: from scratch)
+    run(f"train.init_from={draft_dir(tmp_path / 'mine', arch)}")
+    run("eval.questions=[configs/data/toy_questions.jsonl,configs/data/toy_questions.jsonl]")
+
+
+def test_train_refuses_a_store_given_twice_and_an_init_from_it_cannot_load(cli, prebuilt, inputs, tmp_path):
+    from specdraft.outputs import repeated_paths
+
+    store, out = inputs / "store", str(tmp_path / "out")
+    refused(cli("train", "--store", str(store), str(store), "--target", str(prebuilt), "--out", out), "--store",
+            "given twice")
+    refused(cli("train", "--store", str(store), f"{store}/../store/", "--target", str(prebuilt), "--out", out),
+            f"the same store as {store}")
+    refused(cli("train", "--store", str(store), "--target", str(prebuilt), "--out", out, "init_from=champion"),
+            "init_from=champion", "only `specdraft run`")
+    refused(cli("train", "--store", str(store), "--target", str(prebuilt), "--out", out, f"init_from={tmp_path}/x"),
+            "init_from=", "no such directory")
+    assert not (tmp_path / "out").exists()
+    assert repeated_paths([store, inputs / "draft", "s3://b/x", "s3://b/x/"]) == [("s3://b/x", "s3://b/x/")]
+    assert repeated_paths([store, inputs / "draft"]) == []
+
+
 def test_actors_holding_every_cpu_of_the_local_cluster_are_refused(cli, monkeypatch):
     """A dump actor asking Ray for all of a local cluster's CPUs leaves Ray Data's tasks beside it none: the stage
     waited forever (configs/smollm2.yaml, ray.num_cpus=2). Refused before Ray starts. Regenerate's replicas (hf,

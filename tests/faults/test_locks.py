@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from specdraft.outputs import LOCK, MARKER
+from specdraft.outputs import LOCK, MARKER, held_output
 from specdraft.toy.build import PREBUILT_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,3 +116,36 @@ def test_a_finished_run_releases_its_lock_and_keeps_its_marker(tmp_path, capsys)
     assert main(["toy-data", "--out", str(out), "--prompts", "2", "--questions", "1"]) == 0
     assert (out / MARKER).is_file() and not (out / LOCK).exists()
     assert main(["toy-data", "--out", str(out), "--prompts", "2", "--questions", "1"]) == 0  # its own: a rerun
+
+
+def test_a_second_run_on_a_workdir_being_run_is_refused_and_so_is_the_flow(holder, tmp_path, capsys, monkeypatch):
+    """Issue 44: two `specdraft run` on one workdir trained the same sequences twice. The CLI refuses before Prefect
+    starts (exit 2, one line); the flow itself — a deployment's run — refuses too, before any stage."""
+    from flows.regenerate_and_train import regenerate_and_train
+    from specdraft.outputs import OutputLocked
+
+    monkeypatch.chdir(ROOT)
+    workdir = tmp_path / "runs"
+    pid = holder(workdir, "run")
+    capsys.readouterr()
+    assert main(["run", f"workdir={workdir}", "tracking.enabled=false"]) == 2  # today: a second run starts
+    line = one_line(capsys)
+    for part in (str(workdir / LOCK), f"pid {pid}", "specdraft run"):
+        assert part in line, (part, line)
+    with pytest.raises(OutputLocked, match=f"pid {pid}"):
+        regenerate_and_train.fn(config=str(ROOT / "configs/toy.yaml"),
+                                overrides=[f"workdir={workdir}", "tracking.enabled=false"])
+    assert [p.name for p in workdir.iterdir()] == [LOCK]  # nothing written, the holder's lock untouched
+    assert json.loads((workdir / LOCK).read_text())["pid"] == pid
+
+
+def test_a_lock_this_process_holds_is_held_again_and_released_by_the_outer_hold(tmp_path):
+    """`specdraft run` holds its workdir around the flow, which holds it again: the inner hold neither refuses its
+    own process nor releases the outer's lock."""
+    out = tmp_path / "runs"
+    with held_output(out, "run"):
+        with held_output(out, "run"):
+            assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()
+            (out / "stage").mkdir()
+        assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()  # still held
+    assert not (out / LOCK).exists() and (out / "stage").is_dir()

@@ -31,6 +31,7 @@ def test_a_night_without_new_data_or_drift_skips_training(tmp_path):
     assert text.splitlines()[0] == "== specdraft run 'toy': night skipped: no training =="
     assert "no drift and 0 of" in text and "training skipped" in text and "rows read" in text
     assert not (work / "train").exists() and not (work / "regenerate").exists()
+    assert not (work / ".specdraft-lock").exists()  # the flow held its workdir while it ran, and released it
     report = Path(result["report"])  # the night's decisions are in its report too
     assert report.parent == work / "reports" and f"report    {report}" in text
     page = report.read_text()

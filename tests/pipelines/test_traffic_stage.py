@@ -18,8 +18,10 @@ from tests.specdraft.test_traffic import SERVED, write_traffic
 
 def test_prepare_reads_the_window_and_the_reused_rows_are_not_regenerated(tmp_path):
     root = write_traffic(tmp_path / "traffic")
+    questions = Path(__file__).resolve().parents[2] / "configs" / "data" / "toy_questions.jsonl"  # every run evaluates
     cfg = from_dict(RunConfig, {"workdir": str(tmp_path / "runs"), "data": {"traffic": {
-        "path": str(root), "days": 4, "served_model": SERVED, "replay": 0.0, "held_out": 0.0}}})
+        "path": str(root), "days": 4, "served_model": SERVED, "replay": 0.0, "held_out": 0.0}},
+        "eval": {"questions": [str(questions)]}})
     check_run(cfg)  # data.prompts may be empty when data.traffic.path is set
     prepared = prepare(cfg)
     assert [(Path(p.path).name, p.reuse) for p in prepared.prompts] == [("prompts.jsonl", False),
