@@ -214,7 +214,7 @@ def export(args: argparse.Namespace) -> int:
             return 1
         config = read_draft_config(draft)
     # the recipe as trained (a registered version's tag); a bare draft directory: the draft as the engines see it
-    print(f"exported {recipe or variant(config)} draft (arch {config.arch}) as {fmt}: {out}")
+    print(f"exported {recipe or variant(config)} draft as {fmt}: {out}")
     for engine, command in serve_commands({fmt: str(Path(out).resolve())}, target, cfg.speculative_tokens).items():
         print(f"serve with {engine}:\n  {command}")
     if export_layout(fmt, out).plugin:

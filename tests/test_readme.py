@@ -343,6 +343,11 @@ class Session:
         command = next((line.strip() for line in export_output.splitlines()
                         if line.strip().startswith(("vllm serve", "python -m vllm.entrypoints.openai.api_server"))), None)
         assert command, f"the export printed no vllm serve command:\n{export_output[-3000:]}"
+        from pipelines.configs import RunConfig
+        from specdraft.config import load
+
+        recipe = load(RunConfig, str(self.cwd / "configs" / "toy.yaml"), []).train.recipe  # the champion's
+        assert f"exported {recipe} draft as vllm: " in export_output, export_output[-3000:]  # not its arch (issue 44)
         port = str(free_port())
         assert "VLLM_CPU_KVCACHE_SPACE" not in self.env  # the printed command alone says how vLLM fits here
         proc, log = self.start(f"{command} --port {port}", "vllm")

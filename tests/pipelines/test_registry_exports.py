@@ -105,7 +105,7 @@ def test_export_command(world, tmp_path, capsys):
     assert main(["export", "--draft", drafts["eagle3"], "--format", "speculators", "--out", str(out),
                  "--target", str(target), "--speculative-tokens", "5", "verifier=org/the-target"]) == 0
     printed = capsys.readouterr().out
-    assert f"exported eagle3 draft (arch eagle3) as speculators: {out}" in printed
+    assert f"exported eagle3 draft as speculators: {out}" in printed
     assert f"{vllm_server(str(target))} --host 127.0.0.1" in printed
     spec = json.loads((out / "config.json").read_text())["speculators_config"]
     assert spec["proposal_methods"][0]["speculative_tokens"] == 5
@@ -121,7 +121,7 @@ def test_export_command(world, tmp_path, capsys):
                  "--target", str(target)]) == 0
     printed = capsys.readouterr().out
     assert '"method": "eagle"' in printed and "specdraft's plugin" in printed
-    assert f"exported beagle draft (arch beagle) as vllm: {tmp_path / 'b'}" in printed  # a bare draft: its variant
+    assert f"exported beagle draft as vllm: {tmp_path / 'b'}" in printed  # a bare draft: as the engines see it
 
     client = MlflowClient(uri)  # the champion of a registry, its target found from the version's tag
     run_id = client.create_run(client.get_experiment_by_name("exp").experiment_id).info.run_id
@@ -131,7 +131,7 @@ def test_export_command(world, tmp_path, capsys):
     assert main(["export", "--model-uri", "models:/m@champion", "--tracking-uri", uri, "--format", "eagle",
                  "--out", str(tmp_path / "ref")]) == 0
     printed = capsys.readouterr().out
-    assert "models:/m@champion: m v1" in printed and "exported hass draft (arch eagle) as eagle" in printed
+    assert "models:/m@champion: m v1" in printed and "exported hass draft as eagle" in printed  # not its arch: eagle
     check_export(tmp_path / "ref", export_spec(drafts["eagle"], "eagle", target=target))
     assert main(["export", "--model-uri", "models:/m@nobody", "--tracking-uri", uri, "--format", "eagle",
                  "--out", str(tmp_path / "x")]) == 1
@@ -144,4 +144,4 @@ def test_export_command(world, tmp_path, capsys):
                        eval_key="e", mean_tau=1.0, taus={}, tags={"specdraft.target": str(target), **tags})
         assert main(["export", "--model-uri", f"models:/{name}@champion", "--tracking-uri", uri,
                      "--out", str(tmp_path / name)]) == 0
-        assert f"exported beagle3 draft (arch beagle) as vllm: {tmp_path / name}" in capsys.readouterr().out
+        assert f"exported beagle3 draft as vllm: {tmp_path / name}" in capsys.readouterr().out  # arch: beagle
