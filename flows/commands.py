@@ -179,11 +179,11 @@ def toy_data(args: argparse.Namespace) -> int:
 def export(args: argparse.Namespace) -> int:
     import tempfile
 
-    from specdraft.export import ExportError, export_draft, export_layout, formats_for, serve_commands
+    from specdraft.export import ExportError, export_draft, export_layout, formats_for, serve_commands, variant
     from specdraft.models import read_draft_config
 
     cfg, sections = command_config(args)
-    target = args.target
+    target, recipe = args.target, ""
     with tempfile.TemporaryDirectory(prefix="specdraft-export-") as tmp:
         draft = args.draft
         if args.model_uri:
@@ -200,6 +200,7 @@ def export(args: argparse.Namespace) -> int:
                 print(f"specdraft export: {err}", file=sys.stderr)
                 return 1
             draft, target = str(local), target or version.tags.get("specdraft.target")
+            recipe = version.tags.get("specdraft.recipe", "")  # the flow tags the recipe that trained it
             print(f"{args.model_uri}: {version.name} v{version.version} (run {version.run_id})")
         if not target or not Path(target).is_dir():
             print(f"specdraft export: the target directory {target!r} is not here: pass --target DIR (the model the "
@@ -213,8 +214,9 @@ def export(args: argparse.Namespace) -> int:
         except (ExportError, FileNotFoundError) as err:
             print(f"specdraft export: cannot export: {err}", file=sys.stderr)
             return 1
-        arch = read_draft_config(draft).arch
-    print(f"exported {arch} draft as {fmt}: {out}")
+        config = read_draft_config(draft)
+    # the recipe as trained (a registered version's tag); a bare draft directory: the draft as the engines see it
+    print(f"exported {recipe or variant(config)} draft as {fmt}: {out}")
     for engine, command in serve_commands({fmt: str(Path(out).resolve())}, target, cfg.speculative_tokens).items():
         print(f"serve with {engine}:\n  {command}")
     if export_layout(fmt, out).plugin:

@@ -189,7 +189,7 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
             return champion.mean_tau, champion.mean_engine_tau
 
     exported = stages.export_formats(cfg, prepared, trained.draft, trained.key)
-    tags = {"specdraft.arch": exported.arch, "specdraft.target": prepared.target,
+    tags = {"specdraft.arch": exported.arch, "specdraft.recipe": cfg.train.recipe, "specdraft.target": prepared.target,
             "specdraft.target_id": prepared.target_id}
     decision = register_draft(run.client, run_id=run.run_id, draft_dir=trained.draft,
                               model_name=cfg.register.model_name, alias=cfg.register.alias,
@@ -207,8 +207,9 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
     if decision["promoted"] and not decision["reason"].startswith("already registered") and cfg.handoff.enabled:
         handoff = freshness.hand_off(cfg, prepared, trained, exported.exports, decision)
         serve = handoff.pop("serve") or serve
-    return Registered(**decision, exports=exported.exports, export_note=exported.note,
-                      serving_champion=champion.get("version"), serve=serve, **handoff,
+    return Registered(**decision, recipe=cfg.train.recipe, exports=exported.exports, export_note=exported.note,
+                      serving_champion=champion.get("version"), champion_recipe=champion.get("recipe", ""),
+                      serve=serve, **handoff,
                       wall_s=time.perf_counter() - started)
 
 

@@ -134,6 +134,7 @@ class Registered(Record):
     version: int | None = None
     run_id: str | None = None
     mean_tau: float | None = None
+    recipe: str = ""  # the recipe that trained this run's draft (train.recipe)
     champion_version: int | None = None
     champion_mean_tau: float | None = None  # the champion's value of the gate's measure (``compared_by``)
     compared_by: str = "tau"  # the gate's measure: "tau" (our decoder) or "engine acceptance length" (vLLM)
@@ -147,6 +148,7 @@ class Registered(Record):
     exports: dict[str, str] = field(default_factory=dict)
     export_note: str = ""
     serving_champion: int | None = None  # the version holding the alias now
+    champion_recipe: str = ""  # the recipe that trained it (its specdraft.recipe tag; "": registered without one)
     serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
     gate: dict[str, Any] = field(default_factory=dict)  # specdraft.gate.GateDecision.to_dict() (gate.enabled)
     handoff: str = ""  # <exports>/current when this version was handed off to serving now

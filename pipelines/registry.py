@@ -244,7 +244,7 @@ def champion_exports(client: MlflowClient, name: str, alias: str, dst: str | Pat
                                                 dst_path=str(root), tracking_uri=client.tracking_uri)
         exports[fmt] = str(root / fmt)
     return {"version": int(champion.version), "exports": exports, "arch": champion.tags.get("specdraft.arch", ""),
-            "target": champion.tags.get("specdraft.target", "")}
+            "recipe": champion.tags.get("specdraft.recipe", ""), "target": champion.tags.get("specdraft.target", "")}
 
 
 def _tag_number(tags: dict[str, str], key: str) -> float | None:

@@ -168,15 +168,17 @@ def _register_rows(r: Registered) -> tuple[str, str, str, str]:
     """(headline, decision, champion, exports) of the register record."""
     if not r.registered:
         return "not registered", f"not registered: {r.reason}", "-", "-"
+    recipe = f" (recipe {r.recipe})" if r.recipe else ""
     if r.reason.startswith("already registered"):
-        decision = (f"{r.model_name} v{r.version} was registered by an earlier run (same trained draft); "
+        decision = (f"{r.model_name} v{r.version}{recipe} was registered by an earlier run (same trained draft); "
                     f"nothing new to compare")
         headline = f"nothing new: v{r.version} already registered"
     else:
         verdict = f"promoted to {r.alias}" if r.promoted else "not promoted"
-        decision = f"{r.model_name} v{r.version}: {verdict} ({r.reason})"
+        decision = f"{r.model_name} v{r.version}{recipe}: {verdict} ({r.reason})"
         headline = f"v{r.version} {verdict}"
-    champion = (f"v{r.serving_champion} holds '{r.alias}' of {r.model_name}" if r.serving_champion is not None
+    held = f" (recipe {r.champion_recipe})" if r.champion_recipe else ""
+    champion = (f"v{r.serving_champion}{held} holds '{r.alias}' of {r.model_name}" if r.serving_champion is not None
                 else f"none: no version of {r.model_name} holds '{r.alias}' yet")
     exports = (", ".join(f"{fmt} {path}" for fmt, path in sorted(r.exports.items())) if r.exports
                else f"none ({r.export_note or 'no serving format fits this draft'})")

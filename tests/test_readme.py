@@ -22,9 +22,9 @@ and every page of ``docs/`` must be in ``PAGES`` — a new block or page fails
 * servers get a free port (``--port``; the README's 4200 becomes it) and are waited for, and a command the
   README runs in the foreground until stopped (``mlflow ui``) is started, asked a question and stopped;
 * ``prefect deployment run`` is followed to its end (the flow run must be COMPLETED);
-* "Serve the champion": the export of the champion is run, then the ``vllm serve`` command it printed is started
-  (vLLM's CPU backend, a KV cache of ``VLLM_CPU_KVCACHE_SPACE`` GiB as the README's CPU notes ask) and must answer a
-  completion;
+* "Serve the champion": the export of the champion is run, then the vLLM command it printed is started verbatim
+  (its own CPU settings, nothing added to its environment; ``--port`` appended, as vLLM takes it) and must answer a
+  chat request (issue 44);
 * installs and the test suite itself are skipped, and so is what cannot run here, each with its reason: SGLang
   (not installed; it serves no Beagle champion either), a second vLLM server for the DFlash example (vLLM
   serving DFlash is ``tests/serving/test_vllm_engine.py``'s; its export runs here, on a DFlash draft of the toy
@@ -64,7 +64,6 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 CRASH = re.compile(r"Traceback \(most recent call last\)|Fatal Python error|SIGABRT|Mutex corrupt|core_worker\.cc:\d+")
 FLOWS = ("specdraft run", "prefect deployment run", "specdraft train")  # commands that may run long
 PREFECT_PORT = "4200"  # the README's Prefect port, replaced by a free one
-VLLM_CPU_KVCACHE_GIB = "1"  # vLLM's CPU KV cache for the served champion (otherwise a share of the machine's memory)
 
 # one session, in order, on one worker: the README's test command keeps a module on one worker (``--dist loadfile``,
 # tests/conftest.py); replay_before still covers ``-k`` on one command
@@ -339,20 +338,26 @@ class Session:
                 self.serve(output)
 
     def serve(self, export_output: str) -> None:
-        """Start the ``vllm serve`` command an export printed, wait for it, ask it for a completion, stop it."""
+        """Start the vLLM command an export printed, verbatim but for the free port appended, wait for it, ask it a
+        chat question, stop it."""
         command = next((line.strip() for line in export_output.splitlines()
                         if line.strip().startswith(("vllm serve", "python -m vllm.entrypoints.openai.api_server"))), None)
         assert command, f"the export printed no vllm serve command:\n{export_output[-3000:]}"
+        from pipelines.configs import RunConfig
+        from specdraft.config import load
+
+        recipe = load(RunConfig, str(self.cwd / "configs" / "toy.yaml"), []).train.recipe  # the champion's
+        assert f"exported {recipe} draft as vllm: " in export_output, export_output[-3000:]  # not its arch (issue 44)
         port = str(free_port())
-        self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_GIB)
+        assert "VLLM_CPU_KVCACHE_SPACE" not in self.env  # the printed command alone says how vLLM fits here
         proc, log = self.start(f"{command} --port {port}", "vllm")
         try:
             wait_http(f"http://127.0.0.1:{port}/health", proc, log, timeout=900)
             model = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()["data"][0]["id"]
-            answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=300,
-                                json={"model": model, "prompt": "What is 2 plus 3?", "max_tokens": 8,
-                                      "temperature": 0}).json()
-            assert answer["choices"][0]["text"], answer
+            answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=300, json={
+                "model": model, "messages": [{"role": "user", "content": "What is 2 plus 3?"}], "max_tokens": 8,
+                "temperature": 0}).json()
+            assert answer["choices"][0]["message"]["content"], answer
             draft = re.search(r'"model": "([^"]+)"', command)[1]  # the engine runs with the exported draft
             assert "speculative_config" in log.read_text() and draft in log.read_text(), log.read_text()[-3000:]
         finally:

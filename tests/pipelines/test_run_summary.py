@@ -114,6 +114,29 @@ def test_summary_engine_column_tracking_server_and_the_runs_that_register_nothin
     assert re.search(r"^toy\s+2\.65\s+1\.37\s+1\.93\s+-$", text, re.M)  # no eval report: no speedup, no note
 
 
+def test_summary_and_report_name_the_recipe_as_trained(tmp_path):
+    """Issue 44: the register and champion rows name the recipe that trained each version (a ``beagle3`` draft's
+    architecture is ``beagle``); a champion another recipe trained is named by its own; a version registered before
+    recipes were tagged is named by none."""
+    from pipelines.report import render_report
+
+    refused = Registered(model_name="toy-draft", version=4, run_id="r4", mean_tau=2.3, promoted=False,
+                         alias="champion", reason="tau 2.3000 <= champion 2.4100", recipe="beagle3",
+                         serving_champion=3, champion_recipe="eagle3")
+    summary = summarize("toy", records(tmp_path, registered=refused), PLACE, EVAL_REPORT)
+    text = render_text(summary)
+    assert "register  toy-draft v4 (recipe beagle3): not promoted (tau 2.3000 <= champion 2.4100)" in text
+    assert "champion  v3 (recipe eagle3) holds 'champion' of toy-draft" in text.splitlines()
+    html = render_report(summary, training=[], eval_report=None, history=[])
+    assert "toy-draft v4 (recipe beagle3): not promoted" in html and "v3 (recipe eagle3) holds" in html
+    promoted = replace(refused, promoted=True, serving_champion=4, champion_recipe="beagle3")
+    text = render_text(summarize("toy", records(tmp_path, registered=promoted), PLACE, EVAL_REPORT))
+    assert "champion  v4 (recipe beagle3) holds 'champion' of toy-draft" in text.splitlines()
+    untagged = replace(refused, recipe="", champion_recipe="")
+    text = render_text(summarize("toy", records(tmp_path, registered=untagged), PLACE, EVAL_REPORT))
+    assert "recipe" not in text and "champion  v3 holds 'champion' of toy-draft" in text.splitlines()
+
+
 def training_rows() -> list[dict]:
     """A two-stage run's metrics.jsonl: stage 0 for steps 1-30, stage 1 (another objective) for 31-40."""
     rows = [{"kind": "params", "time": 0.0, "train.stage_kinds": "early,late"}]

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -351,6 +353,12 @@ def test_exported_block_draft_reproduces_the_drafts_logits(kind, toy3, samples, 
             assert_same(ours, theirs)
 
 
+def speculative_config(command: str) -> dict:
+    """The ``--speculative-config`` of a printed vLLM command, as a shell hands it to vLLM."""
+    argv = shlex.split(command)
+    return json.loads(argv[argv.index("--speculative-config") + 1])
+
+
 def test_every_applicable_format_and_the_serve_commands(toy3, drafts, tmp_path):
     e3, hass = read_draft_config(drafts["eagle3"]), read_draft_config(drafts["hass"])
     assert formats_for(e3) == ("speculators", "sglang") and formats_for(hass) == ("vllm", "sglang", "eagle")
@@ -367,7 +375,7 @@ def test_every_applicable_format_and_the_serve_commands(toy3, drafts, tmp_path):
     assert sgl["architectures"] == ["LlamaForCausalLMEagle3"] and sgl["tie_word_embeddings"] is False
     commands = serve_commands(exports, str(toy3), 4)
     assert commands["vllm"].startswith(f"{vllm_server(str(toy3))} --host 127.0.0.1 --speculative-config ")
-    assert json.loads(commands["vllm"].split("--speculative-config ")[1].strip("'")) == {
+    assert speculative_config(commands["vllm"]) == {
         "method": "eagle3", "model": exports["speculators"], "num_speculative_tokens": 4}
     assert "--speculative-algorithm EAGLE3" in commands["sglang"] and exports["sglang"] in commands["sglang"]
     assert "--speculative-num-draft-tokens 5" in commands["sglang"]
@@ -382,7 +390,7 @@ def test_every_applicable_format_and_the_serve_commands(toy3, drafts, tmp_path):
     assert formats_for(read_draft_config(drafts["dflash"])) == ("speculators",)
     block = {"speculators": str(export_draft(drafts["dflash"], "speculators", tmp_path / "dfl", target=toy3))}
     command = serve_commands(block, str(toy3), None)["vllm"]  # K: the export's, its block's 4 masks
-    assert json.loads(command.split("--speculative-config ")[1].strip("'")) == {
+    assert speculative_config(command) == {
         "method": "dflash", "model": block["speculators"], "num_speculative_tokens": BLOCK - 1}
     with pytest.raises(ExportError, match="trained on blocks of 5"):
         export_draft(drafts["dflash"], "speculators", tmp_path / "dfl8", target=toy3, speculative_tokens=BLOCK)
@@ -448,3 +456,28 @@ def test_the_serve_command_is_one_the_installed_vllm_starts(monkeypatch):
         monkeypatch.setattr(commands, "_installed", lambda name, installed=installed: name in installed)
         assert commands.vllm_server("/t") == expected
         assert commands.vllm_command("/t", "/d", "eagle3", 3).startswith(expected + " --host 127.0.0.1 ")
+
+
+def test_the_serve_command_carries_the_cpu_settings_on_a_cpu_host_only(toy3, drafts, tmp_path, monkeypatch):
+    """Issue 44: without an explicit KV cache vLLM's CPU backend reserves 0.92 of the machine's total memory and
+    refuses to start when less is free; the command printed on a CPU host carries the engine measurement's own CPU
+    settings (``cpu_engine_args``: a KV cache in GiB, eager), the one printed on a GPU host none of them. No GPU here:
+    the CUDA check is what is stood in for."""
+    from specdraft.configs.evaluation import CPU_KVCACHE_GIB, EngineSettings
+    from specdraft.export import commands
+
+    gpu = commands.vllm_command("/t", "/d", "eagle3", 3, cpu=False)
+    cpu = commands.vllm_command("/t", "/d", "eagle3", 3, cpu=True)
+    assert cpu == f"{gpu} --kv-cache-memory-bytes {CPU_KVCACHE_GIB}G --enforce-eager"
+    assert not re.search(r"kv-cache|enforce-eager|memory-utilization|VLLM_CPU", gpu)
+    assert commands.cpu_engine_args() == {"kv_cache_memory_bytes": CPU_KVCACHE_GIB << 30, "enforce_eager": True}
+    assert EngineSettings().cpu_kvcache_gib == CPU_KVCACHE_GIB  # the engine measurement's size, the same
+    assert commands._flags(commands.cpu_engine_args(3)) == "--kv-cache-memory-bytes 3G --enforce-eager"
+    assert commands._flags({"kv_cache_memory_bytes": 512 << 20}) == f"--kv-cache-memory-bytes {512 << 20}"
+
+    out = export_draft(drafts["hass"], "vllm", tmp_path / "hass", target=toy3)
+    for host_has_cuda in (False, True):  # the default: the host the command is printed on
+        monkeypatch.setattr(commands, "cuda_host", lambda has=host_has_cuda: has)
+        printed = serve_commands({"vllm": str(out)}, str(toy3), 3)["vllm"]
+        assert printed == serve_commands({"vllm": str(out)}, str(toy3), 3, cpu=not host_has_cuda)["vllm"]
+        assert printed.endswith("--enforce-eager") != host_has_cuda
