@@ -262,7 +262,7 @@ def evaluate_draft(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
         ensure_ray(cfg)
     started = time.perf_counter()
     report = evaluate(prepared.target, draft_dir, cfg.eval.questions, out / "report.json", cfg.eval.settings,
-                      use_ray=cfg.eval.use_ray, ray_cfg=RayEvalConfig(replicas=cfg.eval.replicas), progress=False,
+                      use_ray=cfg.eval.use_ray, ray_cfg=RayEvalConfig(replicas=cfg.eval.replicas), progress=True,
                       baselines_home=Path(cfg.workdir) / "eval" / "baselines")  # shared by every draft evaluated
     taus = {name: d["tau"] for name, d in report["datasets"].items() if d["tau"] is not None}
     floors = {name: report["datasets"][name].get("tau_pld") for name in taus}  # the prompt-lookup floor
