@@ -271,11 +271,13 @@ def evaluate_draft(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
     engine_tau = {name: d["acceptance_length"] for name, d in (engine.get("datasets") or {}).items()
                   if name in taus and d.get("acceptance_length") is not None}
     engine_tau = engine_tau if len(engine_tau) == len(taus) else {}
+    engine_speedup = {name: d["speedup"] for name, d in (engine.get("datasets") or {}).items()
+                      if name in engine_tau and d.get("speedup") is not None}
     record = Evaluated(key=key, eval_key=evals, report=str(out / "report.json"), tau=taus,
                        mean_tau=sum(taus.values()) / len(taus) if taus else None,
                        tau_pld=floors, tau_over_pld={name: taus[name] / v for name, v in floors.items()},
                        mean_tau_pld=sum(floors.values()) / len(floors) if floors else None,
-                       engine_tau=engine_tau,
+                       engine_tau=engine_tau, engine_speedup=engine_speedup,
                        mean_engine_tau=sum(engine_tau.values()) / len(engine_tau) if engine_tau else None,
                        engine_warnings=list(engine.get("warnings") or []),
                        lossless_mismatches=sum(d.get("lossless_mismatches") or 0 for d in report["datasets"].values()),
