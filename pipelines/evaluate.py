@@ -177,7 +177,8 @@ def evaluate(
     else:
         report = run_eval(target, draft, question_files, settings, progress, out, baselines_home)
     if settings.engine.enabled:  # the engine users serve with, on the same questions (specdraft.evaluation.engine)
-        report["engine"] = engine_report(target, draft, question_files, settings)
+        log = Path(out).parent / "engine.log" if out is not None else None  # vLLM's own output, off the console
+        report["engine"] = engine_report(target, draft, question_files, settings, log=log, progress=progress)
     report["settings"]["ray"] = to_dict(ray_cfg) if use_ray else None
     report["settings"]["stage_wall_s"] = time.perf_counter() - started
     if out is not None:
