@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from specdraft.config import from_dict, to_dict
 from specdraft.configs.evaluation import EvalSettings
@@ -78,6 +79,7 @@ def _start(target: str, draft: str, settings: dict[str, Any], threads: int, visi
     if slot is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = slot
     torch.set_num_threads(threads)
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per worker between the eval's progress lines
     parsed = from_dict(EvalSettings, settings)
     if slot is not None:
         parsed = from_dict(EvalSettings, {**settings, "device": "cuda"})
