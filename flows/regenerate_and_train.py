@@ -32,6 +32,7 @@ from prefect.runtime import flow_run
 
 from pipelines import freshness, stages
 from pipelines.records import Dumped, Evaluated, Prepared, PromptFile, Regenerated, Registered, Trained
+from pipelines.stage_log import stage_log
 from pipelines.configs import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun, TrackingConfig, open_run
 from flows.preflight import check_run
@@ -82,7 +83,8 @@ def _close(run: MlflowLogger | NullRun, record: Prepared | Regenerated | Dumped 
 
 
 def _stage_task(name: str, section: Callable[..., Any] | None = None):
-    """Decorate a stage: a Prefect task with retries, a child MLflow run, a one-line summary. The child run's
+    """Decorate a stage: a Prefect task with retries, a child MLflow run, a one-line summary, its third-party log
+    lines in ``<workdir>/logs/<stage>.log`` (``pipelines.stage_log``). The child run's
     params are the stage's config section (``section(cfg, *args)``; default: the ``RunConfig`` field named
     like the stage, none when there is none)."""
 
@@ -92,7 +94,8 @@ def _stage_task(name: str, section: Callable[..., Any] | None = None):
             params = section(cfg, *args) if section else getattr(cfg, fn.__name__.removesuffix("_stage"), {})
             run = _child(tr, name, flatten(params or {}, name))
             try:
-                record = fn(cfg, run, *args, **kwargs)
+                with stage_log(Path(cfg.workdir) / "logs" / f"{name}.log"):  # third-party lines off the console
+                    record = fn(cfg, run, *args, **kwargs)
             except BaseException:
                 run.close("FAILED")
                 raise

@@ -109,6 +109,21 @@ class DropKnownHarmless(logging.Filter):
         return not (isinstance(record.msg, str) and record.msg.startswith(self.prefixes))
 
 
+def output_to_file(path: str | Path) -> None:
+    """This process's stdout and stderr — file descriptors 1 and 2: Python's, a C library's (tcmalloc) and those of
+    the processes it starts from now on (vLLM's engine core, multiprocessing's resource tracker) — appended to
+    ``path``. For an actor whose third-party output a user cannot act on (a vllm replica's INFO lines and
+    warnings): Ray relays what a worker writes there to the driver's console; the actor's results and errors
+    still reach the driver as Ray values."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 INTERRUPTED = threading.Event()  # set in the driver when Ray Train's own ctrl-C handler took a SIGINT
 
 

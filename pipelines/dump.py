@@ -30,6 +30,7 @@ to be this dump's), and the ingest summary goes into the dump's summary, written
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -46,13 +47,15 @@ from pipelines.ingest import load_conversations, write_rejects
 from specdraft import store
 from specdraft.chat import tokenize_conversations
 from specdraft.features import FeaturesConfig, encode_features, nonfinite_tokens, sequence_features, store_header
-from specdraft.placement import describe_placement, spread_gpus
+from specdraft.checkpoint import target_dir, weight_files
+from specdraft.placement import describe_placement, resolve_dtype, spread_gpus
 from specdraft.store import location
 from specdraft.store.manifest import check_store_target
-from specdraft.target import load_target_model, load_tokenizer
+from specdraft.target import load_target_config, load_target_model, load_tokenizer
 
 
 REJECTS_FILE = "rejects.jsonl"  # ingest's rejected rows and skipped files, in the store
+PROCESS_BYTES = 3 << 28  # 0.75 GiB: a prefill actor's process before the target (torch, transformers, Ray's worker)
 SUMMARY_FILE = "summary.json"  # the dump's summary (with the ingest summary), in the store
 
 
@@ -85,6 +88,33 @@ def tokenize_shard(batch: dict[str, np.ndarray], target: str, cfg: FeaturesConfi
             "timings": {"tokenize_s": time.perf_counter() - t0, "tokenize_cpu_s": time.process_time() - c0}}
     return {"index": batch["index"], "input_ids": np.asarray([input_ids]), "loss_mask": np.asarray([loss_mask]),
             "offsets": np.asarray([offsets]), "meta": np.asarray([json.dumps(meta)])}  # (1, ...)
+
+
+def parameter_count(target: str | Path) -> int:
+    """The target's parameters, from its safetensors headers (shapes only: no tensor is read)."""
+    count = 0
+    for file in weight_files(target_dir(target)):
+        with open(file, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        count += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return count
+
+
+def actor_memory(target: str | Path, cfg: DumpConfig, use_gpu: bool) -> int:
+    """The memory (bytes) a ``PrefillActor`` asks Ray for: its process (``PROCESS_BYTES``) and, on CPU, the target's
+    weights at the inference dtype plus one prefill batch's peak — ``cfg.batch_tokens`` positions of full logits
+    (B, T, V) and of the decoder's states (every layer's when auxiliary layers are stored) in that dtype. On GPU the
+    weights and the batch are GPU memory, which Ray's ``num_gpus`` accounts for. SmolLM2-135M, fp32, EAGLE-3 layers:
+    0.75 + 0.50 (weights) + 1.50 (logits, V = 49,152) + 0.55 (31 layers' states) = 3.3 GiB, against the 2.6 GiB
+    Ray measured per actor on average (batches are rarely full)."""
+    if use_gpu:
+        return PROCESS_BYTES
+    width = torch.finfo(resolve_dtype(cfg.dtype, "cpu")).bits // 8
+    config = load_target_config(target, cfg.trust_remote_code)
+    text = getattr(config, "text_config", None) or config
+    layers = text.num_hidden_layers + 1 if cfg.aux_layers else 2
+    batch = cfg.batch_tokens * (text.vocab_size + layers * text.hidden_size)
+    return PROCESS_BYTES + (parameter_count(target) + batch) * width
 
 
 class PrefillActor:
@@ -212,11 +242,15 @@ def dump_features(
         ray.data.DataContext.get_current().enable_progress_bars = progress
         ds = ray.data.from_items(todo, override_num_blocks=len(todo))
         ds = ds.map_batches(tokenize_shard, batch_size=1, batch_format="numpy", fn_kwargs={"target": target, "cfg": cfg})
+        actors = min(cfg.num_actors, len(todo))
+        # what an actor uses (the estimate), never more than the cluster's share per actor: a request Ray can never
+        # grant would leave the pool waiting for ever instead of failing
+        memory = min(actor_memory(target, cfg, use_gpu), int(ray.cluster_resources().get("memory", 0) // actors))
         ds = ds.map_batches(
             PrefillActor, batch_size=1, batch_format="numpy",
             fn_constructor_kwargs={"target": target, "cfg": cfg, "aux_layers": header["aux_layers"], "use_gpu": use_gpu},
-            compute=ActorPoolStrategy(size=min(cfg.num_actors, len(todo))),
-            num_gpus=cfg.gpus_per_actor if use_gpu else 0, num_cpus=cfg.cpus_per_actor, **ACTOR_POOL,
+            compute=ActorPoolStrategy(size=actors), num_gpus=cfg.gpus_per_actor if use_gpu else 0,
+            num_cpus=cfg.cpus_per_actor, **({"memory": memory} if memory > 0 else {}), **ACTOR_POOL,
         )
         ds.write_datasink(sink)
     else:

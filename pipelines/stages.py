@@ -265,7 +265,7 @@ def evaluate_draft(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
         ensure_ray(cfg)
     started = time.perf_counter()
     report = evaluate(prepared.target, draft_dir, cfg.eval.questions, out / "report.json", cfg.eval.settings,
-                      use_ray=cfg.eval.use_ray, ray_cfg=RayEvalConfig(replicas=cfg.eval.replicas), progress=False,
+                      use_ray=cfg.eval.use_ray, ray_cfg=RayEvalConfig(replicas=cfg.eval.replicas), progress=True,
                       baselines_home=Path(cfg.workdir) / "eval" / "baselines")  # shared by every draft evaluated
     taus = {name: d["tau"] for name, d in report["datasets"].items() if d["tau"] is not None}
     floors = {name: report["datasets"][name].get("tau_pld") for name in taus}  # the prompt-lookup floor
@@ -274,11 +274,13 @@ def evaluate_draft(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
     engine_tau = {name: d["acceptance_length"] for name, d in (engine.get("datasets") or {}).items()
                   if name in taus and d.get("acceptance_length") is not None}
     engine_tau = engine_tau if len(engine_tau) == len(taus) else {}
+    engine_speedup = {name: d["speedup"] for name, d in (engine.get("datasets") or {}).items()
+                      if name in engine_tau and d.get("speedup") is not None}
     record = Evaluated(key=key, eval_key=evals, report=str(out / "report.json"), tau=taus,
                        mean_tau=sum(taus.values()) / len(taus) if taus else None,
                        tau_pld=floors, tau_over_pld={name: taus[name] / v for name, v in floors.items()},
                        mean_tau_pld=sum(floors.values()) / len(floors) if floors else None,
-                       engine_tau=engine_tau,
+                       engine_tau=engine_tau, engine_speedup=engine_speedup,
                        mean_engine_tau=sum(engine_tau.values()) / len(engine_tau) if engine_tau else None,
                        engine_warnings=list(engine.get("warnings") or []),
                        lossless_mismatches=sum(d.get("lossless_mismatches") or 0 for d in report["datasets"].values()),

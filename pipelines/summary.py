@@ -6,8 +6,9 @@ so ``specdraft run`` prints and the flow-run log holds the same text (the flow r
 * each stage done or skipped and its time — a skipped stage shows no seconds: the time in its ``DONE``
   file is the earlier run's, not this one's;
 * τ per eval set beside the prompt-lookup floor τ_pld ("Evaluation and the prompt-lookup floor"), the
-  serving engine's acceptance length when it was measured (``Evaluated.engine_tau``; a gap to our decoder
-  at the engine's K above ``eval.settings.engine.max_gap`` a warning), and the speedup over plain decoding — one below 1 explained by what a
+  serving engine's acceptance length and its speedup when they were measured (``Evaluated.engine_tau``,
+  ``engine_speedup``: its tokens/s with the draft over its own without; a gap to our decoder at the engine's K
+  above ``eval.settings.engine.max_gap`` a warning), and the speedup over plain decoding — one below 1 explained by what a
   speculative round cost in plain decoding steps (τ / speedup, measured);
 * the champion gate's decision and reason, the champion version, the exports and serve commands;
 * where the results are: the workdir, the HTML report, the MLflow run, its tracking URI and the
@@ -60,6 +61,7 @@ class DatasetLine:
     floor: float | None  # the prompt-lookup floor tau_pld (None: not measured)
     speedup: float | None  # tokens/s with the draft over plain decoding (our decoder, this machine)
     engine: float | None = None  # the serving engine's acceptance length (None: not measured)
+    engine_speedup: float | None = None  # its tokens/s with the draft over without it (None: not measured)
 
     @property
     def tau_over_floor(self) -> float | None:
@@ -136,12 +138,13 @@ def stage_lines(result: dict[str, Any]) -> list[StageLine]:
 
 
 def dataset_lines(evaluated: Evaluated, report: dict[str, Any] | None) -> list[DatasetLine]:
-    """τ, floor, speedup (from the eval report) and the engine's acceptance per eval set."""
+    """τ, floor, speedup (from the eval report) and the engine's acceptance and speedup per eval set."""
     datasets = (report or {}).get("datasets", {})
     names = list(dict.fromkeys([*datasets, *evaluated.tau]))
     return [DatasetLine(dataset=name, tau=evaluated.tau.get(name, datasets.get(name, {}).get("tau")),
                         floor=evaluated.tau_pld.get(name, datasets.get(name, {}).get("tau_pld")),
-                        speedup=datasets.get(name, {}).get("speedup"), engine=evaluated.engine_tau.get(name))
+                        speedup=datasets.get(name, {}).get("speedup"), engine=evaluated.engine_tau.get(name),
+                        engine_speedup=evaluated.engine_speedup.get(name))
             for name in names]
 
 
@@ -300,11 +303,11 @@ def render_text(s: RunSummary) -> str:
         out.append(f"{st.stage:<12} {st.status:<8} {seconds}  {note}".rstrip())
     engine = any(d.engine is not None for d in s.datasets)
     out += ["", f"{'dataset':<20} {'tau':>6} {'floor':>6} {'tau/floor':>9} {'speedup':>8}"
-            + (f" {'engine':>7}" if engine else "") + "   (floor: prompt-lookup tau_pld"
-            + ("; engine: the serving engine's acceptance length)" if engine else ")")]
+            + (f" {'engine':>7} {'engine x':>8}" if engine else "") + "   (floor: prompt-lookup tau_pld"
+            + ("; engine: the serving engine's acceptance length, engine x: its speedup)" if engine else ")")]
     for d in s.datasets:
         out.append(f"{d.dataset:<20} {_f(d.tau):>6} {_f(d.floor):>6} {_f(d.tau_over_floor):>9} {_f(d.speedup):>8}"
-                   + (f" {_f(d.engine):>7}" if engine else ""))
+                   + (f" {_f(d.engine):>7} {_f(d.engine_speedup):>8}" if engine else ""))
     out += [textwrap.fill(n, WIDTH, initial_indent="note: ", subsequent_indent="      ") for n in s.notes]
     out += [""] + [textwrap.fill(text, WIDTH, initial_indent=f"{label:<9} ", subsequent_indent=" " * 10)
                    for label, text in [("register", s.decision), ("champion", s.champion), ("exports", s.exports)]]

@@ -32,6 +32,7 @@ from specdraft.config import ConfigError, flatten, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import save_draft
 from specdraft.objectives import stage_note, unwrap
+from specdraft.progress import progress_line
 from specdraft.chat import TokenizedConversations, tokenize_conversations
 from specdraft.configs.train import TrainConfig
 from specdraft.features import EAGLE3
@@ -134,10 +135,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             announced[0] = tr.state.stage
             print(f"[specdraft] {stage_note(tr.state.stage, stages)}", flush=True)
         if rank == 0 and step % cfg.log_every == 0:
-            done = step / max(1, tr.total_steps)
-            eta = (time.perf_counter() - started) / max(done, 1e-9) * (1 - done)
-            print(f"[specdraft] step {step}/{tr.total_steps} stage {tr.state.stage} loss {metrics['loss']:.4f} "
-                  f"tok/s {metrics['tokens_per_s']:.0f} eta {eta:.0f}s", flush=True)
+            print(progress_line("step", step, tr.total_steps, time.perf_counter() - started, metrics["tokens_per_s"],
+                                f"stage {tr.state.stage} loss {metrics['loss']:.4f}"), flush=True)
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             report({"loss": metrics["loss"]}, with_checkpoint=True)
         if job.fail_at_step and step == job.fail_at_step and not Path(job.out, ".failed-once").exists():

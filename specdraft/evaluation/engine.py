@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -46,32 +47,74 @@ def ngram_drafter(pld: PromptLookupConfig | None = None) -> dict[str, Any]:
     return {"method": "ngram", "prompt_lookup_max": pld.max_ngram, "prompt_lookup_min": pld.min_ngram}
 
 
-def measure_engine(request: EngineRequest, settings: EngineSettings) -> EngineRun:
+def measure_engine(request: EngineRequest, settings: EngineSettings, log: str | Path | None = None,
+                   progress: bool = False) -> EngineRun:
     """Run ``request`` in a vLLM child process and return its answers and counters. The engine's context is
-    resolved here, once (``engine_model_len``: the target's unless set; above it, a ``ConfigError``)."""
+    resolved here, once (``engine_model_len``: the target's unless set; above it, a ``ConfigError``).
+
+    vLLM's own output (its INFO lines, warnings) goes to the file ``log`` (None: a temporary one), its tail into
+    the error when the engine fails; with ``progress`` the engine's progress lines (``engine_process``) are
+    printed here, after one line naming ``log``."""
     settings = replace(settings, max_model_len=engine_model_len(settings, target_positions(request.target)))
     request = replace(request, settings=asdict(settings))
     with tempfile.TemporaryDirectory(prefix="specdraft-engine-") as tmp:
         req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        kept = f"; its log: {log}" if log is not None else ""
+        log = Path(log) if log is not None else Path(tmp) / "engine.log"
         req.write_text(json.dumps(asdict(request)))
         env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"}
         if settings.tensor_parallel_size == 1:  # one process: no engine-core and worker processes to start
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        try:
-            proc = subprocess.run([sys.executable, "-m", "specdraft.evaluation.engine_process", str(req), str(res)],
-                                  env=env, capture_output=True, text=True, timeout=settings.timeout_s)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the vLLM engine did not finish within {settings.timeout_s:.0f} s") from None
-        if proc.returncode != 0 or not res.is_file():
-            tail = "\n".join((proc.stderr or proc.stdout or "").strip().splitlines()[-25:])
-            raise RuntimeError(f"the vLLM engine failed (exit {proc.returncode}):\n{tail}")
+        if progress:
+            print(f"[specdraft] engine: vLLM's own output goes to {log}", flush=True)
+        code = run_logged([sys.executable, "-m", "specdraft.evaluation.engine_process", str(req), str(res)], env,
+                           log, settings.timeout_s, sys.stdout if progress else None)
+        if code is None:
+            raise RuntimeError(f"the vLLM engine did not finish within {settings.timeout_s:.0f} s{kept}")
+        if code != 0 or not res.is_file():
+            tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-25:])
+            raise RuntimeError(f"the vLLM engine failed (exit {code}{kept}):\n{tail}")
         return EngineRun(**json.loads(res.read_text()))
 
 
+def run_logged(command: list[str], env: dict[str, str], log: Path, timeout_s: float, relay) -> int | None:
+    """Run ``command`` with its stdout and stderr in ``log`` and the lines it writes to the descriptor
+    ``engine_process.PROGRESS_FD`` names relayed to ``relay`` (None: dropped); its exit status, None when it was
+    killed after ``timeout_s``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    read, write = os.pipe()
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(command, env={**env, "SPECDRAFT_PROGRESS_FD": str(write)}, stdout=out,
+                                stderr=subprocess.STDOUT, pass_fds=(write,))
+    os.close(write)
+    fired = threading.Event()
+
+    def kill() -> None:
+        fired.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout_s, kill)
+    timer.start()
+    try:
+        with os.fdopen(read, encoding="utf-8", errors="replace") as lines:
+            for line in lines:  # until the process (and any child holding the pipe) is gone
+                if relay is not None:
+                    print(line.rstrip("\n"), file=relay, flush=True)
+        code = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return None if fired.is_set() else code
+
+
 def engine_report(target: str | Path, draft: str | Path, question_files: list[str | Path], settings: EvalSettings,
-                  models: Models | None = None) -> dict[str, Any]:
+                  models: Models | None = None, log: str | Path | None = None, progress: bool = False
+                  ) -> dict[str, Any]:
     """Export ``draft`` for vLLM, serve it with ``target`` on the questions (``settings.engine`` says how) and
-    compare with our decoder (``models``: already loaded, or loaded here)."""
+    compare with our decoder (``models``: already loaded, or loaded here); ``log`` and ``progress`` as
+    ``measure_engine``'s (``progress``: our decoder's progress on the engine's prompts too)."""
     engine = settings.engine
     config = read_draft_config(draft)
     fmt = next((f for f in formats_for(config) if f in VLLM_FORMATS), None)
@@ -86,9 +129,9 @@ def engine_report(target: str | Path, draft: str | Path, question_files: list[st
                                 questions=questions, settings=asdict(engine), temperature=decode.temperature,
                                 top_p=decode.top_p, top_k=decode.top_k, max_new_tokens=decode.max_new_tokens,
                                 seed=settings.seed, system_prompt=settings.system_prompt)
-        run = measure_engine(request, engine)
+        run = measure_engine(request, engine, log, progress)
     models = models if models is not None else load_models(target, draft, settings)
-    return {"format": fmt, **compare(run, "draft", models, settings.decode, engine)}
+    return {"format": fmt, **compare(run, "draft", models, settings.decode, engine, progress)}
 
 
 def engine_summary(report: dict[str, Any]) -> str:

@@ -22,20 +22,24 @@ from specdraft.decoding.speculative import DecodeConfig, speculative_generate
 from specdraft.evaluation.engine_records import EngineRun
 from specdraft.evaluation.models import Models
 from specdraft.placement import output_device
+from specdraft.progress import ProgressLines
 from specdraft.configs.evaluation import EngineSettings
 
 
-def compare(run: EngineRun, name: str, models: Models, decode: DecodeConfig, engine: EngineSettings) -> dict[str, Any]:
+def compare(run: EngineRun, name: str, models: Models, decode: DecodeConfig, engine: EngineSettings,
+            progress: bool = False) -> dict[str, Any]:
     """Our decoder (chain of K, the eval's sampling settings) on the engine's prompts, counted as vLLM counts,
     beside the engine's counters for the draft ``name``: acceptance length, accepted per position, tokens/s,
     per dataset and overall.
 
-    ``models``: ``models.Models`` of the same target and draft; ``decode``: the eval's ``DecodeConfig``."""
+    ``models``: ``models.Models`` of the same target and draft; ``decode``: the eval's ``DecodeConfig``;
+    ``progress``: progress lines (``specdraft.progress``) over the prompts."""
     k = engine.speculative_tokens
     greedy = decode.temperature == 0
     device = output_device(models.target)
     spec = run.spec[name]
     ours: dict[str, dict[str, Any]] = {}
+    lines = ProgressLines("engine: ours on its prompts", len(run.prompts), "prompts", enabled=progress)
     for i, (prompt, turn) in enumerate(zip(run.prompts, run.turns)):
         if greedy:  # vLLM's count: every round as it was, the last one uncut by the stop token
             cfg = replace(decode, mode="chain", gamma=k, max_new_tokens=max(1, len(spec[i])))
@@ -53,6 +57,7 @@ def compare(run: EngineRun, name: str, models: Models, decode: DecodeConfig, eng
         row["wall_s"] += gen.wall_s
         row["prompts"] += 1
         row["same_answer"] += int(gen.tokens == spec[i])
+        lines.update(1, len(gen.tokens))
     datasets = {dataset: _dataset_report(run, name, [dataset], row, k, greedy) for dataset, row in ours.items()}
     overall = _dataset_report(run, name, list(ours), _total(ours.values(), k), k, greedy)
     warnings = [f"{dataset}: the engine's acceptance length {d['acceptance_length']:.3f} differs from ours "

@@ -10,6 +10,11 @@ vLLM's global state — its engine processes, thread binding, Prometheus counter
 * speculative: the target with each draft (chain of K, vLLM's only draft shape), on exactly those prompts:
   tokens/s and vLLM's counters — drafts, drafted tokens, accepted tokens, accepted per position.
 
+Progress: the prompts are generated a few at a time (``CHUNK``; batch 1 in the engine either way) and a
+``specdraft.progress`` line written to the file descriptor ``PROGRESS_FD`` names (a pipe ``measure_engine``
+relays to the user; stderr without one), while vLLM's own output goes wherever the process's stdout and
+stderr go (``measure_engine``: the engine's log file).
+
 This module is the engine process's entry point alone: it imports vLLM at its top (nothing else in
 specdraft imports it but the plugin).
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -33,9 +39,12 @@ from specdraft.evaluation.engine_records import EngineRequest, EngineRun
 from specdraft.export.commands import cpu_engine_args, cuda_host
 from specdraft.evaluation.questions import answer_text, render_prompt
 from specdraft.configs.evaluation import EngineSettings
+from specdraft.progress import ProgressLines
 from specdraft.target import load_tokenizer
 
 METRIC = "vllm:spec_decode_"
+PROGRESS_FD = "SPECDRAFT_PROGRESS_FD"  # the environment variable naming the progress lines' file descriptor
+CHUNK = 4  # prompts per generate call: a progress line can follow any call
 
 
 def _llm(request: EngineRequest, settings: EngineSettings, draft: dict[str, str] | None):
@@ -70,10 +79,25 @@ def _counters(llm) -> dict[str, Any]:
     return out
 
 
-def _generate(llm, prompts: list[list[int]], params) -> tuple[list[list[int]], float]:
-    start = time.perf_counter()
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs], time.perf_counter() - start
+def _generate(llm, prompts: list[list[int]], params, lines: ProgressLines) -> tuple[list[list[int]], float]:
+    """The answers to ``prompts`` (``CHUNK`` per call, each counted in ``lines``) and the seconds they took."""
+    answers, seconds = [], 0.0
+    for i in range(0, len(prompts), CHUNK):
+        start = time.perf_counter()
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[i:i + CHUNK]], params,
+                               use_tqdm=False)
+        seconds += time.perf_counter() - start
+        answers += [list(o.outputs[0].token_ids) for o in outputs]
+        lines.update(len(outputs), sum(len(a) for a in answers[-len(outputs):]))
+    return answers, seconds
+
+
+def _progress_stream():
+    fd = os.environ.get(PROGRESS_FD)
+    if not fd:
+        return sys.stderr
+    os.set_inheritable(int(fd), False)  # the pipe ends with this process, not with a program it starts
+    return os.fdopen(int(fd), "w", buffering=1)
 
 
 def run_engine(request: EngineRequest) -> EngineRun:
@@ -84,7 +108,10 @@ def run_engine(request: EngineRequest) -> EngineRun:
     params = SamplingParams(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k or -1,
                             max_tokens=request.max_new_tokens, seed=request.seed, skip_special_tokens=True)
     run = EngineRun(engine={"name": "vllm", "version": vllm.__version__, "max_model_len": settings.max_model_len})
+    stream = _progress_stream()
+    print("[specdraft] engine: starting vLLM with the target alone", file=stream, flush=True)
     llm = _llm(request, settings, None)
+    lines = ProgressLines("engine vanilla", sum(len(q["turns"]) for q in request.questions), "prompts", stream=stream)
     for dataset in dict.fromkeys(q["dataset"] for q in request.questions):  # timed per dataset
         questions = [q for q in request.questions if q["dataset"] == dataset]
         history = {q["index"]: [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
@@ -96,7 +123,7 @@ def run_engine(request: EngineRequest) -> EngineRun:
             for q in asked:
                 history[q["index"]].append({"role": "user", "content": q["turns"][turn - 1]})
                 prompts.append(render_prompt(tokenizer, history[q["index"]]))
-            answers, seconds = _generate(llm, prompts, params)
+            answers, seconds = _generate(llm, prompts, params, lines)
             run.vanilla_s[dataset] += seconds
             for q, prompt, answer in zip(asked, prompts, answers):
                 history[q["index"]].append({"role": "assistant", "content": answer_text(tokenizer, answer, eos)})
@@ -107,12 +134,14 @@ def run_engine(request: EngineRequest) -> EngineRun:
     for draft, spec in request.drafts.items():
         del llm
         gc.collect()
+        print(f"[specdraft] engine: starting vLLM with the draft {draft}", file=stream, flush=True)
         llm = _llm(request, settings, spec)
+        lines = ProgressLines(f"engine {draft}", len(run.prompts), "prompts", stream=stream)
         answers, seconds, counters = [[] for _ in run.prompts], {}, {}
         for name in dict.fromkeys(t["dataset"] for t in run.turns):  # one dataset at a time: its own counters
             rows = [i for i, t in enumerate(run.turns) if t["dataset"] == name]
             before = _counters(llm)
-            out, seconds[name] = _generate(llm, [run.prompts[i] for i in rows], params)
+            out, seconds[name] = _generate(llm, [run.prompts[i] for i in rows], params, lines)
             after = _counters(llm)
             for i, answer in zip(rows, out):
                 answers[i] = answer

@@ -134,3 +134,10 @@ def evaluate_question(
         })
         messages.append({"role": "assistant", "content": answer_text(models.tokenizer, base.tokens, models.eos_ids)})
     return records
+
+
+def decoded_tokens(records: list[dict[str, Any]]) -> int:
+    """The tokens decoded for these records here (the eval's progress lines count them per second): the draft's
+    answers, and vanilla's and the floor's where they were not read from the cache."""
+    return sum(r["new_tokens"] + (0 if r["baseline_cached"] else r["baseline_new_tokens"])
+               + (r.get("new_tokens_pld") or 0) * (not r.get("pld_cached", True)) for r in records)

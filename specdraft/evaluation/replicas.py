@@ -28,13 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.utils.logging import tqdm
+from transformers.utils import logging as hf_logging
 
 from specdraft.config import from_dict, to_dict
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.models import load_models, warmup
-from specdraft.evaluation.records import evaluate_question
+from specdraft.evaluation.records import decoded_tokens, evaluate_question
 from specdraft.placement import describe_placement, resolve_device
+from specdraft.progress import ProgressLines
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ def _start(target: str, draft: str, settings: dict[str, Any], threads: int, visi
     if slot is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = slot
     torch.set_num_threads(threads)
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per worker between the eval's progress lines
     parsed = from_dict(EvalSettings, settings)
     if slot is not None:
         parsed = from_dict(EvalSettings, {**settings, "device": "cuda"})
@@ -119,11 +121,10 @@ def evaluate_in_processes(target, draft, questions: list[dict[str, Any]], cached
     with ProcessPoolExecutor(max_workers=plan.workers, mp_context=ctx, initializer=_start,
                              initargs=(str(target), str(draft), to_dict(settings), plan.threads, slots)) as pool:
         futures = [pool.submit(_evaluate, q, c) for q, c in zip(questions, cached)]
-        with tqdm(total=len(futures), desc=f"eval ({plan.workers} workers)", unit="question",
-                  disable=not progress) as bar:
-            for future in as_completed(futures):
-                rows, placement = future.result()
-                records += rows
-                placements.add(placement)
-                bar.update(1)
+        lines = ProgressLines("eval", len(futures), f"questions ({plan.workers} workers)", enabled=progress)
+        for future in as_completed(futures):
+            rows, placement = future.result()
+            records += rows
+            placements.add(placement)
+            lines.update(1, decoded_tokens(rows))
     return records, [json.loads(p) for p in sorted(placements)]

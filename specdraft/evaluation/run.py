@@ -14,17 +14,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from transformers.utils.logging import tqdm
-
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.baselines import baselines_dir, open_baselines
 from specdraft.evaluation.models import load_models, warmup
 from specdraft.evaluation.questions import load_question_sets
-from specdraft.evaluation.records import evaluate_question
+from specdraft.evaluation.records import decoded_tokens, evaluate_question
 from specdraft.evaluation.replicas import evaluate_in_processes, plan_workers
 from specdraft.evaluation.report import build_report, settings_dict
 from specdraft.models import check_draft_target
 from specdraft.placement import describe_placement
+from specdraft.progress import ProgressLines
 
 
 def run_eval(
@@ -32,7 +31,7 @@ def run_eval(
     draft_dir: str | Path,
     question_files: list[str | Path],
     settings: EvalSettings = EvalSettings(),
-    progress: bool = True,
+    progress: bool = True,  # progress lines (``specdraft.progress``): questions done, tokens/s, ETA
     report_path: str | Path | None = None,
     baselines_home: str | Path | None = None,
 ) -> dict[str, Any]:
@@ -47,13 +46,19 @@ def run_eval(
     cache = open_baselines(baselines_dir(settings, report_path, baselines_home), target_dir, questions, settings,
                            plan.device, plan.workers, plan.threads)
     cached = [cache.for_question(q) for q in questions]
+    if progress:  # loading the models and the first question may take minutes: said before they start
+        print(f"[specdraft] eval: {len(questions)} questions on {plan.workers} worker(s) ({plan.device.type}), "
+              f"loading target + draft", flush=True)
     if plan.workers == 1:
         models = load_models(target_dir, draft_dir, settings)
         if settings.warmup:
             warmup(models, settings)
         records = []
-        for q, c in tqdm(list(zip(questions, cached)), desc="eval", unit="question", disable=not progress):
-            records += evaluate_question(models, q, settings, c)
+        lines = ProgressLines("eval", len(questions), "questions", enabled=progress)
+        for q, c in zip(questions, cached):
+            rows = evaluate_question(models, q, settings, c)
+            records += rows
+            lines.update(1, decoded_tokens(rows))
         placements = [describe_placement(models.target)]
     else:
         records, placements = evaluate_in_processes(target_dir, draft_dir, questions, cached, settings, plan, progress)

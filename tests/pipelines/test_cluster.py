@@ -133,3 +133,25 @@ def test_an_actor_with_its_own_environment_gets_the_train_settings(local_ray):
     names = [name for name in TRAIN_ENV if name not in os.environ]
     seen = local_ray.get(Controller.remote().env.remote([*names, "SPECDRAFT_TEST_OWN"]))
     assert seen == {**{name: TRAIN_ENV[name] for name in names}, "SPECDRAFT_TEST_OWN": "1"}
+
+
+def test_output_to_file_takes_python_c_and_child_output_off_the_console(tmp_path):
+    """A vllm replica's third-party output (``output_to_file``): Python's writes, a C library's writes to the file
+    descriptors (tcmalloc) and a child started afterwards (vLLM's engine core, the resource tracker) all land in
+    the log; what the process printed before stays where it was."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "regen" / "vllm.log"
+    script = (f"import os, subprocess, sys, warnings\nfrom pipelines.cluster import output_to_file\n"
+              f"print('before', flush=True)\noutput_to_file({str(log)!r})\nprint('INFO vllm: started')\n"
+              "warnings.warn('reduce_op is deprecated', FutureWarning)\n"
+              "os.write(2, b'tcmalloc: large alloc\\n')\n"
+              "subprocess.run([sys.executable, '-c', \"raise KeyError('/psm_1')\"])\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert out.stdout == "before\n" and out.stderr == ""
+    kept = log.read_text()
+    for line in ("INFO vllm: started", "reduce_op is deprecated", "tcmalloc: large alloc", "KeyError: '/psm_1'"):
+        assert line in kept, line
+    assert "before" not in kept

@@ -321,6 +321,26 @@ def test_manifest_records_the_attention_kernel_and_placement(toy_store):
         DumpConfig(gpus_per_actor=1.5)
 
 
+def test_a_prefill_actor_asks_ray_for_the_memory_it_uses(targets):
+    """``actor_memory``: the process, the weights (their parameters counted from the safetensors headers, here
+    checked against the loaded model) and one full prefill batch's logits and states, at the inference dtype."""
+    from pipelines.dump import PROCESS_BYTES, actor_memory, parameter_count
+    from specdraft.target import load_target_config, load_target_model
+
+    target = targets["llama"]
+    params = sum(p.numel() for p in load_target_model(target).state_dict().values())
+    assert parameter_count(target) == params
+    config = load_target_config(target)
+    v, d, n = config.vocab_size, config.hidden_size, config.num_hidden_layers
+    cfg = DumpConfig(batch_tokens=512)
+    assert actor_memory(target, cfg, use_gpu=False) == PROCESS_BYTES + 4 * (params + 512 * (v + 2 * d))
+    eagle3 = DumpConfig(batch_tokens=512, aux_layers="eagle3")  # every layer's states kept
+    assert actor_memory(target, eagle3, use_gpu=False) == PROCESS_BYTES + 4 * (params + 512 * (v + (n + 1) * d))
+    half = DumpConfig(batch_tokens=512, dtype="bfloat16")
+    assert actor_memory(target, half, use_gpu=False) == PROCESS_BYTES + 2 * (params + 512 * (v + 2 * d))
+    assert actor_memory(target, cfg, use_gpu=True) == PROCESS_BYTES  # weights and batch in GPU memory
+
+
 # --- auxiliary layers (EAGLE-3 features) ----------------------------------------------------------
 
 

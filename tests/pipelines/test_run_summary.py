@@ -26,7 +26,7 @@ SERVE = "vllm serve /t --host 127.0.0.1 --speculative-config '{\"method\": \"eag
 
 
 def records(tmp_path: Path, *, engine: dict[str, float] | None = None, registered: Registered | None = None,
-            engine_warnings: list[str] | None = None) -> dict:
+            engine_warnings: list[str] | None = None, engine_speedup: dict[str, float] | None = None) -> dict:
     """The dict the flow returns: regenerate ran now, features and train were done by an earlier run
     (their DONE files hold that run's 50.8 s and 150.9 s), eval and register ran now."""
     prompt = "/data/toy_prompts.jsonl"
@@ -44,7 +44,8 @@ def records(tmp_path: Path, *, engine: dict[str, float] | None = None, registere
                          skipped=True).to_dict(),
         "eval": Evaluated(key="e", eval_key="ek", report=str(tmp_path / "report.json"), tau={"toy": 2.65},
                           mean_tau=2.65, tau_pld={"toy": 1.37}, tau_over_pld={"toy": 1.93}, mean_tau_pld=1.37,
-                          engine_tau=engine or {}, engine_warnings=engine_warnings or [], wall_s=7.5).to_dict(),
+                          engine_tau=engine or {}, engine_warnings=engine_warnings or [],
+                          engine_speedup=engine_speedup or {}, wall_s=7.5).to_dict(),
         "register": registered.to_dict(),
         "mlflow_parent_run": "abc123",
     }
@@ -88,7 +89,7 @@ def test_summary_says_what_happened_and_where(tmp_path):
 
 def test_summary_engine_column_tracking_server_and_the_runs_that_register_nothing(tmp_path):
     close = render_text(summarize("toy", records(tmp_path, engine={"toy": 2.62}), PLACE, EVAL_REPORT))
-    assert re.search(r"^toy\s+2\.65\s+1\.37\s+1\.93\s+0\.17\s+2\.62$", close, re.M) and "warning" not in close
+    assert re.search(r"^toy\s+2\.65\s+1\.37\s+1\.93\s+0\.17\s+2\.62\s+-$", close, re.M) and "warning" not in close
     gap = "toy: the engine's acceptance length 2.400 differs from ours 2.650 by -9.4% (more than 3%)"  # engine report's
     far = render_text(summarize("toy", records(tmp_path, engine={"toy": 2.40}, engine_warnings=[gap]), PLACE,
                                 EVAL_REPORT))
@@ -135,6 +136,24 @@ def test_summary_and_report_name_the_recipe_as_trained(tmp_path):
     untagged = replace(refused, recipe="", champion_recipe="")
     text = render_text(summarize("toy", records(tmp_path, registered=untagged), PLACE, EVAL_REPORT))
     assert "recipe" not in text and "champion  v3 holds 'champion' of toy-draft" in text.splitlines()
+
+
+def test_the_engine_speedup_stands_beside_its_acceptance_in_summary_and_report(tmp_path):
+    from pipelines.report import render_report
+
+    result = records(tmp_path, engine={"toy": 1.15}, engine_speedup={"toy": 0.74})
+    summary = summarize("toy", result, PLACE, EVAL_REPORT)
+    text = render_text(summary)
+    assert re.search(r"^dataset\s+tau\s+floor\s+tau/floor\s+speedup\s+engine\s+engine x\s+\(.*engine x: its speedup\)$",
+                     text, re.M)
+    assert re.search(r"^toy\s+2\.65\s+1\.37\s+1\.93\s+0\.17\s+1\.15\s+0\.74$", text, re.M)
+    html = render_report(summary, training=[], eval_report=EVAL_REPORT, history=[])
+    assert ('<th>engine</th><th>engine speedup</th>' in html
+            and '<td class="num">1.15</td><td class="num">0.74</td></tr>' in html)
+    # no engine measured: neither column, in either
+    plain = summarize("toy", records(tmp_path), PLACE, EVAL_REPORT)
+    assert "engine" not in render_text(plain).split("\n\n")[2] and "dataset" in render_text(plain).split("\n\n")[2]
+    assert "engine speedup" not in render_report(plain, training=[], eval_report=EVAL_REPORT, history=[])
 
 
 def training_rows() -> list[dict]:

@@ -50,7 +50,13 @@ def test_vllm_backend_answers_as_the_hf_backend_at_temperature_0(local_ray, tiny
     assert main(["regenerate", "--target", str(tiny_toy_target), "--prompts", str(tmp_path / "prompts.jsonl"),
                  "--out", str(out), "backend=vllm", "temperature=0", f"max_new_tokens={MAX_NEW}", "batch_size=3",
                  "vllm_chunk_size=4", *(f"vllm_engine_kwargs.{k}={v}" for k, v in ENGINE.items())]) == 0
-    assert "rows in 6" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "rows in 6" in said.out
+    # vLLM's own output is in the stage's log, named in one line, and not on the console; no traceback there
+    assert f"regenerate: vLLM's own output (its INFO lines and warnings) goes to {out / 'vllm.log'}" in said.err
+    assert "INFO" in (out / "vllm.log").read_text() and "Traceback" not in said.out + said.err
+    relayed = [line for line in (said.out + said.err).splitlines() if line.startswith("(")]  # "(MapWorker pid=..)"
+    assert not relayed, relayed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["backend"] == "vllm" and summary["rows_out"] == 6 and summary["files_written"] == 2
 

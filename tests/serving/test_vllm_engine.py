@@ -123,10 +123,17 @@ def test_eval_with_the_engine_prints_its_acceptance_beside_ours(target, drafts, 
 
     out = tmp_path / "report.json"
     assert main(["eval", "--target", str(target), "--draft", str(drafts["beagle"]), "--questions", str(QUESTIONS),
-                 "--out", str(out), "--mode", "chain", "--engine", "vllm", "--quiet", "max_questions=4",
+                 "--out", str(out), "--mode", "chain", "--engine", "vllm", "max_questions=4",
                  "decode.gamma=3", f"decode.max_new_tokens={MAX_NEW}"]) == 0
     printed = capsys.readouterr().out
     engine = json.loads(out.read_text())["engine"]
+    # the engine says its progress (vanilla, with the draft, ours on its prompts: each to its last prompt), and
+    # vLLM's own lines are in engine.log, named once, not on the console
+    n = engine["overall"]["prompts"]
+    for label in ("engine vanilla", "engine draft", "engine: ours on its prompts"):
+        assert f"[specdraft] {label} {n}/{n} prompts tok/s " in printed, (label, printed)
+    assert printed.count(f"[specdraft] engine: vLLM's own output goes to {tmp_path / 'engine.log'}") == 1
+    assert "INFO" in (tmp_path / "engine.log").read_text() and "INFO" not in printed, printed
     assert load_target_config(target).max_position_embeddings == 1024
     assert engine["engine"]["name"] == "vllm" and engine["engine"]["max_model_len"] == 1024, engine["engine"]
     row = engine["datasets"]["toy_questions"]

@@ -146,13 +146,23 @@ def test_run_eval_report(toy_target_dir, draft_dir, question_files, decode):
     json.dumps(report)  # JSON-able
 
 
-def test_the_floor_can_be_switched_off(toy_target_dir, draft_dir, question_files):
+def test_the_floor_can_be_switched_off_and_eval_says_its_progress(toy_target_dir, draft_dir, question_files, capsys):
     settings = EvalSettings(decode=DecodeConfig(mode="chain", gamma=2, max_new_tokens=8),
-                            pld=PromptLookupConfig(enabled=False), max_questions=1)
-    report = run_eval(toy_target_dir, draft_dir, question_files, settings, progress=False)
+                            pld=PromptLookupConfig(enabled=False), max_questions=1, baselines="off", workers=1)
+    report = run_eval(toy_target_dir, draft_dir, question_files, settings, progress=True)
     check_tau(report["overall"], report["records"])
     assert report["overall"]["tau_pld"] is None
     assert report["overall"]["tau_over_pld"] is None and "rounds_pld" not in report["records"][0]
+    # progress as training says it (specdraft.progress): a line before the models load, one at the first
+    # question and one at the last (2 questions, well under 30 s apart), with tokens/s and the ETA
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "[specdraft] eval: 2 questions on 1 worker(s) (cpu), loading target + draft"
+    assert [line.split(" tok/s ")[0] for line in lines[1:]] == ["[specdraft] eval 1/2 questions",
+                                                                "[specdraft] eval 2/2 questions"]
+    rates = [float(line.split(" tok/s ")[1].split()[0]) for line in lines[1:]]
+    assert all(rate > 0 for rate in rates) and lines[2].endswith(" eta 0s")
+    run_eval(toy_target_dir, draft_dir, question_files, settings, progress=False)
+    assert capsys.readouterr().out == ""  # --quiet: nothing
 
 
 def test_a_target_without_chat_template_is_prompted_with_the_fallback(templateless_target):
