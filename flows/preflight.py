@@ -73,7 +73,8 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
 
 def check_run(cfg: Any, overwrite: bool = False) -> None:
     """The paths of a ``pipelines.configs.RunConfig``: the target (unless the toy one is built), the prompts
-    and the eval questions (``ConfigError`` naming the key), then the workdir (``check_workdir``)."""
+    and the eval questions (``ConfigError`` naming the key), then the workdir (``check_workdir``) and the hand-off
+    directory (``specdraft.handoff.check_exports``)."""
     if cfg.target.path:
         check_target(cfg.target.path, "target.path")
         check_target_weights(cfg.target.path)
@@ -105,6 +106,10 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
     if workdir.exists() and not workdir.is_dir():
         raise ConfigError(f"workdir={cfg.workdir}: exists and is not a directory")
     check_workdir(cfg, overwrite)
+    if cfg.handoff.enabled:  # the hand-off's directory: refused now, not after a night of training
+        from specdraft.handoff import check_exports
+
+        check_exports(cfg.handoff.exports or workdir / "exports")
 
 
 def check_cluster_cpus(cfg: Any) -> None:
