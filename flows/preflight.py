@@ -107,9 +107,10 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
         raise ConfigError(f"workdir={cfg.workdir}: exists and is not a directory")
     check_workdir(cfg, overwrite)
     if cfg.handoff.enabled:  # the hand-off's directory: refused now, not after a night of training
+        from pipelines.freshness import exports_root
         from specdraft.handoff import check_exports
 
-        check_exports(cfg.handoff.exports or workdir / "exports")
+        check_exports(exports_root(cfg))
 
 
 def check_cluster_cpus(cfg: Any) -> None:

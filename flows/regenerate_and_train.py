@@ -204,10 +204,10 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
                                 local={decision["version"]: exported.exports})
     serve = serve_commands(champion.get("exports", {}), champion.get("target") or prepared.target,
                            cfg.register.serving.speculative_tokens)
-    handoff = {}
-    if decision["promoted"] and not decision["reason"].startswith("already registered") and cfg.handoff.enabled:
-        handoff = freshness.hand_off(cfg, prepared, trained, exported.exports, decision)
-        serve = handoff.pop("serve") or serve
+    # the served draft made the champion when it is ours (a rerun completes a killed hand-off), else said
+    handoff = freshness.settle_handoff(cfg, prepared, trained, exported.exports, decision, champion.get("version"),
+                                       get_run_logger())
+    serve = handoff.pop("serve", None) or serve
     return Registered(**decision, exports=exported.exports, export_note=exported.note,
                       serving_champion=champion.get("version"), serve=serve, **handoff,
                       wall_s=time.perf_counter() - started)

@@ -78,6 +78,11 @@ def window_gate(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evalu
     return gate
 
 
+def exports_root(cfg: RunConfig) -> Path:
+    """The hand-off directory: ``handoff.exports``, else ``<workdir>/exports``."""
+    return Path(cfg.handoff.exports or Path(cfg.workdir) / "exports").absolute()
+
+
 def hand_off(cfg: RunConfig, prepared: Prepared, trained: Trained, exports: dict[str, str],
              decision: dict[str, Any]) -> dict[str, Any]:
     """The promoted draft to ``<handoff.exports>/current`` (``specdraft.handoff``), the previous one kept; its
@@ -86,7 +91,7 @@ def hand_off(cfg: RunConfig, prepared: Prepared, trained: Trained, exports: dict
     from specdraft.export import serve_commands
     from specdraft.handoff import publish, stable_exports
 
-    root = Path(cfg.handoff.exports or Path(cfg.workdir) / "exports").absolute()
+    root = exports_root(cfg)
     current = publish(root, trained.draft, exports, meta={"version": decision["version"],
                                                           "model": decision["model_name"], "target": prepared.target})
     if cfg.monitor.metrics_url:
@@ -97,6 +102,44 @@ def hand_off(cfg: RunConfig, prepared: Prepared, trained: Trained, exports: dict
     restart = ("restart the server to load it (vLLM loads its draft at start): "
                + (serve.get("vllm") or f"point the server's draft at {current}/<format>"))
     return {"handoff": str(current), "restart": restart, "serve": serve}
+
+
+def settle_handoff(cfg: RunConfig, prepared: Prepared, trained: Trained, exports: dict[str, str],
+                   decision: dict[str, Any], champion: int | None,
+                   logger: logging.Logger | Any = logging.getLogger(__name__)) -> dict[str, Any]:
+    """The register stage's hand-off (``handoff.enabled``): the served draft (``current/handoff.json``'s version)
+    made the registry's ``champion`` (the version holding the alias now) when it is this run's draft — a new
+    promotion, or a rerun of a night whose hand-off was killed (its draft "already registered" and champion, but
+    ``current`` still the old one): the rerun completes it. A rollback is left alone (``previous`` holds the
+    champion). Whatever then still disagrees is ``served_note``, which the summary prints. Returns ``hand_off``'s
+    keys when it handed off, and ``served_version`` (None: nothing served), ``served_note`` ("" when they agree)."""
+    if not cfg.handoff.enabled:
+        return {}
+    from specdraft.handoff import CURRENT, PREVIOUS, read_meta
+
+    root = exports_root(cfg)
+    served = read_meta(root / CURRENT).get("version")
+    rolled_back = served != champion and champion is not None and read_meta(root / PREVIOUS).get("version") == champion
+    rerun = decision["reason"].startswith("already registered")
+    out: dict[str, Any] = {}
+    if decision["promoted"] and champion == decision["version"] and (not rerun or (served != champion
+                                                                                   and not rolled_back)):
+        if rerun:
+            logger.warning("handoff: v%s is the champion but %s/current serves %s: an earlier hand-off did not "
+                           "finish; completing it", champion, root, f"v{served}" if served is not None else "nothing")
+        out = hand_off(cfg, prepared, trained, exports, decision)
+        served = champion
+    note = ""
+    if champion is not None and served != champion:
+        if rolled_back:
+            note = (f"{root}/current serves v{served}, rolled back from the champion v{champion} (in previous/): "
+                    f"`specdraft rollback --exports {root}` serves the champion again")
+        else:
+            note = (f"{root}/current serves {f'v{served}' if served is not None else 'nothing'} but the registry's "
+                    f"champion is v{champion} ('{cfg.register.alias}' of {cfg.register.model_name}), which this run "
+                    "did not train: rerun the night that promoted it to complete its hand-off")
+        logger.warning("handoff: %s", note)
+    return {**out, "served_version": served, "served_note": note}
 
 
 def monitor_state(cfg: RunConfig) -> Path:

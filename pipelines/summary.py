@@ -261,6 +261,8 @@ def fresh_rows(result: dict[str, Any], registered: Registered | None) -> list[tu
         rows += [("handoff", f"v{registered.version} is {registered.handoff} (the one before it: previous/)"),
                  ("rollback", f"specdraft rollback --exports {registered.handoff.rsplit('/', 1)[0]}"),
                  ("restart", registered.restart)]
+    if registered.served_note:  # the served draft is not the champion: never silent
+        rows.append(("served", f"warning: {registered.served_note}"))
     return rows
 
 

@@ -232,6 +232,13 @@ def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
     text = render_text(summarize("toy", records(tmp_path, registered=handed), PLACE, EVAL_REPORT))
     assert "rollback  specdraft rollback --exports /w/exports" in text.splitlines()
     assert f"restart   restart the server to load it (vLLM loads its draft at start): {SERVE}" in text.splitlines()
+    assert "served" not in [line.split()[0] for line in text.splitlines() if line.strip()]  # served == champion
+    note = "/w/exports/current serves v4 but the registry's champion is v5"  # issue 44: never silent
+    apart = Registered(model_name="toy-draft", version=5, run_id="r5", mean_tau=2.7, promoted=True, alias="champion",
+                       reason="already registered (same trained draft) as v5 by run r5", serving_champion=5,
+                       served_version=4, served_note=note)
+    text = render_text(summarize("toy", records(tmp_path, registered=apart), PLACE, EVAL_REPORT))
+    assert f"served    warning: {note}" in text.splitlines()
 
 
 def test_summary_shows_the_offline_drift_check(tmp_path):
