@@ -246,9 +246,10 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
         if not retrain.train:
             return skip_night(cfg, parent, {"prepare": prepared.to_dict(), "monitor": served, "drift": offline,
                                             "retrain": retrain.to_dict(), "mlflow_parent_run": parent.run_id})
+        warm = ""  # a champion that cannot be loaded: why this night trains from scratch
         if cfg.train.init_from == "champion":  # warm start: the registered champion's draft directory
-            data = {**data, "train": {**data["train"], "init_from": freshness.champion_draft(cfg, parent,
-                                                                                             get_run_logger())}}
+            init_from, warm = freshness.champion_draft(cfg, parent, get_run_logger())
+            data = {**data, "train": {**data["train"], "init_from": init_from}}
             cfg = from_dict(RunConfig, data)
         regenerated = [_task(regenerate_stage, retries)(data, tr, prepared, p) for p in prepared.prompts]
         online = cfg.train.features == "online"  # no store: training runs the target on every batch
@@ -267,7 +268,7 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
     result = {"prepare": prepared.to_dict(), "regenerate": [r.to_dict() for r in regenerated],
               "features": [s.to_dict() for s in stores], "train": trained.to_dict(), "eval": evaluated.to_dict(),
               "register": registered.to_dict(), "monitor": served, "drift": offline, "retrain": retrain.to_dict(),
-              "mlflow_parent_run": parent.run_id}
+              "warm": warm, "mlflow_parent_run": parent.run_id}
     try:
         result.update(report_run(cfg, parent, result))
     finally:

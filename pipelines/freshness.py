@@ -212,38 +212,61 @@ def remember_trained(cfg: RunConfig, prepared: Prepared) -> None:
         files.write_text(trained_state(cfg), Path(current).read_text())
 
 
+class ChampionUnusable(ValueError):
+    """A registered champion this night cannot load: its draft's artifacts gone, or files or tensors missing from
+    them. One line naming the version and what is missing."""
+
+
 def download_champion(cfg: RunConfig, parent: MlflowLogger | NullRun):
     """(the champion's model version, its draft directory downloaded once to ``<workdir>/champion/v<version>``),
-    or None with no registry (tracking off) or no champion yet."""
+    or None with no registry (tracking off) or no champion yet. ``ChampionUnusable`` when its artifacts cannot be
+    downloaded or the draft lacks what loading it needs (``specdraft.run.warm_start_gap``: the vocabulary maps)."""
+    from mlflow.exceptions import MlflowException
+
     from pipelines.registry import current_champion, download_draft, version_uri
     from specdraft import files
+    from specdraft.run import warm_start_gap
 
     if not parent.enabled:
         return None
     version = current_champion(parent.client, cfg.register.model_name, cfg.register.alias)
     if version is None:
         return None
+    uri = version_uri(cfg.register.model_name, version.version)
     out = (Path(cfg.workdir) / "champion" / f"v{version.version}").absolute()
     if not (out / "model.safetensors").is_file():
-        with tempfile.TemporaryDirectory() as tmp, files.write_directory(out) as new:
-            local, _ = download_draft(parent.client, version_uri(cfg.register.model_name, version.version), tmp)
-            for item in Path(local).iterdir():
-                item.rename(new / item.name)
+        try:
+            with tempfile.TemporaryDirectory() as tmp, files.write_directory(out) as new:
+                local, _ = download_draft(parent.client, uri, tmp)
+                for item in Path(local).iterdir():
+                    item.rename(new / item.name)
+        except (MlflowException, OSError) as err:
+            first = (str(getattr(err, "message", err)).strip().splitlines() or [""])[0]
+            raise ChampionUnusable(f"champion v{version.version} ({uri}): its draft's artifacts cannot be "
+                                   f"downloaded from {version.source} ({type(err).__name__}: {first})") from None
+    gap = warm_start_gap(out)
+    if gap:
+        raise ChampionUnusable(f"champion v{version.version} ({uri}, downloaded to {out}): {gap}")
     return version, out
 
 
-def champion_draft(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: logging.Logger | Any) -> str:
-    """``train.init_from=champion`` resolved: the registered champion's draft directory (``download_champion``: a
-    new champion is a new training input); "" — train from scratch, said in the log — when there is no registry
-    (tracking off) or no champion yet."""
-    found = download_champion(cfg, parent)
+def champion_draft(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: logging.Logger | Any) -> tuple[str, str]:
+    """``train.init_from=champion`` resolved: (the registered champion's draft directory — ``download_champion``: a
+    new champion is a new training input —, ""); or ("", why) — train from scratch, said in the log as one line,
+    and ``why`` for the summary when it is news — with no registry (tracking off), no champion yet, or a champion
+    that cannot be loaded (``ChampionUnusable``: the version and what is missing)."""
+    try:
+        found = download_champion(cfg, parent)
+    except ChampionUnusable as err:
+        logger.warning("train.init_from=champion: %s: training from scratch", err)
+        return "", f"{err}: trained from scratch"
     if found is None:
         logger.warning("train.init_from=champion: %s: from scratch", "no champion yet" if parent.enabled else
                        "tracking is off, no registry to find the champion in")
-        return ""
+        return "", ""
     version, out = found
     logger.info("train.init_from=champion: warm start from v%s (%s)", version.version, out)
-    return str(out)
+    return str(out), ""
 
 
 BASELINE_TAG = "offline.window_tau_at_promotion"
@@ -263,7 +286,11 @@ def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prep
     held_out = (prepared.traffic.get("files") or {}).get("held_out")
     if not cfg.monitor.offline or not held_out:
         return {}
-    found = download_champion(cfg, parent)
+    try:
+        found = download_champion(cfg, parent)
+    except ChampionUnusable as err:  # said here, and by the warm start when it asks
+        logger.warning("drift: %s: not measured", err)
+        return {"alarm": False, "message": f"not measured: {err}"}
     if found is None:
         return {}
     from pipelines.registry import version_uri

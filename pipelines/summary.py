@@ -251,6 +251,8 @@ def fresh_rows(result: dict[str, Any], registered: Registered | None) -> list[tu
         rows.append(("retrain", retrain["reason"]))
     if registered is None:  # a night that did not train
         return rows
+    if result.get("warm"):  # train.init_from=champion and the champion could not be loaded
+        rows.append(("warm", f"warning: {result['warm']}"))
     rows += warm_rows(Path(result["train"]["draft"]).parent if result.get("train") else None)
     for c in (registered.gate or {}).get("comparisons", []):
         values = (f"candidate {_f(c['candidate'], 4)} vs champion {_f(c['champion'], 4)}"

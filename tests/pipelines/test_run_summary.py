@@ -239,6 +239,10 @@ def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
                        served_version=4, served_note=note)
     text = render_text(summarize("toy", records(tmp_path, registered=apart), PLACE, EVAL_REPORT))
     assert f"served    warning: {note}" in text.splitlines()
+    result = records(tmp_path, registered=handed)
+    result["warm"] = "champion v2 (models:/d/2): its draft's artifacts cannot be downloaded: trained from scratch"
+    text = render_text(summarize("toy", result, PLACE, EVAL_REPORT))
+    assert f"warm      warning: {result['warm']}" in text.splitlines()
 
 
 def test_summary_shows_the_offline_drift_check(tmp_path):
