@@ -210,8 +210,7 @@ def _rank0_logger(job: WorkerConfig):
     if job.tracking:
         from pipelines.tracking import MlflowLogger
 
-        loggers.append(MlflowLogger(job.tracking["uri"], run_id=job.tracking["run_id"],
-                                    timeout_s=job.tracking.get("timeout_s")))
+        loggers.append(MlflowLogger(**job.tracking))  # MlflowLogger.ref(): uri, run_id, timeout_s
     return MultiLogger(*loggers)
 
 

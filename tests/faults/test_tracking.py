@@ -122,7 +122,7 @@ def test_run_with_an_unanswering_tracking_server_exits_2_naming_it_before_any_wo
     assert "tracking.timeout_s=1: whole seconds, at least 2" in capsys.readouterr().err
 
 
-def test_every_request_to_a_silent_server_is_bounded_and_names_it(silent_server, monkeypatch):
+def test_every_request_to_a_silent_server_is_bounded_and_names_it(silent_server, monkeypatch, tmp_path):
     """Past the pre-flight (a server that goes silent mid-run): every MLflow request of the process waits at most
     ``tracking.timeout_s`` in all, and the failure is one line naming the server and the setting. Neighbours: the
     default bound is <= 60 s in all; a server that answers passes the check; another error is not called a silent
@@ -145,6 +145,12 @@ def test_every_request_to_a_silent_server_is_bounded_and_names_it(silent_server,
     assert line is not None and line.startswith(f"the tracking server {silent_server} did not answer within "
                                                 "tracking.timeout_s=2 s"), line
     assert tracking_failure(ValueError("API request to http://x/ failed")) is None
+    from pipelines.tracking import MlflowLogger
+
+    run = open_run(TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", timeout_s=8))  # a worker's client too:
+    os.environ[REQUEST_ENV[0]] = "120"
+    attached = MlflowLogger(**run.ref())  # the training worker attaches from the ref, bounded the same way
+    assert attached.run_id == run.run_id and os.environ[REQUEST_ENV[0]] == "4"
     for bad in (0, 1, 2.5, True, "30"):
         with pytest.raises(ConfigError, match="tracking.timeout_s="):
             TrackingConfig(timeout_s=bad)
