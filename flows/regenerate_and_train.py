@@ -206,7 +206,8 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
                            cfg.register.serving.speculative_tokens)
     # the served draft made the champion when it is ours (a rerun completes a killed hand-off), else said
     handoff = freshness.settle_handoff(cfg, prepared, trained, exported.exports, decision, champion.get("version"),
-                                       get_run_logger())
+                                       run, get_run_logger())
+    handoff.pop("version", None)
     serve = handoff.pop("serve", None) or serve
     return Registered(**decision, exports=exported.exports, export_note=exported.note,
                       serving_champion=champion.get("version"), serve=serve, **handoff,
@@ -245,7 +246,9 @@ def regenerate_and_train(config: str = "configs/toy.yaml", overrides: list[str] 
         served, offline, retrain = freshness.before_training(cfg, parent, prepared, get_run_logger())
         if not retrain.train:
             return skip_night(cfg, parent, {"prepare": prepared.to_dict(), "monitor": served, "drift": offline,
-                                            "retrain": retrain.to_dict(), "mlflow_parent_run": parent.run_id})
+                                            "retrain": retrain.to_dict(), "mlflow_parent_run": parent.run_id,
+                                            "handoff": freshness.serve_champion(cfg, parent, prepared,
+                                                                                get_run_logger())})
         warm = ""  # a champion that cannot be loaded: why this night trains from scratch
         if cfg.train.init_from == "champion":  # warm start: the registered champion's draft directory
             init_from, warm = freshness.champion_draft(cfg, parent, get_run_logger())

@@ -83,36 +83,38 @@ def exports_root(cfg: RunConfig) -> Path:
     return Path(cfg.handoff.exports or Path(cfg.workdir) / "exports").absolute()
 
 
-def hand_off(cfg: RunConfig, prepared: Prepared, trained: Trained, exports: dict[str, str],
+def hand_off(cfg: RunConfig, target: str, draft: str, exports: dict[str, str],
              decision: dict[str, Any]) -> dict[str, Any]:
-    """The promoted draft to ``<handoff.exports>/current`` (``specdraft.handoff``), the previous one kept; its
+    """The promoted ``draft`` to ``<handoff.exports>/current`` (``specdraft.handoff``), the previous one kept; its
     serve commands point at ``current``; the monitor's promotion value reset to the engine's acceptance length
     when one was measured (else the next served period sets it)."""
     from specdraft.export import serve_commands
     from specdraft.handoff import publish, stable_exports
 
     root = exports_root(cfg)
-    current = publish(root, trained.draft, exports, meta={"version": decision["version"],
-                                                          "model": decision["model_name"], "target": prepared.target})
+    current = publish(root, draft, exports, meta={"version": decision["version"], "model": decision["model_name"],
+                                                  "target": target})
     if cfg.monitor.metrics_url:
         from specdraft.monitor import record_promotion
 
         record_promotion(monitor_state(cfg), decision.get("mean_engine_tau"), decision["version"])
-    serve = serve_commands(stable_exports(root), prepared.target, cfg.register.serving.speculative_tokens)
+    serve = serve_commands(stable_exports(root), target, cfg.register.serving.speculative_tokens)
     restart = ("restart the server to load it (vLLM loads its draft at start): "
                + (serve.get("vllm") or f"point the server's draft at {current}/<format>"))
     return {"handoff": str(current), "restart": restart, "serve": serve}
 
 
-def settle_handoff(cfg: RunConfig, prepared: Prepared, trained: Trained, exports: dict[str, str],
-                   decision: dict[str, Any], champion: int | None,
+def settle_handoff(cfg: RunConfig, prepared: Prepared, trained: Trained | None, exports: dict[str, str],
+                   decision: dict[str, Any] | None, champion: int | None, parent: MlflowLogger | NullRun | None = None,
                    logger: logging.Logger | Any = logging.getLogger(__name__)) -> dict[str, Any]:
-    """The register stage's hand-off (``handoff.enabled``): the served draft (``current/handoff.json``'s version)
-    made the registry's ``champion`` (the version holding the alias now) when it is this run's draft — a new
-    promotion, or a rerun of a night whose hand-off was killed (its draft "already registered" and champion, but
-    ``current`` still the old one): the rerun completes it. A rollback is left alone (``previous`` holds the
-    champion). Whatever then still disagrees is ``served_note``, which the summary prints. Returns ``hand_off``'s
-    keys when it handed off, and ``served_version`` (None: nothing served), ``served_note`` ("" when they agree)."""
+    """The served draft (``current/handoff.json``'s version) made the registry's ``champion`` (the version
+    holding the alias now; ``handoff.enabled``). This night's draft when it is the champion — a new promotion, or
+    the rerun of a night whose hand-off was killed (its draft "already registered" and champion, ``current``
+    still the old one): the rerun completes it. Another champion (a night that trained none, or whose hand-off
+    never finished) is downloaded from the registry (``parent``) and handed off. A rollback is left alone
+    (``previous`` holds the champion). Whatever still disagrees is ``served_note``, which the summary prints.
+    Returns ``hand_off``'s keys when it handed off, ``version`` handed off, ``served_version`` (None: nothing
+    served) and ``served_note`` ("" when they agree)."""
     if not cfg.handoff.enabled:
         return {}
     from specdraft.handoff import CURRENT, PREVIOUS, read_meta
@@ -120,26 +122,60 @@ def settle_handoff(cfg: RunConfig, prepared: Prepared, trained: Trained, exports
     root = exports_root(cfg)
     served = read_meta(root / CURRENT).get("version")
     rolled_back = served != champion and champion is not None and read_meta(root / PREVIOUS).get("version") == champion
-    rerun = decision["reason"].startswith("already registered")
     out: dict[str, Any] = {}
-    if decision["promoted"] and champion == decision["version"] and (not rerun or (served != champion
-                                                                                   and not rolled_back)):
-        if rerun:
-            logger.warning("handoff: v%s is the champion but %s/current serves %s: an earlier hand-off did not "
-                           "finish; completing it", champion, root, f"v{served}" if served is not None else "nothing")
-        out = hand_off(cfg, prepared, trained, exports, decision)
-        served = champion
     note = ""
-    if champion is not None and served != champion:
-        if rolled_back:
-            note = (f"{root}/current serves v{served}, rolled back from the champion v{champion} (in previous/): "
-                    f"`specdraft rollback --exports {root}` serves the champion again")
+    if champion is not None and served != champion and not rolled_back:
+        unfinished = f"{root}/current serves {f'v{served}' if served is not None else 'nothing'}"
+        if decision is not None and trained is not None and champion == decision["version"]:
+            if decision["reason"].startswith("already registered"):
+                logger.warning("handoff: v%s is the champion but %s: an earlier hand-off did not finish; "
+                               "completing it", champion, unfinished)
+            out = {**hand_off(cfg, prepared.target, trained.draft, exports, decision), "version": champion}
         else:
-            note = (f"{root}/current serves {f'v{served}' if served is not None else 'nothing'} but the registry's "
-                    f"champion is v{champion} ('{cfg.register.alias}' of {cfg.register.model_name}), which this run "
-                    "did not train: rerun the night that promoted it to complete its hand-off")
+            try:
+                out = _hand_off_registered(cfg, parent, prepared.target)
+                logger.warning("handoff: %s but the champion is v%s: handed off from the registry", unfinished,
+                               champion)
+            except ChampionUnusable as err:
+                note = f"{unfinished} but the registry's champion is v{champion}, which cannot be handed off: {err}"
+        served = out.get("version", served)
+    if champion is not None and served != champion and not note:
+        note = (f"{root}/current serves v{served}, rolled back from the champion v{champion} (in previous/): "
+                f"`specdraft rollback --exports {root}` serves the champion again")
+    if note:
         logger.warning("handoff: %s", note)
     return {**out, "served_version": served, "served_note": note}
+
+
+def _hand_off_registered(cfg: RunConfig, parent: MlflowLogger | NullRun | None, target: str) -> dict[str, Any]:
+    """The registry's champion handed off: its draft (``download_champion``) and exports (``champion_exports``),
+    both downloaded once under ``<workdir>``. ``ChampionUnusable`` when they cannot be had."""
+    from pipelines.registry import champion_exports
+
+    found = download_champion(cfg, parent) if parent is not None else None
+    if found is None:
+        raise ChampionUnusable("no registry to download it from (tracking off)")
+    version, draft = found
+    exported = champion_exports(parent.client, cfg.register.model_name, cfg.register.alias,
+                                Path(cfg.workdir) / "export" / "champion")
+    decision = {"version": int(version.version), "model_name": cfg.register.model_name}
+    return {**hand_off(cfg, exported.get("target") or target, str(draft), exported.get("exports", {}), decision),
+            "version": int(version.version)}
+
+
+def serve_champion(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prepared,
+                   logger: logging.Logger | Any) -> dict[str, Any]:
+    """``settle_handoff`` for a night that registers nothing (it skipped training): the champion handed off from
+    the registry when ``current`` does not serve it (a killed hand-off's rerun skips training: nothing new); {}
+    with tracking or the hand-off off, or no champion."""
+    if not parent.enabled or not cfg.handoff.enabled:
+        return {}
+    from pipelines.registry import current_champion
+
+    champion = current_champion(parent.client, cfg.register.model_name, cfg.register.alias)
+    if champion is None:
+        return {}
+    return settle_handoff(cfg, prepared, None, {}, None, int(champion.version), parent, logger)
 
 
 def monitor_state(cfg: RunConfig) -> Path:

@@ -97,3 +97,53 @@ def test_an_unloadable_champion_is_one_line_and_the_night_trains_from_scratch(ti
                         traffic={"files": {"held_out": str(held_out)}})
     drift = offline_drift(cfg, parent, prepared, log)  # the drift check says so too, and is no alarm
     assert drift["alarm"] is False and drift["message"].startswith(f"not measured: champion v{version}")
+
+
+def test_a_champion_not_served_is_handed_off_from_the_registry(tiny_toy_target, tmp_path):
+    """Issue 44 item 5, a night that registers nothing (it skipped training — as the rerun of a night killed during
+    its hand-off does with ``retrain.policy=when_it_pays``): ``current`` is made the champion from the registry, its
+    draft and exports downloaded. Neighbours: already served (nothing written), a rollback (left alone, said), a
+    champion that cannot be loaded (said, ``current`` kept), tracking or the hand-off off, no champion."""
+    from pipelines.freshness import serve_champion
+    from specdraft.handoff import read_meta, rollback
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    artifacts = tmp_path / "artifacts"
+    parent = MlflowLogger(uri, experiment="champions", artifact_location=str(artifacts))
+    cfg = from_dict(RunConfig, {"workdir": str(tmp_path / "runs"), "tracking": {"uri": uri},
+                                "register": {"model_name": "d"}})
+    prepared = Prepared(target=str(tiny_toy_target), target_id="t", prompts=[], wall_s=0.0)
+    log = logging.getLogger("night")
+    root = tmp_path / "runs" / "exports"
+    assert serve_champion(cfg, parent, prepared, log) == {}  # no champion yet
+    good = save_draft(_draft(tiny_toy_target, list(range(32)), seed=1), tmp_path / "good")
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text('{"architectures": ["Eagle3Speculator"]}')  # what serve commands read
+    first = MlflowLogger(uri, experiment="champions")
+    first.client.log_artifacts(first.run_id, str(export), "export/speculators")
+    v1 = _register(first, good, "d")
+    assert serve_champion(cfg, NullRun(), prepared, log) == {}  # tracking off: no registry to read
+    off = from_dict(RunConfig, {"workdir": str(tmp_path / "runs"), "handoff": {"enabled": False}})
+    assert serve_champion(off, parent, prepared, log) == {}
+    out = serve_champion(cfg, parent, prepared, log)
+    assert out["version"] == int(v1) and out["served_version"] == int(v1) and out["served_note"] == ""
+    assert read_meta(root / "current")["version"] == int(v1) and (root / "current" / "draft" / "model.safetensors").is_file()
+    assert (root / "current" / "speculators" / "config.json").read_text() == '{"architectures": ["Eagle3Speculator"]}'
+    assert str(root / "current" / "speculators") in out["restart"]  # the serve command points at current
+    published = read_meta(root / "current")["published"]
+    again = serve_champion(cfg, parent, prepared, log)
+    assert "handoff" not in again and read_meta(root / "current")["published"] == published
+    v2 = _register(MlflowLogger(uri, experiment="champions"), good, "d")
+    assert serve_champion(cfg, parent, prepared, log)["version"] == int(v2)
+    rollback(root)
+    back = serve_champion(cfg, parent, prepared, log)
+    assert "handoff" not in back and f"rolled back from the champion v{v2}" in back["served_note"]
+    rollback(root)
+    gone = MlflowLogger(uri, experiment="champions")
+    v3 = _register(gone, good, "d")
+    shutil.rmtree(artifacts / gone.run_id)
+    lost = serve_champion(cfg, parent, prepared, log)
+    assert "handoff" not in lost and lost["served_version"] == int(v2)
+    assert f"serves v{v2} but the registry's champion is v{v3}, which cannot be handed off: champion v{v3}" in \
+        lost["served_note"] and "artifacts cannot be downloaded" in lost["served_note"]

@@ -23,7 +23,7 @@ def test_hand_off_publishes_and_resets_the_monitor_baseline(tmp_path):
     (draft / "config.json").write_text("{}")
     trained = Trained(key="t", draft=str(draft), metrics={}, metrics_file="", wall_s=0.0)
     prepared = Prepared(target="/t", target_id="tid", prompts=[], wall_s=0.0)
-    out = hand_off(cfg, prepared, trained, {}, {"version": 7, "model_name": "toy-draft", "mean_engine_tau": 2.4})
+    out = hand_off(cfg, prepared.target, trained.draft, {}, {"version": 7, "model_name": "toy-draft", "mean_engine_tau": 2.4})
     current = tmp_path / "runs" / "exports" / "current"
     assert out["handoff"] == str(current.absolute()) and (current / "draft" / "config.json").is_file()
     assert json.loads((current / "handoff.json").read_text())["version"] == 7
@@ -91,7 +91,8 @@ def _decision(version: int, promoted: bool, rerun: bool) -> dict:
 def test_a_rerun_completes_a_killed_hand_off_and_a_disagreement_is_said(tmp_path, caplog):
     """Issue 44 item 5: a night killed during its hand-off left current/ at v1 while v2 is the champion; its rerun
     ("already registered") completes the hand-off. Neighbours: a new promotion hands off; served == champion: nothing
-    is written again; a rollback is left alone and said; a champion this run did not train is said; off: nothing."""
+    is written again; a rollback is left alone and said; a champion this run did not train and cannot download
+    (no registry) is said (downloaded from one: ``test_champion_load``); off: nothing."""
     cfg = from_dict(RunConfig, {"workdir": str(tmp_path / "runs")})
     prepared = Prepared(target="/t", target_id="tid", prompts=[], wall_s=0.0)
     root = tmp_path / "runs" / "exports"
@@ -112,6 +113,6 @@ def test_a_rerun_completes_a_killed_hand_off_and_a_disagreement_is_said(tmp_path
     rollback(root)
     other = settle_handoff(cfg, prepared, _night(tmp_path, 3), {}, _decision(3, False, False), champion=5)
     assert "handoff" not in other and other["served_version"] == 2
-    assert "serves v2 but the registry's champion is v5" in other["served_note"]
+    assert "serves v2 but the registry's champion is v5, which cannot be handed off: no registry" in other["served_note"]
     off = from_dict(RunConfig, {"workdir": str(tmp_path / "runs"), "handoff": {"enabled": False}})
     assert settle_handoff(off, prepared, v2, {}, _decision(2, True, False), champion=2) == {}
