@@ -121,7 +121,8 @@ def settle_handoff(cfg: RunConfig, prepared: Prepared, trained: Trained | None, 
 
     root = exports_root(cfg)
     served = read_meta(root / CURRENT).get("version")
-    rolled_back = served != champion and champion is not None and read_meta(root / PREVIOUS).get("version") == champion
+    rolled_back = (served is not None and served != champion and champion is not None
+                   and read_meta(root / PREVIOUS).get("version") == champion)
     out: dict[str, Any] = {}
     note = ""
     if champion is not None and served != champion and not rolled_back:
