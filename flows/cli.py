@@ -322,7 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             return interrupted(args.command)
         store_error, worker = _store_error(err), worker_failure(err)
         if store_error is None and worker is None:
-            raise
+            silent = _tracking_failure(err)
+            if silent is None:
+                raise
+            print(f"specdraft {args.command}: {silent}", file=sys.stderr)  # a silent tracking server, named
+            return 1
         log = "" if worker is None else f" (full log: {write_full_log(err, getattr(args, 'out', None), args.command)})"
         if store_error is not None:
             print(f"specdraft {args.command}: store error: {store_error}{log}", file=sys.stderr)
@@ -331,6 +335,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"specdraft {args.command}: failed in a Ray worker: {type(worker).__name__}: {first}{log}",
                   file=sys.stderr)
         return 1
+
+
+def _tracking_failure(err: BaseException) -> str | None:
+    """``pipelines.tracking.tracking_failure`` when MLflow is loaded (only then can it have failed)."""
+    if "mlflow" not in sys.modules:
+        return None
+    from pipelines.tracking import tracking_failure
+
+    return tracking_failure(err)
 
 
 def _store_error(err: BaseException | None):

@@ -206,10 +206,11 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
                                 local={decision["version"]: exported.exports})
     serve = serve_commands(champion.get("exports", {}), champion.get("target") or prepared.target,
                            cfg.register.serving.speculative_tokens)
-    handoff = {}
-    if decision["promoted"] and not decision["reason"].startswith("already registered") and cfg.handoff.enabled:
-        handoff = freshness.hand_off(cfg, prepared, trained, exported.exports, decision)
-        serve = handoff.pop("serve") or serve
+    # the served draft made the champion when it is ours (a rerun completes a killed hand-off), else said
+    handoff = freshness.settle_handoff(cfg, prepared, trained, exported.exports, decision, champion.get("version"),
+                                       run, get_run_logger())
+    handoff.pop("version", None)
+    serve = handoff.pop("serve", None) or serve
     return Registered(**decision, recipe=cfg.train.recipe, exports=exported.exports, export_note=exported.note,
                       serving_champion=champion.get("version"), champion_recipe=champion.get("recipe", ""),
                       serve=serve, **handoff,
@@ -255,10 +256,13 @@ def run_stages(cfg: RunConfig) -> dict[str, Any]:
         served, offline, retrain = freshness.before_training(cfg, parent, prepared, get_run_logger())
         if not retrain.train:
             return skip_night(cfg, parent, {"prepare": prepared.to_dict(), "monitor": served, "drift": offline,
-                                            "retrain": retrain.to_dict(), "mlflow_parent_run": parent.run_id})
+                                            "retrain": retrain.to_dict(), "mlflow_parent_run": parent.run_id,
+                                            "handoff": freshness.serve_champion(cfg, parent, prepared,
+                                                                                get_run_logger())})
+        warm = ""  # a champion that cannot be loaded: why this night trains from scratch
         if cfg.train.init_from == "champion":  # warm start: the registered champion's draft directory
-            data = {**data, "train": {**data["train"], "init_from": freshness.champion_draft(cfg, parent,
-                                                                                             get_run_logger())}}
+            init_from, warm = freshness.champion_draft(cfg, parent, get_run_logger())
+            data = {**data, "train": {**data["train"], "init_from": init_from}}
             cfg = from_dict(RunConfig, data)
         regenerated = [_task(regenerate_stage, retries)(data, tr, prepared, p) for p in prepared.prompts]
         online = cfg.train.features == "online"  # no store: training runs the target on every batch
@@ -277,7 +281,7 @@ def run_stages(cfg: RunConfig) -> dict[str, Any]:
     result = {"prepare": prepared.to_dict(), "regenerate": [r.to_dict() for r in regenerated],
               "features": [s.to_dict() for s in stores], "train": trained.to_dict(), "eval": evaluated.to_dict(),
               "register": registered.to_dict(), "monitor": served, "drift": offline, "retrain": retrain.to_dict(),
-              "mlflow_parent_run": parent.run_id}
+              "warm": warm, "mlflow_parent_run": parent.run_id}
     try:
         result.update(report_run(cfg, parent, result))
     finally:

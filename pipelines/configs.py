@@ -186,6 +186,14 @@ class TrackingConfig:
     uri: str | None = None  # None: MLFLOW_TRACKING_URI or sqlite:///./mlflow.db
     experiment: str = DEFAULT_EXPERIMENT
     artifact_location: str | None = None  # where a newly created experiment stores artifacts
+    # the longest one call to a tracking server may wait, its retry included (``pipelines.tracking.bound_requests``;
+    # MLflow's own: 120 s a try, 8 tries with backoff — over 10 minutes on a server that accepts and never answers)
+    timeout_s: int = 30
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.timeout_s, int) or isinstance(self.timeout_s, bool) or self.timeout_s < 2:
+            raise ConfigError(f"tracking.timeout_s={self.timeout_s!r}: whole seconds, at least 2 (two tries of "
+                              "half of it each)")
 
     def resolved_uri(self) -> str:
         return self.uri or default_tracking_uri()

@@ -78,25 +78,105 @@ def window_gate(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evalu
     return gate
 
 
-def hand_off(cfg: RunConfig, prepared: Prepared, trained: Trained, exports: dict[str, str],
+def exports_root(cfg: RunConfig) -> Path:
+    """The hand-off directory: ``handoff.exports``, else ``<workdir>/exports``."""
+    return Path(cfg.handoff.exports or Path(cfg.workdir) / "exports").absolute()
+
+
+def hand_off(cfg: RunConfig, target: str, draft: str, exports: dict[str, str],
              decision: dict[str, Any]) -> dict[str, Any]:
-    """The promoted draft to ``<handoff.exports>/current`` (``specdraft.handoff``), the previous one kept; its
+    """The promoted ``draft`` to ``<handoff.exports>/current`` (``specdraft.handoff``), the previous one kept; its
     serve commands point at ``current``; the monitor's promotion value reset to the engine's acceptance length
     when one was measured (else the next served period sets it)."""
     from specdraft.export import serve_commands
     from specdraft.handoff import publish, stable_exports
 
-    root = Path(cfg.handoff.exports or Path(cfg.workdir) / "exports").absolute()
-    current = publish(root, trained.draft, exports, meta={"version": decision["version"],
-                                                          "model": decision["model_name"], "target": prepared.target})
+    root = exports_root(cfg)
+    current = publish(root, draft, exports, meta={"version": decision["version"], "model": decision["model_name"],
+                                                  "target": target})
     if cfg.monitor.metrics_url:
         from specdraft.monitor import record_promotion
 
         record_promotion(monitor_state(cfg), decision.get("mean_engine_tau"), decision["version"])
-    serve = serve_commands(stable_exports(root), prepared.target, cfg.register.serving.speculative_tokens)
+    serve = serve_commands(stable_exports(root), target, cfg.register.serving.speculative_tokens)
     restart = ("restart the server to load it (vLLM loads its draft at start): "
                + (serve.get("vllm") or f"point the server's draft at {current}/<format>"))
     return {"handoff": str(current), "restart": restart, "serve": serve}
+
+
+def settle_handoff(cfg: RunConfig, prepared: Prepared, trained: Trained | None, exports: dict[str, str],
+                   decision: dict[str, Any] | None, champion: int | None, parent: MlflowLogger | NullRun | None = None,
+                   logger: logging.Logger | Any = logging.getLogger(__name__)) -> dict[str, Any]:
+    """The served draft (``current/handoff.json``'s version) made the registry's ``champion`` (the version
+    holding the alias now; ``handoff.enabled``). This night's draft when it is the champion — a new promotion, or
+    the rerun of a night whose hand-off was killed (its draft "already registered" and champion, ``current``
+    still the old one): the rerun completes it. Another champion (a night that trained none, or whose hand-off
+    never finished) is downloaded from the registry (``parent``) and handed off. A rollback is left alone
+    (``previous`` holds the champion). Whatever still disagrees is ``served_note``, which the summary prints.
+    Returns ``hand_off``'s keys when it handed off, ``version`` handed off, ``served_version`` (None: nothing
+    served) and ``served_note`` ("" when they agree)."""
+    if not cfg.handoff.enabled:
+        return {}
+    from specdraft.handoff import CURRENT, PREVIOUS, read_meta
+
+    root = exports_root(cfg)
+    served = read_meta(root / CURRENT).get("version")
+    rolled_back = (served is not None and served != champion and champion is not None
+                   and read_meta(root / PREVIOUS).get("version") == champion)
+    out: dict[str, Any] = {}
+    note = ""
+    if champion is not None and served != champion and not rolled_back:
+        unfinished = f"{root}/current serves {f'v{served}' if served is not None else 'nothing'}"
+        if decision is not None and trained is not None and champion == decision["version"]:
+            if decision["reason"].startswith("already registered"):
+                logger.warning("handoff: v%s is the champion but %s: an earlier hand-off did not finish; "
+                               "completing it", champion, unfinished)
+            out = {**hand_off(cfg, prepared.target, trained.draft, exports, decision), "version": champion}
+        else:
+            try:
+                out = _hand_off_registered(cfg, parent, prepared.target)
+                logger.warning("handoff: %s but the champion is v%s: handed off from the registry", unfinished,
+                               champion)
+            except ChampionUnusable as err:
+                note = f"{unfinished} but the registry's champion is v{champion}, which cannot be handed off: {err}"
+        served = out.get("version", served)
+    if champion is not None and served != champion and not note:
+        note = (f"{root}/current serves v{served}, rolled back from the champion v{champion} (in previous/): "
+                f"`specdraft rollback --exports {root}` serves the champion again")
+    if note:
+        logger.warning("handoff: %s", note)
+    return {**out, "served_version": served, "served_note": note}
+
+
+def _hand_off_registered(cfg: RunConfig, parent: MlflowLogger | NullRun | None, target: str) -> dict[str, Any]:
+    """The registry's champion handed off: its draft (``download_champion``) and exports (``champion_exports``),
+    both downloaded once under ``<workdir>``. ``ChampionUnusable`` when they cannot be had."""
+    from pipelines.registry import champion_exports
+
+    found = download_champion(cfg, parent) if parent is not None else None
+    if found is None:
+        raise ChampionUnusable("no registry to download it from (tracking off)")
+    version, draft = found
+    exported = champion_exports(parent.client, cfg.register.model_name, cfg.register.alias,
+                                Path(cfg.workdir) / "export" / "champion")
+    decision = {"version": int(version.version), "model_name": cfg.register.model_name}
+    return {**hand_off(cfg, exported.get("target") or target, str(draft), exported.get("exports", {}), decision),
+            "version": int(version.version)}
+
+
+def serve_champion(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prepared,
+                   logger: logging.Logger | Any) -> dict[str, Any]:
+    """``settle_handoff`` for a night that registers nothing (it skipped training): the champion handed off from
+    the registry when ``current`` does not serve it (a killed hand-off's rerun skips training: nothing new); {}
+    with tracking or the hand-off off, or no champion."""
+    if not parent.enabled or not cfg.handoff.enabled:
+        return {}
+    from pipelines.registry import current_champion
+
+    champion = current_champion(parent.client, cfg.register.model_name, cfg.register.alias)
+    if champion is None:
+        return {}
+    return settle_handoff(cfg, prepared, None, {}, None, int(champion.version), parent, logger)
 
 
 def monitor_state(cfg: RunConfig) -> Path:
@@ -169,38 +249,61 @@ def remember_trained(cfg: RunConfig, prepared: Prepared) -> None:
         files.write_text(trained_state(cfg), Path(current).read_text())
 
 
+class ChampionUnusable(ValueError):
+    """A registered champion this night cannot load: its draft's artifacts gone, or files or tensors missing from
+    them. One line naming the version and what is missing."""
+
+
 def download_champion(cfg: RunConfig, parent: MlflowLogger | NullRun):
     """(the champion's model version, its draft directory downloaded once to ``<workdir>/champion/v<version>``),
-    or None with no registry (tracking off) or no champion yet."""
+    or None with no registry (tracking off) or no champion yet. ``ChampionUnusable`` when its artifacts cannot be
+    downloaded or the draft lacks what loading it needs (``specdraft.run.warm_start_gap``: the vocabulary maps)."""
+    from mlflow.exceptions import MlflowException
+
     from pipelines.registry import current_champion, download_draft, version_uri
     from specdraft import files
+    from specdraft.run import warm_start_gap
 
     if not parent.enabled:
         return None
     version = current_champion(parent.client, cfg.register.model_name, cfg.register.alias)
     if version is None:
         return None
+    uri = version_uri(cfg.register.model_name, version.version)
     out = (Path(cfg.workdir) / "champion" / f"v{version.version}").absolute()
     if not (out / "model.safetensors").is_file():
-        with tempfile.TemporaryDirectory() as tmp, files.write_directory(out) as new:
-            local, _ = download_draft(parent.client, version_uri(cfg.register.model_name, version.version), tmp)
-            for item in Path(local).iterdir():
-                item.rename(new / item.name)
+        try:
+            with tempfile.TemporaryDirectory() as tmp, files.write_directory(out) as new:
+                local, _ = download_draft(parent.client, uri, tmp)
+                for item in Path(local).iterdir():
+                    item.rename(new / item.name)
+        except (MlflowException, OSError) as err:
+            first = (str(getattr(err, "message", err)).strip().splitlines() or [""])[0]
+            raise ChampionUnusable(f"champion v{version.version} ({uri}): its draft's artifacts cannot be "
+                                   f"downloaded from {version.source} ({type(err).__name__}: {first})") from None
+    gap = warm_start_gap(out)
+    if gap:
+        raise ChampionUnusable(f"champion v{version.version} ({uri}, downloaded to {out}): {gap}")
     return version, out
 
 
-def champion_draft(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: logging.Logger | Any) -> str:
-    """``train.init_from=champion`` resolved: the registered champion's draft directory (``download_champion``: a
-    new champion is a new training input); "" — train from scratch, said in the log — when there is no registry
-    (tracking off) or no champion yet."""
-    found = download_champion(cfg, parent)
+def champion_draft(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: logging.Logger | Any) -> tuple[str, str]:
+    """``train.init_from=champion`` resolved: (the registered champion's draft directory — ``download_champion``: a
+    new champion is a new training input —, ""); or ("", why) — train from scratch, said in the log as one line,
+    and ``why`` for the summary when it is news — with no registry (tracking off), no champion yet, or a champion
+    that cannot be loaded (``ChampionUnusable``: the version and what is missing)."""
+    try:
+        found = download_champion(cfg, parent)
+    except ChampionUnusable as err:
+        logger.warning("train.init_from=champion: %s: training from scratch", err)
+        return "", f"{err}: trained from scratch"
     if found is None:
         logger.warning("train.init_from=champion: %s: from scratch", "no champion yet" if parent.enabled else
                        "tracking is off, no registry to find the champion in")
-        return ""
+        return "", ""
     version, out = found
     logger.info("train.init_from=champion: warm start from v%s (%s)", version.version, out)
-    return str(out)
+    return str(out), ""
 
 
 BASELINE_TAG = "offline.window_tau_at_promotion"
@@ -220,7 +323,11 @@ def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prep
     held_out = (prepared.traffic.get("files") or {}).get("held_out")
     if not cfg.monitor.offline or not held_out:
         return {}
-    found = download_champion(cfg, parent)
+    try:
+        found = download_champion(cfg, parent)
+    except ChampionUnusable as err:  # said here, and by the warm start when it asks
+        logger.warning("drift: %s: not measured", err)
+        return {"alarm": False, "message": f"not measured: {err}"}
     if found is None:
         return {}
     from pipelines.registry import version_uri

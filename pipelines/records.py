@@ -156,4 +156,6 @@ class Registered(Record):
     gate: dict[str, Any] = field(default_factory=dict)  # specdraft.gate.GateDecision.to_dict() (gate.enabled)
     handoff: str = ""  # <exports>/current when this version was handed off to serving now
     restart: str = ""  # what a server needs to do to serve what was handed off
+    served_version: int | None = None  # the version <exports>/current serves after this run (None: none, or off)
+    served_note: str = ""  # why the served draft is not the champion ("" when it is): the summary says it
     wall_s: float = 0.0

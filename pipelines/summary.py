@@ -260,18 +260,31 @@ def fresh_rows(result: dict[str, Any], registered: Registered | None) -> list[tu
     retrain = result.get("retrain") or {}
     if retrain and retrain["reason"] != "retrain.policy=always":
         rows.append(("retrain", retrain["reason"]))
-    if registered is None:  # a night that did not train
-        return rows
+    if registered is None:  # a night that did not train: the champion handed off from the registry, or not
+        handoff = result.get("handoff") or {}
+        return rows + handoff_rows(handoff.get("version"), handoff.get("handoff", ""), handoff.get("restart", ""),
+                                   handoff.get("served_note", ""))
+    if result.get("warm"):  # train.init_from=champion and the champion could not be loaded
+        rows.append(("warm", f"warning: {result['warm']}"))
     rows += warm_rows(Path(result["train"]["draft"]).parent if result.get("train") else None)
     for c in (registered.gate or {}).get("comparisons", []):
         values = (f"candidate {_f(c['candidate'], 4)} vs champion {_f(c['champion'], 4)}"
                   + (f" ({c['change']:+.1%}, bound {c['bound']:+.1%})" if c["change"] is not None else ""))
         rows.append(("gate", f"{c['slice']}: {values}: {'pass' if c['passed'] else 'FAIL'}"
                              + (f" ({c['note']})" if c["note"] else "")))
-    if registered.handoff:
-        rows += [("handoff", f"v{registered.version} is {registered.handoff} (the one before it: previous/)"),
-                 ("rollback", f"specdraft rollback --exports {registered.handoff.rsplit('/', 1)[0]}"),
-                 ("restart", registered.restart)]
+    version = registered.version if registered.served_version is None else registered.served_version
+    return rows + handoff_rows(version, registered.handoff, registered.restart, registered.served_note)
+
+
+def handoff_rows(version: int | None, handoff: str, restart: str, served_note: str) -> list[tuple[str, str]]:
+    """The hand-off (``version`` now at ``handoff``: <exports>/current; "" when none) and, when the served draft
+    is not the champion, why — never silent (``pipelines.freshness.settle_handoff``)."""
+    rows = []
+    if handoff:
+        rows += [("handoff", f"v{version} is {handoff} (the one before it: previous/)"),
+                 ("rollback", f"specdraft rollback --exports {handoff.rsplit('/', 1)[0]}"), ("restart", restart)]
+    if served_note:
+        rows.append(("served", f"warning: {served_note}"))
     return rows
 
 

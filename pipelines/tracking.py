@@ -47,8 +47,12 @@ class MlflowLogger:
         parent_run_id: str | None = None,
         tags: dict[str, str] | None = None,
         artifact_location: str | None = None,
+        timeout_s: int | None = None,
     ):
         self.uri = uri
+        self.timeout_s = timeout_s
+        if timeout_s is not None:  # every request of this process bounded (``bound_requests``)
+            bound_requests(timeout_s)
         self.client = MlflowClient(tracking_uri=uri)
         self._owns_run = run_id is None  # a run attached by id is ended by whoever created it
         if run_id is None:
@@ -96,8 +100,8 @@ class MlflowLogger:
         self.client.log_artifact(self.run_id, str(local_file), artifact_path)
 
     def ref(self) -> dict[str, str]:
-        """What another process needs to attach to this run (``MlflowLogger(uri, run_id=...)``)."""
-        return {"uri": self.uri, "run_id": self.run_id}
+        """What another process needs to attach to this run (``MlflowLogger(uri, run_id=..., timeout_s=...)``)."""
+        return {"uri": self.uri, "run_id": self.run_id, "timeout_s": self.timeout_s}
 
     def close(self, status: str = "FINISHED") -> None:
         if not self._closed and self._owns_run:
@@ -139,17 +143,21 @@ class NullRun:
 CHECK_TIMEOUT_S = 5.0  # how long a tracking server has to answer before any work starts
 
 
-def check_tracking(cfg: TrackingConfig, *, lookup: bool = False, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+def check_tracking(cfg: TrackingConfig, *, lookup: bool = False, timeout_s: float | None = None) -> None:
     """Refuse, before any work, a tracking URI that cannot serve the command: one ``ConfigError`` line naming it
-    (exit 2) instead of MLflow's minutes of retries and a message about something else.
+    (exit 2) instead of MLflow's minutes of retries and a message about something else; and bound every later
+    request of the command (``bound_requests``: ``tracking.timeout_s``).
 
-    An ``http(s)`` server must answer (its ``/health``, any HTTP status) within ``timeout_s``; a ``sqlite`` file's
-    directory must exist, and with ``lookup`` (reading what is registered: ``export --model-uri``) the file itself —
-    a lookup never creates an empty ``mlflow.db``. Disabled tracking is not checked."""
+    An ``http(s)`` server must answer (its ``/health``, any HTTP status) within ``timeout_s`` (default: 5 s, or
+    ``tracking.timeout_s`` when less); a ``sqlite`` file's directory must exist, and with ``lookup`` (reading what
+    is registered: ``export --model-uri``) the file itself — a lookup never creates an empty ``mlflow.db``.
+    Disabled tracking is not checked."""
     from specdraft.config import ConfigError
 
     if not cfg.enabled:
         return
+    bound_requests(cfg.timeout_s)
+    timeout_s = min(CHECK_TIMEOUT_S, cfg.timeout_s) if timeout_s is None else timeout_s
     uri = cfg.resolved_uri()
     scheme = urlparse(uri).scheme
     if scheme in ("http", "https"):
@@ -177,6 +185,41 @@ def open_run(cfg: TrackingConfig, **kwargs: Any) -> MlflowLogger | NullRun:
     """A new run for ``cfg`` (``kwargs``: run_name, parent_run_id, tags), or a ``NullRun`` when tracking is disabled."""
     if not cfg.enabled:
         return NullRun()
-    return MlflowLogger(
-        cfg.resolved_uri(), experiment=cfg.experiment, artifact_location=cfg.artifact_location, **kwargs
-    )
+    return MlflowLogger(cfg.resolved_uri(), experiment=cfg.experiment, artifact_location=cfg.artifact_location,
+                        timeout_s=cfg.timeout_s, **kwargs)
+
+
+# MLflow reads these at every request (mlflow/environment_variables.py, mlflow/utils/rest_utils.py http_request)
+REQUEST_ENV = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+               "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER")
+
+
+def bound_requests(timeout_s: int) -> None:
+    """Every MLflow HTTP request of this process — and of the processes it starts afterwards (a local Ray
+    cluster's workers inherit the environment) — waits at most ``timeout_s`` (``tracking.timeout_s``) in all: two
+    tries of half of it each, no backoff. Set in MLflow's environment variables (``REQUEST_ENV``), which the
+    setting overrides."""
+    os.environ.update(dict(zip(REQUEST_ENV, (str(max(1, timeout_s // 2)), "1", "0", "0"))))
+    _BOUND["timeout_s"] = timeout_s
+
+
+_BOUND: dict[str, int] = {}  # the bound this process applied last (``tracking_failure`` names it)
+
+
+def tracking_failure(err: BaseException) -> str | None:
+    """One line for an MLflow request that failed on a silent or unreachable server (``err`` or an exception it
+    was raised from): the server's URL as MLflow named it, and the bound; None for any other error."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        text = str(err)
+        if type(err).__name__ == "MlflowException" and text.startswith("API request to "):
+            url = text.removeprefix("API request to ").split(" ", 1)[0]
+            timed_out = "timeout" in text.lower() or "timed out" in text.lower()
+            bound = f"tracking.timeout_s={_BOUND['timeout_s']} s" if _BOUND else "MLflow's own timeout"
+            why = f"did not answer within {bound}" if timed_out else "could not be reached"
+            server = "/".join(url.split("/")[:3])
+            return (f"the tracking server {server} {why} ({url}) — check it, raise tracking.timeout_s, or pass "
+                    "tracking.enabled=false")
+        err = err.__cause__ or err.__context__
+    return None

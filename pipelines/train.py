@@ -64,7 +64,7 @@ class WorkerConfig:
     target_fingerprint: str | None = None  # the target's content fingerprint (None: each worker computes it)
     plan: RunPlan  # what the run trains, resolved on the driver (``specdraft.plan.build_plan``)
     stores: list[str] = field(default_factory=list)  # offline: the feature stores (paths or URLs)
-    tracking: dict[str, str] | None = None  # {"uri", "run_id"} of the MLflow run rank 0 logs into
+    tracking: dict[str, Any] | None = None  # {"uri", "run_id", "timeout_s"} of the MLflow run rank 0 logs into
     fail_at_step: int | None = None  # fault injection (tests, failure drills)
 
 
@@ -209,7 +209,7 @@ def _rank0_logger(job: WorkerConfig):
     if job.tracking:
         from pipelines.tracking import MlflowLogger
 
-        loggers.append(MlflowLogger(job.tracking["uri"], run_id=job.tracking["run_id"]))
+        loggers.append(MlflowLogger(**job.tracking))  # MlflowLogger.ref(): uri, run_id, timeout_s
     return MultiLogger(*loggers)
 
 

@@ -29,6 +29,7 @@ from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
 from specdraft.features import aux_layers_of
 from specdraft.loggers import MetricLogger, NullLogger
 from specdraft.models import (
+    ARCHS,
     EMBED_KEY,
     LM_HEAD_KEY,
     DraftConfig,
@@ -201,6 +202,33 @@ def load_warm(draft, init_from: str | Path) -> None:
     if missing or unexpected:
         raise ValueError(f"train.init_from={init_from}: weights do not match (missing={missing}, "
                          f"unexpected={unexpected})")
+
+
+def warm_start_gap(init_from: str | Path) -> str:
+    """What the draft directory ``init_from`` lacks to be warm-started from (``load_warm``, ``draft_vocab_ids``):
+    "" when nothing; else one phrase — a file missing or unreadable, or the tensors its own config says it holds
+    that ``model.safetensors`` does not (the vocabulary maps ``heads.d2t``/``heads.t2d`` of a draft vocabulary
+    named as such). Reads the safetensors header only; the draft is built on the meta device (no memory)."""
+    from safetensors import safe_open
+
+    path = Path(init_from)
+    absent = [name for name in ("config.json", "model.safetensors") if not (path / name).is_file()]
+    if absent:
+        return f"{' and '.join(absent)} missing"
+    try:
+        config = read_draft_config(path)
+        with safe_open(str(path / "model.safetensors"), framework="pt") as fh:
+            present = set(fh.keys())
+    except Exception as err:  # a truncated file, a bad config: safetensors and the config reader raise their own
+        return f"unreadable ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    with torch.device("meta"):
+        expected = set(ARCHS[config.arch](config).state_dict())
+    missing = sorted(expected - present)
+    maps = [key for key in missing if key.rsplit(".", 1)[-1] in ("d2t", "t2d")]
+    others = [key for key in missing if key not in maps]
+    said = ([f"its draft vocabulary maps {', '.join(maps)}"] if maps else []) + (
+        [f"{len(others)} weight tensors ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''})"] if others else [])
+    return f"{' and '.join(said)} missing from model.safetensors" if said else ""
 
 
 def warm_start(cfg: TrainConfig, vocab: list[int] | tuple[int, ...] | None) -> bool:

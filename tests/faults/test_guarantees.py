@@ -110,6 +110,12 @@ def tracking_unreachable(tmp: Path) -> list[str]:
             f"http://127.0.0.1:{sock.getsockname()[1]}", "--out", str(tmp / "exp")]
 
 
+def handoff_not_ours(tmp: Path) -> list[str]:
+    for name in ("current", "previous"):  # a user's directory, not a hand-off's
+        (tmp / "served" / name).mkdir(parents=True)
+    return ["rollback", "--exports", str(tmp / "served")]
+
+
 def model_uri_without_registry(tmp: Path) -> list[str]:
     return ["export", "--model-uri", "models:/specdraft@champion", "--tracking-uri", f"sqlite:///{tmp / 'mlflow.db'}",
             "--out", str(tmp / "exp")]
@@ -127,8 +133,10 @@ RUN: dict[str, Callable[[Path], list[str]]] = {
     "config-error": config_error, "unloadable-target": unloadable_target,
     "zero-size": zero_size,
     "tracking-unreachable": tracking_unreachable, "model-uri-without-registry": model_uri_without_registry,
+    "handoff-not-ours": handoff_not_ours,
 }
 BY_ITS_TEST = {"wrong-target", "corrupt-chunk", "ctrl-c", "ray-worker-failure",  # a training run or Ray
+               "tracking-silent",  # seconds of waiting on a silent server: its own test waits them once
                "config-disagrees-with-weights", "corrupt-parquet", "pickle-target", "empty-input",
                "questions-in-no-format"}  # a model or draft built first
 

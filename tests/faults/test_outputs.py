@@ -334,3 +334,28 @@ def test_a_run_workdir_is_the_runs_own_after_overwrite_or_an_earlier_run(inputs,
     for workdir in (target, root):
         with pytest.raises(OutputError, match=f"the input target.path {target}"):
             check_workdir(cfg(workdir, target), overwrite=True)
+
+
+def test_run_refuses_a_hand_off_directory_it_did_not_write(inputs, tmp_path, capsys):
+    """``handoff.exports`` naming a user's directory holding current/ and previous/ (issue 44 item 5): `specdraft
+    run` refuses it in one line, exit 2, before any work, and leaves it untouched; with ``handoff.enabled=false``
+    the directory is not the run's business and not checked."""
+    from flows.preflight import check_run
+    from pipelines.configs import RunConfig
+    from specdraft.config import load
+
+    users = tmp_path / "served"
+    for name in ("current", "previous"):
+        user_dir(users / name)
+    before = snapshot(users)
+    assert main(run_argv(tmp_path / "runs", inputs, f"handoff.exports={users}")) == 2
+    err = one_line_error(capsys)
+    assert err.startswith(f"specdraft run: handoff.exports={users} is not empty") and "not a hand-off" in err, err
+    assert snapshot(users) == before and not (tmp_path / "runs").exists()
+    argv = [f"workdir={tmp_path / 'runs'}", "target.path=", f"data.prompts=[{inputs['convs']}]",
+            f"handoff.exports={users}"]
+    check_run(load(RunConfig, None, [*argv, "handoff.enabled=false"]))
+    with pytest.raises(OutputError, match="not a hand-off directory"):
+        check_run(load(RunConfig, None, argv))
+    check_run(load(RunConfig, None, [*argv[:-1], f"handoff.exports={tmp_path / 'new'}"]))
+    assert snapshot(users) == before and not (tmp_path / "new").exists()

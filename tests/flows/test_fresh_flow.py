@@ -96,3 +96,15 @@ def test_two_nights_on_traffic(local_ray, tiny_toy_target, tmp_path):
     # the offline drift series drawn in the report
     html = Path(second["report"]).read_text()
     assert html.split("<h2>Offline drift</h2>")[1].lstrip().startswith('<img src="data:image/png;base64,')
+    # a night killed during its hand-off (issue 44 item 5): current/ is not the champion. Its rerun (here a new
+    # training input: init_from=champion names the version promoted before the kill) ends with current/ serving the
+    # champion — this night's draft, or the champion's downloaded from the registry — and no `served` warning
+    import shutil
+
+    shutil.rmtree(current.parent / "current")
+    rerun = regenerate_and_train(config=config, overrides=args + ["train.seed=1", "train.init_from=champion",
+                                                                  "train.init_min_coverage=0.0", "monitor.offline=true"])
+    assert rerun["register"]["served_note"] == ""
+    champion = rerun["register"]["serving_champion"]
+    assert json.loads((current / "handoff.json").read_text())["version"] == champion == rerun["register"]["served_version"]
+    assert "served    warning" not in rerun["summary"]

@@ -25,7 +25,8 @@ def test_a_night_without_new_data_or_drift_skips_training(tmp_path):
     state = work / "traffic" / "trained_rows.json"
     state.write_text(Path(prepared.traffic["files"]["trained_rows"]).read_text())
     result = regenerate_and_train(config=CONFIG, overrides=args)
-    assert set(result) == {"prepare", "monitor", "drift", "retrain", "mlflow_parent_run", "summary", "report"}
+    assert set(result) == {"prepare", "monitor", "drift", "retrain", "mlflow_parent_run", "handoff", "summary", "report"}
+    assert result["handoff"] == {}  # tracking off: no champion to serve
     assert not result["retrain"]["train"] and result["retrain"]["new_rows"] == 0
     text = result["summary"]
     assert text.splitlines()[0] == "== specdraft run 'toy': night skipped: no training =="

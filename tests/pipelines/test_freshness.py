@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import logging
 
-from pipelines.freshness import hand_off, monitor_state, observe_served
+from pipelines.freshness import hand_off, monitor_state, observe_served, settle_handoff
 from pipelines.records import Prepared, Trained
 from pipelines.tracking import NullRun
 from pipelines.stages import RunConfig
 from specdraft.config import from_dict
 from benchmarks.processes import free_port
+from specdraft.handoff import publish, read_meta, rollback
 
 
 def test_hand_off_publishes_and_resets_the_monitor_baseline(tmp_path):
@@ -22,7 +23,7 @@ def test_hand_off_publishes_and_resets_the_monitor_baseline(tmp_path):
     (draft / "config.json").write_text("{}")
     trained = Trained(key="t", draft=str(draft), metrics={}, metrics_file="", wall_s=0.0)
     prepared = Prepared(target="/t", target_id="tid", prompts=[], wall_s=0.0)
-    out = hand_off(cfg, prepared, trained, {}, {"version": 7, "model_name": "toy-draft", "mean_engine_tau": 2.4})
+    out = hand_off(cfg, prepared.target, trained.draft, {}, {"version": 7, "model_name": "toy-draft", "mean_engine_tau": 2.4})
     current = tmp_path / "runs" / "exports" / "current"
     assert out["handoff"] == str(current.absolute()) and (current / "draft" / "config.json").is_file()
     assert json.loads((current / "handoff.json").read_text())["version"] == 7
@@ -73,3 +74,45 @@ def test_the_offline_drift_series_reaches_the_report_as_plain_data(tmp_path):
     empty = render_report(summary, training=[], eval_report=None, history=[], drift=[])
     assert "no offline drift measured yet" in empty
     assert "Offline drift" not in render_report(summary, training=[], eval_report=None, history=[])  # check off
+
+
+def _night(tmp_path, version: int) -> Trained:
+    draft = tmp_path / f"draft-{version}"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"version": version}))
+    return Trained(key=f"t{version}", draft=str(draft), metrics={}, metrics_file="", wall_s=0.0)
+
+
+def _decision(version: int, promoted: bool, rerun: bool) -> dict:
+    reason = f"already registered (same trained draft) as v{version} by run r" if rerun else "tau 3 > champion 2"
+    return {"version": version, "model_name": "toy-draft", "promoted": promoted, "reason": reason}
+
+
+def test_a_rerun_completes_a_killed_hand_off_and_a_disagreement_is_said(tmp_path, caplog):
+    """Issue 44 item 5: a night killed during its hand-off left current/ at v1 while v2 is the champion; its rerun
+    ("already registered") completes the hand-off. Neighbours: a new promotion hands off; served == champion: nothing
+    is written again; a rollback is left alone and said; a champion this run did not train and cannot download
+    (no registry) is said (downloaded from one: ``test_champion_load``); off: nothing."""
+    cfg = from_dict(RunConfig, {"workdir": str(tmp_path / "runs")})
+    prepared = Prepared(target="/t", target_id="tid", prompts=[], wall_s=0.0)
+    root = tmp_path / "runs" / "exports"
+    v1, v2 = _night(tmp_path, 1), _night(tmp_path, 2)
+    new = settle_handoff(cfg, prepared, v1, {}, _decision(1, True, False), champion=1)
+    assert new["served_version"] == 1 and new["served_note"] == "" and new["handoff"] == str(root / "current")
+    with caplog.at_level(logging.WARNING):  # the killed night's rerun: its draft is the champion, current is not
+        done = settle_handoff(cfg, prepared, v2, {}, _decision(2, True, True), champion=2)
+    assert done["served_version"] == 2 and done["served_note"] == "" and "did not finish" in caplog.text
+    assert read_meta(root / "current")["version"] == 2 and read_meta(root / "previous")["version"] == 1
+    published = read_meta(root / "current")["published"]
+    again = settle_handoff(cfg, prepared, v2, {}, _decision(2, True, True), champion=2)  # agree: nothing to do
+    assert "handoff" not in again and again["served_note"] == "" and read_meta(root / "current")["published"] == published
+    rollback(root)  # the user went back to v1 on purpose: a rerun does not undo it, and says so
+    back = settle_handoff(cfg, prepared, v2, {}, _decision(2, True, True), champion=2)
+    assert "handoff" not in back and back["served_version"] == 1 and read_meta(root / "current")["version"] == 1
+    assert "rolled back from the champion v2" in back["served_note"] and "specdraft rollback" in back["served_note"]
+    rollback(root)
+    other = settle_handoff(cfg, prepared, _night(tmp_path, 3), {}, _decision(3, False, False), champion=5)
+    assert "handoff" not in other and other["served_version"] == 2
+    assert "serves v2 but the registry's champion is v5, which cannot be handed off: no registry" in other["served_note"]
+    off = from_dict(RunConfig, {"workdir": str(tmp_path / "runs"), "handoff": {"enabled": False}})
+    assert settle_handoff(off, prepared, v2, {}, _decision(2, True, False), champion=2) == {}

@@ -275,6 +275,17 @@ def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
     text = render_text(summarize("toy", records(tmp_path, registered=handed), PLACE, EVAL_REPORT))
     assert "rollback  specdraft rollback --exports /w/exports" in text.splitlines()
     assert f"restart   restart the server to load it (vLLM loads its draft at start): {SERVE}" in text.splitlines()
+    assert "served" not in [line.split()[0] for line in text.splitlines() if line.strip()]  # served == champion
+    note = "/w/exports/current serves v4 but the registry's champion is v5"  # issue 44: never silent
+    apart = Registered(model_name="toy-draft", version=5, run_id="r5", mean_tau=2.7, promoted=True, alias="champion",
+                       reason="already registered (same trained draft) as v5 by run r5", serving_champion=5,
+                       served_version=4, served_note=note)
+    text = render_text(summarize("toy", records(tmp_path, registered=apart), PLACE, EVAL_REPORT))
+    assert f"served    warning: {note}" in text.splitlines()
+    result = records(tmp_path, registered=handed)
+    result["warm"] = "champion v2 (models:/d/2): its draft's artifacts cannot be downloaded: trained from scratch"
+    text = render_text(summarize("toy", result, PLACE, EVAL_REPORT))
+    assert f"warm      warning: {result['warm']}" in text.splitlines()
 
 
 def test_summary_shows_the_offline_drift_check(tmp_path):
@@ -286,3 +297,25 @@ def test_summary_shows_the_offline_drift_check(tmp_path):
     assert "ALARM: the champion's tau on the new window dropped" in text.splitlines()[0]
     assert "ALARM     champion v3 on this window's held-out slice: tau 2.100" in text
     assert "retrain   drift: champion v3" in text
+
+
+def test_a_skipped_nights_summary_says_the_champion_handed_off_or_why_not(tmp_path):
+    """A night that trains nothing still makes ``current`` the champion (``freshness.serve_champion``) and says so;
+    when it cannot, the ``served`` warning; nothing when they agree."""
+    from pipelines.summary import render_skipped
+
+    result = records(tmp_path)
+    result["retrain"] = {"train": False, "reason": "no drift and 0 of 90 rows new: training skipped", "new_rows": 0,
+                         "rows": 90, "drift": False}
+    result["handoff"] = {"version": 6, "handoff": "/w/exports/current", "restart": "restart the server",
+                         "served_version": 6, "served_note": ""}
+    lines = render_skipped("toy", result, PLACE).splitlines()
+    assert "handoff   v6 is /w/exports/current (the one before it: previous/)" in lines
+    assert not [line for line in lines if line.startswith("served")]
+    result["handoff"] = {"served_version": 5, "served_note": "/w/exports/current serves v5 but the registry's "
+                                                              "champion is v6, which cannot be handed off: gone"}
+    lines = render_skipped("toy", result, PLACE).splitlines()
+    assert f"served warning: {result['handoff']['served_note']}" in " ".join(" ".join(lines).split())  # wrapped
+    assert not [line for line in lines if line.startswith("handoff")]
+    result["handoff"] = {}
+    assert not [line for line in render_skipped("toy", result, PLACE).splitlines() if line.startswith(("handoff", "served"))]
