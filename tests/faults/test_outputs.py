@@ -353,7 +353,7 @@ def test_run_refuses_a_hand_off_directory_it_did_not_write(inputs, tmp_path, cap
     assert err.startswith(f"specdraft run: handoff.exports={users} is not empty") and "not a hand-off" in err, err
     assert snapshot(users) == before and not (tmp_path / "runs").exists()
     argv = [f"workdir={tmp_path / 'runs'}", "target.path=", f"data.prompts=[{inputs['convs']}]",
-            f"handoff.exports={users}"]
+            f"eval.questions=[{inputs['questions']}]", f"handoff.exports={users}"]
     check_run(load(RunConfig, None, [*argv, "handoff.enabled=false"]))
     with pytest.raises(OutputError, match="not a hand-off directory"):
         check_run(load(RunConfig, None, argv))
