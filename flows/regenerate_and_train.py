@@ -184,12 +184,9 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
         raise RuntimeError("evaluation produced no tau: nothing to compare, refusing to register")
 
     def evaluate_champion(uri: str) -> tuple[float | None, float | None]:
-        import mlflow
-
-        with tempfile.TemporaryDirectory() as tmp:
-            local = mlflow.artifacts.download_artifacts(uri, dst_path=tmp, tracking_uri=run.uri)
-            champion = stages.evaluate_draft(cfg, prepared, local, f"champion:{uri}")
-            return champion.mean_tau, champion.mean_engine_tau
+        local = freshness.champion_local(cfg, run, uri)  # ChampionUnusable: register_draft says so
+        champion = stages.evaluate_draft(cfg, prepared, str(local), f"champion:{uri}")
+        return champion.mean_tau, champion.mean_engine_tau
 
     exported = stages.export_formats(cfg, prepared, trained.draft, trained.key)
     tags = {"specdraft.arch": exported.arch, "specdraft.recipe": cfg.train.recipe, "specdraft.target": prepared.target,
@@ -199,7 +196,8 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
                               eval_key=evaluated.eval_key, mean_tau=evaluated.mean_tau,
                               taus=evaluated.tau, train_key=trained.key, evaluate_champion=evaluate_champion,
                               mean_tau_pld=evaluated.mean_tau_pld, mean_engine_tau=evaluated.mean_engine_tau,
-                              tags=tags, gate=freshness.window_gate(cfg, run, prepared, trained, evaluated))
+                              tags=tags, gate=freshness.window_gate(cfg, run, prepared, trained, evaluated),
+                              champion_unusable=freshness.champion_unusable(cfg, run, get_run_logger()))
     log_exports(run.client, decision["run_id"], exported.exports)
     champion = champion_exports(run.client, cfg.register.model_name, cfg.register.alias,
                                 Path(cfg.workdir) / "export" / "champion",

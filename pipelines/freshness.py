@@ -17,6 +17,7 @@ from typing import Any
 
 from pipelines import stages
 from pipelines.records import Evaluated, Prepared, Trained
+from pipelines.registry import ChampionUnusable  # noqa: F401 - raised and caught here, imported from here too
 from pipelines.configs import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun
 
@@ -49,15 +50,12 @@ def window_gate(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evalu
     def gate(champion_regression: float | None, champion_uri: str | None):
         champion_window = champion_earlier = None
         if champion_uri is not None and (window_cfg is not None or earlier_cfg is not None):
-            from pipelines.registry import download_draft
-
-            with tempfile.TemporaryDirectory() as tmp:
-                local, _ = download_draft(run.client, champion_uri, tmp)
-                key = f"champion:{champion_uri}"
-                if window_cfg is not None:
-                    champion_window = value(stages.evaluate_draft(window_cfg, prepared, local, key))
-                if earlier_cfg is not None:
-                    champion_earlier = value(stages.evaluate_draft(earlier_cfg, prepared, local, key))
+            local = str(champion_local(cfg, run, champion_uri))  # ChampionUnusable: register_draft says so
+            key = f"champion:{champion_uri}"
+            if window_cfg is not None:
+                champion_window = value(stages.evaluate_draft(window_cfg, prepared, local, key))
+            if earlier_cfg is not None:
+                champion_earlier = value(stages.evaluate_draft(earlier_cfg, prepared, local, key))
         ours = evaluated.mean_engine_tau if by_engine else evaluated.mean_tau
         candidate_earlier = (value(stages.evaluate_draft(earlier_cfg, prepared, trained.draft, trained.key))
                              if earlier_cfg is not None and champion_uri is not None else None)
@@ -249,11 +247,6 @@ def remember_trained(cfg: RunConfig, prepared: Prepared) -> None:
         files.write_text(trained_state(cfg), Path(current).read_text())
 
 
-class ChampionUnusable(ValueError):
-    """A registered champion this night cannot load: its draft's artifacts gone, or files or tensors missing from
-    them. One line naming the version and what is missing."""
-
-
 def download_champion(cfg: RunConfig, parent: MlflowLogger | NullRun):
     """(the champion's model version, its draft directory downloaded once to ``<workdir>/champion/v<version>``),
     or None with no registry (tracking off) or no champion yet. ``ChampionUnusable`` when its artifacts cannot be
@@ -285,6 +278,27 @@ def download_champion(cfg: RunConfig, parent: MlflowLogger | NullRun):
     if gap:
         raise ChampionUnusable(f"champion v{version.version} ({uri}, downloaded to {out}): {gap}")
     return version, out
+
+
+def champion_local(cfg: RunConfig, run: MlflowLogger | NullRun, uri: str) -> Path:
+    """The champion ``uri`` (``models:/NAME/VERSION``, the alias's holder) as a local draft directory
+    (``download_champion``, downloaded once a night); ``ChampionUnusable`` when it cannot be loaded."""
+    found = download_champion(cfg, run)
+    if found is None or not uri.endswith(f"/{found[0].version}"):
+        raise ChampionUnusable(f"{uri}: not the registry's champion now")
+    return found[1]
+
+
+def champion_unusable(cfg: RunConfig, run: MlflowLogger | NullRun, logger: logging.Logger | Any) -> str:
+    """Before the register stage compares the new draft with the champion: why the champion cannot be loaded (one
+    line naming the version and what is missing, said as a WARNING), "" when it can or there is none. Loadable is
+    what serving and comparing it need; ``register_draft`` then judges the draft against the floor alone."""
+    try:
+        download_champion(cfg, run)
+    except ChampionUnusable as err:
+        logger.warning("register: %s: not compared, the new draft is judged against the floor alone", err)
+        return str(err)
+    return ""
 
 
 def champion_draft(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: logging.Logger | Any) -> tuple[str, str]:

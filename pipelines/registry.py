@@ -37,6 +37,11 @@ from mlflow.tracking import MlflowClient
 EXPORT_DIR = "export"  # artifact folder of the version's run: export/<format>/{config.json,model.safetensors}
 
 
+class ChampionUnusable(ValueError):
+    """A registered champion this night cannot load: its draft's artifacts gone, or files or tensors missing from
+    them. One line naming the version and what is missing."""
+
+
 def _tau_tag(eval_key: str) -> str:
     return f"mean_tau.{eval_key}"
 
@@ -66,7 +71,7 @@ def register_draft(
     client: MlflowClient, *, run_id: str, draft_dir: str | Path, model_name: str, alias: str, eval_key: str,
     mean_tau: float, taus: dict[str, float], train_key: str = "", evaluate_champion: Callable[[str], Any] | None = None,
     mean_tau_pld: float | None = None, mean_engine_tau: float | None = None, tags: dict[str, str] | None = None,
-    gate: Callable[[float | None, str | None], Any] | None = None,
+    gate: Callable[[float | None, str | None], Any] | None = None, champion_unusable: str = "",
 ) -> dict[str, Any]:
     """Register ``draft_dir`` (logged into ``run_id``) and apply the champion gate; ``mean_tau_pld``
     is the prompt-lookup floor of the same evaluation (None: not measured, no floor check); ``tags``
@@ -81,6 +86,10 @@ def register_draft(
     (``specdraft.gate.decide``, ``gate.enabled``), whose ``promote`` replaces "beats the champion on the eval
     sets": the eval sets are then its regression set, the window's held-out slice its other comparison. Its
     record is the decision's ``gate`` and its comparisons are ``gate.<slice>.<field>`` tags.
+
+    ``champion_unusable``: why the champion cannot be loaded ("" when it can; ``ChampionUnusable``, also raised by
+    ``evaluate_champion`` or ``gate``): it cannot be compared, so the draft is judged against the floor alone
+    (promoted above it: a champion that cannot be loaded cannot be served either) and the reason says why.
 
     Idempotent per ``train_key``: a draft already registered (a rerun of finished work) is
     not registered twice. The decision names the version's run (``run_id``).
@@ -103,12 +112,18 @@ def register_draft(
     by_engine = mean_engine_tau is not None  # the gate's measure: the engine's acceptance, else our tau
     ours = mean_engine_tau if by_engine else mean_tau
     champion = current_champion(client, model_name, alias)
-    champion_tau = _champion_tau(client, model_name, champion, eval_key, by_engine, above_floor, evaluate_champion)
-    beats_champion = champion is None or (champion_tau is not None and ours > champion_tau)
-    gated = None
-    if gate is not None and above_floor is not False:
-        gated = gate(champion_tau, version_uri(model_name, champion.version) if champion is not None else None)
-        beats_champion = gated.promote
+    unusable = champion_unusable if champion is not None else ""
+    champion_tau = gated = None
+    try:
+        if not unusable:
+            champion_tau = _champion_tau(client, model_name, champion, eval_key, by_engine, above_floor,
+                                         evaluate_champion)
+        if gate is not None and above_floor is not False and not unusable:
+            gated = gate(champion_tau, version_uri(model_name, champion.version) if champion is not None else None)
+    except ChampionUnusable as err:  # found when it was downloaded to be measured
+        unusable, champion_tau, gated = str(err), None, None
+    beats_champion = (gated.promote if gated is not None else
+                      champion is None or bool(unusable) or (champion_tau is not None and ours > champion_tau))
     promote = above_floor is not False and beats_champion
     if promote:
         client.set_registered_model_alias(model_name, alias, version.version)
@@ -121,6 +136,10 @@ def register_draft(
         "reason": _reason(mean_tau, mean_tau_pld, above_floor, champion is not None, champion_tau, beats_champion,
                           mean_engine_tau),
     }
+    if unusable and above_floor is not False:
+        floor = decision["reason"].split(";")[0]
+        decision["reason"] = (f"{floor}; the champion could not be loaded, not compared (judged against the floor "
+                              f"alone): {unusable}")
     if gated is not None:
         floor = decision["reason"].split(";")[0]
         decision["reason"] = f"{floor}; {gated.reason}"

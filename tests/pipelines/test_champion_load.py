@@ -147,3 +147,67 @@ def test_a_champion_not_served_is_handed_off_from_the_registry(tiny_toy_target, 
     assert "handoff" not in lost and lost["served_version"] == int(v2)
     assert f"serves v{v2} but the registry's champion is v{v3}, which cannot be handed off: champion v{v3}" in \
         lost["served_note"] and "artifacts cannot be downloaded" in lost["served_note"]
+
+
+def test_the_register_stage_judges_a_draft_against_the_floor_when_the_champion_cannot_be_loaded(tiny_toy_target,
+                                                                                                tmp_path, caplog):
+    """The register stage's comparison (``champion_unusable`` before ``register_draft``, and ``champion_local``, which
+    its champion re-evaluation and the gate download through): a champion that cannot be loaded is not compared,
+    the draft is judged against the floor and the reason names the version and what is missing — never the
+    ``MlflowException`` of a download. Neighbours: a loadable champion still compared (and beating it, or not), an
+    unusable one found only when it is downloaded to be re-evaluated, a draft below the floor (not promoted)."""
+    from pipelines.freshness import champion_local, champion_unusable
+    from pipelines.registry import register_draft
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    artifacts = tmp_path / "artifacts"
+    parent = MlflowLogger(uri, experiment="champions", artifact_location=str(artifacts))
+    cfg = from_dict(RunConfig, {"workdir": str(tmp_path / "runs"), "tracking": {"uri": uri},
+                                "register": {"model_name": "d"}})
+    log = logging.getLogger("night")
+    good = save_draft(_draft(tiny_toy_target, list(range(32)), seed=1), tmp_path / "good")
+    no_maps = _without(good, tmp_path / "no-maps", "heads.d2t", "heads.t2d")
+
+    def champion(draft: Path, tau: float | None) -> tuple[str, MlflowLogger]:
+        run = MlflowLogger(uri, experiment="champions")
+        version = _register(run, draft, "d")
+        if tau is not None:  # measured on this night's eval sets: no re-evaluation needed to compare
+            run.client.set_model_version_tag("d", version, "mean_tau.k", str(tau))
+        return version, run
+
+    def night(tau: float, pld: float = 1.0, **kw) -> dict:
+        run = MlflowLogger(uri, experiment="champions")
+        return register_draft(run.client, run_id=run.run_id, draft_dir=good, model_name="d", alias="champion",
+                              eval_key="k", mean_tau=tau, taus={"k": tau}, mean_tau_pld=pld,
+                              champion_unusable=champion_unusable(cfg, parent, log), **kw)
+
+    v1, _ = champion(good, 2.0)
+    assert champion_unusable(cfg, parent, log) == ""  # loadable: compared as before
+    lost = night(1.5)
+    assert not lost["promoted"] and lost["reason"].endswith("tau 1.5000 <= champion 2.0000")
+    won = night(2.5)
+    assert won["promoted"] and won["champion_version"] == int(v1) and won["reason"].endswith("> champion 2.0000")
+    v3, _ = champion(no_maps, 9.0)  # better on paper, but its vocabulary maps are missing
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        judged = night(1.5)
+    assert judged["promoted"] and judged["champion_version"] == int(v3) and judged["champion_mean_tau"] is None
+    floor, why = judged["reason"].split("; ", 1)
+    assert floor == "tau 1.5000 > prompt-lookup floor 1.0000"
+    assert why.startswith(f"the champion could not be loaded, not compared (judged against the floor alone): "
+                          f"champion v{v3} (models:/d/{v3}, downloaded to ")
+    assert why.endswith("its draft vocabulary maps heads.d2t, heads.t2d missing from model.safetensors")
+    [record] = [r for r in caplog.records if r.name == "night"]
+    assert "\n" not in record.getMessage() and f"champion v{v3}" in record.getMessage()
+    v5, gone = champion(good, None)  # its tau on these eval sets unknown: it would be downloaded to be measured
+    shutil.rmtree(artifacts / gone.run_id)
+    below = night(0.9)  # below the floor: not promoted, whatever the champion
+    assert not below["promoted"] and below["reason"].startswith("tau 0.9000 <= prompt-lookup floor tau_pld 1.0000")
+    measured = []
+    found_late = register_draft(  # the champion found unusable only when downloaded to be re-evaluated
+        gone.client, run_id=MlflowLogger(uri, experiment="champions").run_id, draft_dir=good, model_name="d",
+        alias="champion", eval_key="k", mean_tau=1.2, taus={"k": 1.2}, mean_tau_pld=1.0,
+        evaluate_champion=lambda u: measured.append(champion_local(cfg, parent, u)))
+    assert found_late["promoted"] and not measured and (
+        f"not compared (judged against the floor alone): champion v{v5} (models:/d/{v5}): its draft's artifacts "
+        "cannot be downloaded from runs:/") in found_late["reason"]
