@@ -65,8 +65,8 @@ def dump(args: argparse.Namespace) -> int:
         print(f"ingest: {ingested['rows_in']} rows in, {ingested['rows_out']} out, rejected {ingested['rejects_by_reason']}, "
               f"{ingested['files_skipped']} files skipped", file=sys.stderr)
     try:
-        summary = dump_features(args.target, rows, args.out, cfg, progress=not args.quiet, overwrite=args.overwrite,
-                                ingested=ingested)
+        summary = dump_features(args.target, rows, args.out, cfg, progress=not args.quiet, lines=not args.quiet,
+                                overwrite=args.overwrite, ingested=ingested)
     except StoreError as err:
         print(f"specdraft: store error: {err}", file=sys.stderr)
         return 1

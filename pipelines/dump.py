@@ -29,8 +29,11 @@ to be this dump's), and the ingest summary goes into the dump's summary, written
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,7 @@ from pipelines.cluster import ACTOR_POOL, connect_ray
 from pipelines.configs import DumpConfig, for_dump
 from pipelines.ingest import load_conversations, write_rejects
 from specdraft import store
+from specdraft.progress import ProgressLines
 from specdraft.chat import tokenize_conversations
 from specdraft.features import FeaturesConfig, encode_features, nonfinite_tokens, sequence_features, store_header
 from specdraft.checkpoint import target_dir, weight_files
@@ -54,6 +58,7 @@ from specdraft.store.manifest import check_store_target
 from specdraft.target import load_target_config, load_target_model, load_tokenizer
 
 
+PROGRESS_EVERY_S = 30.0  # a progress line at most this often while shards finish (and at the first and last)
 REJECTS_FILE = "rejects.jsonl"  # ingest's rejected rows and skipped files, in the store
 PROCESS_BYTES = 3 << 28  # 0.75 GiB: a prefill actor's process before the target (torch, transformers, Ray's worker)
 SUMMARY_FILE = "summary.json"  # the dump's summary (with the ingest summary), in the store
@@ -200,6 +205,54 @@ class ZarrShardDatasink(Datasink):
         store.write_manifest(self.out, self.manifest)
 
 
+class ShardProgress:
+    """The dump's progress lines while Ray Data writes (``specdraft.progress``: ``dump 3/12 shards tok/s N eta
+    Ns``): a driver-side thread polls the store every ``poll_s`` for shards finished since — what resume counts as
+    done, a final shard directory whose record was written last (``read_shard_record``) — and their tokens;
+    ``ProgressLines`` prints at the first, the last and at most every ``every_s`` seconds, and again after
+    ``every_s`` with no new shard (so a slow shard is not silence). ``known``: the indices there before (kept)."""
+
+    def __init__(self, out: Path | str, todo: int, known: set[int], every_s: float = PROGRESS_EVERY_S,
+                 poll_s: float = 2.0, stream: Any = None) -> None:
+        self.out, self.seen, self.poll_s = out, set(known), poll_s
+        self.lines = ProgressLines("dump", todo, "shards", every_s=every_s, stream=stream)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="dump-progress", daemon=True)
+
+    def poll(self) -> None:
+        """Count the shards finished since the last poll (one progress line when due)."""
+        finals, _ = store.list_shard_dirs(self.out)
+        new, tokens = 0, 0
+        for index, path in sorted(finals.items()):
+            if index in self.seen:
+                continue
+            try:
+                tokens += int(store.read_shard_record(path).get("num_tokens", 0))
+            except store.StoreError:  # at a URL: still being written
+                continue
+            self.seen.add(index)
+            new += 1
+        heartbeat = self.lines.printed is not None and self.lines.done < self.lines.total  # no rate before one
+        if new or heartbeat:
+            self.lines.update(new, tokens)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.poll_s):
+            self.poll()
+
+    def __enter__(self) -> "ShardProgress":
+        print(f"[specdraft] dump 0/{self.lines.total} shards ({len(self.seen)} already in {self.out}): starting",
+              file=self.lines.stream or sys.stdout, flush=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        if exc[0] is None:
+            self.poll()  # the last shards: the last line
+
+
 def dump_features(
     target: str | Path,
     conversations: list[dict[str, Any]],
@@ -207,6 +260,7 @@ def dump_features(
     cfg: FeaturesConfig | DumpConfig = DumpConfig(),
     *,
     progress: bool = True,
+    lines: bool = True,
     overwrite: bool = False,
     fault_at_shard: int | None = None,
     ingested: dict[str, Any] | None = None,
@@ -217,6 +271,8 @@ def dump_features(
     (also what ``specdraft dump`` prints), written as ``out``/``summary.json`` with ``ingested`` (the
     summary of the ingest that read the conversations, ``load_prompts``) under ``ingest``; its
     reject records go to ``out``/``rejects.jsonl``.
+    ``progress``: Ray Data's progress bars; ``lines``: the dump's progress lines (``ShardProgress``: shards done,
+    tokens/s, ETA), which the flow prints without the bars.
     ``fault_at_shard`` is a test hook that kills the writer of that shard mid-write. A store already in
     ``out`` made from another target is refused (``TargetMismatch`` naming the store and both
     fingerprints) unless ``overwrite``, before Ray starts.
@@ -252,7 +308,8 @@ def dump_features(
             compute=ActorPoolStrategy(size=actors), num_gpus=cfg.gpus_per_actor if use_gpu else 0,
             num_cpus=cfg.cpus_per_actor, **({"memory": memory} if memory > 0 else {}), **ACTOR_POOL,
         )
-        ds.write_datasink(sink)
+        with ShardProgress(out, len(todo), done) if lines else contextlib.nullcontext():
+            ds.write_datasink(sink)
     else:
         sink.finish([])
     summary = store.dump_summary(sink.manifest, sink.written, len(kept), time.perf_counter() - started)

@@ -18,7 +18,7 @@ docs/store.md "Object stores".
                          template's end-of-turn token; one Parquet part per batch, written
                          under a temp name and renamed (at an ``s3://``/fsspec URL: one PUT,
                          no rename), so a part that exists is always complete
-    -> driver            progress lines and a summary (rows, tokens, tokens/s)
+    -> driver            progress lines (``specdraft.progress``) and a summary (rows, tokens, tokens/s)
 
 Backends: ``hf`` (``transformers`` generate; default) and ``vllm`` (a ``vllm.LLM`` engine per replica, the
 ``vllm`` extra; GPUs when the cluster has them, else vLLM's CPU backend). Both run as the replicas above — a
@@ -58,6 +58,7 @@ from pipelines.configs import RegenerateConfig
 from pipelines.generation import hf_answer_fn, regenerate_rows, stop_token_ids, vllm_answer_fn
 from pipelines.ingest import ingest
 from specdraft.config import ConfigError, config_hash, from_dict, to_dict
+from specdraft.progress import ProgressLines
 from specdraft.placement import dtype_name, resolve_dtype, spread_gpus
 from specdraft.store import location
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_fingerprint, target_id
@@ -271,16 +272,17 @@ def _pending(out_dir: Path | str, selected: list[dict[str, Any]]):
 
 
 def _answer_pending(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
-                    log: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
-    """Run the backend over ``pending``, logging progress: the summed per-part counts and the ids too long
-    to answer."""
+                    progress: bool) -> tuple[dict[str, Any], list[str]]:
+    """Run the backend over ``pending``, printing progress lines as a part finishes (``specdraft.progress``:
+    conversations done, tokens/s, ETA; at the first, the last and at most every 30 s): the summed per-part counts
+    and the ids too long to answer."""
     totals = {"rows_in": 0, "rows_out": 0, "files": 0, "turns": 0, "truncated_turns": 0, "empty_answers": 0,
               "tokens": 0, "prompt_tokens": 0, "cut_turns": 0, "generate_s": 0.0}
     too_long: list[str] = []
     max_model_len = _model_len(target, cfg)
     if not pending:
         return totals, too_long
-    started = time.perf_counter()
+    lines = ProgressLines("regenerate", len(pending), "conversations", stream=sys.stderr, enabled=progress)
     connect_ray(cfg.ray_address)
     context = ray.data.DataContext.get_current()
     bars, context.enable_progress_bars = context.enable_progress_bars, False
@@ -289,9 +291,7 @@ def _answer_pending(target: Path, pending: list[dict[str, Any]], out_dir: Path |
             too_long += stats.pop("too_long_ids")
             for key in totals:
                 totals[key] += stats[key]
-            elapsed = time.perf_counter() - started
-            log(f"regenerate: {totals['rows_in']}/{len(pending)} conversations, {totals['files']} parts, "
-                f"{totals['tokens']} tokens, {totals['tokens'] / max(elapsed, 1e-9):.1f} tokens/s")
+            lines.update(stats["rows_in"], stats["tokens"])
     finally:
         context.enable_progress_bars = bars
     return totals, too_long
@@ -336,7 +336,7 @@ def regenerate(
     if cfg.backend == "vllm" and pending:
         log(f"regenerate: vLLM's own output (its INFO lines and warnings) goes to {vllm_log(out_dir)}")
     run_started = time.perf_counter()
-    totals, too_long = _answer_pending(target, pending, out_dir, cfg, log)
+    totals, too_long = _answer_pending(target, pending, out_dir, cfg, progress)
     run_s = time.perf_counter() - run_started
     summary = {
         "stage": "regenerate",

@@ -175,7 +175,7 @@ def regenerate_file(cfg: RunConfig, prepared: Prepared, prompt: PromptFile) -> R
     started = time.perf_counter()
     if cfg.data.regenerate and not prompt.reuse:  # reused: the target's own logged answers, nothing to generate
         ensure_ray(cfg)
-        summary = regenerate(prepared.target, [prompt.path], out, cfg.regenerate, progress=False)
+        summary = regenerate(prepared.target, [prompt.path], out, cfg.regenerate)  # its progress lines too
         conversations = str(out)
     else:
         from pipelines.conversations import write_conversations

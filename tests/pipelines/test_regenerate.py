@@ -269,7 +269,7 @@ def test_regenerate_resumes_without_duplicates_or_gaps_and_is_deterministic(
     assert second["rows_skipped"] == 4 and second["rows_in"] == 6 and second["rows_out"] == 6
     assert second["rows_total"] == 10 and len(parts(resumed)) == 4
     assert second["tokens_generated"] > 0 and second["tokens_per_s"] > 0
-    assert "regenerate: 6/6 conversations" in capsys.readouterr().err  # progress lines
+    assert "[specdraft] regenerate 6/6 conversations tok/s " in capsys.readouterr().err  # progress lines
     third = regenerate(target_dir, inputs, resumed, RegenerateConfig(**cfg))
     assert third["rows_in"] == 0 and third["rows_skipped"] == 10 and len(parts(resumed)) == 4
 
