@@ -238,7 +238,10 @@ class ShardProgress:
 
     def _run(self) -> None:
         while not self.stop.wait(self.poll_s):
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - a store listing that failed once (an object store's blip): next poll
+                continue
 
     def __enter__(self) -> "ShardProgress":
         print(f"[specdraft] dump 0/{self.lines.total} shards ({len(self.seen)} already in {self.out}): starting",
