@@ -61,10 +61,10 @@ def stage_log(path: str | Path, say: Callable[[str], None] | None = None) -> Ite
 
     def sink(text: str) -> None:
         if not said:
+            said.append(True)  # before saying it: a line said that comes back here (a captured print) is not news
             path.parent.mkdir(parents=True, exist_ok=True)
             (say or (lambda line: print(line, flush=True)))(
                 f"[specdraft] third-party log lines of this stage (Ray Data, known warnings) go to {path}")
-            said.append(True)
         with open(path, "a") as fh:
             fh.write(text.rstrip("\n") + "\n")
 

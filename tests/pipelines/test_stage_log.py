@@ -44,3 +44,23 @@ def test_third_party_lines_go_to_the_stage_log_and_the_rest_stays(tmp_path, monk
     assert list(dict.fromkeys(printed)) == ["Ray Data ran out of memory", after]
     assert shown == ["the draft has no chat template", "reduce_op again"]
     assert said == [f"[specdraft] third-party log lines of this stage (Ray Data, known warnings) go to {log}"]
+
+
+def test_the_stage_log_is_named_once_even_when_saying_it_comes_back_as_a_record(tmp_path):
+    """The flow's ``print`` is captured as a log record that can reach Ray Data's handler again (each stage of the
+    flow named its log 76 times, until the recursion limit): the line that names the file is said once."""
+    import ray.data  # noqa: F401
+
+    data = logging.getLogger("ray.data")
+    said: list[str] = []
+
+    def say(line: str) -> None:  # as a captured print: the line logged again, through ray.data
+        said.append(line)
+        data.info(line)
+
+    log = tmp_path / "features.log"
+    with stage_log(log, say):
+        data.info("Starting execution of Dataset dataset_1")
+        data.info("Execution plan of Dataset dataset_1")
+    assert said == [f"[specdraft] third-party log lines of this stage (Ray Data, known warnings) go to {log}"]
+    assert "Starting execution of Dataset dataset_1" in log.read_text()
