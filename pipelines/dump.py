@@ -30,6 +30,7 @@ to be this dump's), and the ingest summary goes into the dump's summary, written
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import math
 import sys
@@ -217,7 +218,9 @@ class ShardProgress:
         self.out, self.seen, self.poll_s = out, set(known), poll_s
         self.lines = ProgressLines("dump", todo, "shards", every_s=every_s, stream=stream)
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="dump-progress", daemon=True)
+        # in the caller's context: a flow's print capture (Prefect's log_prints) takes the thread's lines too
+        self.thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run,), name="dump-progress",
+                                       daemon=True)
 
     def poll(self) -> None:
         """Count the shards finished since the last poll (one progress line when due)."""
