@@ -71,7 +71,6 @@ class Dumped(Record):
     skipped: bool = False
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Trained(Record):
     """``train``: the draft trained on every store (or, online, every regenerated file)."""
@@ -82,7 +81,6 @@ class Trained(Record):
     metrics_file: str  # metrics.jsonl: params, then every logged step
     wall_s: float
     skipped: bool = False
-
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,7 +108,6 @@ class Evaluated(Record):
     skipped: bool = False
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Exported(Record):
     """The draft's serving exports (part of ``register``); none, and why (``note``), when no format fits or
@@ -122,7 +119,6 @@ class Exported(Record):
     note: str
     wall_s: float
     skipped: bool = False
-
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
