@@ -10,6 +10,9 @@ vLLM's global state — its engine processes, thread binding, Prometheus counter
 * speculative: the target with each draft (chain of K, vLLM's only draft shape), on exactly those prompts:
   tokens/s and vLLM's counters — drafts, drafted tokens, accepted tokens, accepted per position.
 
+Both are timed in this one process, one after the other (one engine in memory at a time: a GPU holds one), never
+read from an earlier run; the load average after each timed call is kept beside the times (``EngineRun.load_1m``).
+
 This module is the engine process's entry point alone: it imports vLLM at its top (nothing else in
 specdraft imports it but the plugin).
 """
@@ -32,6 +35,7 @@ from vllm.inputs import TokensPrompt
 from specdraft.decoding.speculative import eos_token_ids
 from specdraft.evaluation.engine_records import EngineRequest, EngineRun
 from specdraft.evaluation.questions import answer_text, render_prompt
+from specdraft.evaluation.records import load_1m
 from specdraft.configs.evaluation import EngineSettings
 from specdraft.target import load_tokenizer
 
@@ -75,6 +79,12 @@ def _generate(llm, prompts: list[list[int]], params) -> tuple[list[list[int]], f
     return [list(o.outputs[0].token_ids) for o in outputs], time.perf_counter() - start
 
 
+def _note_load(run: EngineRun, measured: str, dataset: str) -> None:
+    load = load_1m()
+    if load is not None:
+        run.load_1m.setdefault(measured, {}).setdefault(dataset, []).append(load)
+
+
 def run_engine(request: EngineRequest) -> EngineRun:
     """The engine process: vanilla turn by turn (building the prompts), then each draft on the same prompts."""
     settings = EngineSettings(**request.settings)
@@ -97,6 +107,7 @@ def run_engine(request: EngineRequest) -> EngineRun:
                 prompts.append(render_prompt(tokenizer, history[q["index"]]))
             answers, seconds = _generate(llm, prompts, params)
             run.vanilla_s[dataset] += seconds
+            _note_load(run, "vanilla", dataset)
             for q, prompt, answer in zip(asked, prompts, answers):
                 history[q["index"]].append({"role": "assistant", "content": answer_text(tokenizer, answer, eos)})
                 run.prompts.append(prompt)
@@ -112,6 +123,7 @@ def run_engine(request: EngineRequest) -> EngineRun:
             rows = [i for i, t in enumerate(run.turns) if t["dataset"] == name]
             before = _counters(llm)
             out, seconds[name] = _generate(llm, [run.prompts[i] for i in rows], params)
+            _note_load(run, draft, name)
             after = _counters(llm)
             for i, answer in zip(rows, out):
                 answers[i] = answer
