@@ -6,11 +6,12 @@ Unknown keys are errors, values are coerced to the declared field types, and
 ``flatten`` gives the dotted view used for MLflow params.
 
 A ``key=value`` override is read as a YAML scalar, but a text setting keeps the word it was given
-(``Written``): a field typed ``str``, a ``Literal`` of strings, or the ``str`` of ``str | None``
-takes ``off``, ``on``, ``yes``, ``no``, ``true``, ``null``, ``01`` or ``2026-11-26`` as the text
-written, where YAML would read a bool, None, an int or a date. The one exception: ``null`` (or
-``~``) sets an optional field (``str | None``) to None, its only spelling on the command line; a
-plain ``str`` field keeps ``"null"``. Bool, int, float and list settings read the YAML value as before.
+(``Written``): a field typed ``str``, a ``Literal`` of strings, a list of strings (``a,b``), or the
+``str`` of ``str | None`` takes ``off``, ``on``, ``yes``, ``no``, ``true``, ``null``, ``01`` or
+``2026-11-26`` as the text written, where YAML would read a bool, None, an int or a date. The one
+exception: ``null`` (or ``~``) sets an optional field (``str | None``) to None, its only spelling on
+the command line; a plain ``str`` field keeps ``"null"``. Every other setting (bool, int, float, a
+list of numbers, a mapping) reads the YAML value as before. A YAML file is read as YAML: quote a word there.
 """
 
 from __future__ import annotations
@@ -43,9 +44,14 @@ class Written:
 
 
 def _takes_text(tp: Any) -> bool:
-    """A text setting: ``str``, or a ``Literal`` whose choices are all strings."""
-    if typing.get_origin(tp) is typing.Literal:
-        return all(isinstance(a, str) for a in typing.get_args(tp))
+    """A text setting: ``str``, a ``Literal`` whose choices are all strings, or a list / tuple of those
+    (given as ``a,b``)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return all(isinstance(a, str) for a in args)
+    if origin in (list, tuple):
+        items = [a for a in args if a is not Ellipsis]
+        return bool(items) and all(_takes_text(a) for a in items)
     return tp is str
 
 

@@ -1,5 +1,5 @@
 """A text setting keeps the word it was given on the command line (issue 41, Deliver 6): every text field
-(``str``, ``str | None``, a ``Literal`` of strings) of every command's settings takes ``off``, ``on``, ``yes``,
+(``str``, ``str | None``, a ``Literal`` of strings, a list of strings) of every command's settings takes ``off``, ``on``, ``yes``,
 ``no``, ``true``, ``null``, ``01`` and ``2026-11-26`` as written, where YAML reads a bool, None, an int or a
 date; ``null`` sets an optional field to None; bool / int / float settings read YAML as before."""
 
@@ -27,6 +27,9 @@ def _text(tp) -> tuple[bool, bool]:
         return all(_text(a)[0] for a in args if a is not type(None)), type(None) in args
     if typing.get_origin(tp) is typing.Literal:
         return all(isinstance(a, str) for a in args), False
+    if typing.get_origin(tp) in (list, tuple):  # a list of text, given as a,b
+        items = [a for a in args if a is not Ellipsis]
+        return bool(items) and all(_text(a)[0] for a in items), False
     return tp is str, False
 
 
@@ -63,6 +66,7 @@ def test_the_walk_finds_the_text_settings_named_in_the_issue():
     assert {("eval", "baselines"), ("eval", "system_prompt"), ("eval", "engine.name"), ("run", "data.traffic.end"),
             ("train", "tracking.experiment")} <= keys
     assert ("eval", "seed") not in keys and ("eval", "warmup") not in keys  # int, bool: not text
+    assert ("train", "conversations") in keys and ("dump", "aux_layers") not in keys  # list[str]; eagle3 | list[int]
     assert len(FIELDS) > 40
 
 
@@ -70,7 +74,7 @@ def test_the_walk_finds_the_text_settings_named_in_the_issue():
 def test_a_text_setting_keeps_the_word_as_written(command, key, tp):
     optional = _text(tp)[1]
     members = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
-    free = str in members  # any text; else only the choices of its Literal(s)
+    free = any(m is str or str in typing.get_args(m) for m in members)  # any text; else its Literal's choices
     choices = {a for m in members if typing.get_origin(m) is typing.Literal for a in typing.get_args(m)}
     for word in WORDS:
         given = parse_overrides([f"value={word}"])["value"]
@@ -79,6 +83,9 @@ def test_a_text_setting_keeps_the_word_as_written(command, key, tp):
                 _coerce(tp, given, key)
             continue
         want = None if word == "null" and optional else word
+        listed = [m for m in members if typing.get_origin(m) in (list, tuple)]
+        if listed and want is not None:  # a list of text: the one item written
+            want = typing.get_origin(listed[0])([word])
         assert _coerce(tp, given, key) == want, (key, word)
         try:  # the whole command line: the word reaches the setting (or its own check), never a type error
             config, parts = load_config(command_specs()[command], None, [f"{key}={word}"])
