@@ -92,7 +92,13 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if isinstance(value, Written) and origin not in (typing.Union, types.UnionType):
-        value = value.text if _takes_text(tp) else value.value
+        if _takes_text(tp):
+            value = value.text
+        else:  # YAML's reading; an error names the word as written (seed=off: got 'off', not False)
+            try:
+                return _coerce(tp, value.value, where)
+            except ConfigError as err:
+                raise ConfigError(str(err).replace(repr(value.value), repr(value.text))) from None
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
