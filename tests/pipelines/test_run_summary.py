@@ -77,6 +77,12 @@ def test_summary_says_what_happened_and_where(tmp_path):
     text = render_text(summarize("toy", records(tmp_path), PLACE, loaded))
     assert re.search(r"^toy\s+2\.65\s+1\.37\s+1\.93\s+0\.17\s+2\.31$", text, re.M), text
     assert re.search(r"^dataset\s+tau\s+floor\s+tau/floor\s+speedup\s+load\s+\(.*load average", text, re.M)
+    from pipelines.report import render_report
+
+    html = render_report(summarize("toy", records(tmp_path), PLACE, loaded), training=[], eval_report=None, history=[])
+    assert "<th>speedup</th><th>load (1 min)</th>" in html and "2.31" in html
+    assert "load (1 min)" not in render_report(summarize("toy", records(tmp_path), PLACE, EVAL_REPORT), training=[],
+                                               eval_report=None, history=[])
     # the gate's decision, the champion, exports and how to serve it
     assert ("register toy-draft v3: promoted to champion (tau 2.6500 > prompt-lookup floor 1.3700; "
             "tau 2.6500 > champion 2.4100) champion v3") in flat
