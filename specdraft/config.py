@@ -59,7 +59,9 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
     """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ``ConfigError``."""
     data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+        got = repr(data.text if isinstance(data, Written) else data) if isinstance(data, (Written, str, int, float)) \
+            else type(data).__name__
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {got}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))

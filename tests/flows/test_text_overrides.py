@@ -110,6 +110,7 @@ def test_the_issue_s_command_lines_and_the_other_types_unchanged():
     assert load_config(spec, None, ["baselines=null"])[0].baselines == "null"  # a plain str keeps the word
     for bad, says in (("seed=off", "seed: expected an int, got 'off'"), ("warmup=maybe", "expected a bool"),
                       ("decode.temperature=2026-11-26", "expected a number, got '2026-11-26'"),
+                      ("decode=off", "decode: expected a mapping, got 'off'"), ("ray=no", "ray: expected a mapping, got 'no'"),
                       ("engine.name=off", "'off' is not one of")):
         with pytest.raises(ConfigError, match=says):
             load_config(spec, None, [bad])
