@@ -120,7 +120,8 @@ def evaluate(args: argparse.Namespace) -> int:
         print(f"{name}: tau {fmt(d['tau'])} vs pld {fmt(d['tau_pld'])} (tau/pld {fmt(d['tau_over_pld'])}), "
               f"alpha {[None if a is None else round(a, 3) for a in d['alpha']]}, "
               f"{fmt(d['tokens_per_s'])} tokens/s vs {fmt(d['baseline_tokens_per_s'])} vanilla "
-              f"(speedup {fmt(d['speedup'])}), lossless {d['lossless_checked'] - d['lossless_mismatches']}"
+              f"(speedup {fmt(d['speedup'])}, pld {fmt(d['speedup_pld'])}; all timed in this run, "
+              f"load {fmt(d['load_1m'])}), lossless {d['lossless_checked'] - d['lossless_mismatches']}"
               f"/{d['lossless_checked']}")
     if "engine" in report:
         from specdraft.evaluation.engine import engine_summary

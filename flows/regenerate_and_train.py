@@ -155,6 +155,8 @@ def eval_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained) -> Eva
     for name, d in report["datasets"].items():
         run.log_metrics({f"tau.{name}": d["tau"] or 0.0, f"speedup.{name}": d["speedup"] or 0.0,
                          f"lossless_mismatches.{name}": d["lossless_mismatches"] or 0}, step=0)
+        if d.get("load_1m") is not None:  # the load the speedup was measured under
+            run.log_metrics({f"load_1m.{name}": d["load_1m"]}, step=0)
         if d.get("tau_pld") is not None:  # the prompt-lookup floor beside the draft's tau
             run.log_metrics({f"tau_pld.{name}": d["tau_pld"], f"tau_over_pld.{name}": d["tau_over_pld"] or 0.0},
                             step=0)

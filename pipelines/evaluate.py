@@ -18,9 +18,10 @@ via Speculative Decoding", Leviathan et al., 2023, Section 2), beside the prompt
                          report as the single-process path (which spreads questions over local
                          processes instead: ``specdraft.evaluation.replicas``)
 
-Both paths read vanilla decoding and the prompt-lookup floor from the cache of
-``specdraft.evaluation.baselines`` when another draft was evaluated on the same questions before (the
-driver passes each question's cached turns to the replica, and writes what the replicas decoded).
+Both paths decode and time vanilla and the prompt-lookup floor beside the draft, turn by turn, and compare
+their tokens and counts with the cache of ``specdraft.evaluation.baselines`` when another draft was evaluated on
+the same questions before (the driver passes each question's cached turns to the replica, and writes what the
+replicas carried back: tokens and counts, never times).
 
 The speculative decoding itself lives in ``specdraft.decoding``, the per-question evaluation in
 ``specdraft.evaluation``; this module only spreads questions over replicas. Records depend only on
@@ -100,7 +101,7 @@ def evaluate_with_ray(
     progress: bool = True,
     baselines: Path | None = None,
 ) -> dict[str, Any]:
-    """The report of ``run_eval``, computed by Ray Data actors (one question per task), reusing and
+    """The report of ``run_eval``, computed by Ray Data actors (one question per task), comparing with and
     filling the same vanilla / floor cache (``baselines``: its directory, None: off).
 
     The draft is checked against the target on the driver (``check_draft_target``), before Ray starts."""

@@ -61,10 +61,12 @@ def _stages(s: RunSummary) -> str:
 
 def _datasets(s: RunSummary) -> str:
     engine = any(d.engine is not None for d in s.datasets)
+    load = any(d.load is not None for d in s.datasets)
     head = "".join(f"<th>{h}</th>" for h in ["dataset", "tau", "floor (pld)", "tau/floor", "speedup"]
-                   + (["engine", "engine speedup"] if engine else []))
+                   + (["load (1 min)"] if load else []) + (["engine", "engine speedup"] if engine else []))
     rows = "".join(f"<tr><td>{escape(d.dataset)}</td>{_num(d.tau)}{_num(d.floor)}{_num(d.tau_over_floor)}"
-                   f"{_num(d.speedup)}{_num(d.engine) + _num(d.engine_speedup) if engine else ''}</tr>"
+                   f"{_num(d.speedup)}{_num(d.load) if load else ''}"
+                   f"{_num(d.engine) + _num(d.engine_speedup) if engine else ''}</tr>"
                    for d in s.datasets)
     notes = "".join(f'<p class="note">{escape(n)}</p>' for n in s.notes)
     return f"<table><tr>{head}</tr>{rows}</table>{notes}"

@@ -60,6 +60,7 @@ class DatasetLine:
     tau: float | None
     floor: float | None  # the prompt-lookup floor tau_pld (None: not measured)
     speedup: float | None  # tokens/s with the draft over plain decoding (our decoder, this machine)
+    load: float | None = None  # the machine's 1-minute load average while the speedup was measured
     engine: float | None = None  # the serving engine's acceptance length (None: not measured)
     engine_speedup: float | None = None  # its tokens/s with the draft over without it (None: not measured)
 
@@ -143,8 +144,8 @@ def dataset_lines(evaluated: Evaluated, report: dict[str, Any] | None) -> list[D
     names = list(dict.fromkeys([*datasets, *evaluated.tau]))
     return [DatasetLine(dataset=name, tau=evaluated.tau.get(name, datasets.get(name, {}).get("tau")),
                         floor=evaluated.tau_pld.get(name, datasets.get(name, {}).get("tau_pld")),
-                        speedup=datasets.get(name, {}).get("speedup"), engine=evaluated.engine_tau.get(name),
-                        engine_speedup=evaluated.engine_speedup.get(name))
+                        speedup=datasets.get(name, {}).get("speedup"), load=datasets.get(name, {}).get("load_1m"),
+                        engine=evaluated.engine_tau.get(name), engine_speedup=evaluated.engine_speedup.get(name))
             for name in names]
 
 
@@ -315,11 +316,15 @@ def render_text(s: RunSummary) -> str:
         note = st.note or ("done by an earlier run with the same inputs" if st.status == "skipped" else "")
         out.append(f"{st.stage:<12} {st.status:<8} {seconds}  {note}".rstrip())
     engine = any(d.engine is not None for d in s.datasets)
+    load = any(d.load is not None for d in s.datasets)
     out += ["", f"{'dataset':<20} {'tau':>6} {'floor':>6} {'tau/floor':>9} {'speedup':>8}"
-            + (f" {'engine':>7} {'engine x':>8}" if engine else "") + "   (floor: prompt-lookup tau_pld"
+            + (f" {'load':>5}" if load else "") + (f" {'engine':>7} {'engine x':>8}" if engine else "")
+            + "   (floor: prompt-lookup tau_pld" + ("; load: the 1-minute load average while the speedup was measured"
+                                                    if load else "")
             + ("; engine: the serving engine's acceptance length, engine x: its speedup)" if engine else ")")]
     for d in s.datasets:
         out.append(f"{d.dataset:<20} {_f(d.tau):>6} {_f(d.floor):>6} {_f(d.tau_over_floor):>9} {_f(d.speedup):>8}"
+                   + (f" {_f(d.load):>5}" if load else "")
                    + (f" {_f(d.engine):>7} {_f(d.engine_speedup):>8}" if engine else ""))
     out += [textwrap.fill(n, WIDTH, initial_indent="note: ", subsequent_indent="      ") for n in s.notes]
     out += [""] + [textwrap.fill(text, WIDTH, initial_indent=f"{label:<9} ", subsequent_indent=" " * 10)

@@ -4,6 +4,14 @@ Every component declares its own ``@dataclass(frozen=True, kw_only=True, slots=T
 this module turns plain data (YAML, JSON, ``key=value`` overrides) into those objects.
 Unknown keys are errors, values are coerced to the declared field types, and
 ``flatten`` gives the dotted view used for MLflow params.
+
+A ``key=value`` override is read as a YAML scalar, but a text setting keeps the word it was given
+(``Written``): a field typed ``str``, a ``Literal`` of strings, a list of strings (``a,b``), or the
+``str`` of ``str | None`` takes ``off``, ``on``, ``yes``, ``no``, ``true``, ``null``, ``01`` or
+``2026-11-26`` as the text written, where YAML would read a bool, None, an int or a date. The one
+exception: ``null`` (or ``~``) sets an optional field (``str | None``) to None, its only spelling on
+the command line; a plain ``str`` field keeps ``"null"``. Every other setting (bool, int, float, a
+list of numbers, a mapping) reads the YAML value as before. A YAML file is read as YAML: quote a word there.
 """
 
 from __future__ import annotations
@@ -25,11 +33,35 @@ class ConfigError(ValueError):
     """A config file or override that does not match its schema."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Written:
+    """An override's scalar as typed on the command line (``text``) and as YAML reads it (``value``), when the
+    two differ in type (``off`` -> False, ``2026-11-26`` -> a date): a text setting takes ``text``, any other
+    setting ``value`` (``_coerce``)."""
+
+    text: str
+    value: Any
+
+
+def _takes_text(tp: Any) -> bool:
+    """A text setting: ``str``, a ``Literal`` whose choices are all strings, or a list / tuple of those
+    (given as ``a,b``)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return all(isinstance(a, str) for a in args)
+    if origin in (list, tuple):
+        items = [a for a in args if a is not Ellipsis]
+        return bool(items) and all(_takes_text(a) for a in items)
+    return tp is str
+
+
 def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
     """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ``ConfigError``."""
     data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+        got = repr(data.text if isinstance(data, Written) else data) if isinstance(data, (Written, str, int, float)) \
+            else type(data).__name__
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {got}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
@@ -61,11 +93,19 @@ def _default_of(f: dataclasses.Field) -> Any:
 def _coerce(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if isinstance(value, Written) and origin not in (typing.Union, types.UnionType):
+        if _takes_text(tp):
+            value = value.text
+        else:  # YAML's reading; an error names the word as written (seed=off: got 'off', not False)
+            try:
+                return _coerce(tp, value.value, where)
+            except ConfigError as err:
+                raise ConfigError(str(err).replace(repr(value.value), repr(value.text))) from None
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
+        if (value.value if isinstance(value, Written) else value) is None and type(None) in args:
+            return None  # ``key=null`` sets an optional field to None (a plain str field keeps "null")
         errors = []
         for arg in args:
             if arg is type(None):
@@ -74,7 +114,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
                 return _coerce(arg, value, where)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(f"{where}: {value!r} matches none of {tp}: {errors}")
+        shown = value.text if isinstance(value, Written) else value
+        raise ConfigError(f"{where}: {shown!r} matches none of {tp}: {errors}")
     if origin is typing.Literal:
         if value not in args:
             raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
@@ -132,13 +173,16 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
 
 
 def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """``["train.lr=1e-4", "draft.arch=eagle"]`` -> nested dict (values parsed as YAML scalars)."""
+    """``["train.lr=1e-4", "draft.arch=eagle"]`` -> nested dict (values parsed as YAML scalars; a scalar YAML
+    reads as something other than a string is a ``Written``, so a text setting keeps the word as typed)."""
     nested: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, raw = item.split("=", 1)
         value = yaml.safe_load(raw) if raw != "" else ""
+        if not isinstance(value, (str, dict, list)):  # off -> False, null -> None, 2026-11-26 -> a date, 01 -> 1
+            value = Written(raw.strip(), value)
         node = nested
         parts = key.strip().split(".")
         for part in parts[:-1]:

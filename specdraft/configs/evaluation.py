@@ -66,8 +66,9 @@ class EvalSettings:
     # processes the questions are spread over: None = one per CPU core (CPU) or per ``gpus`` GPUs (CUDA);
     # 1 = in this process. Records are the same whatever the split (timings aside)
     workers: int | None = None
-    # vanilla / prompt-lookup cache directory: "auto" = beside the report (``<report dir>/baselines``; the
-    # flow's: ``<workdir>/eval/baselines``; no report: none), "off" = decode them every time, else a directory
+    # where vanilla's tokens and the floor's counts are kept (never times: every evaluation times them itself) and
+    # compared with the next evaluation's: "auto" = beside the report (``<report dir>/baselines``; the flow's:
+    # ``<workdir>/eval/baselines``; no report: none), "off" = kept nowhere, else a directory
     baselines: str = "auto"
     engine: EngineSettings = field(default_factory=EngineSettings)  # the serving engine's measurement (vLLM)
     allow_empty: bool = False  # question files holding no question: an error (exit 2) unless true

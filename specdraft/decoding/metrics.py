@@ -8,6 +8,9 @@ Definitions (``speculative.Generation`` counts; sums run over all turns of a gro
   draft token given that depth i-1 was accepted and depth i was drafted (None when never tried).
 * tokens/s = Σ new tokens / Σ wall time (prefill included) for speculative and vanilla
   decoding of the same prompts with the same target and settings; speedup = their ratio.
+* load_1m: the mean of the records' ``load_1m`` (the machine's 1-minute load average when each turn ended;
+  its three decoders ran one right after the other), ``load_1m_max`` the highest: the load a speedup was
+  measured under (None when the records carry none).
 * lossless: in greedy mode the speculative tokens must equal the vanilla tokens; mismatching
   turns are counted and the first differing position is recorded.
 * the prompt-lookup floor (``prompt_lookup``): records may carry a second decoder's counts
@@ -96,6 +99,7 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
     assert all(with_pld) or not any(with_pld), "some records have prompt-lookup counts and some do not"
     pld = _decoder_summary(records, "_pld") if records and all(with_pld) else dict.fromkeys(DECODER_KEYS)
     speed, pld_speed = spec["tokens_per_s"], pld["tokens_per_s"]
+    loads = [r["load_1m"] for r in records if r.get("load_1m") is not None]
     return {
         "tau": spec["tau"],
         "alpha": spec["alpha"],
@@ -108,6 +112,8 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "baseline_wall_s": base_wall,
         "baseline_tokens_per_s": base_speed,
         "speedup": speed / base_speed if speed and base_speed else None,
+        "load_1m": sum(loads) / len(loads) if loads else None,  # the load the speedups were measured under
+        "load_1m_max": max(loads) if loads else None,
         "lossless_checked": spec["lossless_checked"],
         "lossless_mismatches": spec["lossless_mismatches"],
         "first_mismatches": spec["first_mismatches"],

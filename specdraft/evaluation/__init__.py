@@ -6,7 +6,7 @@ Modules, bottom up (each imports only those above it, ``specdraft.decoding`` and
 * ``questions``         question files -> globally numbered questions; chat-template prompts and answers.
 * ``models``            target + draft + tokenizer loaded for evaluation, and their warm-up.
 * ``records``           one question, turn by turn: vanilla, speculative and prompt-lookup decoding -> records.
-* ``baselines``         vanilla decoding and the floor of a question set, cached on disk.
+* ``baselines``         vanilla's tokens and the floor's counts of a question set, kept on disk (never times).
 * ``replicas``          questions spread over worker processes.
 * ``report``            records -> per-dataset / per-turn report, written whole.
 * ``run``               ``run_eval``: questions, cache, workers and report in one call.

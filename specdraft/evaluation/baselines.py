@@ -1,27 +1,31 @@
-"""Floors and baselines computed once: the vanilla baseline and the prompt-lookup floor of a question
-set, cached on disk (docs/evaluation.md; τ and speedup as in "EAGLE-2:
-Faster Inference of Language Models with Dynamic Draft Trees", §5).
+"""The vanilla answers and prompt-lookup counts of a question set, kept on disk — tokens and counts, never
+times (docs/evaluation.md; τ and speedup as in "EAGLE-2: Faster Inference of Language Models with Dynamic
+Draft Trees", §5).
 
-Vanilla decoding and prompt-lookup decoding (PLD) of a question set depend only on the target, the
-questions and the decode settings — not on the draft — so an evaluation of a second draft on the
-same questions reads them instead of decoding them again. Two JSON files per question set, in a
-cache directory, each keyed by a digest of everything that decides its contents:
+Every evaluation decodes and times vanilla and the prompt-lookup floor (PLD) itself, beside the draft, turn
+by turn (``records``): a speedup divides two times measured in the same run under the same load, never a
+time measured now by one measured at another moment. What vanilla and PLD produce depends only on the
+target, the questions and the decode settings, not on the draft, so it is kept: an evaluation compares
+its vanilla tokens and floor counts with an earlier one's and counts the turns that differ (a changed
+answer means a changed setup or nondeterministic kernels; greedy decoding on one machine should give none).
+Two JSON files per question set, in a cache directory, each keyed by a digest of everything that decides
+its contents:
 
 * ``vanilla-<key>.json``: the target's content fingerprint (``target.target_fingerprint``), the
   question set's digest (every question's dataset, number, id and turns, after ``max_questions``),
   the sampling settings, ``max_new_tokens``, the seed, the system prompt, dtype, attention kernel,
-  the machine (host, device, workers and threads: the baseline's *time* is only comparable on the
-  same machine under the same split) and the torch / transformers versions;
+  the machine (host, device, workers and threads: low-order bits of a sum, hence a near-tied greedy
+  token, may differ between devices and thread counts) and the torch / transformers versions;
 * ``pld-<key>.json``: the vanilla key plus the prompt-lookup settings and its γ (which follows the
   draft's max depth unless ``pld.gamma`` is set: a chain γ=5 draft and a depth-5 tree share it).
 
-Per turn (``"<question index>:<turn>"``) the vanilla file holds the prompt's digest, the tokens,
-wall time, rounds and stop reason; the PLD file the prompt's digest and the ``_pld`` record fields.
-A turn is reused only when its prompt renders to the same token ids (a changed chat template or
-tokenizer is decoded again, and counted). Files are written whole (``files.write_text``) and merged
-with what another evaluation wrote meanwhile; a file that does not parse is set aside and rebuilt.
-The report says what was reused (``settings.baselines``) and each record whether its baseline /
-floor came from the cache (``baseline_cached``, ``pld_cached``).
+Per turn (``"<question index>:<turn>"``) the vanilla file holds the prompt's digest, the tokens, rounds
+and stop reason; the PLD file the prompt's digest and the ``_pld`` record fields less their times. A
+turn is compared only when its prompt renders to the same token ids (a changed chat template or
+tokenizer is counted stale). Files are written whole (``files.write_text``) and merged with what
+another evaluation wrote meanwhile; a file that does not parse is set aside and rebuilt. The report says
+what was compared (``settings.baselines``) and each record whether its vanilla answer / floor differ from
+the cache's (``baseline_changed``, ``pld_changed``: None when the cache had nothing for the prompt).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from specdraft.configs.evaluation import EvalSettings
 from specdraft.placement import resolve_dtype
 from specdraft.target import target_fingerprint
 
-FORMAT = 1
+FORMAT = 2  # 2: no times (format 1 held vanilla's and the floor's wall times)
 CACHE_FIELD = "_cache"  # what a record carries to the cache (popped before the report is built)
 
 
@@ -63,8 +67,8 @@ def prompt_digest(prompt: list[int]) -> str:
 
 
 def machine(device: torch.device, workers: int, threads: int) -> dict[str, Any]:
-    """Where a baseline's time was measured: comparable only on the same machine, split and threads (a
-    driver without the GPU its replicas use names the GPU type it cannot see as ``"remote"``)."""
+    """Where vanilla and the floor were decoded: their tokens are compared only on the same machine, split and
+    threads (a driver without the GPU its replicas use names the GPU type it cannot see as ``"remote"``)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device) if torch.cuda.is_available() else "remote"
     else:
@@ -81,9 +85,10 @@ class CacheFile:
     key: dict[str, Any]
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     measured_at: str | None = None  # when the entries read from disk were first written
-    reused: int = 0  # turns read from the file
-    measured: int = 0  # turns decoded (and written to the file)
-    stale: int = 0  # cached turns whose prompt no longer renders the same (decoded again)
+    compared: int = 0  # turns the file held for the same prompt: compared with this evaluation's
+    changed: int = 0  # of those, turns whose tokens / counts differ from the file's
+    written: int = 0  # turns written to the file (new, stale or changed)
+    stale: int = 0  # cached turns whose prompt no longer renders the same
 
     @classmethod
     def open(cls, directory: Path | None, kind: str, key: dict[str, Any]) -> CacheFile:
@@ -98,7 +103,7 @@ class CacheFile:
 
     def save(self, fresh: dict[str, dict[str, Any]]) -> None:
         """Merge ``fresh`` entries into the file (entries another evaluation wrote meanwhile are kept)."""
-        self.measured += len(fresh)
+        self.written += len(fresh)
         if self.path is None or not fresh:
             return
         data = _read(self.path)
@@ -111,8 +116,8 @@ class CacheFile:
         files.write_text(self.path, json.dumps(payload, sort_keys=True) + "\n")
 
     def summary(self) -> dict[str, Any]:
-        return {"file": None if self.path is None else str(self.path), "reused": self.reused,
-                "measured": self.measured, "stale": self.stale, "measured_at": self.measured_at}
+        return {"file": None if self.path is None else str(self.path), "compared": self.compared,
+                "changed": self.changed, "written": self.written, "stale": self.stale, "measured_at": self.measured_at}
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -151,7 +156,7 @@ class Baselines:
 
     def for_question(self, question: dict[str, Any]) -> dict[str, Any]:
         """What the cache holds for this question's turns: ``{"vanilla": {turn: entry}, "pld": {...}}``
-        (JSON-able; ``records.evaluate_question`` uses an entry only when the turn's prompt digest matches)."""
+        (JSON-able; ``records.evaluate_question`` compares an entry only when the turn's prompt digest matches)."""
         out: dict[str, Any] = {"vanilla": {}, "pld": {}}
         for turn in range(1, len(question["turns"]) + 1):
             name = f"{question['index']}:{turn}"
@@ -161,7 +166,7 @@ class Baselines:
         return out
 
     def absorb(self, records: list[dict[str, Any]]) -> None:
-        """Count the reuse the records report, pop what they carry to the cache and write it."""
+        """Count the comparisons the records report, pop what they carry to the cache and write it."""
         fresh: dict[str, dict[str, dict[str, Any]]] = {"vanilla": {}, "pld": {}}
         for r in records:
             carried = r.pop(CACHE_FIELD, {})
@@ -169,11 +174,11 @@ class Baselines:
             for kind in ("vanilla", "pld"):
                 if kind in carried:
                     fresh[kind][name] = carried[kind]
-            self.vanilla.reused += bool(r.get("baseline_cached"))
-            self.vanilla.stale += bool(r.get("baseline_stale"))
-            if self.pld is not None:
-                self.pld.reused += bool(r.get("pld_cached"))
-                self.pld.stale += bool(r.get("pld_stale"))
+            for cache, prefix in ((self.vanilla, "baseline"), (self.pld, "pld")):
+                if cache is not None:
+                    cache.compared += r.get(f"{prefix}_changed") is not None
+                    cache.changed += bool(r.get(f"{prefix}_changed"))
+                    cache.stale += bool(r.get(f"{prefix}_stale"))
         self.vanilla.save(fresh["vanilla"])
         if self.pld is not None:
             self.pld.save(fresh["pld"])

@@ -145,6 +145,7 @@ def engine_summary(report: dict[str, Any]) -> str:
         lines.append(f"  {name}: acceptance length {fmt(d['acceptance_length'])} vs ours {fmt(d['tau_ours'])} "
                      f"(gap {fmt(None if d['gap'] is None else 100 * d['gap'], '+.1f')}%), accepted per position "
                      f"[{pos}], {fmt(d['tokens_per_s'], '.1f')} tokens/s vs {fmt(d['tokens_per_s_vanilla'], '.1f')} "
-                     f"without the draft (engine speedup {fmt(d['speedup'], '.2f')})")
+                     f"without the draft (engine speedup {fmt(d['speedup'], '.2f')}, both timed in this run, load "
+                     f"{fmt(d.get('load_1m'), '.2f')} / {fmt(d.get('load_1m_vanilla'), '.2f')} without)")
     lines += [f"  warning: {w}" for w in report["warnings"]]
     return "\n".join(lines)

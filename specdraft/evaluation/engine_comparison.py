@@ -98,6 +98,7 @@ def _engine_side(run: EngineRun, draft: str, names: list[str], k: int, greedy: b
     spec_s = sum(run.spec_s[draft][n] for n in names)
     vanilla_s = sum(run.vanilla_s[n] for n in names)
     drafts = counters["num_drafts"]
+    loads = {side: [x for n in names for x in run.load_1m.get(side, {}).get(n, [])] for side in ("vanilla", draft)}
     spec_tps = spec_tokens / spec_s if spec_s else None
     vanilla_tps = vanilla_tokens / vanilla_s if vanilla_s else None
     return {
@@ -109,6 +110,9 @@ def _engine_side(run: EngineRun, draft: str, names: list[str], k: int, greedy: b
         "tokens_per_s": spec_tps,  # the engine with the draft
         "tokens_per_s_vanilla": vanilla_tps,  # the engine without it
         "speedup": spec_tps / vanilla_tps if spec_tps and vanilla_tps else None,  # the engine's own speedup
+        # the 1-minute load average while each was timed (the same run, one after the other)
+        "load_1m": sum(loads[draft]) / len(loads[draft]) if loads[draft] else None,
+        "load_1m_vanilla": sum(loads["vanilla"]) / len(loads["vanilla"]) if loads["vanilla"] else None,
     }
 
 
@@ -131,5 +135,7 @@ def _dataset_report(run: EngineRun, draft: str, names: list[str], ours: dict[str
         "tokens_per_s": engine["tokens_per_s"],  # the engine with the draft
         "tokens_per_s_vanilla": engine["tokens_per_s_vanilla"],  # the engine without it
         "speedup": engine["speedup"],  # the engine's own speedup
+        "load_1m": engine["load_1m"],  # the load while the engine ran with the draft
+        "load_1m_vanilla": engine["load_1m_vanilla"],  # ... and without it
         "tokens_per_s_ours": ours["tokens"] / ours["wall_s"] if ours["wall_s"] else None,
     }

@@ -15,6 +15,9 @@ Progress: the prompts are generated a few at a time (``CHUNK``; batch 1 in the e
 relays to the user; stderr without one), while vLLM's own output goes wherever the process's stdout and
 stderr go (``measure_engine``: the engine's log file).
 
+Both are timed in this one process, one after the other (one engine in memory at a time: a GPU holds one), never
+read from an earlier run; the load average after each timed call is kept beside the times (``EngineRun.load_1m``).
+
 This module is the engine process's entry point alone: it imports vLLM at its top (nothing else in
 specdraft imports it but the plugin).
 """
@@ -38,6 +41,7 @@ from specdraft.decoding.speculative import eos_token_ids
 from specdraft.evaluation.engine_records import EngineRequest, EngineRun
 from specdraft.export.commands import cpu_engine_args, cuda_host
 from specdraft.evaluation.questions import answer_text, render_prompt
+from specdraft.evaluation.records import load_1m
 from specdraft.configs.evaluation import EngineSettings
 from specdraft.progress import ProgressLines
 from specdraft.target import load_tokenizer
@@ -100,6 +104,12 @@ def _progress_stream():
     return os.fdopen(int(fd), "w", buffering=1)
 
 
+def _note_load(run: EngineRun, measured: str, dataset: str) -> None:
+    load = load_1m()
+    if load is not None:
+        run.load_1m.setdefault(measured, {}).setdefault(dataset, []).append(load)
+
+
 def run_engine(request: EngineRequest) -> EngineRun:
     """The engine process: vanilla turn by turn (building the prompts), then each draft on the same prompts."""
     settings = EngineSettings(**request.settings)
@@ -125,6 +135,7 @@ def run_engine(request: EngineRequest) -> EngineRun:
                 prompts.append(render_prompt(tokenizer, history[q["index"]]))
             answers, seconds = _generate(llm, prompts, params, lines)
             run.vanilla_s[dataset] += seconds
+            _note_load(run, "vanilla", dataset)
             for q, prompt, answer in zip(asked, prompts, answers):
                 history[q["index"]].append({"role": "assistant", "content": answer_text(tokenizer, answer, eos)})
                 run.prompts.append(prompt)
@@ -142,6 +153,7 @@ def run_engine(request: EngineRequest) -> EngineRun:
             rows = [i for i, t in enumerate(run.turns) if t["dataset"] == name]
             before = _counters(llm)
             out, seconds[name] = _generate(llm, [run.prompts[i] for i in rows], params, lines)
+            _note_load(run, draft, name)
             after = _counters(llm)
             for i, answer in zip(rows, out):
                 answers[i] = answer

@@ -40,3 +40,6 @@ class EngineRun:
     spec_s: dict[str, dict[str, float]] = field(default_factory=dict)
     counters: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)  # name, version, max_model_len
+    # "vanilla" or a draft name -> per dataset the machine's 1-minute load average after each of its timed
+    # generate calls (the load its tokens/s were measured under)
+    load_1m: dict[str, dict[str, list[float]]] = field(default_factory=dict)

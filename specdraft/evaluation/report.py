@@ -3,7 +3,8 @@ floor (docs/evaluation.md; τ, α_i and speedup as in "EAGLE-2: Faster Inference
 of Language Models with Dynamic Draft Trees", §5; the metrics themselves are ``decoding.metrics.summarize``).
 
 The summary reports ``tau_pld``, ``alpha_pld``, ``pld_lossless`` and ``tau_over_pld`` beside the draft's τ;
-the report's ``settings`` hold the evaluation settings, where it ran and what the baseline cache reused.
+the report's ``settings`` hold the evaluation settings, where it ran and what the baseline cache compared;
+every block's ``load_1m`` is the machine's load average while its turns ran, beside its speedups.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ from tests.eval_records import check_tau, records_of
 
 TIMING = {"wall_s", "draft_s", "verify_s", "baseline_wall_s", "tokens_per_s", "baseline_tokens_per_s", "speedup",
           "stage_wall_s", "ray", "wall_s_pld", "draft_s_pld", "verify_s_pld", "tokens_per_s_pld", "speedup_pld",
-          "workers", "baselines", "baseline_cached", "pld_cached"}  # how it ran: not what it found
+          "workers", "baselines", "baseline_changed", "pld_changed",
+          "load_1m", "load_1m_max"}  # how it ran: not what it found
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +131,6 @@ def test_cli_eval_writes_the_report(models, question_files, tmp_path, capsys):
         assert "1" in block["turns"]
         assert block["pld_lossless"] is True  # the floor ran (depth 3 lookups) and printed beside tau
         assert f"{name}: tau {block['tau']:.2f} vs pld {block['tau_pld']:.2f} (tau/pld {block['tau_over_pld']:.2f})" in printed
+        # the speedups, both from times measured in this run, carry the load they were measured under
+        assert (f"(speedup {block['speedup']:.2f}, pld {block['speedup_pld']:.2f}; all timed in this run, "
+                f"load {block['load_1m']:.2f})") in printed

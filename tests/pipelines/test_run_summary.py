@@ -73,6 +73,17 @@ def test_summary_says_what_happened_and_where(tmp_path):
     assert row(r"toy\s+2\.65\s+1\.37\s+1\.93\s+0\.17") and row(r"dataset\s+tau\s+floor\s+tau/floor\s+speedup\s+\(.*")
     flat = " ".join(text.split())  # prose is wrapped
     assert "speedup 0.17 < 1 on toy" in flat and "took as long as 15.6 plain decoding steps" in flat  # 2.65 / 0.17
+    # a report whose speedup carries the load it was measured under (issue 41) shows it beside the speedup
+    loaded = {"datasets": {"toy": {**EVAL_REPORT["datasets"]["toy"], "load_1m": 2.31}}}
+    text = render_text(summarize("toy", records(tmp_path), PLACE, loaded))
+    assert re.search(r"^toy\s+2\.65\s+1\.37\s+1\.93\s+0\.17\s+2\.31$", text, re.M), text
+    assert re.search(r"^dataset\s+tau\s+floor\s+tau/floor\s+speedup\s+load\s+\(.*load average", text, re.M)
+    from pipelines.report import render_report
+
+    html = render_report(summarize("toy", records(tmp_path), PLACE, loaded), training=[], eval_report=None, history=[])
+    assert "<th>speedup</th><th>load (1 min)</th>" in html and "2.31" in html
+    assert "load (1 min)" not in render_report(summarize("toy", records(tmp_path), PLACE, EVAL_REPORT), training=[],
+                                               eval_report=None, history=[])
     # the gate's decision, the champion, exports and how to serve it
     assert ("register toy-draft v3: promoted to champion (tau 2.6500 > prompt-lookup floor 1.3700; "
             "tau 2.6500 > champion 2.4100) champion v3") in flat

@@ -40,13 +40,14 @@ def test_an_engine_that_is_not_installed_is_refused_before_anything_runs(monkeyp
 
 def test_the_engine_lines_of_an_eval_report():
     row = {"acceptance_length": 2.04, "tau_ours": 2.0, "gap": 0.02, "accepted_per_pos": [0.6, 0.3, 0.14],
-           "tokens_per_s": 90.0, "tokens_per_s_vanilla": 60.0, "speedup": 1.5}
+           "tokens_per_s": 90.0, "tokens_per_s_vanilla": 60.0, "speedup": 1.5, "load_1m": 1.25, "load_1m_vanilla": 0.5}
     report = {"engine": {"name": "vllm", "version": "0.32.0"}, "format": "vllm", "speculative_tokens": 3,
               "datasets": {"toy": row}, "overall": row, "warnings": ["toy: a gap"]}
     text = engine_summary(report)
     assert "engine vllm 0.32.0 (vllm export, chain K=3):" in text
     assert ("toy: acceptance length 2.040 vs ours 2.000 (gap +2.0%), accepted per position [0.60, 0.30, 0.14], "
-            "90.0 tokens/s vs 60.0 without the draft (engine speedup 1.50)") in text
+            "90.0 tokens/s vs 60.0 without the draft (engine speedup 1.50, both timed in this run, load 1.25 / 0.50 "
+            "without)") in text
     assert text.splitlines()[-1] == "  warning: toy: a gap"
 
 
@@ -67,7 +68,7 @@ def test_the_engines_own_ngram_drafter_is_our_floors_range_and_reported_from_its
                     counters={"ngram": {"mt": {"num_drafts": 4, "num_accepted_tokens": 2,
                                                "num_accepted_tokens_per_pos": [2, 0, 0]},
                                         "he": {"num_drafts": 0, "num_accepted_tokens": 0}}},
-                    engine={"name": "vllm"})
+                    engine={"name": "vllm"}, load_1m={"vanilla": {"mt": [1.0, 2.0], "he": [4.0]}, "ngram": {"mt": [0.5]}})
     report = engine_only(run, "ngram", k=3)
     mt, he, overall = report["datasets"]["mt"], report["datasets"]["he"], report["overall"]
     assert mt["acceptance_length"] == 1.5 and mt["accepted_per_pos"] == [0.5, 0.0, 0.0]
@@ -75,6 +76,9 @@ def test_the_engines_own_ngram_drafter_is_our_floors_range_and_reported_from_its
     assert mt["engine_lossless"] == 1 and mt["prompts"] == 2  # the second answer differs from the engine's own
     assert he["acceptance_length"] is None and he["accepted_per_pos"] == [] and he["speedup"] == 0.5  # nothing drafted
     assert overall["acceptance_length"] == 1.5 and overall["prompts"] == 3 and overall["engine_lossless"] == 2
+    # each speedup carries the load it was measured under, with and without the drafter (None: none sampled)
+    assert (mt["load_1m"], mt["load_1m_vanilla"], he["load_1m"], he["load_1m_vanilla"]) == (0.5, 1.5, None, 4.0)
+    assert overall["load_1m_vanilla"] == pytest.approx(7 / 3)
     assert overall["tokens_per_s"] == pytest.approx(9 / 5) and overall["tokens_per_s_vanilla"] == pytest.approx(9 / 4.5)
 
 

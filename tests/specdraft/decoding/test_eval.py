@@ -77,6 +77,9 @@ def test_summary_definitions():
     assert s["lossless_checked"] == 2 and s["lossless_mismatches"] == 1
     assert s["first_mismatches"] == [{"question_id": 1, "turn": 2, "position": 2}]
     assert s["tau_pld"] is None and s["tau_over_pld"] is None and s["pld_lossless"] is None  # no floor measured
+    assert s["load_1m"] is None and s["load_1m_max"] is None  # no load sampled
+    loaded = summarize([{**rows[0], "load_1m": 1.5}, {**rows[1], "load_1m": 2.5}, {**rows[1], "load_1m": None}])
+    assert (loaded["load_1m"], loaded["load_1m_max"]) == (2.0, 2.5)  # the mean and the highest of those sampled
     report = build_report(rows, {})
     assert set(report["datasets"]["d"]["turns"]) == {"1", "2"}
     assert first_mismatch([1, 2, 3], [1, 2]) == 2 and first_mismatch([1], [1]) is None
@@ -175,7 +178,8 @@ def test_a_target_without_chat_template_is_prompted_with_the_fallback(templatele
 
 TIMINGS = {"wall_s", "draft_s", "verify_s", "baseline_wall_s", "tokens_per_s", "baseline_tokens_per_s", "speedup",
            "wall_s_pld", "draft_s_pld", "verify_s_pld", "tokens_per_s_pld", "speedup_pld", "workers", "baselines",
-           "placement", "baseline_cached", "pld_cached"}
+           "placement", "baseline_changed", "pld_changed",
+           "load_1m", "load_1m_max"}
 
 
 def without(obj, keys=TIMINGS):
@@ -220,8 +224,10 @@ def test_questions_in_parallel_give_the_serial_records(toy_target_dir, draft_dir
     assert len(serial["records"]) == 4 and serial["overall"]["rounds"] > 0
 
 
-def test_baselines_are_decoded_once_and_reused_for_another_draft(toy_target_dir, draft_dir, question_files,
-                                                                 tmp_path, serial_threads):
+def test_the_cache_keeps_tokens_never_times_and_every_run_times_all_three(toy_target_dir, draft_dir, question_files,
+                                                                       tmp_path, serial_threads):
+    """Issue 41: vanilla and the floor are timed in every evaluation, beside the draft, turn by turn in rotating
+    order; the cache keeps their tokens and counts (compared with the next evaluation's), never a time."""
     heads = load_target_heads(toy_target_dir)
     torch.manual_seed(1)
     other = save_draft(build_draft(draft_config_from_target(load_target_config(toy_target_dir), "eagle"),
@@ -229,32 +235,56 @@ def test_baselines_are_decoded_once_and_reused_for_another_draft(toy_target_dir,
     settings = EvalSettings(decode=DecodeConfig(mode="chain", gamma=3, max_new_tokens=12), workers=1,
                             baselines=str(tmp_path / "cache"))
     first = run_eval(toy_target_dir, draft_dir, question_files, settings, progress=False)
-    assert first["settings"]["baselines"]["vanilla"]["measured"] == 4
-    assert first["settings"]["baselines"]["vanilla"]["reused"] == 0
-    assert not any(r["baseline_cached"] or r["pld_cached"] for r in first["records"])
+    assert {k: first["settings"]["baselines"]["vanilla"][k] for k in ("written", "compared", "changed")} == {
+        "written": 4, "compared": 0, "changed": 0}
+    assert all(r["baseline_changed"] is None and r["pld_changed"] is None for r in first["records"])
+    # interleaved: each turn ran the three decoders one after the other, the order rotating turn by turn
+    orders = [r["order"] for r in first["records"]]
+    assert all(sorted(o) == ["draft", "pld", "vanilla"] and o in (["draft", "vanilla", "pld"],
+               ["vanilla", "pld", "draft"], ["pld", "draft", "vanilla"]) for o in orders), orders
+    assert {o[0] for o in orders} == {"draft", "vanilla", "pld"}  # each one leads some turn
+    assert all(isinstance(r["load_1m"], float) for r in first["records"]) and first["overall"]["load_1m"] >= 0
+    # the files hold tokens and counts, no time; an old file's times (or one slipped in) are never read
+    paths = {kind: first["settings"]["baselines"][kind]["file"] for kind in ("vanilla", "pld")}
+    for kind, path in paths.items():
+        data = json.loads(open(path).read())
+        assert not [k for turn in data["turns"].values() for k in (turn.get("fields") or turn) if k.endswith("_s")
+                    or "_s_" in k], kind
+        for turn in data["turns"].values():
+            turn.update({"wall_s": 1e-9, "baseline_wall_s": 1e-9})
+            if kind == "pld":
+                turn["fields"].update({"wall_s_pld": 1e-9})
+        open(path, "w").write(json.dumps(data))
     second = run_eval(toy_target_dir, other, question_files, settings, progress=False)
     used = second["settings"]["baselines"]
-    assert used["vanilla"]["reused"] == used["pld"]["reused"] == 4 and used["vanilla"]["measured"] == 0
-    assert used["vanilla"]["measured_at"] is not None
-    assert all(r["baseline_cached"] and r["pld_cached"] for r in second["records"])
-    pld_keys = {k for k in first["records"][0] if k.endswith("_pld")}
-    for a, b in zip(first["records"], second["records"]):  # the same vanilla answers and floor, not decoded again
-        assert (a["baseline_new_tokens"], a["baseline_wall_s"]) == (b["baseline_new_tokens"], b["baseline_wall_s"])
-        assert {k: a[k] for k in pld_keys} == {k: b[k] for k in pld_keys}
-        assert a["prompt_tokens"] == b["prompt_tokens"]  # turn 2 saw the same (cached) vanilla answer
+    assert used["vanilla"]["compared"] == used["pld"]["compared"] == 4 and used["vanilla"]["written"] == 0
+    assert used["vanilla"]["changed"] == used["pld"]["changed"] == 0 and used["vanilla"]["measured_at"] is not None
+    assert all(r["baseline_changed"] is False and r["pld_changed"] is False for r in second["records"])
+    for r in second["records"]:  # the times are this run's: the planted 1e-9 s is nowhere
+        assert r["baseline_wall_s"] > 1e-6 and r["wall_s_pld"] > 1e-6 and r["wall_s"] > 1e-6
+    for block in (second["overall"], second["datasets"]["mt_bench"]):
+        assert block["speedup"] == pytest.approx(block["tokens_per_s"] / block["baseline_tokens_per_s"])
+        assert block["baseline_tokens_per_s"] < 1e6 and block["speedup_pld"] < 1e3
+    for a, b in zip(first["records"], second["records"]):  # the same vanilla answers and floor counts
+        assert (a["baseline_new_tokens"], a["rounds_pld"], a["tokens_sha_pld"]) == (
+            b["baseline_new_tokens"], b["rounds_pld"], b["tokens_sha_pld"])
+        assert a["prompt_tokens"] == b["prompt_tokens"]
     assert second["overall"]["lossless_checked"] == 4 and second["overall"]["lossless_mismatches"] == 0
-    # other settings (here the floor's gamma, via the chain length) get their own floor, the same vanilla
+    # other settings (here the floor's gamma, via the chain length) get their own floor file, the same vanilla
     third = run_eval(toy_target_dir, other, question_files,
                      EvalSettings(decode=DecodeConfig(mode="chain", gamma=2, max_new_tokens=12), workers=1,
                                   baselines=str(tmp_path / "cache")), progress=False)
-    assert third["settings"]["baselines"]["vanilla"]["reused"] == 4
-    assert third["settings"]["baselines"]["pld"]["measured"] == 4
-    # a cached turn whose prompt no longer renders the same is decoded again, and counted
-    path = first["settings"]["baselines"]["vanilla"]["file"]
-    data = json.loads(open(path).read())
+    assert third["settings"]["baselines"]["vanilla"]["compared"] == 4
+    assert third["settings"]["baselines"]["pld"]["written"] == 4 and third["settings"]["baselines"]["pld"]["compared"] == 0
+    # a cached answer that differs is counted and replaced; a turn whose prompt no longer renders the same is stale
+    data = json.loads(open(paths["vanilla"]).read())
     data["turns"]["0:1"]["prompt"] = "something else"
-    open(path, "w").write(json.dumps(data))
+    data["turns"]["1:1"]["tokens"] = data["turns"]["1:1"]["tokens"][:-1]
+    open(paths["vanilla"], "w").write(json.dumps(data))
     fourth = run_eval(toy_target_dir, other, question_files, settings, progress=False)
-    assert fourth["settings"]["baselines"]["vanilla"]["stale"] == 1
-    assert fourth["settings"]["baselines"]["vanilla"]["measured"] == 1
-    assert [r["baseline_cached"] for r in fourth["records"]] == [False, True, True, True]
+    got = fourth["settings"]["baselines"]["vanilla"]
+    assert (got["stale"], got["compared"], got["changed"], got["written"]) == (1, 3, 1, 2)
+    assert [r["baseline_changed"] for r in fourth["records"]] == [None, False, True, False]
+    rewritten = json.loads(open(paths["vanilla"]).read())["turns"]
+    assert len(rewritten["1:1"]["tokens"]) == fourth["records"][2]["baseline_new_tokens"]  # this run's answer
+    assert rewritten["0:1"]["prompt"] != "something else"
