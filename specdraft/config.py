@@ -43,6 +43,18 @@ class Written:
     value: Any
 
 
+def _as_read(value: Any) -> Any:
+    """``value`` with every ``Written`` inside it (a mapping's or a list's items too) as YAML reads it: what an
+    untyped setting (``Any``, a ``dict[str, Any]``'s values: ``vllm_engine_kwargs.enforce_eager=true``) takes."""
+    if isinstance(value, Written):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _as_read(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_read(v) for v in value]
+    return value
+
+
 def _takes_text(tp: Any) -> bool:
     """A text setting: ``str``, a ``Literal`` whose choices are all strings, or a list / tuple of those
     (given as ``a,b``)."""
@@ -102,7 +114,7 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
             except ConfigError as err:
                 raise ConfigError(str(err).replace(repr(value.value), repr(value.text))) from None
     if tp is Any:
-        return value
+        return _as_read(value)
     if origin in (typing.Union, types.UnionType):
         if (value.value if isinstance(value, Written) else value) is None and type(None) in args:
             return None  # ``key=null`` sets an optional field to None (a plain str field keeps "null")
@@ -142,7 +154,9 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return dict(value)
+        if len(args) == 2 and args[1] is not Any:
+            return {k: _coerce(args[1], v, f"{where}.{k}") for k, v in value.items()}
+        return _as_read(dict(value))
     if tp is bool:
         if isinstance(value, bool):
             return value

@@ -114,3 +114,25 @@ def test_the_issue_s_command_lines_and_the_other_types_unchanged():
                       ("engine.name=off", "'off' is not one of")):
         with pytest.raises(ConfigError, match=says):
             load_config(spec, None, [bad])
+
+
+def test_an_untyped_mapping_takes_yaml_s_reading_of_each_value():
+    """A mapping of untyped values (``regenerate.vllm_engine_kwargs``, passed to vLLM as they are) takes what YAML
+    reads, nested too: the word-as-written wrapper never reaches a value (vLLM refused ``enforce_eager`` as a
+    ``{'text': 'True', 'value': True}``); a typed mapping's values follow their type, text keeping its word."""
+    from pipelines.configs import RunConfig
+    from specdraft.config import Written, load
+
+    cfg = load(RunConfig, "configs/toy.yaml", ["regenerate.vllm_engine_kwargs.enforce_eager=True",
+                                               "regenerate.vllm_engine_kwargs.kv_cache_memory_bytes=67108864",
+                                               "regenerate.vllm_engine_kwargs.swap.space=off",
+                                               "regenerate.vllm_engine_kwargs.name=off"])
+    kwargs = cfg.regenerate.vllm_engine_kwargs
+    assert kwargs == {"enforce_eager": True, "kv_cache_memory_bytes": 67108864, "swap": {"space": False},
+                      "name": False}
+    assert type(kwargs["enforce_eager"]) is bool and type(kwargs["kv_cache_memory_bytes"]) is int
+    assert _coerce(typing.Any, [Written("on", True), {"a": Written("01", 1)}], "x") == [True, {"a": 1}]
+    assert _coerce(dict[str, str], {"a": Written("off", False)}, "x") == {"a": "off"}
+    assert _coerce(dict[str, int], {"a": Written("01", 1)}, "x") == {"a": 1}
+    with pytest.raises(ConfigError, match="x.a: expected an int, got 'off'"):
+        _coerce(dict[str, int], {"a": Written("off", False)}, "x")
