@@ -64,6 +64,8 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 CRASH = re.compile(r"Traceback \(most recent call last\)|Fatal Python error|SIGABRT|Mutex corrupt|core_worker\.cc:\d+")
 FLOWS = ("specdraft run", "prefect deployment run", "specdraft train")  # commands that may run long
 PREFECT_PORT = "4200"  # the README's Prefect port, replaced by a free one
+# a command that names a placeholder or an input file the session writes (``Session.make_inputs``)
+INPUTS = re.compile(r"(?<![\w./:@-])(?:T|TARGET|D|S1|S2)(?![\w./:@-])|\b(?:q\.jsonl|a\.parquet|b\.jsonl)\b")
 
 # one session, in order, on one worker: the README's test command keeps a module on one worker (``--dist loadfile``,
 # tests/conftest.py); replay_before still covers ``-k`` on one command
@@ -303,6 +305,8 @@ class Session:
         """Run one command of the pages as the rules say (marked done even when it fails: it is not retried)."""
         self.done.add(command)
         rule = command.rule
+        if rule.chained or INPUTS.search(command.text):
+            self.make_inputs()
         if re.search(r"(?<![\w./:@-])S[12](?![\w./:@-])", command.text):
             self.make_stores()
         self.write_files(command)
@@ -363,6 +367,20 @@ class Session:
         finally:
             stop(proc)
 
+    def make_inputs(self) -> None:
+        """``T``/``TARGET`` (the prebuilt toy target), ``D`` (a random draft of it) and the files the examples name
+        (``write_inputs``), made once, when the first command that may use them runs: a run of only the stateless
+        commands (``-m "not slow"``: ``--help``) makes none of them."""
+        if "T" in self.places:
+            return
+        from specdraft.toy.build import ToyTargetConfig, build_toy_target
+
+        inputs = self.cwd.parent / "inputs"
+        target = build_toy_target(inputs / "T", ToyTargetConfig(), progress=False, prebuilt=True)
+        self.places["T"] = self.places["TARGET"] = str(target)
+        self.places["D"] = str(random_draft(target, inputs / "D"))
+        write_inputs(self.cwd)
+
     def make_stores(self) -> None:
         """S1 and S2: two feature stores of the toy target, made as the README makes stores (``specdraft dump``'s
         own ``main``), both in this process on the session's Ray: not two more processes and clusters to start."""
@@ -387,8 +405,6 @@ def sandbox_files() -> list[str]:
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory, request):
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target
-
     cwd = tmp_path_factory.mktemp("readme") / "specdraft"
     for name in sandbox_files():
         (cwd / name).parent.mkdir(parents=True, exist_ok=True)
@@ -396,13 +412,7 @@ def session(tmp_path_factory, request):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS"))}
     env.update(PYTHONPATH=str(cwd), PREFECT_HOME=str(cwd / ".prefect"), PYTHONUNBUFFERED="1", PWD=str(cwd))
     env.pop("DO_NOT_TRACK", None)  # the README's own lines say what telemetry does
-    places = {}
-    inputs = cwd.parent / "inputs"
-    target = build_toy_target(inputs / "T", ToyTargetConfig(), progress=False, prebuilt=True)
-    places["T"] = places["TARGET"] = str(target)
-    places["D"] = str(random_draft(target, inputs / "D"))
-    write_inputs(cwd)
-    s = Session(cwd=cwd, env=env, places=places, ports={"prefect": str(free_port())},
+    s = Session(cwd=cwd, env=env, ports={"prefect": str(free_port())},
                 start_ray=lambda: request.getfixturevalue("local_ray"))
     yield s
     for proc in reversed(s.background):
@@ -466,6 +476,8 @@ def params():
     for command in COMMANDS:
         rule = command.rule
         marks = [pytest.mark.slow] if rule.chained else []  # a chained command may replay the ones before it
+        if rule.action == "skip":  # skipped before the session is set up: a run of skips sets up nothing
+            marks.append(pytest.mark.skip(reason=rule.reason))
         if command.text.startswith(FLOWS):  # the whole flow (minutes; tens of them on a loaded machine)
             marks.append(pytest.mark.timeout(3600))
         out.append(pytest.param(command, marks=marks, id=command.id))
@@ -474,8 +486,7 @@ def params():
 
 @pytest.mark.parametrize("command", params())
 def test_readme_command(command: Command, session: Session):
-    if command.rule.action == "skip":
-        pytest.skip(command.rule.reason)
+    assert command.rule.action != "skip", "a skipped command is marked skip in params()"
     if command.rule.chained:
         session.replay_before(command)
     session.execute(command)
@@ -549,9 +560,20 @@ def test_the_test_command_keeps_a_module_on_one_worker(tmp_path):
             "@pytest.mark.parametrize('i', range(4))\n"
             f"def test_one(i):\n    pathlib.Path('{tmp_path}', '{module}-%d' % i).write_text("
             "os.environ['PYTEST_XDIST_WORKER'])\n")
+    # the plugins the suite leaves out (pyproject.toml's addopts) left out here too: three pytest processes start
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                          *options, str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          *unloaded_plugins(), *options, str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for module in ("a", "b"):
         workers = {(tmp_path / f"{module}-{i}").read_text() for i in range(4)}
         assert len(workers) == 1, f"test_{module}.py ran on {sorted(workers)} with {options}"
+
+
+def unloaded_plugins() -> list[str]:
+    """The ``-p no:NAME`` options of the suite's pytest settings (pyproject.toml's ``addopts``)."""
+    import tomllib
+
+    settings = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    addopts = shlex.split(settings["addopts"])
+    return [f"-p{value}" for flag, value in zip(addopts, addopts[1:]) if flag == "-p" and value.startswith("no:")]
