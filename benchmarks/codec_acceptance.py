@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -27,8 +26,8 @@ from specdraft.features import FeaturesConfig
 from specdraft.configs.train import TrainConfig
 from specdraft.plan import build_plan
 from specdraft.recipes import RECIPES
-from specdraft.run import build_run, validate_draft
-from specdraft.store import EpochBatches, FeatureDataset, ReaderConfig
+from specdraft.run import build_run
+from specdraft.store import FeatureDataset, ReaderConfig
 from specdraft.target import load_target_heads
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations
@@ -36,7 +35,7 @@ from specdraft.training import OptimConfig
 
 
 def train_and_score(store: Path, val_store: Path, target: Path, recipe: str, epochs: int, seed: int) -> dict:
-    """``recipe`` trained on ``store`` (set up by ``build_run``), scored on ``val_store``'s held-out split."""
+    """``recipe`` trained on ``store`` (``build_run``, ``Run.fit``), scored on ``val_store``'s held-out split."""
     stages = len(RECIPES[recipe].stages)
     cfg = TrainConfig(recipe=recipe, epochs=[max(1, epochs // stages)] * stages, min_steps=0, seed=seed,
                       optim=OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1),
@@ -44,11 +43,9 @@ def train_and_score(store: Path, val_store: Path, target: Path, recipe: str, epo
     plan = build_plan(cfg)
     run = build_run(cfg, plan, target, lambda split, reader, aux: FeatureDataset([store if split == "train" else val_store],
                                                                                  reader, split=split, aux_layers=aux))
-    started = time.perf_counter()
-    run.trainer.run(lambda stage, epoch: EpochBatches(run.train, plan.epoch_offsets[stage] + epoch))
-    counts = validate_draft(run.draft, run.val, 5, 10_000, "cpu")
-    return {"sim_tau": counts.sim_tau, "alpha": counts.alpha, "steps": run.trainer.state.step,
-            "train_s": time.perf_counter() - started}
+    fitted = run.fit(5, 10_000, validate=("after",))
+    counts = fitted.after
+    return {"sim_tau": counts.sim_tau, "alpha": counts.alpha, "steps": run.trainer.state.step, "train_s": fitted.loop_s}
 
 
 @torch.no_grad()
