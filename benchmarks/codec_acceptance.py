@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.host import write_result
 from pipelines.dump import dump_features
 from specdraft.features import FeaturesConfig
 from specdraft.configs.train import TrainConfig
@@ -85,8 +86,8 @@ def main() -> None:
     target = Path(args.target) if args.target else build_toy_target(work / "target", ToyTargetConfig(), progress=False)
     rows = [{"id": f"c{i}", "messages": m} for i, m in enumerate(generate_conversations(args.conversations, seed=99))]
     result: dict = {"benchmark": "codec_acceptance", "target": str(target), "recipe": args.recipe,
-                    "conversations": args.conversations, "epochs": args.epochs,
-                    "host": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "threads": args.threads}}
+                    "conversations": args.conversations, "epochs": args.epochs}
+    load_start = os.getloadavg()
     stores = {}
     for codec in ("fp16", "int8"):
         summary = dump_features(target, rows, work / f"store-{codec}", FeaturesConfig(hidden_codec=codec, max_length=256),
@@ -96,9 +97,7 @@ def main() -> None:
     result["int8_vs_fp16"] = reconstruction(stores["fp16"], stores["int8"], target)
     for codec in ("fp16", "int8"):
         result[codec].update(train_and_score(stores[codec], stores["fp16"], target, args.recipe, args.epochs, args.seed))
-    result["host"]["load_avg_1m_end"] = os.getloadavg()[0]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_result(args.out, result, threads=args.threads, loadavg_at_start=load_start)
     for codec in ("fp16", "int8"):
         r = result[codec]
         print(f"{codec}: {r['bytes_per_token']:.1f} bytes/token, sim_tau {r['sim_tau']:.3f}, "

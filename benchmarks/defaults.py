@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -45,7 +44,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.host import LoadSampler
+from benchmarks.host import LoadSampler, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 # the defaults before issue 11.1 (specdraft.training.OptimConfig, specdraft.recipes.TrainConfig, ReaderConfig)
@@ -339,15 +338,12 @@ def main(argv: list[str] | None = None) -> int:
             phases["eval"] = {k: result["eval"]["default"][k] for k in ("wall_s", "cpu_s")}
         cpu_total = cpu.total()
 
-    result["host"] = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                      "cpus": os.cpu_count(), "torch_threads": 1, "device": "cpu", "load": load.summary()}
+    result["host"] = {"torch_threads": 1, "device": "cpu", "load": load.summary()}  # write_result adds the host's facts
     result["phases"] = phases
     result["total_s"] = round(time.perf_counter() - started, 1)
     result["cpu_s"] = round(cpu_total, 1)
     result["cpu_note"] = "utime + stime of this process and all its descendants (Ray clusters included), /proc sampled every 2 s"
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = write_result(args.out, result)
     print_summary(result)
     print(f"written: {path}")
     return 0
