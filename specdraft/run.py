@@ -82,7 +82,7 @@ OpenSplit = Callable[[str, ReaderConfig, tuple[int, ...]], FeatureSplit]
 
 @dataclass
 class Run:
-    """Everything a worker holds before its loop."""
+    """Everything a worker holds before its loop, and the loop (``fit``)."""
 
     plan: RunPlan  # what the driver resolved (``specdraft.plan``); arch and stages are its
     arch: Arch
@@ -174,7 +174,7 @@ def build_run(
 ) -> Run:
     """The run of ``cfg`` as ``plan`` resolved it on the driver (``specdraft.plan.build_plan``: architecture, stage
     schedule, draft shape, aux layers, vocabulary) on this rank: draft, splits and trainer, ready for
-    ``run.trainer.run``. ``open_split`` opens a split of
+    ``Run.fit``. ``open_split`` opens a split of
     the features with a reader config and the plan's auxiliary layers (``plan.aux_layers``: the one place they
     are said; a store holding others is refused by its reader).
     ``cfg.init_from`` (a draft directory) starts the draft from its weights and vocabulary (``load_warm``)
