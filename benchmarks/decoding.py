@@ -240,9 +240,8 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    # Long on purpose: the benchmark's script read top to bottom (flags; the decoders' settings; the targets
-    # measured, the record saved after each; the table). Most of its length is the flags and the record.
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The benchmark's flags."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="JSON output path")
     ap.add_argument("--shape", choices=["toy", "8b"], default="toy",
@@ -264,7 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="stop generations at EOS (default: run every one to --max-new-tokens, the steady state)")
     ap.add_argument("--flow", action="store_true", help="also time the toy flow's eval stage against its train stage")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
 
     work = Path(args.work).absolute()
     work.mkdir(parents=True, exist_ok=True)

@@ -257,10 +257,8 @@ def evaluate(name: str, target: Path, draft: str, questions: Path, work: Path, n
             "reused": run is None}
 
 
-def main(argv: list[str] | None = None) -> int:
-    # Long on purpose: the benchmark's script read top to bottom (flags; each stage of the default run timed
-    # into ``phases`` under one LoadSampler; the result record). Its pieces share a dozen locals, which
-    # functions would only pass back and forth.
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The benchmark's flags."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="JSON result path")
     ap.add_argument("--work", default="runs/bench-defaults", help="target, prompts, regenerated data, store, runs")
@@ -273,7 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--question-seed", type=int, default=4242)
     ap.add_argument("--skip-old", action="store_true", help="only the default run (no old-defaults contrast runs)")
     ap.add_argument("--skip-eval", action="store_true", help="no real speculative decoding")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     torch.set_num_threads(1)
     from transformers.utils import logging as hf_logging
 
