@@ -17,18 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.host import write_result
 from pipelines.dump import dump_features
 from specdraft.features import FeaturesConfig
 from specdraft.configs.train import TrainConfig
 from specdraft.plan import build_plan
 from specdraft.recipes import RECIPES
-from specdraft.run import build_run, validate_draft
-from specdraft.store import EpochBatches, FeatureDataset, ReaderConfig
+from specdraft.run import build_run
+from specdraft.store import FeatureDataset, ReaderConfig
 from specdraft.target import load_target_heads
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations
@@ -36,7 +36,7 @@ from specdraft.training import OptimConfig
 
 
 def train_and_score(store: Path, val_store: Path, target: Path, recipe: str, epochs: int, seed: int) -> dict:
-    """``recipe`` trained on ``store`` (set up by ``build_run``), scored on ``val_store``'s held-out split."""
+    """``recipe`` trained on ``store`` (``build_run``, ``Run.fit``), scored on ``val_store``'s held-out split."""
     stages = len(RECIPES[recipe].stages)
     cfg = TrainConfig(recipe=recipe, epochs=[max(1, epochs // stages)] * stages, min_steps=0, seed=seed,
                       optim=OptimConfig(lr=3e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1),
@@ -44,11 +44,9 @@ def train_and_score(store: Path, val_store: Path, target: Path, recipe: str, epo
     plan = build_plan(cfg)
     run = build_run(cfg, plan, target, lambda split, reader, aux: FeatureDataset([store if split == "train" else val_store],
                                                                                  reader, split=split, aux_layers=aux))
-    started = time.perf_counter()
-    run.trainer.run(lambda stage, epoch: EpochBatches(run.train, plan.epoch_offsets[stage] + epoch))
-    counts = validate_draft(run.draft, run.val, 5, 10_000, "cpu")
-    return {"sim_tau": counts.sim_tau, "alpha": counts.alpha, "steps": run.trainer.state.step,
-            "train_s": time.perf_counter() - started}
+    fitted = run.fit(5, 10_000, validate=("after",))
+    counts = fitted.after
+    return {"sim_tau": counts.sim_tau, "alpha": counts.alpha, "steps": run.trainer.state.step, "train_s": fitted.loop_s}
 
 
 @torch.no_grad()
@@ -88,8 +86,8 @@ def main() -> None:
     target = Path(args.target) if args.target else build_toy_target(work / "target", ToyTargetConfig(), progress=False)
     rows = [{"id": f"c{i}", "messages": m} for i, m in enumerate(generate_conversations(args.conversations, seed=99))]
     result: dict = {"benchmark": "codec_acceptance", "target": str(target), "recipe": args.recipe,
-                    "conversations": args.conversations, "epochs": args.epochs,
-                    "host": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "threads": args.threads}}
+                    "conversations": args.conversations, "epochs": args.epochs}
+    load_start = os.getloadavg()
     stores = {}
     for codec in ("fp16", "int8"):
         summary = dump_features(target, rows, work / f"store-{codec}", FeaturesConfig(hidden_codec=codec, max_length=256),
@@ -99,9 +97,7 @@ def main() -> None:
     result["int8_vs_fp16"] = reconstruction(stores["fp16"], stores["int8"], target)
     for codec in ("fp16", "int8"):
         result[codec].update(train_and_score(stores[codec], stores["fp16"], target, args.recipe, args.epochs, args.seed))
-    result["host"]["load_avg_1m_end"] = os.getloadavg()[0]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_result(args.out, result, threads=args.threads, loadavg_at_start=load_start)
     for codec in ("fp16", "int8"):
         r = result[codec]
         print(f"{codec}: {r['bytes_per_token']:.1f} bytes/token, sim_tau {r['sim_tau']:.3f}, "

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -47,6 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.host import write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "decoding_worker.py"
@@ -239,9 +240,8 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    # Long on purpose: the benchmark's script read top to bottom (flags; the decoders' settings; the targets
-    # measured, the record saved after each; the table). Most of its length is the flags and the record.
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The benchmark's flags."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="JSON output path")
     ap.add_argument("--shape", choices=["toy", "8b"], default="toy",
@@ -263,7 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-at-eos", action="store_true",
                     help="stop generations at EOS (default: run every one to --max-new-tokens, the steady state)")
     ap.add_argument("--flow", action="store_true", help="also time the toy flow's eval stage against its train stage")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
 
     work = Path(args.work).absolute()
     work.mkdir(parents=True, exist_ok=True)
@@ -301,20 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "benchmark": "decoding",
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                    "cpus": os.cpu_count(), "device": "cuda" if args.shape == "8b" else "cpu",
-                    "load_at_start": os.getloadavg(),
-                    "gpu": torch.cuda.get_device_name() if args.shape == "8b" else None},
+        "host": {"device": "cuda" if args.shape == "8b" else "cpu", "loadavg_at_start": os.getloadavg(),
+                 "gpu": torch.cuda.get_device_name() if args.shape == "8b" else None},
         "before_commit": args.before,
         "targets": {},
     }
     path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every part: a long run that stops keeps what it measured
-        results["machine"]["load_at_end"] = os.getloadavg()
         results["table"] = table(results)
-        path.write_text(json.dumps(results, indent=2) + "\n")
+        write_result(path, results)
 
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         for name, spec in specs.items():

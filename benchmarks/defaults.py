@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -45,7 +44,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.host import LoadSampler
+from benchmarks.host import LoadSampler, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 # the defaults before issue 11.1 (specdraft.training.OptimConfig, specdraft.recipes.TrainConfig, ReaderConfig)
@@ -258,10 +257,8 @@ def evaluate(name: str, target: Path, draft: str, questions: Path, work: Path, n
             "reused": run is None}
 
 
-def main(argv: list[str] | None = None) -> int:
-    # Long on purpose: the benchmark's script read top to bottom (flags; each stage of the default run timed
-    # into ``phases`` under one LoadSampler; the result record). Its pieces share a dozen locals, which
-    # functions would only pass back and forth.
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The benchmark's flags."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="JSON result path")
     ap.add_argument("--work", default="runs/bench-defaults", help="target, prompts, regenerated data, store, runs")
@@ -274,7 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--question-seed", type=int, default=4242)
     ap.add_argument("--skip-old", action="store_true", help="only the default run (no old-defaults contrast runs)")
     ap.add_argument("--skip-eval", action="store_true", help="no real speculative decoding")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     torch.set_num_threads(1)
     from transformers.utils import logging as hf_logging
 
@@ -339,15 +340,12 @@ def main(argv: list[str] | None = None) -> int:
             phases["eval"] = {k: result["eval"]["default"][k] for k in ("wall_s", "cpu_s")}
         cpu_total = cpu.total()
 
-    result["host"] = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                      "cpus": os.cpu_count(), "torch_threads": 1, "device": "cpu", "load": load.summary()}
+    result["host"] = {"torch_threads": 1, "device": "cpu", "load": load.summary()}  # write_result adds the host's facts
     result["phases"] = phases
     result["total_s"] = round(time.perf_counter() - started, 1)
     result["cpu_s"] = round(cpu_total, 1)
     result["cpu_note"] = "utime + stime of this process and all its descendants (Ray clusters included), /proc sampled every 2 s"
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = write_result(args.out, result)
     print_summary(result)
     print(f"written: {path}")
     return 0

@@ -37,8 +37,6 @@ the epochs are settings, not tuned (a warm night's budget is the 40 % the goal a
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
 import re
 import shutil
@@ -50,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.host import LoadSampler
+from benchmarks.host import LoadSampler, write_result
 from benchmarks.recipe_training import SHARED, train_recipe
 from benchmarks.speculative import bootstrap_tau
 from benchmarks.toy_data import build_store, write_questions
@@ -398,13 +396,10 @@ def main(argv: list[str] | None = None) -> int:
         "nights": results,
         "summary": summarize_nights(results),
         "eval_s": round(evaluator.seconds, 1),
-        "host": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                 "threads": 1, "device": "cpu", "load": load.summary()},
+        "host": {"threads": 1, "device": "cpu", "load": load.summary()},  # write_result adds the host's facts
         "total_s": round(time.perf_counter() - started, 1),
     }
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = write_result(args.out, result)
     print_table(result)
     print(f"written: {path}")
     return 0

@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.host import write_result
 from pipelines.dump import dump_features
 from specdraft.chat import render_with_loss_mask
 from specdraft.features import FeaturesConfig, pad_sequences, prefill_batches
@@ -156,12 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         "bytes_per_token": summary["bytes_per_token"],
         "bytes_per_token_reference": summary["bytes_per_token_reference"],
-        "host": {"cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
-                 "python": platform.python_version(), "load_avg_1m": round(os.getloadavg()[0], 2)},
+        "host": {"threads": args.threads},  # write_result adds the host's facts
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    print(write_result(args.out, result).read_text())
     return 0
 
 

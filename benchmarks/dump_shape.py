@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +30,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from benchmarks.host import write_result
 from specdraft.features import (FeaturesConfig, encode_features, pad_sequences, prefill_batches, resolve_aux_layers,
                                 sequence_features)
 from specdraft.store import write_shard
@@ -55,6 +53,45 @@ def timed(device: torch.device, fn):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return out, time.perf_counter() - t0
+
+
+def time_shard(model, seqs: list[np.ndarray], shard: dict[str, np.ndarray], attrs: dict, cfg: FeaturesConfig,
+               aux_layers: list[int], device: torch.device, reps: int, work: Path | None) -> tuple[dict, int]:
+    """(seconds of each rep's plain forward, features, encoding and shard write, after one warm-up; the bytes of the
+    shard written): the dump's per-shard work on ``seqs``."""
+
+    @torch.no_grad()
+    def forward():  # the floor: the same padded batches as sequence_features, logits included
+        for group in prefill_batches([len(s) for s in seqs], cfg.batch_tokens, cfg.max_batch_size):
+            ids, att = pad_sequences([seqs[i] for i in group], 0)  # (B, T), (B, T)
+            model(input_ids=ids.to(device), attention_mask=att.to(device)).logits.sum().item()
+
+    def features():
+        return sequence_features(model, seqs, cfg, aux_layers, pad_id=0)
+
+    rows: dict[str, list[float]] = {"forward_s": [], "features_s": [], "features_prefill_s": [], "encode_s": [],
+                                    "write_s": []}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    written_bytes = 0
+    with tempfile.TemporaryDirectory(dir=work) as tmp:
+        for rep in range(reps + 1):  # rep 0 warms up
+            _, fwd_s = timed(device, forward)
+            (feats, prefill_s), feat_s = timed(device, features)
+            arrays, enc_s = timed(device, lambda: encode_features(feats, cfg.hidden_codec, len(aux_layers)))
+            arrays.update(shard)
+            store = Path(tmp) / f"rep{rep}"
+            _, write_s = timed(torch.device("cpu"), lambda: write_shard(
+                store, 0, arrays, attrs, chunk_tokens=cfg.chunk_tokens, compression=cfg.compression,
+                level=cfg.compression_level))
+            written_bytes = tree_bytes(store)
+            if rep:
+                for key, value in zip(rows, (fwd_s, feat_s, prefill_s, enc_s, write_s)):
+                    rows[key].append(round(value, 3))
+            print(json.dumps({"rep": rep, "forward_s": round(fwd_s, 3), "features_s": round(feat_s, 3),
+                              "encode_s": round(enc_s, 3), "write_s": round(write_s, 3)}), flush=True)
+            del feats, arrays
+    return rows, written_bytes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,44 +126,12 @@ def main(argv: list[str] | None = None) -> int:
                  sample_ids=np.array([f"s{i}" for i in range(args.samples)]))
     attrs = {"d": conf.hidden_size, "k": cfg.topk, "hidden_codec": cfg.hidden_codec, "aux_layers": aux_layers}
 
-    @torch.no_grad()
-    def forward():  # the floor: the same padded batches as sequence_features, logits included
-        for group in prefill_batches([len(s) for s in seqs], cfg.batch_tokens, cfg.max_batch_size):
-            ids, att = pad_sequences([seqs[i] for i in group], 0)  # (B, T), (B, T)
-            model(input_ids=ids.to(device), attention_mask=att.to(device)).logits.sum().item()
-
-    def features():
-        return sequence_features(model, seqs, cfg, aux_layers, pad_id=0)
-
-    rows: dict[str, list[float]] = {"forward_s": [], "features_s": [], "features_prefill_s": [], "encode_s": [],
-                                    "write_s": []}
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    written_bytes = 0
-    with tempfile.TemporaryDirectory(dir=args.work) as tmp:
-        for rep in range(args.reps + 1):  # rep 0 warms up
-            _, fwd_s = timed(device, forward)
-            (feats, prefill_s), feat_s = timed(device, features)
-            arrays, enc_s = timed(device, lambda: encode_features(feats, cfg.hidden_codec, len(aux_layers)))
-            arrays.update(shard)
-            store = Path(tmp) / f"rep{rep}"
-            _, write_s = timed(torch.device("cpu"), lambda: write_shard(
-                store, 0, arrays, attrs, chunk_tokens=cfg.chunk_tokens, compression=cfg.compression,
-                level=cfg.compression_level))
-            written_bytes = tree_bytes(store)
-            if rep:
-                for key, value in zip(rows, (fwd_s, feat_s, prefill_s, enc_s, write_s)):
-                    rows[key].append(round(value, 3))
-            print(json.dumps({"rep": rep, "forward_s": round(fwd_s, 3), "features_s": round(feat_s, 3),
-                              "encode_s": round(enc_s, 3), "write_s": round(write_s, 3)}), flush=True)
-            del feats, arrays
+    rows, written_bytes = time_shard(model, seqs, shard, attrs, cfg, aux_layers, device, args.reps, args.work)
     best = {key: min(values) for key, values in rows.items()}
     reference = (2 + 2 * len(aux_layers)) * conf.hidden_size + 6 * cfg.topk + 5  # bytes/token, uncompressed fp16
     result = {
         "benchmark": "dump_shape",
-        "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "torch": torch.__version__,
-                    "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                    "cpus": os.cpu_count(), "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]},
+        "host": {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},  # and write_result's
         "shape": {"d": conf.hidden_size, "layers": args.layers, "vocab": args.vocab, "heads": 32, "kv_heads": 8,
                   "intermediate": conf.intermediate_size, "dtype": "bf16", "samples": args.samples, "seq": args.seq,
                   "tokens": tokens, "aux_layers": aux_layers, "topk": cfg.topk, "batch_tokens": cfg.batch_tokens,
@@ -146,9 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         "bytes_over_reference": round(written_bytes / tokens / reference, 3),
         "peak_gpu_gb": round(torch.cuda.max_memory_allocated(device) / 1e9, 2) if device.type == "cuda" else None,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k not in ("machine", "shape", "timings_s")}, indent=2))
+    write_result(args.out, result)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("host", "shape", "timings_s")}, indent=2))
     return 0
 
 

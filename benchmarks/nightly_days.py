@@ -30,7 +30,7 @@ register, hand-off), the MLflow tags of the night's runs (``retrain.*``, ``gate.
 parent run's ``offline.*``/``retrain.*`` metrics, the report's path and whether it draws the offline drift series
 and the gate's comparisons; at the end the registry's versions, their tags and the champion.
 
-    python -m benchmarks.nightly_days benchmarks/results/nightly_days_cpu.json [--work /tmp/nightly-days] [--keep]
+    python -m benchmarks.nightly_days benchmarks/results/nightly_days_cpu.json --work runs/nightly-days [--keep]
 
 writes the JSON and, beside it, a transcript of the decisions (``.txt``). ``--keep`` keeps ``--work`` (the Prefect
 server's database, MLflow, the workdir) and reads a night whose flow run completed there back instead of running
@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -55,6 +54,7 @@ from typing import Any
 import httpx
 
 from benchmarks.drift import domain_chats
+from benchmarks.host import write_result
 from benchmarks.processes import free_port, start, stop, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,7 +234,8 @@ def main() -> None:
     # Long on purpose: the demonstration's script, night by night; the nights share the server, worker and records.
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="JSON result path (the transcript: the same path with .txt)")
-    ap.add_argument("--work", default="/tmp/nightly-days", help="traffic, workdir, MLflow, Prefect home (replaced)")
+    ap.add_argument("--work", required=True, help="traffic, workdir, MLflow, Prefect home: replaced, unless --keep "
+                    "(no default: a directory this benchmark deletes is named by its caller)")
     ap.add_argument("--chats", type=int, default=112, help="chats a day")
     ap.add_argument("--new-on-day-2", type=int, default=12, help="day 2: new chats of domain A among --chats")
     ap.add_argument("--domain-a", default="numbers")
@@ -300,8 +301,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "benchmark": "nightly_days", "config": "configs/toy.yaml", "deployment": "regenerate-and-train/nightly",
         "base_overrides": base, "settings": vars(args),
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                 "load_at_start": os.getloadavg()},
+        "host": {"loadavg_at_start": os.getloadavg()},  # write_result adds the host's facts
         "nights": []}
     t_all = time.perf_counter()
     server = start(PREFECT + ["server", "start", "--host", "127.0.0.1", "--port", str(port)], env,
@@ -339,7 +339,6 @@ def main() -> None:
         stop(server)
     result["registry"] = registry(client, model)
     result["total_s"] = round(time.perf_counter() - t_all, 1)
-    result["host"]["load_at_end"] = os.getloadavg()
     write(result, Path(args.out))
 
 
@@ -356,9 +355,8 @@ def write(result: dict[str, Any], out: Path) -> None:
         "gate_refused_a_candidate": any(o == "not promoted" for o in outcomes[2:]),
         "gate_promoted_a_warm_candidate": any(o == "promoted" for o in outcomes[2:]),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".txt").write_text(transcript(result))
+    written = json.loads(write_result(out, result).read_text())  # the host's facts added
+    out.with_suffix(".txt").write_text(transcript(written))
     print(json.dumps(result["shown"], indent=1))
 
 

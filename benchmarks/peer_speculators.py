@@ -33,7 +33,7 @@ pads batches to at most ``--max-tokens`` padded tokens; both train about ``--max
 
     python -m benchmarks.peer_speculators --target T (--store S | --run WORKDIR) [--steps 20 --epochs 2]
         [--max-tokens 2048] [--precision bf16] [--questions FILE...] [--max-questions 5] [--max-new-tokens 64]
-        [--venv /tmp/specvenv-bench32] [--out benchmarks/results/real_model_peer_cpu.json]
+        [--venv runs/venv-speculators] [--out benchmarks/results/real_model_peer_cpu.json]
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.host import LoadSampler
-from benchmarks.real_model import (ROOT, add_inputs, find_store, machine, number, question_counts, settings_of,
+from benchmarks.host import LoadSampler, write_result
+from benchmarks.real_model import (ROOT, add_inputs, find_store, number, question_counts, settings_of,
                                    store_facts, target_facts, write_question_sets)
 
-VENV = Path("/tmp/specvenv-bench32")
+VENV = ROOT / "runs" / "venv-speculators"  # --venv's default: in the checkout (runs/ is not tracked), not /tmp
 NAME = "speculators"  # the peer draft's name in the engine's results
 
 
@@ -183,11 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             "train": trained, "patches": trained.get("patches", []),
             **{f"engine_{k}": {key: e[key] for key in ("engine", "speculative_tokens", "prompts", "engine_process_s")}
                | {"speculators": e[NAME]} | ({"ngram": e["ngram"]} if "ngram" in e else {}) for k, e in engine.items()},
-            "machine": {**machine(), "torch_threads": args.threads, "load": load.summary()},
+            "host": {"torch_threads": args.threads, "load": load.summary()},  # write_result adds the host's facts
             "total_s": round(time.perf_counter() - started, 1),
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_result(args.out, result)
         return result
 
     with LoadSampler() as load:

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.host import write_result
+
 PATCHES = [
     "speculators.train.trainer.get_local_rank -> 'cpu': the trainer's `.to(self.local_rank)` of the model and of "
     "every train/val batch moves to cuda:0 otherwise",
@@ -176,7 +178,7 @@ def train(request: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     request_path, result_path = (argv or sys.argv[1:])[:2]
     result = train(json.loads(Path(request_path).read_text()))
-    Path(result_path).write_text(json.dumps(result, indent=2, default=str))
+    write_result(result_path, result)  # the host's facts as the speculators environment sees them
     return 0
 
 

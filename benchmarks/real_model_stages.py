@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import subprocess
 import time
@@ -33,7 +31,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.host import LoadSampler
+from benchmarks.host import LoadSampler, write_result
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -172,17 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     machine = measure_machine(args.target, args.threads)
-    result: dict[str, Any] = {"benchmark": "real_model_stages", "machine": machine,
-                              "host": {"cpus": os.cpu_count(), "torch": torch.__version__,
-                                       "python": platform.python_version()}}
+    result: dict[str, Any] = {"benchmark": "real_model_stages", "machine": machine}  # its speed; write_result: the host
     if args.workdir:
         params = machine["prefill"]["float32"]["parameters"] if machine["prefill"] else 0
         result["stages"] = stage_rows(Path(args.workdir), params, machine["matmul_gflops"], args.dump_dtype,
                                       args.train_dtype, args.val_fraction, args.epochs)
         result["run_load"] = args.load
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    print(write_result(args.out, result).read_text())
     return 0
 
 

@@ -39,14 +39,17 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
 import resource
-import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from benchmarks.host import write_result
+from specdraft.configs.stages import StageConfig
+from specdraft.recipes import RECIPES as PRODUCT_RECIPES
 
 RSS_RESET = False  # whether the CPU peak is the reset high-water mark (VmHWM) rather than lifetime growth
 
@@ -56,22 +59,31 @@ def geometry(d: int) -> dict[str, int]:
     heads = max(1, d // 128)
     return dict(num_attention_heads=heads, num_key_value_heads=max(1, heads // 4), head_dim=128,
                 intermediate_size=int(3.5 * d))
-RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
-    "eagle": ("eagle", dict(kind="plain")),
-    "hass-n3": ("eagle", dict(kind="align", steps=3)),
-    "beagle-early-k5": ("beagle", dict(kind="early", window=5)),
-    "beagle-late-s1": ("beagle", dict(kind="late", steps=1)),
-    "beagle-late-s4": ("beagle", dict(kind="late", steps=4)),
-    "beagle-late-s8": ("beagle", dict(kind="late", steps=8)),
-    "eagle3-ttt-k7": ("eagle3", dict(kind="ttt", steps=7, step_decay=0.8)),
+def stage_of(recipe: str, index: int = 0, **changes: Any) -> tuple[str, StageConfig]:
+    """(architecture, stage ``index``) of ``recipe`` in the product's recipe table, with ``changes``."""
+    product = PRODUCT_RECIPES[recipe]
+    return product.arch, replace(product.stages[index], **changes)
+
+
+# Each row one stage of the product's recipes (``specdraft.recipes``: window 5, steps 4, HASS n=3, TTT k=7 with
+# step decay 0.8, DFlash 512 anchors with exp(-(k-1)/7)), a few with one setting changed; measure() sets its noise
+# and loss weights.
+RECIPES: dict[str, tuple[str, StageConfig]] = {
+    "eagle": stage_of("eagle"),
+    "hass-n3": stage_of("hass"),
+    "beagle-early-k5": stage_of("beagle", 0),
+    "beagle-late-s1": stage_of("beagle", 1, steps=1),
+    "beagle-late-s4": stage_of("beagle", 1),
+    "beagle-late-s8": stage_of("beagle", 1, steps=8),
+    "eagle3-ttt-k7": stage_of("eagle3"),
     # the same with each sub-step's decoder layer recomputed in the backward (train.recompute=true)
-    "eagle3-ttt-k7-recompute": ("eagle3", dict(kind="ttt", steps=7, step_decay=0.8, recompute=True)),
-    # DFlash: one forward over 512 blocks of 16 (anchors drawn per sequence), depth weights exp(-(k-1)/7)
-    "dflash-b16-a512": ("dflash", dict(kind="block", anchors=512, step_decay=0.8668778997501817)),
-    "dflash-b16-a128": ("dflash", dict(kind="block", anchors=128, step_decay=0.8668778997501817)),
+    "eagle3-ttt-k7-recompute": stage_of("eagle3", recompute=True),
+    # DFlash: one forward over 512 blocks of 16 (anchors drawn per sequence)
+    "dflash-b16-a512": stage_of("dflash"),
+    "dflash-b16-a128": stage_of("dflash", anchors=128),
     # how TTT memory grows with k (not run by default)
-    "eagle3-ttt-k1": ("eagle3", dict(kind="ttt", steps=1, step_decay=0.8)),
-    "eagle3-ttt-k3": ("eagle3", dict(kind="ttt", steps=3, step_decay=0.8)),
+    "eagle3-ttt-k1": stage_of("eagle3", steps=1),
+    "eagle3-ttt-k3": stage_of("eagle3", steps=3),
 }
 DEFAULT_RECIPES = ["eagle", "hass-n3", "beagle-early-k5", "beagle-late-s1", "beagle-late-s4", "beagle-late-s8",
                    "eagle3-ttt-k7", "eagle3-ttt-k7-recompute", "dflash-b16-a512"]
@@ -144,11 +156,11 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     from specdraft.batch import Batch
     from specdraft.configs.draft import DEFAULT_BLOCK_SIZE
     from specdraft.models import DraftConfig, build_draft, set_frozen_dtype
-    from specdraft.objectives import LossWeights, StageConfig, train_batch
+    from specdraft.objectives import LossWeights, train_batch
 
     device = torch.device(spec["device"])
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[spec["dtype"]]
-    arch, stage_kw = RECIPES[spec["recipe"]]
+    arch, stage = RECIPES[spec["recipe"]]
     d, vocab, t = spec["d"], spec["vocab"], spec["seq"]
     e3, block = arch == "eagle3", arch == "dflash"
     g = torch.Generator().manual_seed(0)
@@ -164,7 +176,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     del embed, lm_head
     weights = LossWeights(ce=1.0, topk=1.0 if spec["recipe"].startswith("hass") else 0.0,
                           vloss=0.0 if e3 or block else 1.0)
-    stage = StageConfig(**stage_kw, noise_std=0.0, loss=weights)
+    stage = replace(stage, noise_std=0.0, loss=weights)
     ids = torch.randint(vocab, (spec["batch"], t), generator=g)
     hidden = torch.randn(spec["batch"], t, d, generator=g).to(torch.float16)
     mask = torch.ones(spec["batch"], t, dtype=torch.bool)
@@ -278,7 +290,8 @@ def compared(row: dict[str, Any], earlier: dict[str, dict[str, Any]]) -> dict[st
         return {}
     name, result, other = same[0]
     rate = other.get("tokens_per_s") or round(other["batch"] * other["seq"] / other["step_s"], 1)
-    return {"compared": {"file": name, "device": result["machine"]["device"], "peak_mb": other["peak_mb"],
+    device = (result.get("host") or result["machine"])["device"]  # results written before write_result: "machine"
+    return {"compared": {"file": name, "device": device, "peak_mb": other["peak_mb"],
                          "tokens_per_s": rate, "peak_over_compared": round(row["peak_mb"] / other["peak_mb"], 3),
                          "speedup_over_compared": round(row["tokens_per_s"] / rate, 1)}}
 
@@ -320,17 +333,14 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(shown), flush=True)
     result = {
         "benchmark": "train_memory",
-        "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "torch": torch.__version__,
-                    "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
-                    "threads": args.threads, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-                    "malloc_mmap_threshold": args.malloc_mmap_threshold},
+        "host": {"device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
+                 "threads": args.threads, "malloc_mmap_threshold": args.malloc_mmap_threshold},  # and write_result's
         "shapes": {"d": args.d, "vocab": args.vocab, "draft_vocab": args.draft_vocab, "seq": args.seq,
                    "batch": args.batch, "dtype": args.dtype, **geometry(args.d)},
         "rows": rows,
         "ratios": ratios(rows),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(json.dumps(result["ratios"], indent=2))
     return 0
 

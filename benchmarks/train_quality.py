@@ -29,9 +29,7 @@ overhead and its draft's distance to the single-process one. The host's load ave
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import sys
 import time
@@ -40,7 +38,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.host import LoadSampler
+from benchmarks.host import LoadSampler, write_result
 from benchmarks.recipe_training import SHARED, train_config, train_in_fresh_process
 from benchmarks.speculative import decode_eval, engine_acceptance
 from benchmarks.toy_data import build_store, question_overlap, write_mt_bench, write_toy_questions
@@ -277,16 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         "questions": {"files": [str(f) for f in files], "toy_prompt_seed": args.prompt_seed,
                       "toy_first_turn_also_in_store": overlap, "mt_bench": args.mt_bench or None},
         "recipes": results,
-        "host": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                 "threads": args.threads, "device": "cpu", "load": load.summary()},
+        "host": {"threads": args.threads, "device": "cpu", "load": load.summary()},  # write_result adds the host's facts
         "phases": phases,
         "total_s": round(time.perf_counter() - started, 1),
         **({"ray": ray_result} if ray_result is not None else {}),
         **({"engine": engine_result} if engine_result is not None else {}),
     }
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = write_result(args.out, result)
     print_table(result)
     print(f"written: {path}")
     return 0

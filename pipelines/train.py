@@ -4,11 +4,11 @@
 layers and draft vocabulary) and starts a ``TorchTrainer`` whose workers (gloo on CPU, nccl on GPU)
 run ``train_loop_per_worker``: the run set up by the core (``specdraft.run.build_run``: the draft from the
 target's heads, DDP or FSDP2 per ``train.scaling.strategy`` (``specdraft.parallel``), this rank's partition of
-the features, the stage schedule's ``Trainer`` — Beagle §4.2; HASS §3), with Ray's checkpoints and reports
-around the loop. Every ``checkpoint_every`` optimizer steps and at every epoch end a checkpoint (draft, optimizer,
-scheduler, every rank's RNG, loop position; ``specdraft.training.save_checkpoint``), gathered by all ranks and
-written by rank 0, is reported; a rerun into the same output directory, or a worker failure, resumes from the
-latest one mid-stage, whatever the strategy.
+the features, the stage schedule's ``Trainer`` — Beagle §4.2; HASS §3) and trained by its loop (``Run.fit``),
+with Ray's checkpoints and reports as its hooks (``RayReports``). Every ``checkpoint_every`` optimizer steps and
+at every epoch end a checkpoint (draft, optimizer, scheduler, every rank's RNG, loop position;
+``specdraft.training.save_checkpoint``), gathered by all ranks and written by rank 0, is reported; a rerun into
+the same output directory, or a worker failure, resumes from the latest one mid-stage, whatever the strategy.
 ``features: online`` (SpecForge's online mode): each worker computes every batch's features with the frozen target,
 tokenized as a dump would (``specdraft.online``; ``train.online.aux_layers`` for EAGLE-3, default ``eagle3``).
 Validation: simulated chain acceptance (alpha_i, sim_tau) on held-out sequences after each epoch; rank 0 logs.
@@ -28,7 +28,7 @@ import torch
 from pipelines.cluster import connect_ray
 from pipelines.configs import ClusterTrainConfig, on_cluster
 from pipelines.ingest import load_conversations
-from specdraft.config import ConfigError, flatten, from_dict, to_dict
+from specdraft.config import ConfigError, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import save_draft
 from specdraft.objectives import stage_note, unwrap
@@ -37,20 +37,14 @@ from specdraft.chat import TokenizedConversations, tokenize_conversations
 from specdraft.configs.train import TrainConfig
 from specdraft.features import EAGLE3
 from specdraft.online import OnlineDataset
-from specdraft.plan import RunPlan, aux_layers_setting, build_plan
-from specdraft.run import build_run, plan_run, validate_draft
+from specdraft.plan import RunPlan, aux_layers_setting
+from specdraft.epochs import EpochEnd, RunHooks
+from specdraft.run import Run, build_run, plan_run
 from specdraft.run import feature_plan as plan_features
 from specdraft.store import FeatureDataset, ReaderConfig, location
 from specdraft.target import load_target_model, load_tokenizer, target_fingerprint, target_id
-from specdraft.training import (
-    DRAFT_DIR,
-    Trainer,
-    distinct_across_ranks,
-    drop_metrics_after,
-    load_checkpoint,
-    save_checkpoint,
-    warmup_of,
-)
+from specdraft.training import DRAFT_DIR, distinct_across_ranks, drop_metrics_after, load_checkpoint, save_checkpoint
+from specdraft.training import warmup_of
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,8 +63,9 @@ class WorkerConfig:
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Ray Train worker body (also runnable without Ray when ``ray.train`` has no session). Over 80 lines: its
-    callbacks (report, on_step, on_epoch_end, batches) close over one rank's run, trainer and plan."""
+    """Ray Train worker body (also runnable without Ray when ``ray.train`` has no session): this rank's run set up by
+    the core (``build_run``), resumed from Ray Train's latest checkpoint (``resume``), trained by ``Run.fit`` with
+    Ray Train's reports and checkpoints as its hooks (``RayReports``); rank 0 writes the draft."""
     import ray.train
     import ray.train.torch
 
@@ -89,87 +84,93 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     run = build_run(cfg, job.plan, job.target, open_split, target_id=job.target_id,
                     fingerprint=job.target_fingerprint, device=device, rank=rank, world=world,
                     logger=_rank0_logger(job) if rank == 0 else NullLogger(), strategy=cfg.scaling.strategy)
-    trainer, stages, per_epoch = run.trainer, run.stages, run.batches_per_epoch
+    trainer = run.trainer
     if rank == 0:
-        print(f"[specdraft] {trainer.total_steps} optimizer steps ({per_epoch} batches of <= {run.reader.max_tokens} "
-              f"tokens per epoch and rank), warmup {warmup_of(cfg.optim, trainer.total_steps)}, peak lr "
-              f"{cfg.optim.lr:g}, {torch.get_num_threads()} torch threads per worker on {device}", flush=True)
+        print(f"[specdraft] {trainer.total_steps} optimizer steps ({run.batches_per_epoch} batches of <= "
+              f"{run.reader.max_tokens} tokens per epoch and rank), warmup {warmup_of(cfg.optim, trainer.total_steps)}"
+              f", peak lr {cfg.optim.lr:g}, {torch.get_num_threads()} torch threads per worker on {device}", flush=True)
         for line in trainer.warnings:
             print(f"[specdraft] WARNING: this configuration cannot learn well: {line}", flush=True)
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            load_checkpoint(trainer, Path(d), rank, world)
-        if rank == 0:
-            dropped = drop_metrics_after(Path(job.out) / "metrics.jsonl", trainer.state.step)
-            print(f"[specdraft] resumed at {trainer.state.as_dict()}"
-                  + (f"; {dropped} metrics rows logged after that checkpoint dropped (they are logged again)"
-                     if dropped else ""), flush=True)
-    elif rank == 0:
-        trainer.logger.log_params({**flatten(cfg, "train"), "train.arch_resolved": run.arch,
-                                   "train.world_size": world, "train.batches_per_epoch": per_epoch,
-                                   "train.total_steps": trainer.total_steps,
-                                   "train.max_tokens_used": run.reader.max_tokens,
-                                   "train.warmup_used": warmup_of(cfg.optim, trainer.total_steps),
-                                   "train.stage_kinds": ",".join(s.kind for s in stages),  # the report's labels
-                                   "train.schedule": job.plan.start,  # warm or fresh: why these epochs
-                                   "train.epochs_used": ",".join(str(s.epochs) for s in stages),
-                                   "train.warnings": " | ".join(trainer.warnings) or "none"})
-
-    epoch_offsets = job.plan.epoch_offsets
-    started = time.perf_counter()
-
-    def report(metrics: dict[str, float], with_checkpoint: bool) -> None:
-        metrics = {**metrics, **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}}
-        if not with_checkpoint:
-            ray.train.report(metrics)
-            return
-        with tempfile.TemporaryDirectory() as tmp:
-            save_checkpoint(trainer, Path(tmp) if rank == 0 else None)  # every rank: the state is gathered
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
-
-    announced = [-1]  # the stage whose note was printed
-    def on_step(tr: Trainer, metrics: dict[str, float]) -> None:
-        step = tr.state.step
-        if rank == 0 and tr.state.stage != announced[0]:  # a stage starts (or a resumed run's first step)
-            announced[0] = tr.state.stage
-            print(f"[specdraft] {stage_note(tr.state.stage, stages)}", flush=True)
-        if rank == 0 and step % cfg.log_every == 0:
-            print(progress_line("step", step, tr.total_steps, time.perf_counter() - started, metrics["tokens_per_s"],
-                                f"stage {tr.state.stage} loss {metrics['loss']:.4f}"), flush=True)
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            report({"loss": metrics["loss"]}, with_checkpoint=True)
-        if job.fail_at_step and step == job.fail_at_step and not Path(job.out, ".failed-once").exists():
-            Path(job.out, ".failed-once").touch()
-            raise RuntimeError(f"injected failure at step {step}")
-
-    def skipped() -> dict[str, float]:  # reader.on_corrupt=skip: sequences of corrupt chunks the ranks skipped
-        if cfg.features != "offline" or run.reader.on_corrupt != "skip":
-            return {}
-        names = [*run.train.skipped, *(run.val.skipped if run.val else {})]
-        return {"skipped_corrupt_sequences": float(distinct_across_ranks(names))}  # collective: every rank calls
-
-    def on_epoch_end(tr: Trainer) -> None:
-        counts = validate_draft(tr.draft, run.val, cfg.sim_depth, cfg.val_max_batches, device)
-        metrics = skipped()
-        if float(counts.reached[0]) > 0:  # nothing measured (summed over the ranks): no metric logged as if it were
-            metrics.update({"sim_tau": counts.sim_tau, **{f"alpha_{i + 1}": a for i, a in enumerate(counts.alpha)}})
-        elif rank == 0:
-            print(f"[specdraft] no held-out batches (train.reader.val_fraction={cfg.reader.val_fraction}): "
-                  f"sim_tau and alpha not measured at step {tr.state.step}", flush=True)
-        if metrics:
-            tr.logger.log_metrics(metrics, tr.state.step)
-        report(metrics, with_checkpoint=True)
-
-    def batches(stage: int, epoch: int):  # read ahead in the background, decoded on the device (Batch.to)
-        return run.train.epoch_batches(epoch_offsets[stage] + epoch)
-
-    trainer.run(batches, on_step=on_step, on_epoch_end=on_epoch_end)
+    if not resume(run, job, rank, world) and rank == 0:
+        trainer.logger.log_params({**run.params(cfg, world), "train.schedule": job.plan.start})  # warm or fresh
+    reports = RayReports(job, run, rank)  # held-out acceptance after each epoch (Run.fit's default)
+    run.fit(cfg.sim_depth, cfg.val_max_batches, hooks=RunHooks(step=reports.step, epoch_metrics=reports.skipped,
+                                                               epoch_end=reports.epoch_end))
     weights = trainer.draft_state_dict()  # every rank: gathered in full, held by rank 0
     if rank == 0:
         save_draft(unwrap(trainer.draft), Path(job.out) / DRAFT_DIR, weights=weights)
         trainer.logger.close()
-    ray.train.report({"done": 1.0, **skipped(), **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
+    ray.train.report({"done": 1.0, **reports.skipped(run), **reports.state()})
+
+
+def resume(run: Run, job: WorkerConfig, rank: int, world: int) -> bool:
+    """Whether the run resumed: Ray Train's latest checkpoint, if any, loaded into every rank's trainer (rank 0 drops
+    the metrics rows logged after it: they are logged again)."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return False
+    trainer = run.trainer
+    with checkpoint.as_directory() as d:
+        load_checkpoint(trainer, Path(d), rank, world)
+    if rank == 0:
+        dropped = drop_metrics_after(Path(job.out) / "metrics.jsonl", trainer.state.step)
+        print(f"[specdraft] resumed at {trainer.state.as_dict()}"
+              + (f"; {dropped} metrics rows logged after that checkpoint dropped (they are logged again)"
+                 if dropped else ""), flush=True)
+    return True
+
+
+class RayReports:
+    """One rank's part of ``Run.fit`` under Ray Train (its ``RunHooks``): rank 0's stage notes and progress lines, a
+    checkpoint reported every ``train.checkpoint_every`` optimizer steps and at every epoch's end (gathered by all
+    ranks, written by rank 0), the corrupt sequences the ranks skipped, and the failure drill (``fail_at_step``)."""
+
+    def __init__(self, job: WorkerConfig, run: Run, rank: int) -> None:
+        self.job, self.run, self.rank = job, run, rank
+        self.started = time.perf_counter()
+        self.announced = -1  # the stage whose note was printed
+
+    def state(self) -> dict[str, float]:
+        return {f"state_{k}": v for k, v in self.run.trainer.state.as_dict().items()}
+
+    def report(self, metrics: dict[str, float]) -> None:
+        """``metrics`` and the loop position reported to Ray Train with a checkpoint (collective: every rank)."""
+        import ray.train
+
+        metrics = {**metrics, **self.state()}
+        with tempfile.TemporaryDirectory() as tmp:
+            save_checkpoint(self.run.trainer, Path(tmp) if self.rank == 0 else None)  # every rank: the state is gathered
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp) if self.rank == 0 else None)
+
+    def step(self, run: Run, metrics: dict[str, float]) -> None:
+        cfg, tr, job = self.job.train, run.trainer, self.job
+        step = tr.state.step
+        if self.rank == 0 and tr.state.stage != self.announced:  # a stage starts (or a resumed run's first step)
+            self.announced = tr.state.stage
+            print(f"[specdraft] {stage_note(tr.state.stage, run.stages)}", flush=True)
+        if self.rank == 0 and step % cfg.log_every == 0:
+            print(progress_line("step", step, tr.total_steps, time.perf_counter() - self.started,
+                                metrics["tokens_per_s"], f"stage {tr.state.stage} loss {metrics['loss']:.4f}"), flush=True)
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            self.report({"loss": metrics["loss"]})
+        if job.fail_at_step and step == job.fail_at_step and not Path(job.out, ".failed-once").exists():
+            Path(job.out, ".failed-once").touch()
+            raise RuntimeError(f"injected failure at step {step}")
+
+    def skipped(self, run: Run) -> dict[str, float]:
+        """reader.on_corrupt=skip: the sequences of corrupt chunks the ranks skipped (collective: every rank calls)."""
+        if self.job.train.features != "offline" or run.reader.on_corrupt != "skip":
+            return {}
+        names = [*run.train.skipped, *(run.val.skipped if run.val else {})]
+        return {"skipped_corrupt_sequences": float(distinct_across_ranks(names))}
+
+    def epoch_end(self, run: Run, epoch: EpochEnd) -> None:
+        if "sim_tau" not in epoch.metrics and self.rank == 0:  # nothing measured (summed over the ranks)
+            print(f"[specdraft] no held-out batches (train.reader.val_fraction={self.job.train.reader.val_fraction}): "
+                  f"sim_tau and alpha not measured at step {epoch.step}", flush=True)
+        self.report(epoch.metrics)
 
 
 def online_conversations(cfg: TrainConfig, target: str | Path) -> tuple[TokenizedConversations, int]:

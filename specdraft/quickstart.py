@@ -5,7 +5,8 @@ template, computes the target's last hidden states (and, for the EAGLE-3 recipes
 auxiliary layers' states) and top-K log-probs in memory,
 trains a draft with a recipe of ``specdraft.recipes`` (default: ``beagle``, the early stage,
 k=5, then the late stage, s=4 — "Cross-Attention Speculative Decoding" (Beagle), §4.2), set up
-by ``specdraft.run.build_run`` as every trainer is, with fewer epochs, and reports the simulated chain acceptance (alpha_i, sim_tau) on held-out conversations before
+by ``specdraft.run.build_run`` and trained by ``Run.fit`` as every trainer is, with fewer epochs, and
+reports the simulated chain acceptance (alpha_i, sim_tau) on held-out conversations before, during
 and after training. The full pipeline (Zarr store, Ray, Prefect, MLflow) runs the same pieces at
 scale.
 """
@@ -29,12 +30,12 @@ from specdraft.models import save_draft
 from specdraft.configs.quickstart import QuickstartConfig
 from specdraft.configs.train import TrainConfig
 from specdraft.plan import aux_layers_setting, build_plan, has_own_vocab, reads_eagle3_features
-from specdraft.run import build_run, validate_draft
+from specdraft.epochs import RunHooks
+from specdraft.run import Run, build_run
 from specdraft.store import ReaderConfig
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id
 from specdraft.toy.build import build_toy_target
 from specdraft.toy.conversations import generate_conversations
-from specdraft.training import Trainer
 from specdraft.vocab import count_predicted_tokens, select_vocab
 
 
@@ -84,8 +85,8 @@ def train_on_samples(
 ) -> Trained:
     """Train ``cfg``'s recipe on in-memory samples (``compute_features``; with ``aux_layers`` for an EAGLE-3
     recipe, whose draft vocabulary is counted from ``train`` as the trainer counts it from a store; a block draft
-    keeps the target's head unless ``cfg.draft_vocab``), set up by
-    ``build_run`` as every trainer is. The draft is ``result.run.draft``."""
+    keeps the target's head unless ``cfg.draft_vocab``), set up by ``build_run`` and trained by ``Run.fit`` as
+    every trainer is. The draft is ``result.run.draft``."""
     eagle3 = reads_eagle3_features(cfg)
     vocab = None
     if eagle3:
@@ -102,27 +103,17 @@ def train_on_samples(
     run = build_run(cfg, plan, target_dir, lambda split, reader, aux: SampleSplit(splits[split], batch_size,
                                                                                   1000 * cfg.seed, reader),
                     target_id=target_id(target_dir), logger=logger)
-    trainer = run.trainer
-    before = validate_draft(run.draft, run.val, depth, len(held_out), "cpu")
-    bar = tqdm(total=trainer.total_steps, desc="train", disable=not progress)
-    history: list[dict] = []
+    bar = tqdm(total=run.trainer.total_steps, desc="train", disable=not progress)
 
-    def on_step(tr: Trainer, metrics: dict[str, float]) -> None:
+    def on_step(run: Run, metrics: dict[str, float]) -> None:
         bar.update(1)
-        bar.set_postfix(stage=tr.state.stage, loss=f"{metrics['loss']:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+        bar.set_postfix(stage=run.trainer.state.stage, loss=f"{metrics['loss']:.3f}",
+                        tok_s=f"{metrics['tokens_per_s']:.0f}")
 
-    def on_epoch_end(tr: Trainer) -> None:
-        counts = validate_draft(tr.draft, run.val, depth, len(held_out), "cpu")
-        history.append({"stage": tr.state.stage, "epoch": tr.state.epoch, "sim_tau": counts.sim_tau})
-        tr.logger.log_metrics({"sim_tau": counts.sim_tau}, tr.state.step)
-
-    started = time.perf_counter()
-    trainer.run(lambda stage, epoch: run.train.epoch_batches(plan.epoch_offsets[stage] + epoch), on_step=on_step,
-                on_epoch_end=on_epoch_end)
+    fitted = run.fit(depth, len(held_out), validate=("before", "epoch", "after"), hooks=RunHooks(step=on_step))
     bar.close()
-    seconds = time.perf_counter() - started
-    after = validate_draft(run.draft, run.val, depth, len(held_out), "cpu")
-    return Trained(run=run, before=before, after=after, history=history, seconds=seconds)
+    history = [{"stage": e.stage, "epoch": e.epoch, "sim_tau": e.counts.sim_tau} for e in fitted.epochs]
+    return Trained(run=run, before=fitted.before, after=fitted.after, history=history, seconds=fitted.loop_s)
 
 
 def run_quickstart(out: Path, cfg: QuickstartConfig = QuickstartConfig(), progress: bool = True) -> dict:

@@ -6,7 +6,10 @@ Speculative Decoding" (Beagle), §3; "EAGLE-3: Scaling up Inference Acceleration
 Language Models via Training-Time Test", §3 for the auxiliary layers and draft vocabulary), its frozen
 heads in the compute dtype, wrapped for the worker group (``specdraft.parallel``), the feature splits
 opened with batches small enough for a useful number of steps (``fit_batches``), and the stage schedule
-with its optimizer and learning-rate schedule (``specdraft.training.Trainer``). Beside it:
+with its optimizer and learning-rate schedule (``specdraft.training.Trainer``). ``Run.fit`` is every trainer's
+loop around it: the stages' data epochs (``plan.epoch_offsets``), the held-out validation before training, after
+each epoch and after training, and each epoch's end logged; a caller adds its own through ``RunHooks`` (the Ray
+worker reports and checkpoints there). Beside it:
 ``feature_plan`` (the stores checked against the target — ``store.manifest.check_store_target`` — then
 auxiliary layers and draft vocabulary, decided once on the driver) and
 ``validate_draft`` (simulated chain acceptance over held-out batches). No Ray here: a caller that
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,7 +29,9 @@ from typing import Any, Protocol
 import torch
 
 from specdraft import files
+from specdraft.config import flatten
 from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
+from specdraft.batch import Batch
 from specdraft.features import aux_layers_of
 from specdraft.loggers import MetricLogger, NullLogger
 from specdraft.models import (
@@ -44,6 +50,7 @@ from specdraft.chat import TokenizedConversations
 from specdraft.parallel import distribute, gathered
 from specdraft.configs.draft import Arch
 from specdraft.configs.train import TrainConfig
+from specdraft.epochs import VALIDATE, EpochEnd, Fitted, RunHooks
 from specdraft.plan import RunPlan, build_plan, has_own_vocab, reads_eagle3_features
 from specdraft.store import (
     ReaderConfig,
@@ -54,7 +61,7 @@ from specdraft.store import (
 )
 from specdraft.store.manifest import check_store_target
 from specdraft.target import load_target_config, load_target_heads, target_fingerprint
-from specdraft.training import DRAFT_DIR, Trainer, resolve_precision
+from specdraft.training import DRAFT_DIR, Trainer, resolve_precision, warmup_of
 from specdraft.vocab import coverage, select_vocab
 
 
@@ -66,6 +73,8 @@ class FeatureSplit(Protocol):
 
     def batches(self, epoch: int) -> list[Any]: ...
 
+    def epoch_batches(self, epoch: int) -> Sequence[Batch]: ...
+
 
 # ("train" | "val", reader, the plan's aux layers: () none) -> the split, its batches carrying those layers' states
 OpenSplit = Callable[[str, ReaderConfig, tuple[int, ...]], FeatureSplit]
@@ -73,7 +82,7 @@ OpenSplit = Callable[[str, ReaderConfig, tuple[int, ...]], FeatureSplit]
 
 @dataclass
 class Run:
-    """Everything a worker holds before its loop."""
+    """Everything a worker holds before its loop, and the loop (``fit``)."""
 
     plan: RunPlan  # what the driver resolved (``specdraft.plan``); arch and stages are its
     arch: Arch
@@ -85,6 +94,68 @@ class Run:
     val: FeatureSplit | None  # None: reader.val_fraction == 0
     reader: ReaderConfig  # the reader config the batches were fitted to (``fit_batches``)
     batches_per_epoch: int
+
+    def fit(self, depth: int, max_batches: int, *, validate: Collection[str] = ("epoch",), hooks: RunHooks | None = None,
+            batches: Callable[[int], Sequence[Batch]] | None = None) -> Fitted:
+        """Train from the trainer's state (a loaded checkpoint's: mid-stage) to the end of the schedule, each stage's
+        epochs reading the data epochs from its ``plan.epoch_offsets`` on, and measure the held-out acceptance
+        (``validate_draft`` over ``depth`` draft tokens and up to ``max_batches`` batches) when ``validate`` says:
+        ``before`` training, after each ``epoch``, ``after`` training. At an epoch's end the acceptance measured
+        (sim_tau, alpha_i; nothing when nothing is held out) and ``hooks.epoch_metrics`` are logged by the trainer's
+        logger, then ``hooks.epoch_end`` runs. ``batches(data_epoch)``: that epoch's batches (default
+        ``train.epoch_batches``)."""
+        if unknown := set(validate) - set(VALIDATE):
+            raise ValueError(f"validate: {sorted(unknown)} not among {VALIDATE}")
+        hooks, read, trainer = hooks or RunHooks(), batches or self.train.epoch_batches, self.trainer
+        losses: list[float] = []
+
+        def measure() -> AcceptanceCounts:
+            return validate_draft(trainer.draft, self.val, depth, max_batches, trainer.device)
+
+        def on_step(_: Trainer, metrics: dict[str, float]) -> None:
+            losses.append(metrics["loss"])
+            hooks.step(self, metrics)
+
+        def on_epoch_end(_: Trainer) -> None:
+            counts = None
+            if "epoch" in validate:
+                t, c = time.perf_counter(), time.process_time()
+                counts = measure()
+                fitted.val_s += time.perf_counter() - t
+                fitted.val_cpu_s += time.process_time() - c
+            metrics = ({"sim_tau": counts.sim_tau, **{f"alpha_{i + 1}": a for i, a in enumerate(counts.alpha)}}
+                       if counts is not None and float(counts.reached[0]) > 0 else {})  # summed over the ranks
+            metrics.update(hooks.epoch_metrics(self))
+            if metrics:
+                trainer.logger.log_metrics(metrics, trainer.state.step)
+            state, done = trainer.state, sum(len(e.losses) for e in fitted.epochs)
+            fitted.epochs.append(EpochEnd(stage=state.stage, kind=self.stages[state.stage].kind, epoch=state.epoch,
+                                          step=state.step, losses=tuple(losses[done:]), counts=counts, metrics=metrics))
+            hooks.epoch_end(self, fitted.epochs[-1])
+
+        started = time.perf_counter()
+        fitted = Fitted(before=measure() if "before" in validate else None)
+        fitted.before_s = time.perf_counter() - started
+        hooks.loop_start(self)
+        t, c = time.perf_counter(), time.process_time()
+        trainer.run(lambda stage, epoch: read(self.plan.epoch_offsets[stage] + epoch), on_step=on_step,
+                    on_epoch_end=on_epoch_end)
+        fitted.loop_s, fitted.loop_cpu_s = time.perf_counter() - t, time.process_time() - c
+        hooks.loop_end(self)
+        fitted.after = measure() if "after" in validate else None
+        return fitted
+
+    def params(self, cfg: TrainConfig, world: int) -> dict[str, Any]:
+        """A tracker's parameters of this run of ``cfg`` on ``world`` workers: ``cfg`` flattened under ``train.`` and
+        what the run made of it (its batches, steps, warmup, stages and why it may not learn)."""
+        trainer = self.trainer
+        return {**flatten(cfg, "train"), "train.arch_resolved": self.arch, "train.world_size": world,
+                "train.batches_per_epoch": self.batches_per_epoch, "train.total_steps": trainer.total_steps,
+                "train.max_tokens_used": self.reader.max_tokens,
+                "train.warmup_used": warmup_of(cfg.optim, trainer.total_steps),
+                "train.stage_kinds": ",".join(s.kind for s in self.stages),  # the report's labels
+                "train.epochs_used": ",".join(str(s.epochs) for s in self.stages),
+                "train.warnings": " | ".join(trainer.warnings) or "none"}
 
 
 def build_run(
@@ -103,7 +174,7 @@ def build_run(
 ) -> Run:
     """The run of ``cfg`` as ``plan`` resolved it on the driver (``specdraft.plan.build_plan``: architecture, stage
     schedule, draft shape, aux layers, vocabulary) on this rank: draft, splits and trainer, ready for
-    ``run.trainer.run``. ``open_split`` opens a split of
+    ``Run.fit``. ``open_split`` opens a split of
     the features with a reader config and the plan's auxiliary layers (``plan.aux_layers``: the one place they
     are said; a store holding others is refused by its reader).
     ``cfg.init_from`` (a draft directory) starts the draft from its weights and vocabulary (``load_warm``)

@@ -45,3 +45,19 @@ def test_held_out_question_files_become_mt_bench_rows(tmp_path):
     rows = {f.stem: [json.loads(x) for x in f.read_text().splitlines()] for f in files}
     assert [r["turns"] for r in rows["humaneval"]] == [["def f0():\n    pass"], ["def f1():\n    pass"]]
     assert rows["mt_bench"] == [{"question_id": 81, "category": "writing", "turns": ["first", "second"]}]
+
+
+def test_a_result_is_written_with_the_host_facts_under_what_the_script_measured(tmp_path):
+    import os
+
+    from benchmarks.host import write_result
+
+    path = write_result(tmp_path / "new" / "dir" / "r.json", {"benchmark": "x", "host": {"threads": 3}}, load={"n": 1})
+    written = json.loads(path.read_text())
+    assert written["benchmark"] == "x" and path.read_text().endswith("}\n")
+    host = written["host"]
+    assert host["cpus"] == os.cpu_count() and host["threads"] == 3 and host["load"] == {"n": 1}
+    assert {"platform", "python", "cpu", "memory_gib", "versions", "loadavg_at_write"} <= set(host)
+    # a result read back and written again keeps the host it was measured on, not this one's facts
+    again = write_result(path, {**written, "benchmark": "y", "host": {**host, "cpus": -1}})
+    assert json.loads(again.read_text())["host"]["cpus"] == -1 and json.loads(again.read_text())["benchmark"] == "y"
