@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         target = build_target(tmp / "target", args.hidden, args.layers, args.vocab)
         rows = long_conversations(args.conversations, args.turns, seed=1)
         prefill = time_prefill(target, rows, cfg, args.threads)
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING",
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING",
                  runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
         summary = dump_features(target, rows, tmp / "store", cfg, progress=False)
         shard_records = read_manifest(tmp / "store")["shards"]

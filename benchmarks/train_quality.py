@@ -62,7 +62,7 @@ def ray_run(args: argparse.Namespace, shared: dict[str, Any], store: Path, targe
     shutil.rmtree(out, ignore_errors=True)  # the same out would resume, not train
     started = time.perf_counter()
     if not ray.is_initialized():
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level="WARNING",
                  runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
     init_s = time.perf_counter() - started
     t0 = time.perf_counter()

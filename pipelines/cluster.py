@@ -265,6 +265,8 @@ def connect_ray(address: str | None = None, num_cpus: float | None = None,
     hook = setup_local_worker if local else setup_cluster_worker
     bind_local_cluster_to_loopback(local)
     ours = {k: v for k, v in {**TRAIN_ENV, **(TRAIN_ENV_LOCAL if local else {})}.items() if k not in os.environ}
-    ray.init(address=address, num_cpus=num_cpus if local else None, include_dashboard=False,
+    # a local run starts its own cluster ("local"): with None, Ray joins the last `ray start` cluster on the host
+    # (/tmp/ray/ray_current_cluster), someone else's cluster, without a word
+    ray.init(address="local" if local else address, num_cpus=num_cpus if local else None, include_dashboard=False,
              ignore_reinit_error=True, **({"dashboard_host": LOOPBACK} if local else {}),
              runtime_env={"worker_process_setup_hook": hook, "env_vars": {**ours, **(env_vars or {})}}, **kwargs)

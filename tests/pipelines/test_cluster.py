@@ -155,3 +155,46 @@ def test_output_to_file_takes_python_c_and_child_output_off_the_console(tmp_path
     for line in ("INFO vllm: started", "reduce_op is deprecated", "tcmalloc: large alloc", "KeyError: '/psm_1'"):
         assert line in kept, line
     assert "before" not in kept
+
+
+def test_a_local_run_starts_its_own_cluster_beside_a_ray_start_cluster_on_the_host():
+    """With no address, ``connect_ray`` starts a cluster of its own: ``ray.init(address=None)`` would join the
+    last cluster ``ray start`` left on the host (``/tmp/ray/ray_current_cluster``), someone else's."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from ray._private.services import get_node_ip_address
+
+    ip = get_node_ip_address()  # where `ray start` listens: the host's routable address (a cluster's node)
+    head = f"{ip}:{port}"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    started = subprocess.Popen(["ray", "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
+                                "--num-cpus=0", "--include-dashboard=false", f"--temp-dir={temp}"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        code = ("import ray; from pipelines.cluster import connect_ray; connect_ray(num_cpus=1); "
+                "print(ray.get_runtime_context().gcs_address)")
+        deadline = time.time() + 120
+        while time.time() < deadline:  # the head is up once its GCS port answers
+            with socket.socket() as s:
+                if s.connect_ex((ip, port)) == 0:
+                    break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"ray start --head did not listen on {head} in 120 s")
+        time.sleep(2)  # ... and has written the host's ray_current_cluster
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180,
+                             cwd=Path(__file__).resolve().parents[2])
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip().splitlines()[-1] != head
+    finally:
+        started.terminate()
+        started.wait(timeout=90)
+        shutil.rmtree(temp, ignore_errors=True)
