@@ -26,7 +26,7 @@ from pipelines.dump import dump_features
 from specdraft.features import FeaturesConfig
 from specdraft.configs.train import TrainConfig
 from specdraft.plan import build_plan
-from specdraft.recipes import RECIPES
+from specdraft.configs.recipes import RECIPES
 from specdraft.run import build_run, validate_draft
 from specdraft.store import EpochBatches, FeatureDataset, ReaderConfig
 from specdraft.target import load_target_heads

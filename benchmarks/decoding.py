@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--targets", default="toy,deep", help="with --shape toy: which of toy, deep")
     ap.add_argument("--before", help="commit whose decoding loop is measured beside this tree's (a git worktree)")
     ap.add_argument("--work", default="runs/bench-decoding", help="models, worktree and scratch directory")
-    ap.add_argument("--recipe", default="beagle", help="the trained draft's recipe (specdraft.recipes)")
+    ap.add_argument("--recipe", default="beagle", help="the trained draft's recipe (specdraft.configs.recipes)")
     ap.add_argument("--train-samples", type=int, default=256, help="draft training conversations")
     ap.add_argument("--epochs", type=int, default=3, help="draft epochs in all (split over the recipe's stages)")
     ap.add_argument("--prompts", type=int, default=8)

@@ -196,7 +196,7 @@ def train_all(args: argparse.Namespace, store: Path, target: Path, work: Path,
     """Every recipe on ``store`` for ``args.steps`` optimizer steps (``steps // epochs`` batches an epoch), into
     ``results``; ``trained_one()`` after each."""
     from specdraft.configs.train import OptimConfig
-    from specdraft.recipes import RECIPES as KNOWN
+    from specdraft.configs.recipes import RECIPES as KNOWN
 
     optim = OptimConfig()
     shared = {k: None for k in SHARED} | {

@@ -1,6 +1,6 @@
 """One recipe's training on a feature store, measured: time, CPU, memory and held-out acceptance.
 
-The recipe (``specdraft.recipes``) is set up by ``specdraft.run.build_run`` exactly as a one-rank Ray Train
+The recipe (``specdraft.configs.recipes``) is set up by ``specdraft.run.build_run`` exactly as a one-rank Ray Train
 worker sets it up (minus its checkpoints) and trains in a fresh spawned process, so its peak resident set is
 its own; the held-out simulated chain acceptance (alpha_i, sim_tau, as in "Cross-Attention Speculative
 Decoding" (Beagle), §5) is measured before, after every epoch and after training. With ``epoch_batches`` every
@@ -33,7 +33,7 @@ def train_config(args: dict[str, Any], recipe: str):
 
     from pipelines.configs import ClusterTrainConfig, ScalingSection
     from specdraft.configs.draft import DEFAULT_BLOCK_SIZE
-    from specdraft.recipes import RECIPES
+    from specdraft.configs.recipes import RECIPES
     from specdraft.store import ReaderConfig
     from specdraft.training import OptimConfig
 

@@ -10,7 +10,7 @@ vocabulary the driver read from the stores or the target (``specdraft.run.featur
 the quickstart and the benchmarks train from it (``specdraft.run.build_run``); none of them re-derives a part.
 Every rule that turns a recipe and its overrides into what a run trains is here, once (the stage schedule's
 checks: ``specdraft.configs.train.resolve_stages``, run when the settings are built); the recipes themselves
-are ``specdraft.recipes.RECIPES``. This module imports no torch.
+are ``specdraft.configs.recipes.RECIPES``. This module imports no torch.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from specdraft.configs.draft import Arch
 from specdraft.configs.features import EAGLE3
 from specdraft.configs.stages import StageConfig
 from specdraft.configs.train import TrainConfig, resolve_stages
-from specdraft.recipes import RECIPES, Recipe
+from specdraft.configs.recipes import RECIPES, recipe_named
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,6 +95,6 @@ def draft_shape(cfg: TrainConfig) -> dict[str, Any]:
     """The block-draft fields of ``draft_config_from_target`` (empty for the one-layer drafts)."""
     if resolve_stages(cfg)[0] != "dflash":
         return {}
-    recipe = RECIPES.get(cfg.recipe, Recipe("dflash", True, []))
+    recipe = recipe_named(cfg.recipe)
     return {"num_layers": cfg.draft_layers or recipe.draft_layers, "block_size": cfg.block_size,
             "mask_token_id": cfg.mask_token_id, "block_self_attention": recipe.block_self_attention}

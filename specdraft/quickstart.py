@@ -3,7 +3,7 @@
 Builds (or reuses) the toy target, renders synthetic conversations with its chat
 template, computes the target's last hidden states (and, for the EAGLE-3 recipes, the
 auxiliary layers' states) and top-K log-probs in memory,
-trains a draft with a recipe of ``specdraft.recipes`` (default: ``beagle``, the early stage,
+trains a draft with a recipe of ``specdraft.configs.recipes`` (default: ``beagle``, the early stage,
 k=5, then the late stage, s=4 — "Cross-Attention Speculative Decoding" (Beagle), §4.2), set up
 by ``specdraft.run.build_run`` as every trainer is, with fewer epochs, and reports the simulated chain acceptance (alpha_i, sim_tau) on held-out conversations before
 and after training. The full pipeline (Zarr store, Ray, Prefect, MLflow) runs the same pieces at

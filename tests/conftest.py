@@ -194,7 +194,7 @@ def toy_drafts(shipped_toy_target, tmp_path_factory):
         from specdraft.models import save_draft
         from specdraft.quickstart import train_on_samples
         from specdraft.configs.train import OptimConfig, TrainConfig
-        from specdraft.recipes import RECIPES
+        from specdraft.configs.recipes import RECIPES
 
         stages = len(RECIPES[recipe].stages)
         block = {}

@@ -38,7 +38,7 @@ def test_unknown_key_in_a_run_config_is_rejected(tmp_path):
         load(RunConfig, None, ["train.scaling.strategy=zero3"])
 
 
-SETTINGS_MODULES = ["specdraft.configs", "specdraft.config", "specdraft.recipes", "specdraft.plan", "pipelines.configs",
+SETTINGS_MODULES = ["specdraft.configs", "specdraft.config", "specdraft.plan", "pipelines.configs",
                     *(f"specdraft.configs.{p.stem}" for p in sorted(
                         (Path(__file__).resolve().parents[1] / "specdraft" / "configs").glob("[!_]*.py")))]
 HEAVY = ("torch", "ray", "zarr", "transformers", "mlflow", "prefect", "numpy")

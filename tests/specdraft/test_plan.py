@@ -10,7 +10,7 @@ import pytest
 from specdraft.config import ConfigError, from_dict, to_dict
 from specdraft.configs.train import TrainConfig
 from specdraft.plan import RunPlan, aux_layers_setting, build_plan
-from specdraft.recipes import RECIPES
+from specdraft.configs.recipes import RECIPES
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))

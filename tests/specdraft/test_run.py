@@ -8,9 +8,9 @@ import torch
 from specdraft.config import ConfigError
 from specdraft.features import compute_features
 from specdraft.quickstart import SampleSplit
-from specdraft.configs.train import TrainConfig
+from specdraft.configs.train import TrainConfig, split_epochs
 from specdraft.plan import build_plan
-from specdraft.recipes import RECIPES, split_epochs
+from specdraft.configs.recipes import RECIPES
 from specdraft.run import build_run, validate_draft
 from specdraft.target import load_target_model, load_tokenizer
 from specdraft.toy.build import PREBUILT_DIR
