@@ -37,8 +37,8 @@ from specdraft.chat import TokenizedConversations, tokenize_conversations
 from specdraft.configs.train import TrainConfig
 from specdraft.features import EAGLE3
 from specdraft.online import OnlineDataset
-from specdraft.plan import RunPlan, aux_layers_setting, build_plan
-from specdraft.run import build_run, plan_run, validate_draft
+from specdraft.plan import RunPlan, aux_layers_setting, build_plan, plan_run
+from specdraft.run import build_run, validate_draft
 from specdraft.run import feature_plan as plan_features
 from specdraft.store import FeatureDataset, ReaderConfig, location
 from specdraft.target import load_target_model, load_tokenizer, target_fingerprint, target_id
@@ -241,8 +241,7 @@ def run_training(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from pipelines.rendezvous import torch_trainer  # Ray's TorchTrainer, its rendezvous on Ray's address only
 
-    cfg = on_cluster(cfg)  # a core TrainConfig: the Ray knobs' defaults
-    cfg.resolved()  # a wrong stage or epoch count fails here, on the driver, not in a (retried) worker
+    cfg = on_cluster(cfg)  # a core TrainConfig: the Ray knobs' defaults (a wrong stage or epoch count failed when built)
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     sc = cfg.scaling

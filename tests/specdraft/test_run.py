@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -66,3 +68,18 @@ def test_build_run_builds_the_recipes_draft_trainer_and_splits(samples, recipe):
                       target_id="toy")
     for (name, a), b in zip(run.draft.state_dict().items(), again.draft.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_build_run_gives_a_block_draft_the_plans_shape(samples):
+    """The plan's typed draft shape (``DraftShape``) is the block draft's config: layers, block, mask, attention."""
+    def open_split(split, reader, aux):
+        return SampleSplit(samples[:8] if split == "train" else samples[8:], 4, 0, reader)
+
+    cfg = TrainConfig(recipe="beagle-dflash", epochs=[1], draft_layers=2, block_size=4, mask_token_id=5, min_steps=0)
+    got = build_run(cfg, build_plan(cfg, aux_layers=[1, 2, 3]), PREBUILT_DIR, open_split).draft_config
+    assert (got.arch, got.num_layers, got.block_size, got.mask_token_id, got.block_self_attention) == (
+        "dflash", 2, 4, 5, False)
+    assert got.draft_vocab_size is None and got.aux_layers == [1, 2, 3]  # the target's frozen head
+    paper = replace(cfg, recipe="dflash", draft_layers=None)
+    got = build_run(paper, build_plan(paper, aux_layers=[1, 2, 3]), PREBUILT_DIR, open_split).draft_config
+    assert got.num_layers == 5 and got.block_self_attention  # the recipe's own shape
