@@ -23,16 +23,17 @@ from pathlib import Path
 import torch
 
 from pipelines.dump import dump_features
-from specdraft.features import FeaturesConfig
-from specdraft.configs.train import TrainConfig
+from specdraft.configs.features import FeaturesConfig
+from specdraft.configs.train import OptimConfig, TrainConfig
 from specdraft.plan import build_plan
 from specdraft.configs.recipes import RECIPES
 from specdraft.run import build_run, validate_draft
-from specdraft.store import EpochBatches, FeatureDataset, ReaderConfig
+from specdraft.store import EpochBatches, FeatureDataset
+from specdraft.configs.reader import ReaderConfig
 from specdraft.target import load_target_heads
-from specdraft.toy.build import ToyTargetConfig, build_toy_target
+from specdraft.toy.build import build_toy_target
+from specdraft.configs.toy import ToyTargetConfig
 from specdraft.toy.conversations import generate_conversations
-from specdraft.training import OptimConfig
 
 
 def train_and_score(store: Path, val_store: Path, target: Path, recipe: str, epochs: int, seed: int) -> dict:

@@ -59,8 +59,10 @@ SHAPE_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, nu
 
 def prepare(work: Path, toy: dict[str, Any], recipe: str, train_samples: int, epochs: int) -> tuple[Path, Path]:
     """A target built with ToyTargetConfig(**toy) and a draft trained on it (reused when ``work`` holds them)."""
-    from specdraft.quickstart import QuickstartConfig, run_quickstart
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+    from specdraft.quickstart import run_quickstart
+    from specdraft.configs.quickstart import QuickstartConfig
+    from specdraft.toy.build import build_toy_target
+    from specdraft.configs.toy import ToyTargetConfig
 
     report = work / "report.json"
     if report.is_file():

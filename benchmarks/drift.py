@@ -117,7 +117,7 @@ class Evaluator:
 
     def __init__(self, target: Path, args: argparse.Namespace, work: Path):
         from specdraft.configs.evaluation import EvalSettings
-        from specdraft.decoding import DecodeConfig
+        from specdraft.configs.decode import DecodeConfig
 
         self.target, self.records = target, {}
         self.settings = EvalSettings(decode=DecodeConfig(max_new_tokens=args.max_new_tokens), device="cpu",

@@ -138,7 +138,7 @@ def question_counts(files: list[Path]) -> dict[str, int]:
 
 
 def decode_modes(args: argparse.Namespace) -> dict[str, Any]:
-    from specdraft.decoding import DecodeConfig
+    from specdraft.configs.decode import DecodeConfig
 
     modes = {f"chain{k}": DecodeConfig(mode="chain", gamma=k, max_new_tokens=args.max_new_tokens) for k in args.k}
     modes["tree"] = DecodeConfig(mode="tree", depth=args.tree_depth, topk=args.tree_topk,

@@ -34,8 +34,8 @@ def train_config(args: dict[str, Any], recipe: str):
     from pipelines.configs import ClusterTrainConfig, ScalingSection
     from specdraft.configs.draft import DEFAULT_BLOCK_SIZE
     from specdraft.configs.recipes import RECIPES
-    from specdraft.store import ReaderConfig
-    from specdraft.training import OptimConfig
+    from specdraft.configs.reader import ReaderConfig
+    from specdraft.configs.train import OptimConfig
 
     stages = RECIPES[recipe].stages
     if args["noise_std"] is not None:

@@ -142,9 +142,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(spec["threads"])
     import specdraft.objectives as objectives
     from specdraft.batch import Batch
-    from specdraft.configs.draft import DEFAULT_BLOCK_SIZE
-    from specdraft.models import DraftConfig, build_draft, set_frozen_dtype
-    from specdraft.objectives import LossWeights, StageConfig, train_batch
+    from specdraft.configs.draft import DEFAULT_BLOCK_SIZE, DraftConfig
+    from specdraft.models import build_draft, set_frozen_dtype
+    from specdraft.objectives import train_batch
+    from specdraft.configs.stages import LossWeights, StageConfig
 
     device = torch.device(spec["device"])
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[spec["dtype"]]

@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from specdraft.configs.recipes import RECIPES
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target, read_build_record
+    from specdraft.toy.build import build_toy_target, read_build_record
+    from specdraft.configs.toy import ToyTargetConfig
 
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     unknown = sorted(set(recipes) - set(RECIPES))

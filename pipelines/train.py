@@ -35,12 +35,13 @@ from specdraft.objectives import stage_note, unwrap
 from specdraft.progress import progress_line
 from specdraft.chat import TokenizedConversations, tokenize_conversations
 from specdraft.configs.train import TrainConfig
-from specdraft.features import EAGLE3
+from specdraft.configs.features import EAGLE3
 from specdraft.online import OnlineDataset
 from specdraft.plan import RunPlan, aux_layers_setting, build_plan, plan_run
 from specdraft.run import build_run, validate_draft
 from specdraft.run import feature_plan as plan_features
-from specdraft.store import FeatureDataset, ReaderConfig, location
+from specdraft.store import FeatureDataset, location
+from specdraft.configs.reader import ReaderConfig
 from specdraft.target import load_target_model, load_tokenizer, target_fingerprint, target_id
 from specdraft.training import (
     DRAFT_DIR,

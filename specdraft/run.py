@@ -31,26 +31,21 @@ from specdraft.models import (
     ARCHS,
     EMBED_KEY,
     LM_HEAD_KEY,
-    DraftConfig,
     build_draft,
     check_draft_target,
     draft_config_from_target,
     read_draft_config,
     set_frozen_dtype,
 )
-from specdraft.objectives import StageConfig, unwrap
+from specdraft.configs.draft import Arch, DraftConfig
+from specdraft.objectives import unwrap
+from specdraft.configs.stages import StageConfig
 from specdraft.chat import TokenizedConversations
 from specdraft.parallel import distribute, gathered
-from specdraft.configs.draft import Arch
 from specdraft.configs.train import TrainConfig
 from specdraft.plan import RunPlan, draft_arch, draft_vocab_ids, has_own_vocab, reads_eagle3_features, warm_start
-from specdraft.store import (
-    ReaderConfig,
-    StoreError,
-    check_aux_layers,
-    predicted_token_counts,
-    read_manifest,
-)
+from specdraft.store import StoreError, check_aux_layers, predicted_token_counts, read_manifest
+from specdraft.configs.reader import ReaderConfig
 from specdraft.store.manifest import check_store_target
 from specdraft.target import load_target_config, load_target_heads, target_fingerprint
 from specdraft.training import DRAFT_DIR, Trainer, resolve_precision

@@ -387,7 +387,8 @@ def sandbox_files() -> list[str]:
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory, request):
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+    from specdraft.toy.build import build_toy_target
+    from specdraft.configs.toy import ToyTargetConfig
 
     cwd = tmp_path_factory.mktemp("readme") / "specdraft"
     for name in sandbox_files():

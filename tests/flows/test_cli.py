@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import build_parser, command_config, main, parse
+from flows.cli import build_parser, main, parse
+from flows.options import command_config
 from pipelines.configs import ClusterTrainConfig, DumpConfig, RegenerateConfig, RunConfig
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.configs.quickstart import QuickstartConfig

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from pipelines.conversations import write_conversations
 from pipelines.summary import warm_rows
 from pipelines.train import feature_plan, online_conversations
-from specdraft.features import FeaturesConfig
+from specdraft.configs.features import FeaturesConfig
 from specdraft.models import build_draft, draft_config_from_target, save_draft
 from specdraft.plan import plan_run
 from specdraft.run import load_warm

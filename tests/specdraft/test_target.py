@@ -286,7 +286,8 @@ from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
 
 from specdraft import placement  # noqa: E402
 from specdraft.decoding.drafting import advance_draft, start_draft  # noqa: E402
-from specdraft.decoding.speculative import DecodeConfig, speculative_generate, vanilla_generate  # noqa: E402
+from specdraft.decoding.speculative import speculative_generate, vanilla_generate  # noqa: E402
+from specdraft.configs.decode import DecodeConfig  # noqa: E402
 from specdraft.decoding.verify import compact_cache, target_forward, verify_tree  # noqa: E402
 from tests.specdraft.decoding.decoding_helpers import StubTarget, random_tree, tiny_draft, tiny_target  # noqa: E402
 
