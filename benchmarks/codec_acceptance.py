@@ -23,16 +23,17 @@ import torch
 
 from benchmarks.host import write_result
 from pipelines.dump import dump_features
-from specdraft.features import FeaturesConfig
-from specdraft.configs.train import TrainConfig
+from specdraft.configs.features import FeaturesConfig
+from specdraft.configs.train import OptimConfig, TrainConfig
 from specdraft.plan import build_plan
-from specdraft.recipes import RECIPES
+from specdraft.configs.recipes import RECIPES
 from specdraft.run import build_run
-from specdraft.store import FeatureDataset, ReaderConfig
+from specdraft.store import FeatureDataset
+from specdraft.configs.reader import ReaderConfig
 from specdraft.target import load_target_heads
-from specdraft.toy.build import ToyTargetConfig, build_toy_target
+from specdraft.toy.build import build_toy_target
+from specdraft.configs.toy import ToyTargetConfig
 from specdraft.toy.conversations import generate_conversations
-from specdraft.training import OptimConfig
 
 
 def train_and_score(store: Path, val_store: Path, target: Path, recipe: str, epochs: int, seed: int) -> dict:

@@ -60,8 +60,10 @@ SHAPE_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, nu
 
 def prepare(work: Path, toy: dict[str, Any], recipe: str, train_samples: int, epochs: int) -> tuple[Path, Path]:
     """A target built with ToyTargetConfig(**toy) and a draft trained on it (reused when ``work`` holds them)."""
-    from specdraft.quickstart import QuickstartConfig, run_quickstart
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+    from specdraft.quickstart import run_quickstart
+    from specdraft.configs.quickstart import QuickstartConfig
+    from specdraft.toy.build import build_toy_target
+    from specdraft.configs.toy import ToyTargetConfig
 
     report = work / "report.json"
     if report.is_file():
@@ -249,7 +251,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--targets", default="toy,deep", help="with --shape toy: which of toy, deep")
     ap.add_argument("--before", help="commit whose decoding loop is measured beside this tree's (a git worktree)")
     ap.add_argument("--work", default="runs/bench-decoding", help="models, worktree and scratch directory")
-    ap.add_argument("--recipe", default="beagle", help="the trained draft's recipe (specdraft.recipes)")
+    ap.add_argument("--recipe", default="beagle", help="the trained draft's recipe (specdraft.configs.recipes)")
     ap.add_argument("--train-samples", type=int, default=256, help="draft training conversations")
     ap.add_argument("--epochs", type=int, default=3, help="draft epochs in all (split over the recipe's stages)")
     ap.add_argument("--prompts", type=int, default=8)

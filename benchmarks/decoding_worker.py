@@ -84,7 +84,7 @@ def readable_draft(path: str) -> Iterator[str]:
     import shutil
     import tempfile
 
-    from specdraft.models import DraftConfig
+    from specdraft.configs.draft import DraftConfig
 
     config = json.loads((Path(path) / "config.json").read_text())
     known = {f.name for f in dataclasses.fields(DraftConfig)}
@@ -100,13 +100,8 @@ def readable_draft(path: str) -> Iterator[str]:
 
 def generations(target, draft, eos, spec: dict[str, Any]) -> dict[str, Any]:
     """Every decoder on every prompt (the order rotated per prompt), timed per generation."""
-    from specdraft.decoding import (
-        DecodeConfig,
-        PromptLookupConfig,
-        prompt_lookup_generate,
-        speculative_generate,
-        vanilla_generate,
-    )
+    from specdraft.decoding import prompt_lookup_generate, speculative_generate, vanilla_generate
+    from specdraft.configs.decode import DecodeConfig, PromptLookupConfig
 
     device = next(target.parameters()).device
     configs = {name: DecodeConfig(**cfg) for name, cfg in spec["decoders"].items()}

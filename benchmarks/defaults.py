@@ -55,7 +55,7 @@ NO_SHRINKING = ("min_steps=0", "reader.max_tokens=16384")
 
 
 def target_config(args: argparse.Namespace):
-    from specdraft.toy.build import ToyTargetConfig
+    from specdraft.configs.toy import ToyTargetConfig
 
     return ToyTargetConfig(
         seed=args.seed, data="word_problems", num_conversations=args.target_conversations, vocab_size=1024,

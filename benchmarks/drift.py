@@ -93,7 +93,7 @@ def domain_chats(domain: str, n: int, seed: int, exclude: set[str]) -> list[list
 def train(args: argparse.Namespace, store: Path, target: Path, out: Path, epochs: int,
           init_from: str | None) -> dict[str, Any]:
     """One training run (``train_recipe``: ``build_run`` as a one-rank worker), its compute and its vocabulary."""
-    from specdraft.run import draft_vocab_ids
+    from specdraft.plan import draft_vocab_ids
 
     shutil.rmtree(out, ignore_errors=True)  # a kept draft_vocab.json would be reused
     shared = {k: getattr(args, k, None) for k in SHARED}
@@ -115,7 +115,7 @@ class Evaluator:
 
     def __init__(self, target: Path, args: argparse.Namespace, work: Path):
         from specdraft.configs.evaluation import EvalSettings
-        from specdraft.decoding import DecodeConfig
+        from specdraft.configs.decode import DecodeConfig
 
         self.target, self.records = target, {}
         self.settings = EvalSettings(decode=DecodeConfig(max_new_tokens=args.max_new_tokens), device="cpu",

@@ -32,7 +32,8 @@ import torch
 from benchmarks.host import write_result
 from pipelines.dump import dump_features
 from specdraft.chat import render_with_loss_mask
-from specdraft.features import FeaturesConfig, pad_sequences, prefill_batches
+from specdraft.features import pad_sequences, prefill_batches
+from specdraft.configs.features import FeaturesConfig
 from specdraft.store import plan_shards, read_manifest
 from specdraft.target import load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations

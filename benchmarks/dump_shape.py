@@ -31,8 +31,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.host import write_result
-from specdraft.features import (FeaturesConfig, encode_features, pad_sequences, prefill_batches, resolve_aux_layers,
-                                sequence_features)
+from specdraft.features import encode_features, pad_sequences, prefill_batches, resolve_aux_layers, sequence_features
+from specdraft.configs.features import FeaturesConfig
 from specdraft.store import write_shard
 from specdraft.store.location import tree_bytes
 

@@ -43,24 +43,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    from specdraft.configs.evaluation import EvalSettings
-    from specdraft.decoding.speculative import DecodeConfig
+    from specdraft.configs.evaluation import EngineSettings, EvalSettings
+    from specdraft.configs.decode import DecodeConfig
     from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
     from specdraft.features import compute_features
     from specdraft.models import read_draft_config, save_draft
     from specdraft.quickstart import train_on_samples
-    from specdraft.configs.evaluation import EngineSettings
-    from specdraft.configs.train import TrainConfig
+    from specdraft.configs.train import OptimConfig, TrainConfig
     from specdraft.evaluation.engine import measure_engine
     from specdraft.evaluation.engine_comparison import compare
     from specdraft.evaluation.engine_records import EngineRequest
     from specdraft.evaluation.models import load_models
     from specdraft.evaluation.questions import load_question_sets
-    from specdraft.recipes import RECIPES
+    from specdraft.configs.recipes import RECIPES
     from specdraft.target import load_target_model, load_tokenizer
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+    from specdraft.toy.build import build_toy_target
+    from specdraft.configs.toy import ToyTargetConfig
     from specdraft.toy.conversations import generate_conversations
-    from specdraft.training import OptimConfig
 
     work = Path(args.work)
     started = time.perf_counter()

@@ -63,7 +63,8 @@ def write_hidden_states(store: Path, out: Path, val_fraction: float) -> dict[str
     import torch
     from safetensors.torch import save_file
 
-    from specdraft.store import FeatureDataset, ReaderConfig, read_manifest
+    from specdraft.store import FeatureDataset, read_manifest
+    from specdraft.configs.reader import ReaderConfig
 
     manifest = read_manifest(store)
     aux = [int(i) for i in manifest.get("aux_layers") or []]

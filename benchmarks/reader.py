@@ -52,17 +52,12 @@ import torch
 
 from benchmarks.host import write_result
 from specdraft.batch import pad_batch
-from specdraft.models import DraftConfig, build_draft
-from specdraft.objectives import LossWeights, StageConfig, train_batch
-from specdraft.store import (
-    FeatureDataset,
-    ReaderConfig,
-    decode_hidden,
-    encode_hidden,
-    make_manifest,
-    write_manifest,
-    write_shard,
-)
+from specdraft.models import build_draft
+from specdraft.configs.draft import DraftConfig
+from specdraft.objectives import train_batch
+from specdraft.configs.stages import LossWeights, StageConfig
+from specdraft.store import FeatureDataset, decode_hidden, encode_hidden, make_manifest, write_manifest, write_shard
+from specdraft.configs.reader import ReaderConfig
 
 K = 10
 SHAPES = {  # name -> (d, heads, kv heads, MLP width, vocabulary, padded tokens of the timed training batch)
@@ -100,7 +95,8 @@ def model_shards(conversations: int, seed: int = 0, per_shard: int = 256) -> tup
     (``specdraft.features.compute_features``, the dump's own computation), ``per_shard`` sequences a shard."""
     from specdraft.features import compute_features, sample_arrays
     from specdraft.target import load_target_model, load_tokenizer
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+    from specdraft.toy.build import build_toy_target
+    from specdraft.configs.toy import ToyTargetConfig
     from specdraft.toy.conversations import generate_conversations
 
     with tempfile.TemporaryDirectory(prefix="reader-bench-target-") as tmp:

@@ -112,7 +112,7 @@ def question_counts(files: list[Path]) -> dict[str, int]:
 
 
 def decode_modes(args: argparse.Namespace) -> dict[str, Any]:
-    from specdraft.decoding import DecodeConfig
+    from specdraft.configs.decode import DecodeConfig
 
     modes = {f"chain{k}": DecodeConfig(mode="chain", gamma=k, max_new_tokens=args.max_new_tokens) for k in args.k}
     modes["tree"] = DecodeConfig(mode="tree", depth=args.tree_depth, topk=args.tree_topk,
@@ -170,7 +170,7 @@ def train_all(args: argparse.Namespace, store: Path, target: Path, work: Path,
     """Every recipe on ``store`` for ``args.steps`` optimizer steps (``steps // epochs`` batches an epoch), into
     ``results``; ``trained_one()`` after each."""
     from specdraft.configs.train import OptimConfig
-    from specdraft.recipes import RECIPES as KNOWN
+    from specdraft.configs.recipes import RECIPES as KNOWN
 
     optim = OptimConfig()
     shared = {k: None for k in SHARED} | {

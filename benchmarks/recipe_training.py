@@ -1,6 +1,6 @@
 """One recipe's training on a feature store, measured: time, CPU, memory and held-out acceptance.
 
-The recipe (``specdraft.recipes``) is set up by ``specdraft.run.build_run`` and trained by ``Run.fit`` exactly as
+The recipe (``specdraft.configs.recipes``) is set up by ``specdraft.run.build_run`` and trained by ``Run.fit`` exactly as
 a one-rank Ray Train worker does (minus its checkpoints), in a fresh spawned process, so its peak resident set is
 its own; the held-out simulated chain acceptance (alpha_i, sim_tau, as in "Cross-Attention Speculative
 Decoding" (Beagle), §5) is measured before, after every epoch and after training. With ``epoch_batches`` every
@@ -40,9 +40,9 @@ def train_config(args: dict[str, Any], recipe: str):
     ``args["init_from"]`` (optional): the draft directory a warm start begins from (``train.init_from``)."""
     from pipelines.configs import ClusterTrainConfig, ScalingSection
     from specdraft.configs.draft import DEFAULT_BLOCK_SIZE
-    from specdraft.recipes import RECIPES
-    from specdraft.store import ReaderConfig
-    from specdraft.training import OptimConfig
+    from specdraft.configs.recipes import RECIPES
+    from specdraft.configs.reader import ReaderConfig
+    from specdraft.configs.train import OptimConfig
 
     stages = RECIPES[recipe].stages
     if args["noise_std"] is not None:

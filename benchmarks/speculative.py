@@ -38,7 +38,7 @@ def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Nam
     """Greedy speculative decoding of every question file; per dataset and mode. ``modes``: name ->
     ``DecodeConfig`` (default: ``chain`` of ``args.gamma`` and the ``tree`` of ``args``); ``baselines``: a
     directory where the vanilla and prompt-lookup decodes are cached (``run_eval``'s), shared between drafts."""
-    from specdraft.decoding import DecodeConfig
+    from specdraft.configs.decode import DecodeConfig
     from specdraft.configs.evaluation import EvalSettings
     from specdraft.evaluation.run import run_eval
 
@@ -78,8 +78,8 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
     the same prompts in the same process, the engine's numbers alone."""
     from dataclasses import asdict
 
-    from specdraft.decoding import DecodeConfig
-    from specdraft.configs.evaluation import EvalSettings
+    from specdraft.configs.decode import DecodeConfig
+    from specdraft.configs.evaluation import EngineSettings, EvalSettings
     from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
     from specdraft.models import read_draft_config
     from specdraft.evaluation.engine import measure_engine, ngram_drafter
@@ -87,7 +87,6 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
     from specdraft.evaluation.engine_records import EngineRequest
     from specdraft.evaluation.models import load_models
     from specdraft.evaluation.questions import load_question_sets
-    from specdraft.configs.evaluation import EngineSettings
 
     exports = {}
     for recipe, draft in drafts.items():

@@ -49,7 +49,7 @@ import torch
 
 from benchmarks.host import write_result
 from specdraft.configs.stages import StageConfig
-from specdraft.recipes import RECIPES as PRODUCT_RECIPES
+from specdraft.configs.recipes import RECIPES as PRODUCT_RECIPES
 
 RSS_RESET = False  # whether the CPU peak is the reset high-water mark (VmHWM) rather than lifetime growth
 
@@ -65,7 +65,7 @@ def stage_of(recipe: str, index: int = 0, **changes: Any) -> tuple[str, StageCon
     return product.arch, replace(product.stages[index], **changes)
 
 
-# Each row one stage of the product's recipes (``specdraft.recipes``: window 5, steps 4, HASS n=3, TTT k=7 with
+# Each row one stage of the product's recipes (``specdraft.configs.recipes``: window 5, steps 4, HASS n=3, TTT k=7 with
 # step decay 0.8, DFlash 512 anchors with exp(-(k-1)/7)), a few with one setting changed; measure() sets its noise
 # and loss weights.
 RECIPES: dict[str, tuple[str, StageConfig]] = {
@@ -154,9 +154,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(spec["threads"])
     import specdraft.objectives as objectives
     from specdraft.batch import Batch
-    from specdraft.configs.draft import DEFAULT_BLOCK_SIZE
-    from specdraft.models import DraftConfig, build_draft, set_frozen_dtype
-    from specdraft.objectives import LossWeights, train_batch
+    from specdraft.configs.draft import DEFAULT_BLOCK_SIZE, DraftConfig
+    from specdraft.models import build_draft, set_frozen_dtype
+    from specdraft.objectives import train_batch
+    from specdraft.configs.stages import LossWeights
 
     device = torch.device(spec["device"])
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[spec["dtype"]]

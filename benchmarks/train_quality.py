@@ -1,6 +1,6 @@
 """Draft quality per training recipe on one toy feature store.
 
-Trains recipes of ``specdraft.recipes.RECIPES`` (default: all ten — ``eagle``, ``hass``, ``beagle-early``,
+Trains recipes of ``specdraft.configs.recipes.RECIPES`` (default: all ten — ``eagle``, ``hass``, ``beagle-early``,
 ``beagle``, ``beagle-topk``, and on the stored EAGLE-3 features ``eagle3``, ``eagle3-hass``, ``beagle3`` and the
 block drafts ``dflash``, ``beagle-dflash``) on the SAME toy feature store (``benchmarks.toy_data``) for the SAME total
 epochs (split over a recipe's stages, earlier stages taking the rest), optimizer, seed and held-out split.
@@ -191,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument(flag, type=TYPES.get(flag, type(default)), default=default, help=text)
     args = ap.parse_args(argv)
 
-    from specdraft.recipes import RECIPES
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target, read_build_record
+    from specdraft.configs.recipes import RECIPES
+    from specdraft.toy.build import build_toy_target, read_build_record
+    from specdraft.configs.toy import ToyTargetConfig
 
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     unknown = sorted(set(recipes) - set(RECIPES))

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from flows import commands
-from flows.options import CommandParser, ConfigSpec, add_config_options, command_config  # noqa: F401 - imported from here too
+from flows.options import CommandParser, ConfigSpec, add_config_options, command_config
 
 from pipelines.configs import DumpConfig, RayEvalConfig, ClusterTrainConfig, RegenerateConfig, RunConfig, TrackingConfig
 from specdraft.configs.evaluation import EvalSettings

@@ -15,6 +15,7 @@ from typing import Any
 
 from specdraft.checkpoint import check_target_weights
 from specdraft.config import ConfigError
+from specdraft.plan import draft_arch
 from specdraft.preflight import (
     check_aux_layers,
     check_draft,
@@ -60,7 +61,7 @@ def check_command(args: argparse.Namespace, cfg: Any) -> None:
         check_engine(cfg.engine, positions=target_positions(args.target))
     elif command == "train":
         check_target(args.target, tokenizer=cfg.features == "online")  # offline: the heads and config only
-        check_init_from(cfg.init_from, cfg.resolved()[0], "init_from")
+        check_init_from(cfg.init_from, draft_arch(cfg), "init_from")
         from specdraft.outputs import repeated_paths
         from specdraft.store import location
 
@@ -109,7 +110,7 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
         raise ConfigError("eval.questions: no question file given; the eval stage measures the trained draft on "
                           "them (MT-Bench-format files) and the champion gate compares those numbers")
     check_files(cfg.eval.questions, "eval.questions")
-    check_init_from(cfg.train.init_from, cfg.train.resolved()[0], champion=True)
+    check_init_from(cfg.train.init_from, draft_arch(cfg.train), champion=True)
     positions = target_positions(cfg.target.path) if cfg.target.path else cfg.target.toy.max_position_embeddings
     check_engine(cfg.eval.settings.engine, "eval.settings.engine", positions=positions)
     check_cluster_cpus(cfg)

@@ -33,8 +33,8 @@ from prefect.runtime import flow_run
 from pipelines import freshness, stages
 from pipelines.records import Dumped, Evaluated, Prepared, PromptFile, Regenerated, Registered, Trained
 from pipelines.stage_log import stage_log
-from pipelines.configs import RunConfig
-from pipelines.tracking import MlflowLogger, NullRun, TrackingConfig, open_run
+from pipelines.configs import RunConfig, TrackingConfig
+from pipelines.tracking import MlflowLogger, NullRun, open_run
 from flows.preflight import check_run
 from specdraft import files
 from specdraft.config import ConfigError, config_hash, flatten, from_dict, load, to_dict

@@ -51,9 +51,11 @@ from pipelines.ingest import load_conversations, write_rejects
 from specdraft import store
 from specdraft.progress import ProgressLines
 from specdraft.chat import tokenize_conversations
-from specdraft.features import FeaturesConfig, encode_features, nonfinite_tokens, sequence_features, store_header
+from specdraft.features import encode_features, nonfinite_tokens, sequence_features, store_header
+from specdraft.configs.features import FeaturesConfig
 from specdraft.checkpoint import target_dir, weight_files
-from specdraft.placement import describe_placement, resolve_dtype, spread_gpus
+from specdraft.placement import describe_placement, resolve_dtype
+from specdraft.configs.devices import spread_gpus
 from specdraft.store import location
 from specdraft.store.manifest import check_store_target
 from specdraft.target import load_target_config, load_target_model, load_tokenizer

@@ -17,7 +17,7 @@ from typing import Any
 
 from pipelines import stages
 from pipelines.records import Evaluated, Prepared, Trained
-from pipelines.registry import ChampionUnusable  # noqa: F401 - raised and caught here, imported from here too
+from pipelines.registry import ChampionUnusable
 from pipelines.configs import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun
 

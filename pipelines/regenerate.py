@@ -59,7 +59,8 @@ from pipelines.generation import hf_answer_fn, regenerate_rows, stop_token_ids, 
 from pipelines.ingest import ingest
 from specdraft.config import ConfigError, config_hash, from_dict, to_dict
 from specdraft.progress import ProgressLines
-from specdraft.placement import dtype_name, resolve_dtype, spread_gpus
+from specdraft.placement import dtype_name, resolve_dtype
+from specdraft.configs.devices import spread_gpus
 from specdraft.store import location
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_fingerprint, target_id
 

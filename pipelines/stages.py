@@ -39,7 +39,7 @@ from pipelines.train import run_training
 from specdraft import __version__ as CODE_VERSION
 from specdraft import files, jsonl
 from specdraft.config import ConfigError, config_hash, to_dict
-from specdraft.features import FeaturesConfig
+from specdraft.configs.features import FeaturesConfig
 from specdraft.plan import aux_layers_setting
 from specdraft.export import FORMATS, ExportError, export_draft, formats_for, variant
 from specdraft.models import read_draft_config
@@ -253,7 +253,8 @@ def eval_key(cfg: RunConfig) -> str:
 def evaluate_draft(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key: str) -> Evaluated:
     """Speculative decoding of the target with ``draft_dir`` on the eval sets, with the prompt-lookup
     floor (``tau_pld``, ``mean_tau_pld``: over the same datasets as ``tau``; empty / None when off)."""
-    from pipelines.evaluate import RayEvalConfig, evaluate
+    from pipelines.evaluate import evaluate
+    from pipelines.configs import RayEvalConfig
 
     evals = eval_key(cfg)
     key = stage_key(draft_key, evals)

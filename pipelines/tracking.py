@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from pipelines.configs import DEFAULT_EXPERIMENT, TrackingConfig, default_tracking_uri  # noqa: F401 - imported from here too
+from pipelines.configs import DEFAULT_EXPERIMENT, TrackingConfig
 
 SECRET_KEY = re.compile(r"(pass(word)?|secret|token|api[_-]?key|credential|access[_-]?key)", re.IGNORECASE)
 def safe_params(params: dict[str, Any]) -> dict[str, str]:

@@ -35,13 +35,14 @@ from specdraft.objectives import stage_note, unwrap
 from specdraft.progress import progress_line
 from specdraft.chat import TokenizedConversations, tokenize_conversations
 from specdraft.configs.train import TrainConfig
-from specdraft.features import EAGLE3
+from specdraft.configs.features import EAGLE3
 from specdraft.online import OnlineDataset
-from specdraft.plan import RunPlan, aux_layers_setting
+from specdraft.plan import RunPlan, aux_layers_setting, plan_run
 from specdraft.epochs import EpochEnd, RunHooks
-from specdraft.run import Run, build_run, plan_run
+from specdraft.run import Run, build_run
 from specdraft.run import feature_plan as plan_features
-from specdraft.store import FeatureDataset, ReaderConfig, location
+from specdraft.store import FeatureDataset, location
+from specdraft.configs.reader import ReaderConfig
 from specdraft.target import load_target_model, load_tokenizer, target_fingerprint, target_id
 from specdraft.training import DRAFT_DIR, distinct_across_ranks, drop_metrics_after, load_checkpoint, save_checkpoint
 from specdraft.training import warmup_of
@@ -242,8 +243,7 @@ def run_training(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from pipelines.rendezvous import torch_trainer  # Ray's TorchTrainer, its rendezvous on Ray's address only
 
-    cfg = on_cluster(cfg)  # a core TrainConfig: the Ray knobs' defaults
-    cfg.resolved()  # a wrong stage or epoch count fails here, on the driver, not in a (retried) worker
+    cfg = on_cluster(cfg)  # a core TrainConfig: the Ray knobs' defaults (a wrong stage or epoch count failed when built)
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     sc = cfg.scaling

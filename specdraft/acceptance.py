@@ -26,7 +26,8 @@ import torch
 
 from specdraft import masks
 from specdraft.batch import Batch
-from specdraft.objectives import LossWeights, StageConfig, block_substep, features_of, prepare_targets, substeps, unwrap
+from specdraft.objectives import block_substep, features_of, prepare_targets, substeps, unwrap
+from specdraft.configs.stages import LossWeights, StageConfig
 
 
 @dataclass

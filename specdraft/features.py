@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 
 from specdraft.chat import render_with_loss_mask
 from specdraft.config import config_hash, to_dict
-from specdraft.configs.features import EAGLE3, FeaturesConfig  # noqa: F401 - imported from here too
+from specdraft.configs.features import EAGLE3, FeaturesConfig
 from specdraft.store import ZARR_VERSION, decode_hidden, encode_hidden, plan_digest
 from specdraft.target import load_target_config, target_features, target_fingerprint, target_id
 

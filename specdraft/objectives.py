@@ -45,7 +45,7 @@ from typing import Callable, ContextManager, Iterator
 import torch
 
 from specdraft import masks
-from specdraft.configs.stages import CHAINED, LossWeights, StageConfig, StageKind  # noqa: F401 - imported from here too
+from specdraft.configs.stages import CHAINED, LossWeights, StageConfig
 from specdraft.batch import Batch
 from specdraft.losses import HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
 from specdraft.models.layers import Chain

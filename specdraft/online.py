@@ -35,7 +35,8 @@ import torch
 from specdraft.batch import Batch, pad_batch
 from specdraft.chat import TokenizedConversations
 from specdraft.features import decode_features, encode_features, pad_sequences, prefill_features
-from specdraft.store import HIDDEN_CODECS, ReaderConfig, is_held_out, plan_batches
+from specdraft.store import HIDDEN_CODECS, is_held_out, plan_batches
+from specdraft.configs.reader import ReaderConfig
 
 
 class OnlineDataset:

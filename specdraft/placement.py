@@ -36,7 +36,7 @@ from typing import Any, Mapping
 import torch
 
 from specdraft.config import ConfigError
-from specdraft.configs.devices import ATTN_IMPLEMENTATIONS, MASK_ATTN_IMPLEMENTATIONS, spread_gpus  # noqa: F401
+from specdraft.configs.devices import ATTN_IMPLEMENTATIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -55,7 +55,7 @@ def check_target(path: str | Path, key: str = "--target", *, tokenizer: bool = T
 
 
 def check_aux_layers(target: str | Path, features, key: str = "aux_layers") -> None:
-    """The aux layers of ``features`` (a ``specdraft.features.FeaturesConfig``) resolve on the target at
+    """The aux layers of ``features`` (a ``specdraft.configs.features.FeaturesConfig``) resolve on the target at
     ``target`` (its ``config.json`` depth), so a layer it lacks is a one-line error naming ``key`` before the
     target is loaded."""
     if features.aux_layers is None:

@@ -3,7 +3,7 @@
 Builds (or reuses) the toy target, renders synthetic conversations with its chat
 template, computes the target's last hidden states (and, for the EAGLE-3 recipes, the
 auxiliary layers' states) and top-K log-probs in memory,
-trains a draft with a recipe of ``specdraft.recipes`` (default: ``beagle``, the early stage,
+trains a draft with a recipe of ``specdraft.configs.recipes`` (default: ``beagle``, the early stage,
 k=5, then the late stage, s=4 — "Cross-Attention Speculative Decoding" (Beagle), §4.2), set up
 by ``specdraft.run.build_run`` and trained by ``Run.fit`` as every trainer is, with fewer epochs, and
 reports the simulated chain acceptance (alpha_i, sim_tau) on held-out conversations before, during
@@ -32,7 +32,7 @@ from specdraft.configs.train import TrainConfig
 from specdraft.plan import aux_layers_setting, build_plan, has_own_vocab, reads_eagle3_features
 from specdraft.epochs import RunHooks
 from specdraft.run import Run, build_run
-from specdraft.store import ReaderConfig
+from specdraft.configs.reader import ReaderConfig
 from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id
 from specdraft.toy.build import build_toy_target
 from specdraft.toy.conversations import generate_conversations

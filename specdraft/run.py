@@ -28,7 +28,6 @@ from typing import Any, Protocol
 
 import torch
 
-from specdraft import files
 from specdraft.config import flatten
 from specdraft.acceptance import AcceptanceCounts, simulated_acceptance
 from specdraft.batch import Batch
@@ -38,27 +37,22 @@ from specdraft.models import (
     ARCHS,
     EMBED_KEY,
     LM_HEAD_KEY,
-    DraftConfig,
     build_draft,
     check_draft_target,
     draft_config_from_target,
     read_draft_config,
     set_frozen_dtype,
 )
-from specdraft.objectives import StageConfig, unwrap
+from specdraft.configs.draft import Arch, DraftConfig
+from specdraft.objectives import unwrap
+from specdraft.configs.stages import StageConfig
 from specdraft.chat import TokenizedConversations
 from specdraft.parallel import distribute, gathered
-from specdraft.configs.draft import Arch
 from specdraft.configs.train import TrainConfig
 from specdraft.epochs import VALIDATE, EpochEnd, Fitted, RunHooks
-from specdraft.plan import RunPlan, build_plan, has_own_vocab, reads_eagle3_features
-from specdraft.store import (
-    ReaderConfig,
-    StoreError,
-    check_aux_layers,
-    predicted_token_counts,
-    read_manifest,
-)
+from specdraft.plan import RunPlan, draft_arch, draft_vocab_ids, has_own_vocab, reads_eagle3_features, warm_start
+from specdraft.store import StoreError, check_aux_layers, predicted_token_counts, read_manifest
+from specdraft.configs.reader import ReaderConfig
 from specdraft.store.manifest import check_store_target
 from specdraft.target import load_target_config, load_target_heads, target_fingerprint
 from specdraft.training import DRAFT_DIR, Trainer, resolve_precision, warmup_of
@@ -192,7 +186,7 @@ def build_run(
                                     target_id=target_id, aux_layers=list(plan.aux_layers),
                                     target_fingerprint=target_fingerprint(target) if fingerprint is None else fingerprint,
                                     draft_vocab_size=None if vocab_ids is None else vocab_ids.numel(),
-                                    **plan.draft_shape)
+                                    **(plan.draft_shape.as_kwargs() if plan.draft_shape else {}))
     draft = build_draft(dcfg, heads.embed, heads.lm_head, vocab=vocab_ids)
     if warm_start(cfg, plan.vocab):
         load_warm(draft, cfg.init_from)
@@ -302,36 +296,6 @@ def warm_start_gap(init_from: str | Path) -> str:
     return f"{' and '.join(said)} missing from model.safetensors" if said else ""
 
 
-def warm_start(cfg: TrainConfig, vocab: list[int] | tuple[int, ...] | None) -> bool:
-    """Whether a run of ``cfg`` with the draft vocabulary ``vocab`` (``feature_plan``'s) starts from
-    ``cfg.init_from``: one is given and its vocabulary was kept (a draft over the target's vocabulary keeps it
-    always); a fallback to a fresh vocabulary starts fresh. The driver's plan (``build_plan(warm=...)``: the warm
-    schedule) and ``build_run`` (the weights loaded) both ask here."""
-    return bool(cfg.init_from) and (vocab is None or list(vocab) == draft_vocab_ids(cfg.init_from))
-
-
-def plan_run(cfg: TrainConfig, aux_layers: list[int], vocab: list[int] | None, out: Path) -> RunPlan:
-    """The run's plan on the driver, from the feature plan (``feature_plan``: aux layers, draft vocabulary): whether
-    it warm-starts (``warm_start``) and so its schedule (``build_plan``: ``train.warm_epochs`` on a warm start),
-    written to ``out/schedule.json`` (epochs per stage, warm or fresh and why, ``init_from`` when warm)."""
-    warm = warm_start(cfg, vocab)
-    plan = build_plan(cfg, aux_layers=aux_layers, vocab=vocab, warm=warm)
-    schedule = {**plan.schedule(), **({"init_from": str(cfg.init_from)} if warm else {})}
-    files.write_text(Path(out) / "schedule.json", json.dumps(schedule, indent=2))
-    print(f"[specdraft] schedule: {schedule['why']}: epochs {schedule['epochs']} ({', '.join(schedule['stages'])})",
-          flush=True)
-    return plan
-
-
-def draft_vocab_ids(init_from: str | Path) -> list[int]:
-    """The draft vocabulary's target ids of the draft directory ``init_from``, from its stored ``d2t``."""
-    from safetensors import safe_open
-
-    with safe_open(str(Path(init_from) / "model.safetensors"), framework="pt") as fh:
-        d2t = fh.get_tensor("heads.d2t")  # (Vd,) offsets: target id = draft id + d2t
-    return (torch.arange(d2t.numel()) + d2t).tolist()
-
-
 def feature_plan(
     cfg: TrainConfig,
     stores: list[str],
@@ -361,7 +325,7 @@ def feature_plan(
         check_draft_target(config.parent, target)
     if not reads_eagle3_features(cfg):
         return [], None
-    where = f"recipe {cfg.recipe!r} (arch {cfg.resolved()[0]!r}) reads auxiliary target layers"
+    where = f"recipe {cfg.recipe!r} (arch {draft_arch(cfg)!r}) reads auxiliary target layers"
     if cfg.features == "online":
         try:
             layers = aux_layers_of(cfg.online, load_target_config(target))

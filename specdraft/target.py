@@ -38,9 +38,8 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from specdraft.chat import ensure_chat_template
-from specdraft.checkpoint import (  # noqa: F401 - INDEX_FILE, SINGLE_FILE: their names here too
+from specdraft.checkpoint import (
     INDEX_FILE,
-    SINGLE_FILE,
     TargetWeightsError,
     check_loading_info,
     target_dir,

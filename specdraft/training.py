@@ -36,7 +36,8 @@ from specdraft.configs.train import OptimConfig
 from specdraft.loggers import MetricLogger, NullLogger
 from specdraft.batch import Batch
 from specdraft.models import save_draft
-from specdraft.objectives import GradSync, StageConfig, no_grad_sync_needed, train_batch, unwrap
+from specdraft.objectives import GradSync, no_grad_sync_needed, train_batch, unwrap
+from specdraft.configs.stages import StageConfig
 
 STATE_FILE = "trainer_state.pt"  # a checkpoint's optimizer, scheduler, generators and loop position
 DRAFT_DIR = "draft"  # a checkpoint's (and a finished run's) draft directory

@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdraft.configs.train import DEFAULT_DRAFT_VOCAB  # noqa: F401 - imported from here too
 
 
 

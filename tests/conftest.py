@@ -126,7 +126,8 @@ def built_once(tmp_path_factory, name: str, build, leaf: str = "target") -> Path
 @pytest.fixture(scope="session")
 def tiny_toy_target(tmp_path_factory) -> Path:
     """A toy target small enough to build in seconds (same recipe as the default, scaled down)."""
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+    from specdraft.toy.build import build_toy_target
+    from specdraft.configs.toy import ToyTargetConfig
 
     cfg = ToyTargetConfig(
         num_conversations=800, vocab_size=320, hidden_size=64, num_layers=2, num_heads=2,
@@ -140,7 +141,8 @@ def tiny_toy_target(tmp_path_factory) -> Path:
 def deep_toy_target(tmp_path_factory) -> Path:
     """A 7-layer toy target (about 1 s to build, barely trained): deep enough for ``aux_layers=eagle3``
     (the states entering layers 2, N/2 = 3 and N-3 = 4) — the EAGLE-3 recipes' default."""
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+    from specdraft.toy.build import build_toy_target
+    from specdraft.configs.toy import ToyTargetConfig
 
     cfg = ToyTargetConfig(
         num_conversations=200, vocab_size=320, hidden_size=64, num_layers=7, num_heads=2, num_kv_heads=1,
@@ -154,7 +156,8 @@ def deep_toy_target(tmp_path_factory) -> Path:
 def shipped_toy_target(tmp_path_factory) -> Path:
     """The toy target ``specdraft run --config configs/toy.yaml`` uses (the default config: the shipped
     prebuilt build, copied; 3 layers, so its EAGLE-3 features are the states entering layers 0, 1, 2)."""
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+    from specdraft.toy.build import build_toy_target
+    from specdraft.configs.toy import ToyTargetConfig
 
     return built_once(tmp_path_factory, "shipped-toy",
                       lambda out: build_toy_target(out, ToyTargetConfig(), progress=False, prebuilt=True))
@@ -194,7 +197,7 @@ def toy_drafts(shipped_toy_target, tmp_path_factory):
         from specdraft.models import save_draft
         from specdraft.quickstart import train_on_samples
         from specdraft.configs.train import OptimConfig, TrainConfig
-        from specdraft.recipes import RECIPES
+        from specdraft.configs.recipes import RECIPES
 
         stages = len(RECIPES[recipe].stages)
         block = {}

@@ -4,7 +4,8 @@ The import graph of ``specdraft``, ``pipelines`` and ``flows`` (top-level and in
 as ``python3 ../shared/tools/import_graph.py`` reads it) has no circle and no upward arrow. Layers, bottom up
 (a module may import its own layer and the layers below it, never one above):
 
-0. ``specdraft.config`` — settings plumbing and ``ConfigError`` (with ``specdraft.configs`` when it lands);
+0. the settings: ``specdraft.config`` (loading, ``ConfigError``) and ``specdraft.configs`` (the settings dataclasses
+   and the recipe table) — they import each other and nothing else of the project;
 1. ``specdraft.serving`` — the vLLM plugin and its model classes (vLLM loads them; they import no other
    specdraft code) and the engine measurement's settings;
 2. the core — every other ``specdraft`` module: models, target, features, store, training, export, ...;
@@ -70,14 +71,16 @@ def import_graph(packages=("specdraft", "pipelines", "flows")) -> dict[str, set[
     return graph
 
 
-LAYERS = ("specdraft.config", "specdraft.serving", "specdraft", "specdraft.decoding", "specdraft.evaluation",
-          "pipelines", "flows")  # bottom up: see the module docstring
+LAYERS = (("specdraft.config", "specdraft.configs"), "specdraft.serving", "specdraft", "specdraft.decoding",
+          "specdraft.evaluation", "pipelines", "flows")  # bottom up: see the module docstring
 
 
 def layer(module: str) -> int:
-    """The index in ``LAYERS`` of the longest entry that is ``module`` or a package above it."""
-    found = [i for i, name in enumerate(LAYERS) if module == name or module.startswith(name + ".")]
-    return max(found, key=lambda i: len(LAYERS[i]))
+    """The index in ``LAYERS`` of the longest name that is ``module`` or a package above it (an entry of several
+    names: packages on one floor)."""
+    found = [(len(name), i) for i, entry in enumerate(LAYERS) for name in ((entry,) if isinstance(entry, str) else entry)
+             if module == name or module.startswith(name + ".")]
+    return max(found)[1]
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -125,11 +128,15 @@ def test_the_import_graph_has_no_circle_and_no_upward_arrow():
 def test_the_graph_checks_catch_circles_and_upward_arrows():
     assert layer("specdraft.decoding.tree") == 3 and layer("specdraft.target") == 2 and layer("flows.cli") == 6
     assert layer("specdraft.serving.vllm_models") == 1 and layer("specdraft.config") == 0
+    assert layer("specdraft.configs") == layer("specdraft.configs.train") == 0 and layer("specdraft.plan") == 2
     graph = {"specdraft.decoding.tree": {"specdraft.evaluation.run"}, "specdraft.evaluation.run": {"specdraft.decoding.tree"},
              "specdraft.decoding": {"specdraft.decoding.tree"}, "specdraft.target": {"pipelines.stages"},
-             "pipelines.stages": set()}
+             "pipelines.stages": set(), "specdraft.configs.train": {"specdraft.config", "specdraft.configs.recipes",
+                                                                    "specdraft.plan"},
+             "specdraft.config": set(), "specdraft.configs.recipes": set(), "specdraft.plan": set()}
     assert circles(graph) == [["specdraft.decoding.tree", "specdraft.evaluation.run"]]
-    assert upward_arrows(graph) == ["specdraft.decoding.tree -> specdraft.evaluation.run",
+    assert upward_arrows(graph) == ["specdraft.configs.train -> specdraft.plan",
+                                    "specdraft.decoding.tree -> specdraft.evaluation.run",
                                     "specdraft.target -> pipelines.stages"]
 
 

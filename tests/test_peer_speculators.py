@@ -26,7 +26,8 @@ def test_hidden_state_files_hold_the_store(toy_store, tmp_path):
     from safetensors.torch import load_file
 
     from benchmarks.peer_speculators import write_hidden_states
-    from specdraft.store import FeatureDataset, ReaderConfig
+    from specdraft.store import FeatureDataset
+    from specdraft.configs.reader import ReaderConfig
 
     out = write_hidden_states(toy_store, tmp_path, 0.2)
     rows, sizes = out["rows"], out["sizes"]

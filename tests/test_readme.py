@@ -373,7 +373,8 @@ class Session:
         commands (``-m "not slow"``: ``--help``) makes none of them."""
         if "T" in self.places:
             return
-        from specdraft.toy.build import ToyTargetConfig, build_toy_target
+        from specdraft.configs.toy import ToyTargetConfig
+        from specdraft.toy.build import build_toy_target
 
         inputs = self.cwd.parent / "inputs"
         target = build_toy_target(inputs / "T", ToyTargetConfig(), progress=False, prebuilt=True)

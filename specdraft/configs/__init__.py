@@ -5,6 +5,7 @@ naming its key. Loading from YAML and ``key=value`` is ``specdraft.config``; the
 workers, GPUs, checkpoints) are ``pipelines/configs.py``.
 
 * ``stages``: ``StageConfig``, ``LossWeights`` — a training stage and its losses;
+* ``recipes``: ``RECIPES`` — the recipe table (pure data: each recipe's draft, features and stage schedule);
 * ``train``: ``TrainConfig``, ``OptimConfig`` — the ``train`` section (recipe, optimizer, reader, draft shape);
 * ``features``: ``FeaturesConfig`` — what a feature store holds and how a prefill computes it;
 * ``reader``: ``ReaderConfig`` — how a store is batched;
@@ -17,6 +18,7 @@ workers, GPUs, checkpoints) are ``pipelines/configs.py``.
 * ``fresh``: ``TrafficSettings``, ``MonitorSettings``, ``GateSettings``, ``HandoffSettings``, ``RetrainSettings`` — keeping a
   served draft fresh (issue 33).
 
-Import the classes from their modules (``from specdraft.configs.train import TrainConfig``): this package runs
-nothing, so ``specdraft.recipes`` (which the ``train`` settings check against) can import its neighbours.
+Import the classes from their modules (``from specdraft.configs.train import TrainConfig``), the one address of
+each: this package runs nothing. The settings are the bottom floor: they import ``specdraft.config`` (its
+``ConfigError``) and each other, nothing else of specdraft (``tests/test_dependency_rule.py``).
 """

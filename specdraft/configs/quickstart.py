@@ -9,14 +9,14 @@ from typing import Literal
 from specdraft.config import ConfigError
 from specdraft.configs.toy import ToyTargetConfig
 from specdraft.configs.train import OptimConfig, TrainConfig
-from specdraft.recipes import RECIPES
+from specdraft.configs.recipes import RECIPES
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class QuickstartConfig:
     seed: int = 0
     toy: ToyTargetConfig = field(default_factory=ToyTargetConfig)
-    recipe: str = "beagle"  # a recipe of specdraft.recipes
+    recipe: str = "beagle"  # a recipe of specdraft.configs.recipes
     # the target layers an EAGLE-3 recipe reads (as the dump's features.aux_layers; None: eagle3)
     aux_layers: Literal["eagle3"] | list[int] | None = None
     epochs: int = 5  # in all, split over the recipe's stages (earlier stages take the rest)

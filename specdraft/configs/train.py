@@ -15,7 +15,7 @@ from specdraft.configs.draft import DEFAULT_BLOCK_SIZE, Arch
 from specdraft.configs.features import FeaturesConfig
 from specdraft.configs.reader import ReaderConfig
 from specdraft.configs.stages import StageConfig
-from specdraft.recipes import RECIPES, Recipe, split_epochs
+from specdraft.configs.recipes import RECIPES, recipe_named
 
 DEFAULT_DRAFT_VOCAB = 32000
 
@@ -112,8 +112,7 @@ class TrainConfig:
             raise ConfigError(f"draft_layers={self.draft_layers}: must be >= 1")
         if not 0.0 <= self.init_min_coverage <= 1.0:
             raise ConfigError(f"init_min_coverage={self.init_min_coverage}: must be between 0 and 1")
-        resolve_stages(self)  # the epoch counts against the recipe's stages
-        resolve_stages(self, warm=True)  # and the warm start's
+        resolve_stages(self, warm=True)  # the epoch counts against the recipe's stages, then the warm start's
 
     def resolved(self) -> tuple[Arch, list[StageConfig]]:
         """(draft architecture, stage schedule): ``resolve_stages``."""
@@ -129,7 +128,7 @@ def resolve_stages(cfg: TrainConfig, *, warm: bool = False) -> tuple[Arch, list[
     total split over the stages, or one count per stage; ``recompute``); a count that fits no schedule is a
     ``ConfigError`` naming ``epochs``. ``warm`` (the run warm-starts): ``warm_epochs`` instead, by default
     each stage's fresh epochs cut to ``warm_epochs`` (a quarter, rounded up)."""
-    recipe = RECIPES.get(cfg.recipe, Recipe("beagle", False, []))
+    recipe = recipe_named(cfg.recipe)
     arch = cfg.arch or recipe.arch
     stages = list(cfg.stages) if cfg.stages else list(recipe.stages)
     stages = _with_epochs(cfg, stages, cfg.epochs, "epochs")
@@ -170,3 +169,10 @@ def _with_epochs(cfg: TrainConfig, stages: list[StageConfig], epochs: int | list
         raise ConfigError(f"{key if epochs is not None else 'stages'}="
                           f"{[s.epochs for s in stages]}: no stage trains (every epoch count is 0)")
     return stages
+
+
+def split_epochs(total: int, stages: int) -> list[int]:
+    """``total`` epochs over ``stages`` stages as evenly as possible (earlier stages take the rest)."""
+    if not total >= stages >= 1:
+        raise ConfigError(f"epochs={total}: {total} epochs cannot cover {stages} stages")
+    return [total // stages + (1 if i < total % stages else 0) for i in range(stages)]

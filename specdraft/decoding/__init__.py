@@ -13,10 +13,8 @@ Modules, bottom up:
 * ``eval``        the evaluation's settings (``EvalSettings``; the evaluation itself: ``specdraft.evaluation``).
 """
 
-from specdraft.decoding.prompt_lookup import PromptLookupConfig, prompt_lookup_generate
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.prompt_lookup import prompt_lookup_generate
 from specdraft.decoding.speculative import (
-    DecodeConfig,
     Drafter,
     Generation,
     ModelDrafter,
@@ -28,13 +26,10 @@ from specdraft.decoding.speculative import (
 from specdraft.decoding.tree import DraftTree, build_draft_chain, build_draft_tree, tree_attention_mask
 
 __all__ = [
-    "DecodeConfig",
     "DraftTree",
     "Drafter",
     "Generation",
     "ModelDrafter",
-    "PromptLookupConfig",
-    "SamplingConfig",
     "build_draft_chain",
     "build_draft_tree",
     "eos_token_ids",

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from specdraft.decoding.drafting import target_logprobs
-from specdraft.decoding.sampling import SamplingConfig, draw, target_probs
+from specdraft.decoding.sampling import draw, target_probs
+from specdraft.configs.decode import SamplingConfig
 from specdraft.decoding.tree import DraftTree, chain_structure
 from specdraft.models.kvcache import KVCache
 

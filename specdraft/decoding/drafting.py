@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdraft.decoding.sampling import SamplingConfig, draw, target_probs
+from specdraft.decoding.sampling import draw, target_probs
+from specdraft.configs.decode import SamplingConfig
 from specdraft.models.kvcache import KVCache
 from specdraft.placement import host_ids
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdraft.configs.decode import DecodeConfig, PromptLookupConfig  # noqa: F401 - imported from here too
+from specdraft.configs.decode import DecodeConfig, PromptLookupConfig
 from specdraft.decoding.speculative import Generation, speculative_decode
 from specdraft.decoding.tree import DraftTree, chain_of_tokens
 

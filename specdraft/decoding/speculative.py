@@ -45,7 +45,7 @@ import torch
 from specdraft.decoding.block import BlockDrafter, block_gamma
 from specdraft.decoding.cache import VerifyMask, commit, target_cache
 from specdraft.decoding.drafting import DraftContext, advance_draft, start_draft
-from specdraft.configs.decode import DecodeConfig, Mode, SamplingConfig  # noqa: F401 - imported from here too
+from specdraft.configs.decode import DecodeConfig
 from specdraft.decoding.sampling import choose_token
 from specdraft.decoding.tree import DraftTree, build_draft_chain, build_draft_tree
 from specdraft.decoding.verify import accept_greedy, accept_sampling, target_forward, tree_height, verify_tree

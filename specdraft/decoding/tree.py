@@ -41,7 +41,7 @@ from specdraft.decoding.drafting import (
     query_level,
     rope_for_round,
 )
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.configs.decode import SamplingConfig
 from specdraft.placement import host_ids
 
 

@@ -31,7 +31,8 @@ import torch
 from transformers import DynamicCache
 
 from specdraft.decoding.cache import VerifyMask, commit
-from specdraft.decoding.sampling import SamplingConfig, draw, target_probs
+from specdraft.decoding.sampling import draw, target_probs
+from specdraft.configs.decode import SamplingConfig
 from specdraft.decoding.tree import DraftTree, tree_attention_mask, tree_position_ids
 from specdraft.placement import input_device, output_device
 from specdraft.target import aux_states

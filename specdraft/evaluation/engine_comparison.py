@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from specdraft.decoding.speculative import DecodeConfig, speculative_generate
+from specdraft.decoding.speculative import speculative_generate
+from specdraft.configs.decode import DecodeConfig
 from specdraft.evaluation.engine_records import EngineRun
 from specdraft.evaluation.models import Models
 from specdraft.placement import output_device

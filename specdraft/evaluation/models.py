@@ -15,10 +15,12 @@ import torch
 from specdraft.config import to_dict
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.decoding.prompt_lookup import prompt_lookup_generate
-from specdraft.decoding.speculative import DecodeConfig, eos_token_ids, speculative_generate, vanilla_generate
+from specdraft.decoding.speculative import eos_token_ids, speculative_generate, vanilla_generate
+from specdraft.configs.decode import DecodeConfig
 from specdraft.evaluation.questions import render_prompt
 from specdraft.models import check_draft_target, load_draft
-from specdraft.placement import MASK_ATTN_IMPLEMENTATIONS, output_device, resolve_device, resolve_dtype
+from specdraft.placement import output_device, resolve_device, resolve_dtype
+from specdraft.configs.devices import MASK_ATTN_IMPLEMENTATIONS
 from specdraft.target import TargetMismatch, load_target_model, load_tokenizer
 
 

@@ -35,7 +35,6 @@ from specdraft.export.spec import (
     DTYPES,
     FORMATS,
     LAYOUTS,
-    ExportConfig,
     ExportError,
     ExportSpec,
     VLLM_FORMATS,
@@ -122,7 +121,6 @@ EXPORT_FILES = ("config.json", "model.safetensors")  # what ``write_export`` wri
 
 __all__ = [
     "FORMATS",
-    "ExportConfig",
     "ExportError",
     "ExportSpec",
     "OutputError",

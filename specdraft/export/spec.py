@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdraft import placement
-from specdraft.configs.export import ExportConfig  # noqa: F401 - imported from here too
-from specdraft.models.config import DraftConfig
+from specdraft.configs.draft import DraftConfig
 from specdraft.target import TargetMismatch, check_target, load_target_config, target_id
 
 FORMATS = ("speculators", "vllm", "sglang", "eagle")

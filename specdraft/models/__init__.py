@@ -21,7 +21,8 @@ from safetensors.torch import load_file, save_file
 from specdraft.config import from_dict, to_dict
 from specdraft.files import write_directory
 from specdraft.models.beagle import BeagleDraft
-from specdraft.models.config import DraftConfig, draft_config_from_target
+from specdraft.models.config import draft_config_from_target
+from specdraft.configs.draft import DraftConfig
 from specdraft.models.dflash import DFlashDraft
 from specdraft.models.eagle import EagleDraft
 from specdraft.models.heads import Heads
@@ -201,7 +202,6 @@ __all__ = [
     "BeagleDraft",
     "Draft",
     "DFlashDraft",
-    "DraftConfig",
     "EagleDraft",
     "KVCache",
     "build_draft",

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from specdraft.models import block
-from specdraft.models.config import DraftConfig
+from specdraft.configs.draft import DraftConfig
 from specdraft.models.heads import Heads
 from specdraft.models.layers import KV, Chain, RMSNorm, SwiGLU, prefix_visible, substep_chain
 

@@ -25,7 +25,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from specdraft.models.config import DraftConfig
+from specdraft.configs.draft import DraftConfig
 from specdraft.models.layers import KV, Rotary, SwiGLU, attention, matmul_input
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdraft.configs.draft import DEFAULT_BLOCK_SIZE, Arch, DraftConfig  # noqa: F401 - the draft's settings, imported from here too
+from specdraft.configs.draft import DEFAULT_BLOCK_SIZE, Arch, DraftConfig
 
 
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from specdraft.masks import Blocks
-from specdraft.models.config import DraftConfig
+from specdraft.configs.draft import DraftConfig
 from specdraft.models.heads import Heads
 from specdraft.models.layers import KV, RMSNorm, Rotary, SwiGLU, block_attention, matmul_input
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdraft.models.config import DraftConfig
+from specdraft.configs.draft import DraftConfig
 from specdraft.models.layers import RMSNorm
 from specdraft.vocab import vocab_maps
 

@@ -26,7 +26,6 @@ from specdraft.store.prefetcher import Prefetcher
 from specdraft.store.reader import (
     EpochBatches,
     FeatureDataset,
-    ReaderConfig,
     StoreWarning,
     check_aux_layers,
     open_stores,
@@ -59,7 +58,7 @@ from specdraft.store.writer import ZARR_VERSION, list_shard_dirs, read_shard_rec
 __all__ = [
     "AUX_ARRAYS", "CHUNK_CHECKSUM", "COMPRESSIONS", "FORMAT_NAME", "HIDDEN_CODECS", "LOSSY_CODECS", "MANIFEST_FILE",
     "SCHEMA_VERSION", "SEQUENCE_ARRAYS", "SHARD_ATTR", "TOKEN_ARRAYS", "ZARR_VERSION", "EpochBatches",
-    "FeatureDataset", "Prefetcher", "ReaderConfig", "StoreError", "StoreWarning", "ValidationReport", "array_digest", "array_schema",
+    "FeatureDataset", "Prefetcher", "StoreError", "StoreWarning", "ValidationReport", "array_digest", "array_schema",
     "balance_batches", "bytes_per_token_reference", "check_aux_layers", "decode_hidden", "dump_summary",
     "encode_hidden", "is_held_out", "list_shard_dirs", "make_manifest", "open_stores", "plan_batches",
     "plan_digest", "plan_shards", "predicted_token_counts", "read_manifest", "read_shard_record", "resume_shards",

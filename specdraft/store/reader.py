@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from specdraft.batch import Batch
-from specdraft.configs.reader import ON_CORRUPT, ReaderConfig  # noqa: F401 - imported from here too
+from specdraft.configs.reader import ReaderConfig
 from specdraft.store import location
 from specdraft.store.batching import is_held_out, plan_batches, repeats, token_digests
 from specdraft.store.chunks import ShardArray, read_rows, shard_chunks

@@ -102,7 +102,8 @@ def test_rows_changed_by_normalization_are_counted(tmp_path):
 
 
 def test_a_changed_prompt_is_answered_again_once_and_counted(local_ray, tiny_toy_target, tmp_path):
-    from pipelines.regenerate import RegenerateConfig, regenerate
+    from pipelines.regenerate import regenerate
+    from pipelines.configs import RegenerateConfig
 
     records = prompt_rows(4)
     prompts = write_jsonl(tmp_path / "p.jsonl", records)

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from specdraft import store
-from specdraft.store import FeatureDataset, ReaderConfig, StoreError, StoreWarning, location
+from specdraft.store import FeatureDataset, StoreError, StoreWarning, location
+from specdraft.configs.reader import ReaderConfig
 from tests.specdraft.store_helpers import D, K, V, synthetic_shard
 
 HEADER = {"target_id": "t@1", "d": D, "k": K, "hidden_codec": "fp16"}

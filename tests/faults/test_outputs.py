@@ -131,7 +131,8 @@ def test_exports_drafts_and_toy_builds_are_readable_under_a_private_umask(world,
             (tmp / "sub").mkdir()
             (tmp / "sub" / "f.bin").write_bytes(b"x")
         written = files.write_text(tmp_path / "single.json", "{}")
-        from specdraft.toy.build import ToyTargetConfig, build_toy_target
+        from specdraft.toy.build import build_toy_target
+        from specdraft.configs.toy import ToyTargetConfig
 
         toy = build_toy_target(tmp_path / "toy", ToyTargetConfig(), progress=False, prebuilt=True)
     finally:

@@ -26,11 +26,12 @@ from flows.cli import main
 from pipelines.dump import dump_features
 from pipelines.train import run_training
 from specdraft.export import ExportError, export_draft
-from specdraft.features import FeaturesConfig
+from specdraft.configs.features import FeaturesConfig
 from specdraft.models import read_draft_config
 from specdraft.outputs import MARKER
 from pipelines.configs import ClusterTrainConfig, ScalingSection
-from specdraft.store import ReaderConfig, read_manifest
+from specdraft.store import read_manifest
+from specdraft.configs.reader import ReaderConfig
 from specdraft.store.manifest import check_store_target
 from specdraft.target import (
     FINGERPRINT_CACHE,
@@ -41,7 +42,7 @@ from specdraft.target import (
     target_id,
 )
 from specdraft.toy.conversations import generate_conversations
-from specdraft.training import OptimConfig
+from specdraft.configs.train import OptimConfig
 from tests.tiny_models import NARROW
 
 pytestmark = pytest.mark.slow

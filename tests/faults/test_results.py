@@ -20,10 +20,12 @@ from specdraft.config import ConfigError, load
 from specdraft.features import compute_features, sample_arrays
 from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.run import fit_batches
-from specdraft.store import FeatureDataset, ReaderConfig, make_manifest, write_manifest, write_shard
+from specdraft.store import FeatureDataset, make_manifest, write_manifest, write_shard
+from specdraft.configs.reader import ReaderConfig
 from specdraft.target import load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
-from specdraft.training import OptimConfig, drop_metrics_after
+from specdraft.training import drop_metrics_after
+from specdraft.configs.train import OptimConfig
 
 
 @pytest.fixture(scope="module")

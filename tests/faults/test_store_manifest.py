@@ -11,7 +11,8 @@ import json
 import pytest
 
 from specdraft import store
-from specdraft.store import FeatureDataset, ReaderConfig, StoreError
+from specdraft.store import FeatureDataset, StoreError
+from specdraft.configs.reader import ReaderConfig
 from tests.specdraft.test_store import make_store
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import build_parser, command_config, main, parse
+from flows.cli import build_parser, main, parse
+from flows.options import command_config
 from pipelines.configs import ClusterTrainConfig, DumpConfig, RegenerateConfig, RunConfig
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.configs.quickstart import QuickstartConfig
@@ -150,7 +151,7 @@ def test_yaml_config_plus_overrides_and_sugar_reach_the_dataclasses(tmp_path):
 def test_the_toy_config_trains_any_recipe_for_its_epochs_in_all():
     """configs/toy.yaml gives the epochs in all (one number), split over the stages of whichever recipe a run
     picks, so ``specdraft run train.recipe=NAME`` works for every recipe without an epoch override."""
-    from specdraft.recipes import RECIPES
+    from specdraft.configs.recipes import RECIPES
 
     for recipe in sorted(RECIPES):
         cfg, _ = command_config(parse(["run", "--config", str(REPO / "configs" / "toy.yaml"), f"train.recipe={recipe}"]))

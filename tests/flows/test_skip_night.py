@@ -18,7 +18,8 @@ def test_a_night_without_new_data_or_drift_skips_training(tmp_path):
     write_day(traffic, "2026-11-25", seed=32)
     args = [f"workdir={work}", "data.prompts=[]", f"data.traffic.path={traffic}", "data.traffic.replay=0.0",
             "retrain.policy=when_it_pays", "retrain.min_new_share=0.2", "tracking.enabled=false", "retries=0"]
-    from pipelines.stages import RunConfig, prepare
+    from pipelines.stages import prepare
+    from pipelines.configs import RunConfig
     from specdraft.config import load
 
     prepared = prepare(load(RunConfig, CONFIG, args))  # what the last trained night read: the same window

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from pipelines.freshness import champion_draft, offline_drift
 from pipelines.records import Prepared
-from pipelines.stages import RunConfig
+from pipelines.configs import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun
 from specdraft.config import from_dict
 from specdraft.models import build_draft, draft_config_from_target, save_draft

@@ -20,10 +20,13 @@ from specdraft.config import ConfigError
 from pipelines.ingest import load_conversations
 from specdraft import store
 from specdraft.chat import render_with_loss_mask
-from specdraft.features import FeaturesConfig, prefill_batches
-from specdraft.store import FeatureDataset, ReaderConfig, StoreError, plan_shards
+from specdraft.features import prefill_batches
+from specdraft.configs.features import FeaturesConfig
+from specdraft.store import FeatureDataset, StoreError, plan_shards
+from specdraft.configs.reader import ReaderConfig
 from specdraft.target import load_target_model, load_tokenizer
-from specdraft.toy.build import ToyTargetConfig, build_toy_target
+from specdraft.toy.build import build_toy_target
+from specdraft.configs.toy import ToyTargetConfig
 from specdraft.toy.conversations import generate_conversations
 from specdraft.toy.tokenizer import train_tokenizer
 from tests.tiny_models import FAMILIES, TINY

@@ -14,8 +14,9 @@ import pytest
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from pipelines.evaluate import RayEvalConfig, evaluate
-from specdraft.decoding import DecodeConfig
+from pipelines.evaluate import evaluate
+from pipelines.configs import RayEvalConfig
+from specdraft.configs.decode import DecodeConfig
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.models import build_draft, draft_config_from_target, save_draft
 from specdraft.toy.conversations import generate_conversations

@@ -9,7 +9,7 @@ import logging
 from pipelines.freshness import hand_off, monitor_state, observe_served, settle_handoff
 from pipelines.records import Prepared, Trained
 from pipelines.tracking import NullRun
-from pipelines.stages import RunConfig
+from pipelines.configs import RunConfig
 from specdraft.config import from_dict
 from benchmarks.processes import free_port
 from specdraft.handoff import publish, read_meta, rollback

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.conversations import SCHEMA, check_messages, read_conversations, write_conversations
-from pipelines.ingest import IngestConfig, ingest
+from pipelines.ingest import ingest
+from pipelines.configs import IngestConfig
 from pipelines.prompt_files import expand_inputs, list_inputs
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"

@@ -34,7 +34,8 @@ from pipelines.generation import (
     stop_token_ids,
     vllm_answer_fn,
 )
-from pipelines.regenerate import RegenerateConfig, regenerate, vllm_batch_size, vllm_engine_settings, vllm_gpus
+from pipelines.regenerate import regenerate, vllm_batch_size, vllm_engine_settings, vllm_gpus
+from pipelines.configs import RegenerateConfig
 from pipelines.conversations import done_ids
 from specdraft.store import location
 from specdraft.target import load_target_model, load_tokenizer

@@ -14,14 +14,13 @@ import pytest
 
 import specdraft.toy.build as build_mod
 from pipelines.conversations import write_conversations
-from specdraft.features import FeaturesConfig
+from specdraft.configs.features import FeaturesConfig
 from pipelines.records import Dumped, Evaluated, Exported, Prepared, Regenerated, Registered, Trained
-from pipelines.configs import DataSection, RunConfig, TargetSection, core_features
+from pipelines.configs import ClusterTrainConfig, DataSection, RunConfig, ScalingSection, TargetSection, core_features
 from pipelines.stages import prepare, train, train_config
 from specdraft.config import ConfigError, load
-from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.plan import reads_eagle3_features
-from specdraft.store import ReaderConfig
+from specdraft.configs.reader import ReaderConfig
 from specdraft.target import target_id
 from specdraft.toy.build import compare_with_prebuilt
 from specdraft.toy.conversations import generate_conversations

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.conversations import read_conversations
-from pipelines.stages import RunConfig, prepare, regenerate_file
+from pipelines.stages import prepare, regenerate_file
+from pipelines.configs import RunConfig
 from flows.preflight import check_run
 from specdraft.config import ConfigError, from_dict
 from tests.specdraft.test_traffic import SERVED, write_traffic

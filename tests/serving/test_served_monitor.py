@@ -32,7 +32,8 @@ def exported(tmp_path_factory):
     from specdraft.export import export_draft
     from specdraft.models import build_draft, save_draft
     from specdraft.models.config import draft_config_from_target
-    from specdraft.toy.build import ToyTargetConfig, build_toy_target
+    from specdraft.toy.build import build_toy_target
+    from specdraft.configs.toy import ToyTargetConfig
 
     root = tmp_path_factory.mktemp("monitor")
     target = build_toy_target(root / "target", ToyTargetConfig(), progress=False, prebuilt=True)

@@ -78,7 +78,8 @@ def served(target, drafts, tmp_path_factory):
 @pytest.fixture(scope="module")
 def target_greedy(target, served):
     """The target's own greedy answers (transformers) to the engine's prompts."""
-    from specdraft.decoding.speculative import DecodeConfig, eos_token_ids, vanilla_generate
+    from specdraft.decoding.speculative import eos_token_ids, vanilla_generate
+    from specdraft.configs.decode import DecodeConfig
     from specdraft.target import load_target_model, load_tokenizer
 
     run, _, _ = served
@@ -96,7 +97,7 @@ def test_the_engine_without_a_draft_answers_as_the_target(served, target_greedy)
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_vllm_serves_the_recipe_as_trained(recipe, target, drafts, served, target_greedy):
     from specdraft.configs.evaluation import EvalSettings
-    from specdraft.decoding.speculative import DecodeConfig
+    from specdraft.configs.decode import DecodeConfig
     from specdraft.evaluation.engine_comparison import compare
     from specdraft.evaluation.models import load_models
 

@@ -6,7 +6,7 @@ from typing import Literal
 import pytest
 
 from specdraft.config import ConfigError, config_hash, flatten, from_dict, load, parse_overrides
-from specdraft.objectives import StageConfig
+from specdraft.configs.stages import StageConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

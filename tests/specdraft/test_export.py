@@ -38,16 +38,18 @@ from specdraft import masks
 from specdraft.chat import render_with_loss_mask
 from specdraft.decoding.block import BlockDrafter
 from specdraft.decoding.drafting import new_pool, query_nodes, start_draft, target_logprobs
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.configs.decode import SamplingConfig
 from specdraft.export import ExportError, check_export, export_draft, export_spec, formats_for, serve_commands
 from specdraft.export.commands import vllm_server
 from specdraft.models import build_draft, draft_config_from_target, load_draft, read_draft_config, save_draft
 from specdraft.batch import pad_batch
-from specdraft.objectives import LossWeights, StageConfig
+from specdraft.configs.stages import LossWeights, StageConfig
 from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_id
-from specdraft.toy.build import ToyTargetConfig, build_toy_target
+from specdraft.toy.build import build_toy_target
+from specdraft.configs.toy import ToyTargetConfig
 from specdraft.toy.conversations import generate_conversations
-from specdraft.training import OptimConfig, Trainer
+from specdraft.training import Trainer
+from specdraft.configs.train import OptimConfig
 from specdraft.vocab import count_predicted_tokens, select_vocab
 
 AUX = [0, 1, 2]  # HF hidden_states indices: the states entering decoder layers 0, 1, 2

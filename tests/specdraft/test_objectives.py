@@ -20,8 +20,10 @@ import torch
 from specdraft import masks
 from specdraft.batch import Batch
 from specdraft.losses import feature_l1, soft_ce, topk_ce, weighted_mean
-from specdraft.models import KV, DraftConfig, KVCache, build_draft
-from specdraft.objectives import LossWeights, StageConfig, stage_note, substeps, train_batch
+from specdraft.models import KV, KVCache, build_draft
+from specdraft.configs.draft import DraftConfig
+from specdraft.objectives import stage_note, substeps, train_batch
+from specdraft.configs.stages import LossWeights, StageConfig
 
 TOL = 1e-5
 V, D, T, VD = 97, 64, 13, 61

@@ -13,20 +13,21 @@ import torch
 from specdraft.chat import render_with_loss_mask, tokenize_conversations
 from specdraft.features import prefill_features, resolve_aux_layers
 from specdraft.models import build_draft, draft_config_from_target
-from specdraft.objectives import LossWeights, StageConfig
+from specdraft.configs.stages import LossWeights, StageConfig
 from specdraft.online import OnlineDataset
 from specdraft.store import (
     FeatureDataset,
-    ReaderConfig,
     encode_hidden,
     make_manifest,
     predicted_token_counts,
     write_manifest,
     write_shard,
 )
+from specdraft.configs.reader import ReaderConfig
 from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
-from specdraft.training import OptimConfig, Trainer
+from specdraft.training import Trainer
+from specdraft.configs.train import OptimConfig
 from specdraft.vocab import select_vocab
 
 TOPK = 6

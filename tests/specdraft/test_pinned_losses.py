@@ -22,12 +22,13 @@ import torch
 
 from specdraft.batch import pad_batch
 from specdraft.models import build_draft, draft_config_from_target
-from specdraft.objectives import LossWeights, StageConfig
+from specdraft.configs.stages import LossWeights, StageConfig
 from specdraft.quickstart import compute_features
 from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.build import PREBUILT_DIR
 from specdraft.toy.conversations import generate_conversations
-from specdraft.training import OptimConfig, Trainer
+from specdraft.training import Trainer
+from specdraft.configs.train import OptimConfig
 
 REL = 2e-4
 BATCHES, BATCH_SIZE = 5, 4  # 5 batches of 4 conversations per epoch

@@ -15,6 +15,7 @@ from torch import nn
 
 from specdraft import placement
 from specdraft.config import ConfigError
+from specdraft.configs.devices import spread_gpus
 
 
 def test_resolve_dtype():
@@ -55,13 +56,13 @@ def test_resolve_attn_implementation(monkeypatch):
 
 @pytest.mark.parametrize("num_gpus,spread", [(0.25, 1), (0.5, 1), (1, 1), (1.0, 1), (2.0, 2), (4, 4), (8.0, 8)])
 def test_spread_gpus(num_gpus, spread):
-    assert placement.spread_gpus(num_gpus) == spread
+    assert spread_gpus(num_gpus) == spread
 
 
 @pytest.mark.parametrize("num_gpus", [0, -1, 1.5, 2.25])
 def test_spread_gpus_rejects(num_gpus):
     with pytest.raises(ConfigError, match="fraction <= 1"):
-        placement.spread_gpus(num_gpus)
+        spread_gpus(num_gpus)
 
 
 def test_device_map_for_one_device():

@@ -9,8 +9,17 @@ import pytest
 
 from specdraft.config import ConfigError, from_dict, to_dict
 from specdraft.configs.train import TrainConfig
-from specdraft.plan import RunPlan, aux_layers_setting, build_plan
-from specdraft.recipes import RECIPES
+from specdraft.configs.recipes import RECIPES
+from specdraft.configs.stages import StageConfig
+from specdraft.plan import (
+    DraftShape,
+    RunPlan,
+    aux_layers_setting,
+    build_plan,
+    draft_arch,
+    has_own_vocab,
+    reads_eagle3_features,
+)
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -21,14 +30,33 @@ def test_the_plan_splits_the_epochs_and_offsets_each_stage(recipe):
     assert [s.epochs for s in plan.stages] == [3] + [2] * (stages - 1)  # earlier stages take the rest
     assert plan.epoch_offsets == tuple(sum(s.epochs for s in plan.stages[:i]) for i in range(stages))
     assert plan.epochs == 2 * stages + 1 and plan.eagle3_features == RECIPES[recipe].eagle3_features
-    assert bool(plan.draft_shape) == (RECIPES[recipe].arch == "dflash")
+    assert (plan.draft_shape is not None) == (RECIPES[recipe].arch == "dflash")
+    assert plan.own_vocab == has_own_vocab(TrainConfig(recipe=recipe))  # the plan and the driver's question agree
 
 
 def test_the_plan_travels_as_plain_data():
     plan = build_plan(TrainConfig(recipe="beagle-dflash", epochs=[4], block_size=8), aux_layers=[1, 2], vocab=[0, 3])
-    assert plan.draft_shape == {"num_layers": 5, "block_size": 8, "mask_token_id": None, "block_self_attention": False}
+    assert plan.draft_shape == DraftShape(num_layers=5, block_size=8, mask_token_id=None, block_self_attention=False)
+    assert plan.draft_shape.as_kwargs() == {"num_layers": 5, "block_size": 8, "mask_token_id": None,
+                                            "block_self_attention": False}  # draft_config_from_target's keywords
     assert plan.aux_layers == (1, 2) and plan.vocab == (0, 3) and not plan.own_vocab
     assert from_dict(RunPlan, to_dict(plan)) == plan  # what a Ray worker receives is what the driver built
+
+
+def test_a_config_with_its_own_stages_under_an_unknown_name_gets_the_one_fallback_recipe():
+    """One fallback row (``CUSTOM``): a one-layer draft, EAGLE-3 features only when the arch reads them, a block
+    draft of one layer whose positions attend to each other."""
+    stages = [StageConfig(kind="plain", epochs=2)]
+    plain = build_plan(TrainConfig(recipe="mine", stages=stages))
+    assert (plain.arch, plain.eagle3_features, plain.own_vocab, plain.draft_shape) == ("beagle", False, False, None)
+    assert draft_arch(TrainConfig(recipe="mine", stages=stages)) == "beagle"
+    block = build_plan(TrainConfig(recipe="mine", arch="dflash", stages=[StageConfig(kind="block", epochs=1)]))
+    assert block.eagle3_features and block.own_vocab and block.draft_shape == DraftShape(
+        num_layers=1, block_size=TrainConfig().block_size, mask_token_id=None, block_self_attention=True)
+    eagle3 = TrainConfig(recipe="mine", arch="eagle3", stages=stages, draft_vocab=False)
+    assert reads_eagle3_features(eagle3) and has_own_vocab(eagle3)  # an EAGLE-3 draft has its own head always
+    with pytest.raises(ConfigError, match="unknown recipe 'mine'"):
+        TrainConfig(recipe="mine")  # an unknown name without stages
 
 
 def test_the_eagle3_aux_layer_default_is_decided_by_the_plan_alone():

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from specdraft.config import ConfigError
 from specdraft.features import compute_features
 from specdraft.quickstart import SampleSplit
-from specdraft.configs.train import TrainConfig
+from specdraft.configs.train import OptimConfig, TrainConfig, split_epochs
 from specdraft.plan import build_plan
-from specdraft.recipes import RECIPES, split_epochs
+from specdraft.configs.recipes import RECIPES
 from specdraft.run import build_run, validate_draft
 from specdraft.target import load_target_model, load_tokenizer
 from specdraft.toy.build import PREBUILT_DIR
 from specdraft.toy.conversations import generate_conversations
-from specdraft.training import OptimConfig
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +140,18 @@ def test_fit_logs_no_acceptance_when_nothing_is_held_out(samples):
     fitted = run.fit(3, 10, validate=("epoch", "after"))
     assert len(fitted.epochs) == 3 and all(e.metrics == {} for e in fitted.epochs)
     assert fitted.after.reached.sum() == 0 and not any("sim_tau" in m for _, m in logger.metrics)
+
+
+def test_build_run_gives_a_block_draft_the_plans_shape(samples):
+    """The plan's typed draft shape (``DraftShape``) is the block draft's config: layers, block, mask, attention."""
+    def open_split(split, reader, aux):
+        return SampleSplit(samples[:8] if split == "train" else samples[8:], 4, 0, reader)
+
+    cfg = TrainConfig(recipe="beagle-dflash", epochs=[1], draft_layers=2, block_size=4, mask_token_id=5, min_steps=0)
+    got = build_run(cfg, build_plan(cfg, aux_layers=[1, 2, 3]), PREBUILT_DIR, open_split).draft_config
+    assert (got.arch, got.num_layers, got.block_size, got.mask_token_id, got.block_self_attention) == (
+        "dflash", 2, 4, 5, False)
+    assert got.draft_vocab_size is None and got.aux_layers == [1, 2, 3]  # the target's frozen head
+    paper = replace(cfg, recipe="dflash", draft_layers=None)
+    got = build_run(paper, build_plan(paper, aux_layers=[1, 2, 3]), PREBUILT_DIR, open_split).draft_config
+    assert got.num_layers == 5 and got.block_self_attention  # the recipe's own shape

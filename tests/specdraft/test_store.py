@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specdraft import store
-from specdraft.store import FeatureDataset, ReaderConfig, StoreError
+from specdraft.store import FeatureDataset, StoreError
+from specdraft.configs.reader import ReaderConfig
 from tests.specdraft.store_helpers import D, K, V, synthetic_shard
 
 

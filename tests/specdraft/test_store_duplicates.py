@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from specdraft import store
-from specdraft.store import FeatureDataset, ReaderConfig
+from specdraft.store import FeatureDataset
+from specdraft.configs.reader import ReaderConfig
 from specdraft.store.batching import repeats, token_digests
 from tests.specdraft.store_helpers import D, K, synthetic_shard
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from specdraft import store
-from specdraft.store import FeatureDataset, ReaderConfig, StoreError, location
+from specdraft.store import FeatureDataset, StoreError, location
+from specdraft.configs.reader import ReaderConfig
 from tests.specdraft.store_helpers import D, K, V, synthetic_shard
 
 pytest.importorskip("s3fs")

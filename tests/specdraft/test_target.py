@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from specdraft import target
+from specdraft import checkpoint, target
 from specdraft.features import resolve_aux_layers
 from tests import tiny_models
 
@@ -107,7 +107,7 @@ def test_load_target_heads_single_file(saved):
 
 def test_load_target_heads_sharded_opens_only_needed_shards(sharded, monkeypatch):
     model, path = sharded
-    index = json.loads((path / target.INDEX_FILE).read_text())["weight_map"]
+    index = json.loads((path / checkpoint.INDEX_FILE).read_text())["weight_map"]
     assert len(set(index.values())) > 2, "sharded save should produce several shards"
 
     opened = []
@@ -176,7 +176,7 @@ def test_missing_shard_is_a_clear_error(sharded, tmp_path):
     _, path = sharded
     for file in path.iterdir():
         (tmp_path / file.name).write_bytes(file.read_bytes())
-    index = json.loads((tmp_path / target.INDEX_FILE).read_text())["weight_map"]
+    index = json.loads((tmp_path / checkpoint.INDEX_FILE).read_text())["weight_map"]
     (tmp_path / index["lm_head.weight"]).unlink()
     with pytest.raises(FileNotFoundError, match="lm_head.weight"):
         target.load_target_heads(tmp_path)
@@ -286,7 +286,8 @@ from transformers import AutoModelForCausalLM, DynamicCache  # noqa: E402
 
 from specdraft import placement  # noqa: E402
 from specdraft.decoding.drafting import advance_draft, start_draft  # noqa: E402
-from specdraft.decoding.speculative import DecodeConfig, speculative_generate, vanilla_generate  # noqa: E402
+from specdraft.decoding.speculative import speculative_generate, vanilla_generate  # noqa: E402
+from specdraft.configs.decode import DecodeConfig  # noqa: E402
 from specdraft.decoding.verify import compact_cache, target_forward, verify_tree  # noqa: E402
 from tests.specdraft.decoding.decoding_helpers import StubTarget, random_tree, tiny_draft, tiny_target  # noqa: E402
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.decoding import DecodeConfig
+from specdraft.configs.decode import DecodeConfig
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.run import run_eval
 from tests.eval_records import check_tau

@@ -5,9 +5,11 @@ import torch
 
 from specdraft.acceptance import AcceptanceCounts, sim_tau, simulated_acceptance
 from specdraft.batch import pad_batch
-from specdraft.models import DraftConfig, build_draft
-from specdraft.objectives import LossWeights, StageConfig
-from specdraft.training import OptimConfig, Trainer, lr_factor
+from specdraft.models import build_draft
+from specdraft.configs.draft import DraftConfig
+from specdraft.configs.stages import LossWeights, StageConfig
+from specdraft.training import Trainer, lr_factor
+from specdraft.configs.train import OptimConfig
 
 V, D = 61, 32
 

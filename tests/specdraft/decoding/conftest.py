@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdraft.toy.build import ToyTargetConfig, build_toy_target
+from specdraft.toy.build import build_toy_target
+from specdraft.configs.toy import ToyTargetConfig
 
 SMALL_TOY = ToyTargetConfig(
     num_conversations=300,

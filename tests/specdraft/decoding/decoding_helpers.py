@@ -23,7 +23,8 @@ from transformers import DynamicCache
 
 from specdraft.decoding.sampling import target_probs
 from specdraft.decoding.verify import target_forward
-from specdraft.models import KV, DraftConfig, build_draft, draft_config_from_target
+from specdraft.models import KV, build_draft, draft_config_from_target
+from specdraft.configs.draft import DraftConfig
 from tests.tiny_models import FAMILIES
 from tests.tiny_models import TINY as SHAPE
 

@@ -11,7 +11,8 @@ from collections import Counter
 import pytest
 import torch
 
-from specdraft.decoding.sampling import SamplingConfig, target_probs
+from specdraft.decoding.sampling import target_probs
+from specdraft.configs.decode import SamplingConfig
 from specdraft.decoding.tree import DraftTree, ancestors_from_parents, chain_structure
 from specdraft.decoding.verify import accept_greedy, accept_sampling
 from tests.specdraft.decoding.decoding_helpers import chi2_gof

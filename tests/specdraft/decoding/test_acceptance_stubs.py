@@ -12,7 +12,8 @@ import random
 import pytest
 
 from tests.specdraft.decoding.decoding_helpers import StubDraft, StubTarget
-from specdraft.decoding import DecodeConfig, speculative_generate, vanilla_generate
+from specdraft.decoding import speculative_generate, vanilla_generate
+from specdraft.configs.decode import DecodeConfig
 from specdraft.decoding.metrics import alpha, tau
 
 V = 32

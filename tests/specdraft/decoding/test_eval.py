@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from specdraft.decoding import DecodeConfig, PromptLookupConfig
+from specdraft.configs.decode import DecodeConfig, PromptLookupConfig
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation import replicas
 from specdraft.evaluation.questions import dataset_name, load_question_sets, read_questions, render_prompt

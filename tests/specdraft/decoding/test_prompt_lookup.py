@@ -13,7 +13,8 @@ import torch
 
 import specdraft.decoding.speculative as speculative
 from specdraft.config import ConfigError
-from specdraft.decoding import DecodeConfig, PromptLookupConfig, prompt_lookup_generate, speculative_decode
+from specdraft.decoding import prompt_lookup_generate, speculative_decode
+from specdraft.configs.decode import DecodeConfig, PromptLookupConfig
 from specdraft.decoding import eos_token_ids, vanilla_generate
 from specdraft.evaluation.questions import render_prompt
 from specdraft.decoding.metrics import alpha, first_mismatch, tau

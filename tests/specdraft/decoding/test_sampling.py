@@ -17,8 +17,9 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import specdraft.decoding.speculative as speculative
-from specdraft.decoding import DecodeConfig, speculative_generate, vanilla_generate
-from specdraft.decoding.sampling import SamplingConfig, keep_top_p, sample, target_probs
+from specdraft.decoding import speculative_generate, vanilla_generate
+from specdraft.configs.decode import DecodeConfig, SamplingConfig
+from specdraft.decoding.sampling import keep_top_p, sample, target_probs
 from specdraft.decoding.verify import Acceptance
 from tests.specdraft.decoding.decoding_helpers import chi2_gof, chi2_sf, exact_joint, tiny_draft, tiny_target
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from tests.specdraft.decoding.decoding_helpers import StubBlockDraft, StubDraft, tiny_draft, tiny_target
-from specdraft.decoding import DecodeConfig, eos_token_ids, speculative_generate, vanilla_generate
+from specdraft.decoding import eos_token_ids, speculative_generate, vanilla_generate
+from specdraft.configs.decode import DecodeConfig
 from specdraft.evaluation.questions import render_prompt
 from specdraft.decoding.metrics import first_mismatch
 from specdraft.models import build_draft, draft_config_from_target

@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from tests.specdraft.decoding.decoding_helpers import random_tree, tiny_target
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.configs.decode import SamplingConfig
 from specdraft.decoding.tree import DraftTree, ancestors_from_parents
 from specdraft.decoding.verify import (
     accept_greedy,

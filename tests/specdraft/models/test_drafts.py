@@ -12,7 +12,8 @@ from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 from specdraft import masks
 from specdraft.config import ConfigError
-from specdraft.models import DraftConfig, KVCache, build_draft, draft_config_from_target, load_draft, save_draft
+from specdraft.models import KVCache, build_draft, draft_config_from_target, load_draft, save_draft
+from specdraft.configs.draft import DraftConfig
 from specdraft.models.layers import Chain
 
 V, D, VD = 97, 64, 50

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specdraft.models.layers import KV, RMSNorm, SwiGLU, attention, shared_logsumexp, take
-from specdraft.objectives import LossWeights, StageConfig, substeps
+from specdraft.objectives import substeps
+from specdraft.configs.stages import LossWeights, StageConfig
 
 TOL = 1e-5
 

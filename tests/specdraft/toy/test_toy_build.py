@@ -18,7 +18,6 @@ from specdraft.toy.build import (
     BUILD_FORMAT,
     PREBUILT_DIR,
     REQUIRED_FILES,
-    ToyTargetConfig,
     build_toy_target,
     compare_with_prebuilt,
     file_digests,
@@ -26,6 +25,7 @@ from specdraft.toy.build import (
     prebuilt_config,
     read_build_record,
 )
+from specdraft.configs.toy import ToyTargetConfig
 
 # Small enough to train in seconds, long enough that the model learns to end its turns.
 TINY = ToyTargetConfig(

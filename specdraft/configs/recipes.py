@@ -1,7 +1,6 @@
-"""Training recipes and the training config that picks one.
-
-A recipe names a draft architecture, whether it reads the EAGLE-3 features (auxiliary target layers
-and a draft vocabulary), and its stage schedule with the losses and default epochs of each stage:
+"""The recipe table: pure data, one row per training recipe. A recipe names a draft architecture, whether it
+reads the EAGLE-3 features (auxiliary target layers and a draft vocabulary), and its stage schedule with the
+losses and default epochs of each stage:
 
 * ``beagle``: "Cross-Attention Speculative Decoding" (Beagle), §4.2 — the early stage
   (k-step windows) then the late stage (s chained steps), vloss coefficient 10 (App. A.3);
@@ -20,8 +19,8 @@ and a draft vocabulary), and its stage schedule with the losses and default epoc
   ("Cross-Attention Speculative Decoding" §4.1): block positions attend to the target's states only.
 
 ``RECIPES`` is the one place a recipe is added. ``TrainConfig`` (``specdraft.configs.train``, the ``train``
-section of the configs) chooses a recipe and overrides its parts; ``specdraft.plan`` resolves what a run
-trains from the two — checked on the driver before any worker starts. This module imports no torch.
+section of the configs) chooses a recipe and overrides its parts; ``specdraft.plan.build_plan`` resolves what a
+run trains from the two, once, on the driver before any worker starts. This module imports no torch.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from specdraft.config import ConfigError
 from specdraft.configs.draft import Arch
 from specdraft.configs.stages import LossWeights, StageConfig
 
@@ -89,9 +87,12 @@ RECIPES: dict[str, Recipe] = {
                             block_self_attention=False),
 }
 
+# the recipe of a config that gives its own train.stages under a name not in RECIPES: the one-layer draft
+# (train.arch names another), no EAGLE-3 features unless the arch reads them, a vocabulary as the features say
+CUSTOM = Recipe("beagle", False, [])
 
-def split_epochs(total: int, stages: int) -> list[int]:
-    """``total`` epochs over ``stages`` stages as evenly as possible (earlier stages take the rest)."""
-    if not total >= stages >= 1:
-        raise ConfigError(f"epochs={total}: {total} epochs cannot cover {stages} stages")
-    return [total // stages + (1 if i < total % stages else 0) for i in range(stages)]
+
+def recipe_named(name: str) -> Recipe:
+    """The row of ``RECIPES`` called ``name``; ``CUSTOM`` for a name not in the table (a config with its own
+    stages: ``TrainConfig`` refuses an unknown name without them)."""
+    return RECIPES.get(name, CUSTOM)
