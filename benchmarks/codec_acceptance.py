@@ -29,7 +29,7 @@ from specdraft.plan import build_plan
 from specdraft.recipes import RECIPES
 from specdraft.run import build_run, validate_draft
 from specdraft.store import EpochBatches, FeatureDataset, ReaderConfig
-from specdraft.target import load_target_heads
+from specdraft.targets.loading import load_target_heads
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import OptimConfig

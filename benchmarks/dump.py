@@ -34,7 +34,7 @@ from pipelines.dump import dump_features
 from specdraft.chat import render_with_loss_mask
 from specdraft.features import FeaturesConfig, pad_sequences, prefill_batches
 from specdraft.store import plan_shards, read_manifest
-from specdraft.target import load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
 from specdraft.toy.tokenizer import train_tokenizer
 

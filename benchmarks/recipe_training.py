@@ -69,7 +69,7 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
     from specdraft.plan import build_plan
     from specdraft.run import build_run, feature_plan, validate_draft
     from specdraft.store import EpochBatches, FeatureDataset
-    from specdraft.target import target_id
+    from specdraft.targets.identity import target_id
 
     hf_logging.disable_progress_bar()
     cfg = train_config(args, recipe)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specdraft.checkpoint import check_target_weights
+from specdraft.targets.checkpoint import check_target_weights
 from specdraft.config import ConfigError
 from specdraft.preflight import (
     check_aux_layers,

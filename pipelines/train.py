@@ -41,7 +41,9 @@ from specdraft.plan import RunPlan, aux_layers_setting, build_plan
 from specdraft.run import build_run, plan_run, validate_draft
 from specdraft.run import feature_plan as plan_features
 from specdraft.store import FeatureDataset, ReaderConfig, location
-from specdraft.target import load_target_model, load_tokenizer, target_fingerprint, target_id
+from specdraft.targets import Target
+from specdraft.targets.identity import target_record
+from specdraft.targets.loading import load_target_model, load_tokenizer
 from specdraft.training import (
     DRAFT_DIR,
     Trainer,
@@ -172,7 +174,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     ray.train.report({"done": 1.0, **skipped(), **{f"state_{k}": v for k, v in trainer.state.as_dict().items()}})
 
 
-def online_conversations(cfg: TrainConfig, target: str | Path) -> tuple[TokenizedConversations, int]:
+def online_conversations(cfg: TrainConfig, target: Target | str | Path) -> tuple[TokenizedConversations, int]:
     """(``cfg.conversations`` tokenized as a dump with ``cfg.online`` would tokenize them, rows read)."""
     tokenizer = load_tokenizer(target, trust_remote_code=cfg.online.trust_remote_code)
     rows, _ = load_conversations(cfg.conversations)
@@ -213,7 +215,7 @@ def _rank0_logger(job: WorkerConfig):
     return MultiLogger(*loggers)
 
 
-def feature_plan(cfg: TrainConfig, stores: list[str], target: str | Path, out: Path) -> tuple[list[int], list[int] | None]:
+def feature_plan(cfg: TrainConfig, stores: list[str], target: Target | str | Path, out: Path) -> tuple[list[int], list[int] | None]:
     """``specdraft.run.feature_plan``, online features' conversations read as this adapter reads them."""
     return plan_features(cfg, stores, target, out, conversations=lambda: online_conversations(cfg, target)[0])
 
@@ -221,7 +223,7 @@ def feature_plan(cfg: TrainConfig, stores: list[str], target: str | Path, out: P
 def run_training(
     cfg: TrainConfig | ClusterTrainConfig,
     stores: list[str | Path],
-    target: str | Path,
+    target: Target | str | Path,
     out: str | Path,
     *,
     tracking: dict[str, str] | None = None,
@@ -243,7 +245,7 @@ def run_training(
 
     cfg = on_cluster(cfg)  # a core TrainConfig: the Ray knobs' defaults
     cfg.resolved()  # a wrong stage or epoch count fails here, on the driver, not in a (retried) worker
-    out = Path(out).resolve()
+    target, out = Target.of(target), Path(out).resolve()  # the target checked here, once
     out.mkdir(parents=True, exist_ok=True)
     sc = cfg.scaling
     if sc.num_workers == 0:
@@ -270,8 +272,7 @@ def run_training(
     # the stores checked against the target (TargetMismatch), the feature plan decided: before Ray starts
     plan = plan_run(cfg, *feature_plan(cfg, stores, target, out), out)  # resolved once: the workers train from it
     connect_ray(ray_address)
-    job = WorkerConfig(train=cfg, plan=plan, stores=stores, target=str(Path(target).resolve()),
-                       target_id=target_id(target), target_fingerprint=target_fingerprint(target), out=str(out),
+    job = WorkerConfig(train=cfg, plan=plan, stores=stores, target=str(target), **target_record(target), out=str(out),
                        tracking=tracking, fail_at_step=fail_at_step)
     trainer = torch_trainer(
         train_loop_per_worker,

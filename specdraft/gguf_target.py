@@ -3,7 +3,7 @@
 A GGUF file (llama.cpp's single-file format: quantized weights, tokenizer, chat template) becomes an
 ordinary safetensors model directory that every command reads like any target: ``config.json``,
 ``model.safetensors``, ``generation_config.json``, the tokenizer files and ``chat_template.jinja``,
-fingerprinted (``specdraft.target.target_record``) and recorded in ``gguf_import.json``.
+fingerprinted (``specdraft.targets.identity.target_record``) and recorded in ``gguf_import.json``.
 
 transformers (with the ``gguf`` package) dequantizes the file (``from_pretrained(dir, gguf_file=...)``);
 the model it loads carries a GGUF quantization marker that ``save_pretrained`` refuses, so a plain model is
@@ -24,7 +24,7 @@ import transformers
 
 from specdraft.files import write_directory, write_text
 from specdraft.outputs import MARKER, check_output, foreign_entries, marker_text
-from specdraft.target import FINGERPRINT_CACHE, target_record
+from specdraft.targets.identity import FINGERPRINT_CACHE, target_record
 
 COMMAND = "import-target"
 RECORD_FILE = "gguf_import.json"  # what was imported from where: the file, its architecture, dtype, fingerprint

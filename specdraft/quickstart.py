@@ -31,7 +31,8 @@ from specdraft.configs.train import TrainConfig
 from specdraft.plan import aux_layers_setting, build_plan, has_own_vocab, reads_eagle3_features
 from specdraft.run import build_run, validate_draft
 from specdraft.store import ReaderConfig
-from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id
+from specdraft.targets.identity import target_id
+from specdraft.targets.loading import load_target_config, load_target_model, load_tokenizer
 from specdraft.toy.build import build_toy_target
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import Trainer

@@ -53,7 +53,9 @@ from specdraft.store import (
     read_manifest,
 )
 from specdraft.store.manifest import check_store_target
-from specdraft.target import load_target_config, load_target_heads, target_fingerprint
+from specdraft.targets import Target
+from specdraft.targets.identity import target_fingerprint
+from specdraft.targets.loading import load_target_config, load_target_heads
 from specdraft.training import DRAFT_DIR, Trainer, resolve_precision
 from specdraft.vocab import coverage, select_vocab
 
@@ -90,7 +92,7 @@ class Run:
 def build_run(
     cfg: TrainConfig,
     plan: RunPlan,
-    target: str | Path,
+    target: Target | str | Path,
     open_split: OpenSplit,
     *,
     target_id: str = "",
@@ -114,7 +116,7 @@ def build_run(
     target's ``target_id`` and content ``fingerprint`` (None: computed here, ``target_fingerprint``).
     """
     torch.manual_seed(cfg.seed)
-    arch, stages = plan.arch, list(plan.stages)
+    arch, stages, target = plan.arch, list(plan.stages), Target.of(target)
     heads = load_target_heads(target)
     vocab_ids = torch.tensor(plan.vocab) if plan.vocab is not None else None
     dcfg = draft_config_from_target(load_target_config(target), arch, intermediate_size=cfg.intermediate_size,
@@ -264,7 +266,7 @@ def draft_vocab_ids(init_from: str | Path) -> list[int]:
 def feature_plan(
     cfg: TrainConfig,
     stores: list[str],
-    target: str | Path,
+    target: Target | str | Path,
     out: Path,
     conversations: Callable[[], TokenizedConversations] | None = None,
 ) -> tuple[list[int], list[int] | None]:
@@ -283,6 +285,7 @@ def feature_plan(
     so is every draft the run already wrote under ``out`` — its checkpoints', which a rerun resumes from,
     and a finished run's (``check_draft_target``: ``TargetMismatch`` naming that draft and both fingerprints).
     """
+    target = Target.of(target)
     if cfg.features != "online":
         for store in stores:
             check_store_target(store, target)

@@ -34,7 +34,7 @@ from specdraft.decoding.cache import VerifyMask, commit
 from specdraft.decoding.sampling import SamplingConfig, draw, target_probs
 from specdraft.decoding.tree import DraftTree, tree_attention_mask, tree_position_ids
 from specdraft.placement import input_device, output_device
-from specdraft.target import aux_states
+from specdraft.targets.states import aux_states
 
 
 @dataclass(frozen=True, slots=True)

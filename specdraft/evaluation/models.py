@@ -19,7 +19,8 @@ from specdraft.decoding.speculative import DecodeConfig, eos_token_ids, speculat
 from specdraft.evaluation.questions import render_prompt
 from specdraft.models import check_draft_target, load_draft
 from specdraft.placement import MASK_ATTN_IMPLEMENTATIONS, output_device, resolve_device, resolve_dtype
-from specdraft.target import TargetMismatch, load_target_model, load_tokenizer
+from specdraft.targets.identity import TargetMismatch
+from specdraft.targets.loading import load_target_model, load_tokenizer
 
 
 @dataclass

@@ -45,7 +45,7 @@ from specdraft.config import ConfigError, config_hash, from_dict, load, to_dict
 from specdraft.configs.toy import ToyTargetConfig
 from specdraft.files import remove_dead_temps, write_directory
 from specdraft.outputs import MARKER, check_output, foreign_entries, marker_text
-from specdraft.target import FINGERPRINT_CACHE
+from specdraft.targets.identity import FINGERPRINT_CACHE
 from specdraft.toy import conversations, word_problems
 from specdraft.toy.tokenizer import END, train_tokenizer
 

@@ -21,7 +21,7 @@ from specdraft.features import compute_features, sample_arrays
 from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.run import fit_batches
 from specdraft.store import FeatureDataset, ReaderConfig, make_manifest, write_manifest, write_shard
-from specdraft.target import load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import OptimConfig, drop_metrics_after
 

@@ -22,7 +22,7 @@ from specdraft import store
 from specdraft.chat import render_with_loss_mask
 from specdraft.features import FeaturesConfig, prefill_batches
 from specdraft.store import FeatureDataset, ReaderConfig, StoreError, plan_shards
-from specdraft.target import load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_model, load_tokenizer
 from specdraft.toy.build import ToyTargetConfig, build_toy_target
 from specdraft.toy.conversations import generate_conversations
 from specdraft.toy.tokenizer import train_tokenizer
@@ -325,7 +325,7 @@ def test_a_prefill_actor_asks_ray_for_the_memory_it_uses(targets):
     """``actor_memory``: the process, the weights (their parameters counted from the safetensors headers, here
     checked against the loaded model) and one full prefill batch's logits and states, at the inference dtype."""
     from pipelines.dump import PROCESS_BYTES, actor_memory, parameter_count
-    from specdraft.target import load_target_config, load_target_model
+    from specdraft.targets.loading import load_target_config, load_target_model
 
     target = targets["llama"]
     params = sum(p.numel() for p in load_target_model(target).state_dict().values())

@@ -22,7 +22,7 @@ from specdraft.config import ConfigError, load
 from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.plan import reads_eagle3_features
 from specdraft.store import ReaderConfig
-from specdraft.target import target_id
+from specdraft.targets.identity import target_id
 from specdraft.toy.build import compare_with_prebuilt
 from specdraft.toy.conversations import generate_conversations
 

@@ -26,7 +26,7 @@ from specdraft.objectives import LossWeights, StageConfig
 from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.run import validate_draft
 from specdraft.store import FeatureDataset, ReaderConfig, make_manifest, write_manifest, write_shard
-from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import OptimConfig
 

@@ -19,7 +19,7 @@ from pipelines.train import feature_plan, online_conversations
 from specdraft.features import FeaturesConfig
 from specdraft.models import build_draft, draft_config_from_target, save_draft
 from specdraft.run import load_warm, plan_run
-from specdraft.target import load_target_config, load_target_heads
+from specdraft.targets.loading import load_target_config, load_target_heads
 from specdraft.toy.conversations import generate_conversations
 from specdraft.vocab import select_vocab
 from tests.pipelines.test_train import small_config

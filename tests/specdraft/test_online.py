@@ -24,7 +24,7 @@ from specdraft.store import (
     write_manifest,
     write_shard,
 )
-from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import OptimConfig, Trainer
 from specdraft.vocab import select_vocab
