@@ -1,7 +1,7 @@
 """Plots of a run, for the MLflow UI and the run report (``pipelines.report``): training curves per stage with
 the stage boundaries marked (Beagle §4.2's two-stage schedule: the loss changes meaning where a stage starts),
 acceptance per draft depth α_i and τ against the prompt-lookup floor (EAGLE §4 metrics), the champion gate
-over the registered versions, and the offline drift series (issue 33 Deliver 2a: the champion's τ on each
+over the registered versions, and the offline drift series (the champion's τ on each
 night's traffic window beside its value at promotion).
 
 Each ``*_figure`` builds a matplotlib figure from plain data; ``save`` writes it (a path or a binary file

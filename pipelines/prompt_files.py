@@ -1,4 +1,4 @@
-"""Prompt files as they ship (docs/store.md "JSON as it ships"; issue 31 item 5, issue 32 item 2): which files a
+"""Prompt files as they ship (docs/store.md "JSON as it ships"): which files a
 prompt input names (files, directories, globs, a packaged set's name such as ``sharegpt``) and their records, row by
 row, for ``pipelines.ingest`` to normalize.
 

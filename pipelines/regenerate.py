@@ -1,4 +1,4 @@
-"""Regenerate stage: the target answers every prompt conversation itself (issue 3, part A).
+"""Regenerate stage: the target answers every prompt conversation itself.
 
 The draft must learn the *target's* distribution (self-distillation: "Medusa: Simple LLM Inference
 Acceleration Framework with Multiple Decoding Heads", §3.3.2), so the dataset's assistant turns are

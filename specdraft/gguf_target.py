@@ -1,4 +1,4 @@
-"""A target model directory from a GGUF file (issue 32 item 1: ``specdraft import-target``).
+"""A target model directory from a GGUF file (``specdraft import-target``).
 
 A GGUF file (llama.cpp's single-file format: quantized weights, tokenizer, chat template) becomes an
 ordinary safetensors model directory that every command reads like any target: ``config.json``,

@@ -1,4 +1,4 @@
-"""JSON Lines as specdraft writes and reads them: one writer, one line rule (issue 44 item 6; docs/store.md
+"""JSON Lines as specdraft writes and reads them: one writer, one line rule (docs/store.md
 "JSON as it ships").
 
 * Written (``dumps_line`` / ``dumps_rows``): ``json.dumps`` with the text kept readable (``ensure_ascii=False``)

@@ -18,7 +18,7 @@ printed there starts the same OpenAI server as ``python -m vllm.entrypoints.open
 On a host without CUDA the vLLM command also carries the CPU settings our engine measurement starts vLLM with
 (``cpu_engine_args``, one rule for both): an explicit KV cache (``--kv-cache-memory-bytes``) and eager execution.
 Without an explicit KV cache vLLM's CPU backend reserves ``gpu_memory_utilization`` (0.92 by default) of the
-machine's *total* memory and refuses to start when less is available (issue 44: 0.92 x 14.09 GiB wanted, 10.96 GiB
+machine's *total* memory and refuses to start when less is available (seen here: 0.92 x 14.09 GiB wanted, 10.96 GiB
 free); with one it checks only that the cache fits in what is available. On a GPU host the command is vLLM's own.
 
 Both bind 127.0.0.1. Each command is derived from the exported directory itself (its ``config.json``

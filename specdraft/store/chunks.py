@@ -58,7 +58,7 @@ class ShardArray:
     the array's chunks, so that a chunk is read as its bytes (``StorePath.get_sync``) and decoded in
     reverse codec order (``SupportsSyncCodec._decode_sync``: the crc32c checked, then the compressor,
     then the bytes codec), the Zarr v3 decode without the async pipeline's per-chunk, per-codec tasks
-    (issue 22: those, not the checksum, were most of what the check cost). ``codecs`` None: read
+    (measured: those, not the checksum, were most of what the check cost). ``codecs`` None: read
     through Zarr's own array reads (an object store)."""
 
     array: Any  # zarr.Array

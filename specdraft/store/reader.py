@@ -1,7 +1,7 @@
 """The training reader: ``FeatureDataset`` yields ``batch.Batch`` objects from one or more stores.
 
 Length-bucketed, right-padded, deterministic for (seed, epoch), split into equal batch counts per
-DDP rank, with a held-out split by sample-id hash. Fast path (issue 12.4): a batch's sequences are
+DDP rank, with a held-out split by sample-id hash. Fast path: a batch's sequences are
 read shard by shard with one read per array and run of nearby rows (locally chunk by chunk through Zarr's
 synchronous store and codec interfaces, ``ShardArray``; at a URL one Zarr read), sliced in numpy; the
 features stay in their stored dtype (float16 / bfloat16 / int8 codes + scales) until

@@ -30,7 +30,7 @@ COMPRESSIONS = ("zstd", "blosc", "none")
 TOKEN_ARRAYS = ("input_ids", "loss_mask", "hidden", "topk_ids", "topk_logits", "logsumexp")
 AUX_ARRAYS = ("aux_hidden", "aux_hidden_scale")  # token arrays of a store dumped with aux_layers
 SEQUENCE_ARRAYS = ("offsets", "sample_ids")
-CHUNK_CHECKSUM = "crc32c"  # per-chunk checksum of stores written since issue 22 (shard record ``chunk_checksum``)
+CHUNK_CHECKSUM = "crc32c"  # per-chunk checksum (shard record ``chunk_checksum``; older stores have none)
 
 
 class StoreError(RuntimeError):
