@@ -61,7 +61,7 @@ class SampleSplit:
 
 
 @dataclass
-class Trained:
+class TrainedInMemory:
     """A draft trained in memory (``train_on_samples``), with its run and the held-out estimates."""
 
     run: object  # ``specdraft.run.Run``
@@ -82,7 +82,7 @@ def train_on_samples(
     depth: int = 5,
     logger=None,
     progress: bool = False,
-) -> Trained:
+) -> TrainedInMemory:
     """Train ``cfg``'s recipe on in-memory samples (``compute_features``; with ``aux_layers`` for an EAGLE-3
     recipe, whose draft vocabulary is counted from ``train`` as the trainer counts it from a store; a block draft
     keeps the target's head unless ``cfg.draft_vocab``), set up by
@@ -123,7 +123,7 @@ def train_on_samples(
     bar.close()
     seconds = time.perf_counter() - started
     after = validate_draft(run.draft, run.val, depth, len(held_out), "cpu")
-    return Trained(run=run, before=before, after=after, history=history, seconds=seconds)
+    return TrainedInMemory(run=run, before=before, after=after, history=history, seconds=seconds)
 
 
 def run_quickstart(out: Path, cfg: QuickstartConfig = QuickstartConfig(), progress: bool = True) -> dict:

@@ -1,4 +1,4 @@
-"""Training recipes and the training config that picks one.
+"""Training recipes: the table ``train.recipe`` picks from (``RECIPES``).
 
 A recipe names a draft architecture, whether it reads the EAGLE-3 features (auxiliary target layers
 and a draft vocabulary), and its stage schedule with the losses and default epochs of each stage:

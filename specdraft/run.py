@@ -48,7 +48,7 @@ from specdraft.plan import RunPlan, build_plan, has_own_vocab, reads_eagle3_feat
 from specdraft.store import (
     ReaderConfig,
     StoreError,
-    check_aux_layers,
+    common_aux_layers,
     predicted_token_counts,
     read_manifest,
 )
@@ -303,7 +303,7 @@ def feature_plan(
             raise ValueError(f"{where}: set train.online.aux_layers (eagle3 or a list of layers)")
     else:
         try:
-            layers = check_aux_layers([(Path(s), read_manifest(s)) for s in stores])
+            layers = common_aux_layers([(Path(s), read_manifest(s)) for s in stores])
         except StoreError as err:
             raise StoreError(f"{where}: {err}") from None
     if not has_own_vocab(cfg):  # the target's frozen head over its whole vocabulary

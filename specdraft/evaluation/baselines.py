@@ -62,7 +62,8 @@ def questions_digest(questions: list[dict[str, Any]]) -> str:
     return digest([[q["dataset"], q["index"], q["question_id"], q["turns"]] for q in questions])
 
 
-def prompt_digest(prompt: list[int]) -> str:
+def token_digest(prompt: list[int]) -> str:
+    """The digest of a prompt's token ids (what a cached baseline was decoded from)."""
     return digest(prompt)
 
 

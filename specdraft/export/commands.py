@@ -39,7 +39,7 @@ from specdraft.export.spec import LAYOUTS, Layout
 GIB = 1 << 30
 
 
-def vllm_config(export_dir: str, method: str, speculative_tokens: int) -> dict:
+def speculative_config(export_dir: str, method: str, speculative_tokens: int) -> dict:
     """vLLM's ``speculative_config`` for an exported directory (``LLM(speculative_config=...)``, ``--speculative-config``)."""
     return {"method": method, "model": str(export_dir), "num_speculative_tokens": speculative_tokens}
 
@@ -94,7 +94,7 @@ def vllm_command(target: str, export_dir: str, method: str, speculative_tokens: 
                  cpu: bool | None = None) -> str:
     """The vLLM command serving ``export_dir`` with ``target``; ``cpu`` (None: this host has no CUDA) adds the
     CPU settings (``cpu_engine_args``)."""
-    config = json.dumps(vllm_config(export_dir, method, speculative_tokens))
+    config = json.dumps(speculative_config(export_dir, method, speculative_tokens))
     command = f"{vllm_server(target)} --host 127.0.0.1 --speculative-config {shlex.quote(config)}"
     if cpu if cpu is not None else not cuda_host():
         command += " " + _flags(cpu_engine_args())

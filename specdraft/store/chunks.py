@@ -104,7 +104,7 @@ def shard_chunks(shard: Path | str, group: Any, record: dict[str, Any]
     return True, {name: lost for name, lost in missing.items() if lost}, fill
 
 
-def read_rows(source: ShardArray, lo: int, hi: int | None, store, shard: str, missing: set[int] | None = None,
+def read_checked_rows(source: ShardArray, lo: int, hi: int | None, store, shard: str, missing: set[int] | None = None,
               skip: bool = False) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
     """Rows [lo, hi) of a shard's array, every chunk checked: (values, bad chunks); ``values`` may be a
     read-only view of a decoded chunk.

@@ -17,7 +17,7 @@ import json
 import numpy as np
 import torch
 
-from specdraft.batch import decode_features
+from specdraft.batch import dequantize_features
 from specdraft.files import temp_path
 
 SCHEMA_VERSION = 1
@@ -117,7 +117,7 @@ def decode_hidden(hidden: np.ndarray, codec: str, scale: np.ndarray | None = Non
         raise ValueError(f"hidden codec {codec!r} not in {HIDDEN_CODECS}")
     values = stored_tensor(hidden, codec)  # (N, F)
     # the scales (N,) | (N, P) copied: a small array, and zarr's may be read-only (torch warns on such a tensor)
-    return decode_features(values, None if scale is None else torch.from_numpy(np.array(scale, np.float32)))
+    return dequantize_features(values, None if scale is None else torch.from_numpy(np.array(scale, np.float32)))
 
 
 def stored_tensor(values: np.ndarray, codec: str) -> torch.Tensor:

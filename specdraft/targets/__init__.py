@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ class Target:
         """``target`` itself when it is a ``Target``, else a new one (its path checked)."""
         return target if isinstance(target, Target) else cls(target)
 
-    def cached(self, key: Any, compute: Callable[[], T]) -> T:
+    def cached(self, key: Any, compute: Callable[[], _T]) -> _T:
         """``compute()``'s value, computed the first time ``key`` is asked for on this value."""
         if key not in self._cache:
             self._cache[key] = compute()
