@@ -16,6 +16,7 @@ from pathlib import Path
 from specdraft import placement
 from specdraft.configs.export import ExportConfig  # noqa: F401 - imported from here too
 from specdraft.models.config import DraftConfig
+from specdraft.targets import Target
 from specdraft.targets.identity import TargetMismatch, check_pairing, target_id
 from specdraft.targets.loading import load_target_config
 
@@ -118,14 +119,15 @@ def variant(config: DraftConfig) -> str:
     return "beagle3" if config.arch == "beagle" and config.aux_layers else config.arch
 
 
-def read_target_facts(path: str | Path) -> TargetFacts:
+def read_target_facts(path: Target | str | Path) -> TargetFacts:
     """The facts of the target directory ``path`` (from its ``config.json``)."""
+    path = Target.of(path)
     cfg = load_target_config(path)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     dtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
     dtype = placement.dtype_name(dtype) if dtype is not None else None
     return TargetFacts(
-        path=str(Path(path).resolve()),
+        path=str(path.path),
         target_id=target_id(path),
         architectures=list(getattr(cfg, "architectures", None) or []),
         num_hidden_layers=int(text.num_hidden_layers),
