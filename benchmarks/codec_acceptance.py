@@ -30,7 +30,7 @@ from specdraft.configs.recipes import RECIPES
 from specdraft.run import build_run
 from specdraft.store import FeatureDataset
 from specdraft.configs.reader import ReaderConfig
-from specdraft.target import load_target_heads
+from specdraft.targets.loading import load_target_heads
 from specdraft.toy.build import build_toy_target
 from specdraft.configs.toy import ToyTargetConfig
 from specdraft.toy.conversations import generate_conversations

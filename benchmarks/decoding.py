@@ -80,7 +80,7 @@ def prepare(work: Path, toy: dict[str, Any], recipe: str, train_samples: int, ep
 
 def toy_prompts(target: Path, n: int) -> list[list[int]]:
     from specdraft.evaluation.questions import render_prompt
-    from specdraft.target import load_tokenizer
+    from specdraft.targets.loading import load_tokenizer
     from specdraft.toy.conversations import generate_prompts
 
     tokenizer = load_tokenizer(target)

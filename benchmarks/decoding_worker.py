@@ -47,7 +47,7 @@ def load(spec: dict[str, Any]):
     """Target, draft and EOS ids as SPEC says (directories, or random weights of a shape)."""
     from specdraft.decoding import eos_token_ids
     from specdraft.models import build_draft, draft_config_from_target, load_draft
-    from specdraft.target import load_target_model, load_tokenizer
+    from specdraft.targets.loading import load_target_model, load_tokenizer
 
     device = torch.device(spec.get("device", "cpu"))
     dtype = getattr(torch, spec.get("dtype", "float32"))

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdraft.features import resolve_aux_layers
     from specdraft.gate import decide
     from specdraft.plan import aux_layers_setting
-    from specdraft.target import load_target_config
+    from specdraft.targets.loading import load_target_config
     from specdraft.toy.build import build_toy_target
     from specdraft.configs.toy import ToyTargetConfig
     from specdraft.traffic import prompt_hash

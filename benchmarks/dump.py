@@ -35,7 +35,7 @@ from specdraft.chat import render_with_loss_mask
 from specdraft.features import pad_sequences, prefill_batches
 from specdraft.configs.features import FeaturesConfig
 from specdraft.store import plan_shards, read_manifest
-from specdraft.target import load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
 from specdraft.toy.tokenizer import train_tokenizer
 

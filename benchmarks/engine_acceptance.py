@@ -56,7 +56,7 @@ def measure(args: argparse.Namespace) -> dict:
     from specdraft.evaluation.models import load_models
     from specdraft.evaluation.questions import load_question_sets
     from specdraft.configs.recipes import RECIPES
-    from specdraft.target import load_target_model, load_tokenizer
+    from specdraft.targets.loading import load_target_model, load_tokenizer
     from specdraft.toy.build import build_toy_target
     from specdraft.configs.toy import ToyTargetConfig
     from specdraft.toy.conversations import generate_conversations

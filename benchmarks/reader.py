@@ -94,7 +94,7 @@ def model_shards(conversations: int, seed: int = 0, per_shard: int = 256) -> tup
     stores for ``conversations`` toy chats — real, compressible hidden states and top-K log-probs
     (``specdraft.features.compute_features``, the dump's own computation), ``per_shard`` sequences a shard."""
     from specdraft.features import compute_features, sample_arrays
-    from specdraft.target import load_target_model, load_tokenizer
+    from specdraft.targets.loading import load_target_model, load_tokenizer
     from specdraft.toy.build import build_toy_target
     from specdraft.configs.toy import ToyTargetConfig
     from specdraft.toy.conversations import generate_conversations

@@ -83,7 +83,8 @@ def write_question_sets(files: list[Path], out: Path, n: int) -> list[Path]:
 
 
 def target_facts(target: Path) -> dict[str, Any]:
-    from specdraft.target import load_target_config, target_id
+    from specdraft.targets.identity import target_id
+    from specdraft.targets.loading import load_target_config
 
     cfg = load_target_config(target)
     return {"dir": str(target), "target_id": target_id(target), "model_type": cfg.model_type,

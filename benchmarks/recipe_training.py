@@ -29,7 +29,7 @@ from specdraft.models import save_draft
 from specdraft.plan import build_plan
 from specdraft.run import Run, build_run, feature_plan
 from specdraft.store import EpochBatches, FeatureDataset
-from specdraft.target import target_id
+from specdraft.targets.identity import target_id
 
 SHARED = ("threads", "seed", "epochs", "max_tokens", "lr", "warmup", "schedule", "min_lr_ratio", "noise_std",
           "sim_depth", "val_fraction", "draft_vocab", "block_size", "draft_layers", "anchors")  # every recipe's

@@ -33,7 +33,8 @@ def build_store(store: Path, target: Path, conversations: int, seed: int, max_le
         write_manifest,
         write_shard,
     )
-    from specdraft.target import load_target_model, load_tokenizer, target_id
+    from specdraft.targets.identity import target_id
+    from specdraft.targets.loading import load_target_model, load_tokenizer
     from specdraft.toy.conversations import generate_conversations
 
     spec = {"target_id": target_id(target), "conversations": conversations, "seed": seed, "max_length": max_length,

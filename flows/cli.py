@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)  # --help answers here, before any heavy import
     from specdraft.config import ConfigError
     from specdraft.outputs import OutputError
-    from specdraft.target import TargetMismatch
+    from specdraft.targets.identity import TargetMismatch
 
     from flows.failures import interrupted, ray_interrupted, worker_failure, write_full_log
 

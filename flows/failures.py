@@ -1,5 +1,5 @@
 """How a command's failure is said: one line, the conventional exit status, the rest in a log file
-(docs/guarantees.md, issue 31 item 9).
+(docs/guarantees.md).
 
 ctrl-C is exit 130 and one line saying whether a rerun resumes (``interrupted``) — also when Ray Train's own
 ctrl-C handler took the signal (``pipelines.cluster.NoteInterrupt``). A failure inside a Ray worker is one line

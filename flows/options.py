@@ -1,4 +1,4 @@
-"""Command-line options generated from the config dataclasses (issue 11, item 6; issue 23, item 7).
+"""Command-line options generated from the config dataclasses: one source for the settings and their flags.
 
 A config-bearing command is bound to a ``ConfigSpec``: its root dataclass, plus named
 sections of other dataclasses (``eval``'s ``ray.*`` is ``RayEvalConfig``). The command

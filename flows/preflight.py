@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specdraft.checkpoint import check_target_weights
+from specdraft.targets.checkpoint import check_target_weights
 from specdraft.config import ConfigError
 from specdraft.plan import draft_arch
 from specdraft.preflight import (

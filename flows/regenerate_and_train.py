@@ -132,12 +132,12 @@ def train_stage(cfg: RunConfig, run, prepared: Prepared, stores: list[Dumped] | 
                 fail_at_step: int | None = None) -> Trained:
     record = stages.train(cfg, prepared, stores, tracking=run.ref(), fail_at_step=fail_at_step)
     if Path(record.metrics_file).is_file():
-        from pipelines.plots import plot_training, read_metrics
+        from pipelines.plots import plot_training, read_training_metrics
 
         with tempfile.TemporaryDirectory() as tmp:
             run.log_artifact(plot_training(record.metrics_file, Path(tmp) / "training_curves.png"), "plots")
         if record.skipped:  # a finished run logged nothing this time: replay its metrics
-            for item in read_metrics(record.metrics_file):
+            for item in read_training_metrics(record.metrics_file):
                 if item.get("kind") == "metrics":
                     run.log_metrics({k: v for k, v in item.items() if k not in ("kind", "step", "time")}, item["step"])
     return record
@@ -338,8 +338,8 @@ def report_run(cfg: RunConfig, parent: MlflowLogger | NullRun, result: dict[str,
     (its path; "" when it could not be written — the summary then says why)."""
     from datetime import datetime
 
-    from pipelines.report import write_report
-    from pipelines.summary import Place, render_text, summarize
+    from pipelines.report import write_run_report
+    from pipelines.summary import Place, render_text, summarize_run
 
     logger = get_run_logger()
     name = f"{datetime.now():%Y%m%d-%H%M%S}-{flow_run.get_name() or 'local'}.html"
@@ -348,7 +348,7 @@ def report_run(cfg: RunConfig, parent: MlflowLogger | NullRun, result: dict[str,
                   experiment_id=parent.experiment_id, run_id=parent.run_id)
     report_file = Path(result["eval"]["report"])
     eval_report = json.loads(report_file.read_text()) if report_file.is_file() else None
-    summary = summarize(cfg.name, result, place, eval_report)
+    summary = summarize_run(cfg.name, result, place, eval_report)
     try:
         history = []
         if parent.enabled:
@@ -356,11 +356,11 @@ def report_run(cfg: RunConfig, parent: MlflowLogger | NullRun, result: dict[str,
 
             history = version_history(parent.client, cfg.register.model_name, cfg.register.alias)
         drift = freshness.drift_series(parent, cfg.name) if cfg.monitor.offline else None  # the nights' series
-        write_report(report_path, summary, metrics_file=result["train"]["metrics_file"], eval_report=eval_report,
+        write_run_report(report_path, summary, metrics_file=result["train"]["metrics_file"], eval_report=eval_report,
                      history=history, drift=drift)
     except Exception as err:  # the run itself succeeded: a report that cannot be written is said, not raised
         logger.warning("report: not written: %s: %s", type(err).__name__, err)
-        summary = summarize(cfg.name, result, replace(place, report="", report_error=f"{type(err).__name__}: {err}"),
+        summary = summarize_run(cfg.name, result, replace(place, report="", report_error=f"{type(err).__name__}: {err}"),
                             eval_report)
         report_path = ""
     text = render_text(summary)

@@ -1,4 +1,4 @@
-"""The conversation schema shared by ingest, regenerate and dump (issue 3), and its Parquet IO.
+"""The conversation schema shared by ingest, regenerate and dump, and its Parquet IO.
 
 One row per conversation::
 

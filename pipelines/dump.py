@@ -53,12 +53,13 @@ from specdraft.progress import ProgressLines
 from specdraft.chat import tokenize_conversations
 from specdraft.features import encode_features, nonfinite_tokens, sequence_features, store_header
 from specdraft.configs.features import FeaturesConfig
-from specdraft.checkpoint import target_dir, weight_files
+from specdraft.targets import Target
+from specdraft.targets.checkpoint import weight_files
 from specdraft.placement import describe_placement, resolve_dtype
 from specdraft.configs.devices import spread_gpus
 from specdraft.store import location
 from specdraft.store.manifest import check_store_target
-from specdraft.target import load_target_config, load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_config, load_target_model, load_tokenizer
 
 
 PROGRESS_EVERY_S = 30.0  # a progress line at most this often while shards finish (and at the first and last)
@@ -81,7 +82,7 @@ class InjectedFault(RuntimeError):
 _TOKENIZERS: dict[str, Any] = {}
 
 
-def tokenize_shard(batch: dict[str, np.ndarray], target: str, cfg: FeaturesConfig) -> dict[str, np.ndarray]:
+def tokenize_shard(batch: dict[str, np.ndarray], target: Target, cfg: FeaturesConfig) -> dict[str, np.ndarray]:
     """One shard row -> concatenated ``input_ids``/``loss_mask``, ``offsets`` and a JSON ``meta``."""
     assert len(batch["index"]) == 1, "tokenize_shard takes one shard per batch"
     if target not in _TOKENIZERS:
@@ -98,17 +99,17 @@ def tokenize_shard(batch: dict[str, np.ndarray], target: str, cfg: FeaturesConfi
             "offsets": np.asarray([offsets]), "meta": np.asarray([json.dumps(meta)])}  # (1, ...)
 
 
-def parameter_count(target: str | Path) -> int:
+def parameter_count(target: Target | str | Path) -> int:
     """The target's parameters, from its safetensors headers (shapes only: no tensor is read)."""
     count = 0
-    for file in weight_files(target_dir(target)):
+    for file in weight_files(Target.of(target).path):
         with open(file, "rb") as fh:
             header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
         count += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
     return count
 
 
-def actor_memory(target: str | Path, cfg: DumpConfig, use_gpu: bool) -> int:
+def actor_memory(target: Target, cfg: DumpConfig, use_gpu: bool) -> int:
     """The memory (bytes) a ``PrefillActor`` asks Ray for: its process (``PROCESS_BYTES``) and, on CPU, the target's
     weights at the inference dtype plus one prefill batch's peak — ``cfg.batch_tokens`` positions of full logits
     (B, T, V) and of the decoder's states (every layer's when auxiliary layers are stored) in that dtype. On GPU the
@@ -128,7 +129,7 @@ def actor_memory(target: str | Path, cfg: DumpConfig, use_gpu: bool) -> int:
 class PrefillActor:
     """A target replica: shard rows of tokens in, shard rows of stored feature arrays out."""
 
-    def __init__(self, target: str, cfg: DumpConfig, aux_layers: list[int], use_gpu: bool) -> None:
+    def __init__(self, target: Target, cfg: DumpConfig, aux_layers: list[int], use_gpu: bool) -> None:
         self.cfg, self.aux_layers = cfg, list(aux_layers)  # resolved by the driver (the store header's)
         transformers.utils.logging.disable_progress_bar()  # one weight-loading bar per actor is noise
         if not use_gpu:
@@ -262,7 +263,7 @@ class ShardProgress:
 
 
 def dump_features(
-    target: str | Path,
+    target: Target | str | Path,
     conversations: list[dict[str, Any]],
     out: str | Path,
     cfg: FeaturesConfig | DumpConfig = DumpConfig(),
@@ -287,7 +288,7 @@ def dump_features(
     """
     started = time.perf_counter()
     cfg = for_dump(cfg)  # a core FeaturesConfig: the actors' defaults
-    target, out = str(Path(target).resolve()), location.as_location(out)
+    target, out = Target.of(target), location.as_location(out)  # the target checked here, once
     if not overwrite:
         check_store_target(out, target, legacy_mismatch="error")  # resume only a store of this target
     location.make_dirs(out)

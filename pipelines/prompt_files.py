@@ -1,4 +1,4 @@
-"""Prompt files as they ship (docs/store.md "JSON as it ships"; issue 31 item 5, issue 32 item 2): which files a
+"""Prompt files as they ship (docs/store.md "JSON as it ships"): which files a
 prompt input names (files, directories, globs, a packaged set's name such as ``sharegpt``) and their records, row by
 row, for ``pipelines.ingest`` to normalize.
 
@@ -123,7 +123,7 @@ def read_records(path: Path) -> Iterator[tuple[dict[str, int | None], Any, str]]
         return
     if suffix == ".json":
         with open(path, "rb") as raw:
-            bom = len(BOM) if raw.read(len(BOM)) == BOM else 0
+            bom = len(jsonl.BOM) if raw.read(len(jsonl.BOM)) == jsonl.BOM else 0
         with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
             head = fh.read(JSON_CHUNK_CHARS)
             if head.lstrip().startswith("["):
@@ -148,7 +148,6 @@ def read_records(path: Path) -> Iterator[tuple[dict[str, int | None], Any, str]]
             yield {"line": number, "index": None}, Reject("bad_json", f"invalid JSON: {err}"), line
 
 
-BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark: Windows tools write one; not part of the JSON
 JSON_CHUNK_CHARS = 1 << 20  # characters read per step of a JSON array
 MAX_RECORD_CHARS = 64 << 20  # a JSON array record still incomplete after this many characters is refused
 WHITESPACE = re.compile(r"[ \t\n\r]*")

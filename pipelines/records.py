@@ -39,7 +39,7 @@ class Prepared(Record):
     """``prepare``: the resolved target and the prompt files, each regenerated on its own."""
 
     target: str  # the target's model directory, resolved
-    target_id: str  # specdraft.target.target_id: part of every downstream key
+    target_id: str  # specdraft.targets.identity.target_id: part of every downstream key
     prompts: list[PromptFile]
     wall_s: float
     # data.traffic's window (specdraft.traffic.write_window): days, counts, warnings, its files; empty when off

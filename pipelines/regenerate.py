@@ -1,4 +1,4 @@
-"""Regenerate stage: the target answers every prompt conversation itself (issue 3, part A).
+"""Regenerate stage: the target answers every prompt conversation itself.
 
 The draft must learn the *target's* distribution (self-distillation: "Medusa: Simple LLM Inference
 Acceleration Framework with Multiple Decoding Heads", §3.3.2), so the dataset's assistant turns are
@@ -62,7 +62,9 @@ from specdraft.progress import ProgressLines
 from specdraft.placement import dtype_name, resolve_dtype
 from specdraft.configs.devices import spread_gpus
 from specdraft.store import location
-from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_fingerprint, target_id
+from specdraft.targets import Target
+from specdraft.targets.identity import target_fingerprint, target_id
+from specdraft.targets.loading import load_target_config, load_target_model, load_tokenizer
 
 RUN_FILE = "regenerate.json"  # what produced the parts in an output dir (resume guard)
 SUMMARY_FILE = "summary.json"
@@ -72,10 +74,10 @@ REJECTS_FILE = "rejects.jsonl"
 # --- output directory ----------------------------------------------------------------------
 
 
-def _generation_identity(target: Path, cfg: RegenerateConfig) -> dict[str, Any]:
+def _generation_identity(target: Target, cfg: RegenerateConfig) -> dict[str, Any]:
     """What decides the content of the answers: a rerun must match it to resume. ``target`` (the target's
     id, derived from its config and weights) and ``target_fingerprint`` (its weights' content digest,
-    ``specdraft.target.target_fingerprint``) record which target wrote them."""
+    ``specdraft.targets.identity.target_fingerprint``) record which target wrote them."""
     keys = ("backend", "temperature", "top_p", "max_new_tokens", "seed", "max_model_len")
     settings = {k: getattr(cfg, k) for k in keys}
     return {"target": target_id(target), "target_fingerprint": target_fingerprint(target), "settings": settings,
@@ -102,7 +104,7 @@ def _claim_out_dir(out_dir: Path | str, identity: dict[str, Any]) -> None:
 # --- the stage -------------------------------------------------------------------------------
 
 
-def _model_len(target: Path, cfg: RegenerateConfig) -> int:
+def _model_len(target: Target, cfg: RegenerateConfig) -> int:
     if cfg.max_model_len is not None:
         return cfg.max_model_len
     config = load_target_config(target, cfg.trust_remote_code)
@@ -132,7 +134,7 @@ class Replica:
 class HFReplica(Replica):
     """The hf backend's replica: the target in ``transformers``, generating in batches of ``batch_size``."""
 
-    def __init__(self, target: str, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool):
+    def __init__(self, target: Target, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool):
         super().__init__(cfg, out_dir, max_model_len)
         hf_logging.disable_progress_bar()  # "Loading weights" bars from every replica
         device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
@@ -157,18 +159,19 @@ class VLLMReplica(Replica):
     dies while the actor shuts down, is relaunched with no record of the engine's shared memory, and reports its
     unlinking as unknown names. The answers are written by then; nothing leaks (the segments are unlinked)."""
 
-    def __init__(self, target: str, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool, log: str):
+    def __init__(self, target: Target, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool,
+                 log: str):
         output_to_file(log)  # before vLLM starts: its engine core and resource tracker inherit it
         from vllm import LLM
 
         super().__init__(cfg, out_dir, max_model_len)
         self.tokenizer = load_tokenizer(target, trust_remote_code=self.cfg.trust_remote_code)
         try:
-            generation_config = GenerationConfig.from_pretrained(target)
+            generation_config = GenerationConfig.from_pretrained(target.path)
         except OSError:
             generation_config = None
         stop_ids = stop_token_ids(self.tokenizer, generation_config)
-        llm = LLM(model=target, **vllm_engine_settings(self.cfg, max_model_len, use_gpu))
+        llm = LLM(model=str(target.path), **vllm_engine_settings(self.cfg, max_model_len, use_gpu))
         self.answer = vllm_answer_fn(llm, self.tokenizer, self.cfg, stop_ids)
 
 
@@ -185,7 +188,7 @@ def _stats_table(rows_in: int, rows_out: int, stats: dict[str, Any]) -> pa.Table
     return pa.Table.from_pylist([row], schema=STATS_SCHEMA)
 
 
-def _run_replicas(replica: type[Replica], target: Path, pending: list[dict[str, Any]], out_dir: Path | str,
+def _run_replicas(replica: type[Replica], target: Target, pending: list[dict[str, Any]], out_dir: Path | str,
                   cfg: RegenerateConfig, max_model_len: int, batch_size: int, gpus: float,
                   **kwargs: Any) -> Iterable[dict[str, Any]]:
     """``pending`` in batches of ``batch_size`` conversations over ``cfg.concurrency`` replicas (``gpus`` GPUs each
@@ -199,7 +202,7 @@ def _run_replicas(replica: type[Replica], target: Path, pending: list[dict[str, 
     # in Ray's C++ core ("Mutex corrupt: both reader and writer lock held") and printed it on the console
     ds = ray.data.from_blocks(blocks).map_batches(
         replica,
-        fn_constructor_kwargs=dict(target=str(target), cfg=to_dict(cfg), out_dir=str(out_dir),
+        fn_constructor_kwargs=dict(target=target, cfg=to_dict(cfg), out_dir=str(out_dir),
                                    max_model_len=max_model_len, use_gpu=use_gpu, **kwargs),
         batch_size=batch_size,
         batch_format="pyarrow",
@@ -212,7 +215,7 @@ def _run_replicas(replica: type[Replica], target: Path, pending: list[dict[str, 
         yield from batch.to_pylist()
 
 
-def _run_hf(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
+def _run_hf(target: Target, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
             max_model_len: int) -> Iterable[dict[str, Any]]:
     yield from _run_replicas(HFReplica, target, pending, out_dir, cfg, max_model_len, cfg.batch_size, cfg.num_gpus)
 
@@ -239,7 +242,7 @@ def vllm_batch_size(pending: int, cfg: RegenerateConfig) -> int:
     return max(1, min(cfg.vllm_chunk_size, math.ceil(pending / cfg.concurrency)))
 
 
-def _run_vllm(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
+def _run_vllm(target: Target, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
               max_model_len: int) -> Iterable[dict[str, Any]]:
     """The vllm backend: replicas of ``vllm_batch_size`` conversations per batch (= per part), every turn of a
     batch answered by the replica's one engine. Tested with vLLM's CPU backend against the hf backend (greedy)."""
@@ -272,7 +275,7 @@ def _pending(out_dir: Path | str, selected: list[dict[str, Any]]):
     return done, changed, [r for r in selected if r["id"] not in done or r["id"] in redo]
 
 
-def _answer_pending(target: Path, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
+def _answer_pending(target: Target, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
                     progress: bool) -> tuple[dict[str, Any], list[str]]:
     """Run the backend over ``pending``, printing progress lines as a part finishes (``specdraft.progress``:
     conversations done, tokens/s, ETA; at the first, the last and at most every 30 s): the summed per-part counts
@@ -299,7 +302,7 @@ def _answer_pending(target: Path, pending: list[dict[str, Any]], out_dir: Path |
 
 
 def regenerate(
-    target: str | Path,
+    target: Target | str | Path,
     prompts: str | Path | Iterable[str | Path],
     out_dir: str | Path,
     cfg: RegenerateConfig = RegenerateConfig(),
@@ -315,7 +318,7 @@ def regenerate(
     counted (``rows_only_in_output``).
     """
     started = time.perf_counter()
-    target, out_dir = Path(target), location.as_location(out_dir)
+    target, out_dir = Target.of(target), location.as_location(out_dir)  # the target checked here, once
     identity = _generation_identity(target, cfg)
     _claim_out_dir(out_dir, identity)
     rows, ingest_summary = ingest(prompts, cfg.ingest, rejects_path=location.join(out_dir, REJECTS_FILE))

@@ -148,9 +148,9 @@ def render_skipped_report(s: RunSummary, decisions: list[tuple[str, str]], *, hi
 {offline}""")
 
 
-def write_report(out: str | Path, s: RunSummary, *, metrics_file: str, eval_report: dict[str, Any] | None,
+def write_run_report(out: str | Path, s: RunSummary, *, metrics_file: str, eval_report: dict[str, Any] | None,
                  history: list[dict[str, Any]], drift: list[dict[str, Any]] | None = None) -> Path:
     """``render_report`` written to ``out`` (whole: a temporary name, then renamed)."""
-    training = plots.read_metrics(metrics_file) if metrics_file and Path(metrics_file).is_file() else []
+    training = plots.read_training_metrics(metrics_file) if metrics_file and Path(metrics_file).is_file() else []
     return files.write_text(out, render_report(s, training=training, eval_report=eval_report, history=history,
                                                drift=drift))

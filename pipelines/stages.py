@@ -44,7 +44,8 @@ from specdraft.plan import aux_layers_setting
 from specdraft.export import FORMATS, ExportError, export_draft, formats_for, variant
 from specdraft.models import read_draft_config
 from specdraft.packaged import resolve_prompt_inputs
-from specdraft.target import target_id
+from specdraft.targets import Target
+from specdraft.targets.identity import target_id
 from specdraft.toy.build import build_toy_target
 
 DONE = "DONE"
@@ -99,12 +100,10 @@ def prepare(cfg: RunConfig) -> Prepared:
     """Resolve the target (building the toy one if asked) and the prompt files."""
     started = time.perf_counter()
     if cfg.target.path:
-        target = Path(cfg.target.path).resolve()
-        if not (target / "config.json").is_file():
-            raise FileNotFoundError(f"target {target} is not a Hugging Face model directory (no config.json)")
+        target = Target(cfg.target.path)  # checked: a directory holding a config.json
     else:
-        target = build_toy_target(Path(cfg.workdir) / "targets" / f"toy-{config_hash(cfg.target.toy)}",
-                                  cfg.target.toy, progress=False, prebuilt=cfg.target.prebuilt).resolve()
+        target = Target(build_toy_target(Path(cfg.workdir) / "targets" / f"toy-{config_hash(cfg.target.toy)}",
+                                         cfg.target.toy, progress=False, prebuilt=cfg.target.prebuilt))
     prompts = ([PromptFile(path=str(p), digest=file_digest(p)) for p in expand_prompts(cfg.data.prompts)]
                if cfg.data.prompts else [])
     traffic: dict[str, Any] = {}
@@ -114,7 +113,7 @@ def prepare(cfg: RunConfig) -> Prepared:
                                reuse=name == "reused") for name in ("prompts", "reused") if name in traffic["files"]]
     if not prompts:
         raise ConfigError("data.prompts / data.traffic.path: no prompt to train on (the traffic window is empty)")
-    return Prepared(target=str(target), target_id=target_id(target), prompts=prompts,
+    return Prepared(target=str(target.path), target_id=target_id(target), prompts=prompts,
                     wall_s=time.perf_counter() - started, traffic=traffic)
 
 

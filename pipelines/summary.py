@@ -289,7 +289,7 @@ def handoff_rows(version: int | None, handoff: str, restart: str, served_note: s
     return rows
 
 
-def summarize(name: str, result: dict[str, Any], place: Place, report: dict[str, Any] | None) -> RunSummary:
+def summarize_run(name: str, result: dict[str, Any], place: Place, report: dict[str, Any] | None) -> RunSummary:
     """The summary of one flow run: ``result`` the flow's stage records (``to_dict()``), ``report`` the eval
     report (``report.json``; None when it is not readable: no speedups)."""
     evaluated = Evaluated.from_dict(result["eval"])

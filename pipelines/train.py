@@ -39,13 +39,14 @@ from specdraft.configs.features import EAGLE3
 from specdraft.online import OnlineDataset
 from specdraft.plan import RunPlan, aux_layers_setting, plan_run
 from specdraft.epochs import EpochEnd, RunHooks
-from specdraft.run import Run, build_run
-from specdraft.run import feature_plan as plan_features
+from specdraft.run import Run, build_run, feature_plan as plan_features
 from specdraft.store import FeatureDataset, location
 from specdraft.configs.reader import ReaderConfig
-from specdraft.target import load_target_model, load_tokenizer, target_fingerprint, target_id
-from specdraft.training import DRAFT_DIR, distinct_across_ranks, drop_metrics_after, load_checkpoint, save_checkpoint
-from specdraft.training import warmup_of
+from specdraft.targets import Target
+from specdraft.targets.identity import target_record
+from specdraft.targets.loading import load_target_model, load_tokenizer
+from specdraft.training import (DRAFT_DIR, distinct_across_ranks, drop_metrics_after, load_checkpoint, save_checkpoint,
+                                warmup_of)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -174,7 +175,7 @@ class RayReports:
         self.report(epoch.metrics)
 
 
-def online_conversations(cfg: TrainConfig, target: str | Path) -> tuple[TokenizedConversations, int]:
+def online_conversations(cfg: TrainConfig, target: Target | str | Path) -> tuple[TokenizedConversations, int]:
     """(``cfg.conversations`` tokenized as a dump with ``cfg.online`` would tokenize them, rows read)."""
     tokenizer = load_tokenizer(target, trust_remote_code=cfg.online.trust_remote_code)
     rows, _ = load_conversations(cfg.conversations)
@@ -215,7 +216,7 @@ def _rank0_logger(job: WorkerConfig):
     return MultiLogger(*loggers)
 
 
-def feature_plan(cfg: TrainConfig, stores: list[str], target: str | Path, out: Path) -> tuple[list[int], list[int] | None]:
+def feature_plan(cfg: TrainConfig, stores: list[str], target: Target | str | Path, out: Path) -> tuple[list[int], list[int] | None]:
     """``specdraft.run.feature_plan``, online features' conversations read as this adapter reads them."""
     return plan_features(cfg, stores, target, out, conversations=lambda: online_conversations(cfg, target)[0])
 
@@ -223,7 +224,7 @@ def feature_plan(cfg: TrainConfig, stores: list[str], target: str | Path, out: P
 def run_training(
     cfg: TrainConfig | ClusterTrainConfig,
     stores: list[str | Path],
-    target: str | Path,
+    target: Target | str | Path,
     out: str | Path,
     *,
     tracking: dict[str, str] | None = None,
@@ -244,7 +245,7 @@ def run_training(
     from pipelines.rendezvous import torch_trainer  # Ray's TorchTrainer, its rendezvous on Ray's address only
 
     cfg = on_cluster(cfg)  # a core TrainConfig: the Ray knobs' defaults (a wrong stage or epoch count failed when built)
-    out = Path(out).resolve()
+    target, out = Target.of(target), Path(out).resolve()  # the target checked here, once
     out.mkdir(parents=True, exist_ok=True)
     sc = cfg.scaling
     if sc.num_workers == 0:
@@ -271,8 +272,7 @@ def run_training(
     # the stores checked against the target (TargetMismatch), the feature plan decided: before Ray starts
     plan = plan_run(cfg, *feature_plan(cfg, stores, target, out), out)  # resolved once: the workers train from it
     connect_ray(ray_address)
-    job = WorkerConfig(train=cfg, plan=plan, stores=stores, target=str(Path(target).resolve()),
-                       target_id=target_id(target), target_fingerprint=target_fingerprint(target), out=str(out),
+    job = WorkerConfig(train=cfg, plan=plan, stores=stores, target=str(target), **target_record(target), out=str(out),
                        tracking=tracking, fail_at_step=fail_at_step)
     trainer = torch_trainer(
         train_loop_per_worker,

@@ -44,9 +44,9 @@ class Batch:
         """This batch on ``device``, its features decoded there to float32 (a no-op decode when they are)."""
         move = lambda x: None if x is None else x.to(device, non_blocking=True)  # noqa: E731
         moved = {f: move(getattr(self, f)) for f in self.__dataclass_fields__}
-        moved["hidden"] = decode_features(moved["hidden"], moved.pop("hidden_scale"))  # (B, T, d)
+        moved["hidden"] = dequantize_features(moved["hidden"], moved.pop("hidden_scale"))  # (B, T, d)
         if moved["aux_hidden"] is not None:
-            moved["aux_hidden"] = decode_features(moved["aux_hidden"], moved["aux_scale"])  # (B, T, L*d)
+            moved["aux_hidden"] = dequantize_features(moved["aux_hidden"], moved["aux_scale"])  # (B, T, L*d)
         moved.pop("aux_scale")
         return Batch(**moved)
 
@@ -56,7 +56,7 @@ class Batch:
         return Batch(**{f: pin(getattr(self, f)) for f in self.__dataclass_fields__})
 
 
-def decode_features(values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+def dequantize_features(values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """Stored features -> float32: float16/bfloat16 widened; int8 codes (..., P*w) times their scale
     (..., P) — one scale per slice of width w (P = 1: ``hidden``; P = L layers: ``aux_hidden``)."""
     if values.dtype == torch.int8:

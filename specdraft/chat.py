@@ -16,7 +16,7 @@ The full text is tokenized once and tokens are marked by their character offsets
 merges across span boundaries cannot shift the mask.
 
 A target whose tokenizer has no chat template (a base model) gets ``FALLBACK_CHAT_TEMPLATE``
-(``ensure_chat_template``, applied by ``specdraft.target.load_tokenizer`` for every stage), a
+(``ensure_chat_template``, applied by ``specdraft.targets.loading.load_tokenizer`` for every stage), a
 plain-text format with the eos token closing each assistant turn::
 
     {bos}### User:\n{content}\n\n### Assistant:\n{content}{eos}\n\n### User:\n...

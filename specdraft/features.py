@@ -46,7 +46,10 @@ from specdraft.chat import render_with_loss_mask
 from specdraft.config import config_hash, to_dict
 from specdraft.configs.features import EAGLE3, FeaturesConfig
 from specdraft.store import ZARR_VERSION, decode_hidden, encode_hidden, plan_digest
-from specdraft.target import load_target_config, target_features, target_fingerprint, target_id
+from specdraft.targets import Target
+from specdraft.targets.identity import target_fingerprint, target_id
+from specdraft.targets.loading import load_target_config
+from specdraft.targets.states import target_features
 
 AUX_CONVENTION = "hf_hidden_states_index: state entering decoder layer i; 0 = embeddings"
 NONFINITE_CHUNK = 4096  # tokens decoded at a time when counting non-finite stored values
@@ -301,16 +304,18 @@ def nonfinite_tokens(arrays: dict[str, np.ndarray], codec: str) -> int:
     return int((~finite).sum())
 
 
-def store_header(target: str, cfg: FeaturesConfig, plan: list[dict[str, Any]], num_rows: int, duplicates: int) -> dict[str, Any]:
+def store_header(target: Target | str | Path, cfg: FeaturesConfig, plan: list[dict[str, Any]], num_rows: int,
+                 duplicates: int) -> dict[str, Any]:
     """Everything in a dumped store's manifest besides the shard records: target, features, plan.
 
     ``aux_layers`` is resolved here, once for the whole dump; the prefill workers get the resolved list."""
+    target = Target.of(target)
     tconf = load_target_config(target, trust_remote_code=cfg.trust_remote_code)
     aux_layers = aux_layers_of(cfg, tconf)
     return {
         "target_id": target_id(target),
         "target_fingerprint": target_fingerprint(target),  # checked by every consumer (store.manifest.check_store_target)
-        "target_path": str(Path(target).resolve()),
+        "target_path": str(target.path),
         "target_config_hash": config_hash(tconf.to_dict()),
         "model_type": tconf.model_type,
         "vocab_size": tconf.vocab_size,

@@ -1,14 +1,14 @@
-"""A target model directory from a GGUF file (issue 32 item 1: ``specdraft import-target``).
+"""A target model directory from a GGUF file (``specdraft import-target``).
 
 A GGUF file (llama.cpp's single-file format: quantized weights, tokenizer, chat template) becomes an
 ordinary safetensors model directory that every command reads like any target: ``config.json``,
 ``model.safetensors``, ``generation_config.json``, the tokenizer files and ``chat_template.jinja``,
-fingerprinted (``specdraft.target.target_record``) and recorded in ``gguf_import.json``.
+fingerprinted (``specdraft.targets.identity.target_record``) and recorded in ``gguf_import.json``.
 
 transformers (with the ``gguf`` package) dequantizes the file (``from_pretrained(dir, gguf_file=...)``);
 the model it loads carries a GGUF quantization marker that ``save_pretrained`` refuses, so a plain model is
 rebuilt from its config (the marker dropped) and its state dict, strictly, before saving. Only
-architectures specdraft's targets are made of are converted (``ARCHITECTURES``); any other, or a file that
+architectures specdraft's targets are made of are converted (``GGUF_ARCHITECTURES``); any other, or a file that
 is not GGUF, is a ``GGUFImportError`` with one line, read from the file's header before any weight is.
 """
 
@@ -24,12 +24,12 @@ import transformers
 
 from specdraft.files import write_directory, write_text
 from specdraft.outputs import MARKER, check_output, foreign_entries, marker_text
-from specdraft.target import FINGERPRINT_CACHE, target_record
+from specdraft.targets.identity import FINGERPRINT_CACHE, target_record
 
 COMMAND = "import-target"
 RECORD_FILE = "gguf_import.json"  # what was imported from where: the file, its architecture, dtype, fingerprint
-ARCHITECTURES = {"llama": "LlamaForCausalLM"}  # GGUF general.architecture -> the transformers class written
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}  # GGUF general.architecture -> the transformers class written
+IMPORT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 GGUF_MAGIC = b"GGUF"
 OWN_FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
              "chat_template.jinja", "special_tokens_map.json", RECORD_FILE)
@@ -59,10 +59,10 @@ def gguf_architecture(path: str | Path) -> str:
 def check_architecture(path: str | Path) -> str:
     """The transformers class ``path``'s architecture becomes; ``GGUFImportError`` when it has none here."""
     arch = gguf_architecture(path)
-    if arch not in ARCHITECTURES:
+    if arch not in GGUF_ARCHITECTURES:
         raise GGUFImportError(f"{path}: architecture {arch!r} cannot be converted (import-target converts "
-                              f"{', '.join(sorted(ARCHITECTURES))})")
-    return ARCHITECTURES[arch]
+                              f"{', '.join(sorted(GGUF_ARCHITECTURES))})")
+    return GGUF_ARCHITECTURES[arch]
 
 
 def dequantized_model(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
@@ -75,7 +75,7 @@ def dequantized_model(path: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, 
     config.quantization_config = None
     del config.quantization_config  # the GGUF marker: a plain config has none
     config.dtype = dtype
-    cls = getattr(transformers, ARCHITECTURES[gguf_architecture(path)])
+    cls = getattr(transformers, GGUF_ARCHITECTURES[gguf_architecture(path)])
     with torch.device("meta"):
         plain = cls(config)
     plain.load_state_dict(loaded.state_dict(), strict=True, assign=True)
@@ -99,15 +99,15 @@ def import_gguf(gguf_file: str | Path, out_dir: str | Path, *, dtype: str = "bf1
     replaced whole, another non-empty directory is refused unless ``overwrite`` (then only the import's
     files are replaced). The directory appears complete or not at all (``specdraft.files.write_directory``).
     """
-    if dtype not in DTYPES:
-        raise GGUFImportError(f"dtype {dtype!r}: one of {', '.join(DTYPES)}")
+    if dtype not in IMPORT_DTYPES:
+        raise GGUFImportError(f"dtype {dtype!r}: one of {', '.join(IMPORT_DTYPES)}")
     path = Path(gguf_file).resolve()
     if not path.is_file():
         raise GGUFImportError(f"{gguf_file}: no such file")
     architecture = check_architecture(path)
     check_output(out_dir, COMMAND, inputs={"--gguf": path}, overwrite=overwrite, own=(RECORD_FILE,))
     started = time.perf_counter()
-    model, tokenizer = dequantized_model(path, DTYPES[dtype])
+    model, tokenizer = dequantized_model(path, IMPORT_DTYPES[dtype])
     model.generation_config = generation_config(model, tokenizer)
     carry = [name for name in foreign_entries(out_dir, OWN_FILES) if name != FINGERPRINT_CACHE]
     with write_directory(out_dir, carry=carry) as tmp:

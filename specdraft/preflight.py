@@ -26,7 +26,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.j
 
 def check_target(path: str | Path, key: str = "--target", *, tokenizer: bool = True) -> Path:
     """``path`` as a target the loaders take: a directory with ``config.json``, safetensors weights (a
-    pickle checkpoint is refused: ``specdraft.target.load_target_model`` loads safetensors only) and,
+    pickle checkpoint is refused: ``specdraft.targets.loading.load_target_model`` loads safetensors only) and,
     with ``tokenizer``, tokenizer files. ``key`` names the option or config key in the error."""
     root = Path(path)
     if not root.is_dir():
@@ -62,7 +62,7 @@ def check_aux_layers(target: str | Path, features, key: str = "aux_layers") -> N
         return
     # these import torch: loaded only when aux layers are named (pre-flight itself stays light)
     from specdraft.features import aux_layers_of
-    from specdraft.target import load_target_config
+    from specdraft.targets.loading import load_target_config
 
     try:
         config = load_target_config(target)

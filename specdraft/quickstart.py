@@ -33,7 +33,8 @@ from specdraft.plan import aux_layers_setting, build_plan, has_own_vocab, reads_
 from specdraft.epochs import RunHooks
 from specdraft.run import Run, build_run
 from specdraft.configs.reader import ReaderConfig
-from specdraft.target import load_target_config, load_target_model, load_tokenizer, target_id
+from specdraft.targets.identity import target_id
+from specdraft.targets.loading import load_target_config, load_target_model, load_tokenizer
 from specdraft.toy.build import build_toy_target
 from specdraft.toy.conversations import generate_conversations
 from specdraft.vocab import count_predicted_tokens, select_vocab
@@ -61,7 +62,7 @@ class SampleSplit:
 
 
 @dataclass
-class Trained:
+class TrainedInMemory:
     """A draft trained in memory (``train_on_samples``), with its run and the held-out estimates."""
 
     run: object  # ``specdraft.run.Run``
@@ -82,7 +83,7 @@ def train_on_samples(
     depth: int = 5,
     logger=None,
     progress: bool = False,
-) -> Trained:
+) -> TrainedInMemory:
     """Train ``cfg``'s recipe on in-memory samples (``compute_features``; with ``aux_layers`` for an EAGLE-3
     recipe, whose draft vocabulary is counted from ``train`` as the trainer counts it from a store; a block draft
     keeps the target's head unless ``cfg.draft_vocab``), set up by ``build_run`` and trained by ``Run.fit`` as
@@ -113,7 +114,7 @@ def train_on_samples(
     fitted = run.fit(depth, len(held_out), validate=("before", "epoch", "after"), hooks=RunHooks(step=on_step))
     bar.close()
     history = [{"stage": e.stage, "epoch": e.epoch, "sim_tau": e.counts.sim_tau} for e in fitted.epochs]
-    return Trained(run=run, before=fitted.before, after=fitted.after, history=history, seconds=fitted.loop_s)
+    return TrainedInMemory(run=run, before=fitted.before, after=fitted.after, history=history, seconds=fitted.loop_s)
 
 
 def run_quickstart(out: Path, cfg: QuickstartConfig = QuickstartConfig(), progress: bool = True) -> dict:

@@ -51,10 +51,12 @@ from specdraft.parallel import distribute, gathered
 from specdraft.configs.train import TrainConfig
 from specdraft.epochs import VALIDATE, EpochEnd, Fitted, RunHooks
 from specdraft.plan import RunPlan, draft_arch, draft_vocab_ids, has_own_vocab, reads_eagle3_features, warm_start
-from specdraft.store import StoreError, check_aux_layers, predicted_token_counts, read_manifest
+from specdraft.store import StoreError, common_aux_layers, predicted_token_counts, read_manifest
 from specdraft.configs.reader import ReaderConfig
 from specdraft.store.manifest import check_store_target
-from specdraft.target import load_target_config, load_target_heads, target_fingerprint
+from specdraft.targets import Target
+from specdraft.targets.identity import target_fingerprint
+from specdraft.targets.loading import load_target_config, load_target_heads
 from specdraft.training import DRAFT_DIR, Trainer, resolve_precision, warmup_of
 from specdraft.vocab import coverage, select_vocab
 
@@ -155,7 +157,7 @@ class Run:
 def build_run(
     cfg: TrainConfig,
     plan: RunPlan,
-    target: str | Path,
+    target: Target | str | Path,
     open_split: OpenSplit,
     *,
     target_id: str = "",
@@ -179,7 +181,7 @@ def build_run(
     target's ``target_id`` and content ``fingerprint`` (None: computed here, ``target_fingerprint``).
     """
     torch.manual_seed(cfg.seed)
-    arch, stages = plan.arch, list(plan.stages)
+    arch, stages, target = plan.arch, list(plan.stages), Target.of(target)
     heads = load_target_heads(target)
     vocab_ids = torch.tensor(plan.vocab) if plan.vocab is not None else None
     dcfg = draft_config_from_target(load_target_config(target), arch, intermediate_size=cfg.intermediate_size,
@@ -299,7 +301,7 @@ def warm_start_gap(init_from: str | Path) -> str:
 def feature_plan(
     cfg: TrainConfig,
     stores: list[str],
-    target: str | Path,
+    target: Target | str | Path,
     out: Path,
     conversations: Callable[[], TokenizedConversations] | None = None,
 ) -> tuple[list[int], list[int] | None]:
@@ -318,6 +320,7 @@ def feature_plan(
     so is every draft the run already wrote under ``out`` — its checkpoints', which a rerun resumes from,
     and a finished run's (``check_draft_target``: ``TargetMismatch`` naming that draft and both fingerprints).
     """
+    target = Target.of(target)
     if cfg.features != "online":
         for store in stores:
             check_store_target(store, target)
@@ -335,7 +338,7 @@ def feature_plan(
             raise ValueError(f"{where}: set train.online.aux_layers (eagle3 or a list of layers)")
     else:
         try:
-            layers = check_aux_layers([(Path(s), read_manifest(s)) for s in stores])
+            layers = common_aux_layers([(Path(s), read_manifest(s)) for s in stores])
         except StoreError as err:
             raise StoreError(f"{where}: {err}") from None
     if not has_own_vocab(cfg):  # the target's frozen head over its whole vocabulary

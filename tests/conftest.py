@@ -180,7 +180,7 @@ def toy_drafts(shipped_toy_target, tmp_path_factory):
             import random
 
             from specdraft.features import compute_features
-            from specdraft.target import load_target_model, load_tokenizer
+            from specdraft.targets.loading import load_target_model, load_tokenizer
             from specdraft.toy.conversations import generate_conversations
 
             model, tokenizer = load_target_model(shipped_toy_target), load_tokenizer(shipped_toy_target)

@@ -426,7 +426,8 @@ def dflash_draft(target: Path, out: Path) -> Path:
     import torch
 
     from specdraft.models import build_draft, draft_config_from_target, save_draft
-    from specdraft.target import load_target_config, load_target_heads, target_fingerprint, target_id
+    from specdraft.targets.identity import target_fingerprint, target_id
+    from specdraft.targets.loading import load_target_config, load_target_heads
 
     if (out / "config.json").is_file():
         return out
@@ -443,7 +444,8 @@ def random_draft(target: Path, out: Path) -> Path:
     import torch
 
     from specdraft.models import build_draft, draft_config_from_target, save_draft
-    from specdraft.target import load_target_config, load_target_heads, target_fingerprint, target_id
+    from specdraft.targets.identity import target_fingerprint, target_id
+    from specdraft.targets.loading import load_target_config, load_target_heads
 
     torch.manual_seed(0)
     heads = load_target_heads(target)

@@ -48,7 +48,7 @@ class DraftConfig:
     max_position_embeddings: int = 4096
     rope_parameters: dict[str, Any] = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     target_id: str = ""
-    target_fingerprint: str = ""  # specdraft.target.target_fingerprint of the target it was trained on ("": before fingerprints)
+    target_fingerprint: str = ""  # specdraft.targets.identity.target_fingerprint of the target it was trained on ("": before fingerprints)
     target_hidden_size: int | None = None  # None: hidden_size
     aux_layers: list[int] = field(default_factory=list)  # HF hidden_states indices; empty: last hidden state
     draft_vocab_size: int | None = None  # None: the target's vocabulary and frozen lm_head

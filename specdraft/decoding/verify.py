@@ -35,7 +35,7 @@ from specdraft.decoding.sampling import draw, target_probs
 from specdraft.configs.decode import SamplingConfig
 from specdraft.decoding.tree import DraftTree, tree_attention_mask, tree_position_ids
 from specdraft.placement import input_device, output_device
-from specdraft.target import aux_states
+from specdraft.targets.states import aux_states
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ import transformers
 from specdraft import files
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.placement import resolve_dtype
-from specdraft.target import target_fingerprint
+from specdraft.targets.identity import target_fingerprint
 
 FORMAT = 2  # 2: no times (format 1 held vanilla's and the floor's wall times)
 CACHE_FIELD = "_cache"  # what a record carries to the cache (popped before the report is built)
@@ -62,7 +62,8 @@ def questions_digest(questions: list[dict[str, Any]]) -> str:
     return digest([[q["dataset"], q["index"], q["question_id"], q["turns"]] for q in questions])
 
 
-def prompt_digest(prompt: list[int]) -> str:
+def token_digest(prompt: list[int]) -> str:
+    """The digest of a prompt's token ids (what a cached baseline was decoded from)."""
     return digest(prompt)
 
 

@@ -44,7 +44,7 @@ from specdraft.evaluation.questions import answer_text, render_prompt
 from specdraft.evaluation.records import load_1m
 from specdraft.configs.evaluation import EngineSettings
 from specdraft.progress import ProgressLines
-from specdraft.target import load_tokenizer
+from specdraft.targets.loading import load_tokenizer
 
 METRIC = "vllm:spec_decode_"
 PROGRESS_FD = "SPECDRAFT_PROGRESS_FD"  # the environment variable naming the progress lines' file descriptor

@@ -21,7 +21,9 @@ from specdraft.evaluation.questions import render_prompt
 from specdraft.models import check_draft_target, load_draft
 from specdraft.placement import output_device, resolve_device, resolve_dtype
 from specdraft.configs.devices import MASK_ATTN_IMPLEMENTATIONS
-from specdraft.target import TargetMismatch, load_target_model, load_tokenizer
+from specdraft.targets import Target
+from specdraft.targets.identity import TargetMismatch
+from specdraft.targets.loading import load_target_model, load_tokenizer
 
 
 @dataclass
@@ -32,13 +34,14 @@ class Models:
     eos_ids: frozenset[int]
 
 
-def load_models(target_dir: str | Path, draft_dir: str | Path, settings: EvalSettings) -> Models:
+def load_models(target_dir: Target | str | Path, draft_dir: str | Path, settings: EvalSettings) -> Models:
     """Target (full model, over ``settings.gpus`` GPUs), draft and tokenizer in the settings' dtype.
 
     The draft lives on the target's output device (its lm_head's GPU): the hidden states it reads
     and the logits acceptance compares come out there. The draft is checked against the target first
     (``check_draft_target``: ``TargetMismatch`` naming both fingerprints), before any model loads.
     """
+    target_dir = Target.of(target_dir)  # checked here once, not again by the pairing check and each load
     check_draft_target(draft_dir, target_dir)
     assert settings.attn_implementation in MASK_ATTN_IMPLEMENTATIONS, (
         f"eval needs an attention kernel that takes the tree mask {MASK_ATTN_IMPLEMENTATIONS}, "

@@ -29,7 +29,7 @@ from specdraft.configs.evaluation import EvalSettings
 from specdraft.decoding.metrics import first_mismatch
 from specdraft.decoding.prompt_lookup import prompt_lookup_generate
 from specdraft.decoding.speculative import Generation, speculative_generate, vanilla_generate
-from specdraft.evaluation.baselines import CACHE_FIELD, prompt_digest
+from specdraft.evaluation.baselines import CACHE_FIELD, token_digest
 from specdraft.evaluation.models import Models, generator
 from specdraft.evaluation.questions import answer_text, render_prompt
 from specdraft.placement import output_device
@@ -97,7 +97,7 @@ def _against_cache(gens: dict[str, Generation], usable: dict[str, Any], prompt: 
     """The turn's floor fields, whether vanilla's tokens / the floor's counts differ from the cached ones
     (None: nothing cached for this prompt), and what goes to the cache (no times)."""
     base = gens["vanilla"]
-    vanilla = {"prompt": prompt_digest(prompt), "tokens": base.tokens, "rounds": base.rounds, "stop": base.stop}
+    vanilla = {"prompt": token_digest(prompt), "tokens": base.tokens, "rounds": base.rounds, "stop": base.stop}
     changed: dict[str, Any] = {"baseline_changed": None}
     carry: dict[str, Any] = {}
     if "vanilla" in usable:
@@ -114,7 +114,7 @@ def _against_cache(gens: dict[str, Generation], usable: dict[str, Any], prompt: 
         else:
             changed["pld_changed"] = None
         if changed["pld_changed"] is not False:
-            carry["pld"] = {"prompt": prompt_digest(prompt), "fields": counts}
+            carry["pld"] = {"prompt": token_digest(prompt), "fields": counts}
     return floor, changed, carry
 
 
@@ -133,7 +133,7 @@ def evaluate_question(
         prompt = render_prompt(models.tokenizer, messages)
         seed = turn_seed(settings.seed, question["index"], turn)
         found = {kind: cached[kind].get(str(turn)) for kind in ("vanilla", "pld")}
-        usable = {kind: e for kind, e in found.items() if e is not None and e.get("prompt") == prompt_digest(prompt)}
+        usable = {kind: e for kind, e in found.items() if e is not None and e.get("prompt") == token_digest(prompt)}
         gens, order = _decode_turn(models, prompt, settings, seed, question["index"] + turn)
         base = gens["vanilla"]
         floor, changed, carry = _against_cache(gens, usable, prompt, settings)

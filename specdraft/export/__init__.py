@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft.export.check import check_export
-from specdraft.export.commands import export_layout, serve_commands, sglang_command, vllm_command, vllm_config
+from specdraft.export.commands import export_layout, serve_commands, sglang_command, speculative_config, vllm_command
 from specdraft.export.llama import engine_tensors
 from specdraft.export.spec import (
     DTYPES,
@@ -132,7 +132,7 @@ __all__ = [
     "export_layout",
     "formats_for",
     "variant",
-    "vllm_config",
+    "speculative_config",
     "read_target_facts",
     "serve_commands",
     "sglang_command",

@@ -18,7 +18,7 @@ printed there starts the same OpenAI server as ``python -m vllm.entrypoints.open
 On a host without CUDA the vLLM command also carries the CPU settings our engine measurement starts vLLM with
 (``cpu_engine_args``, one rule for both): an explicit KV cache (``--kv-cache-memory-bytes``) and eager execution.
 Without an explicit KV cache vLLM's CPU backend reserves ``gpu_memory_utilization`` (0.92 by default) of the
-machine's *total* memory and refuses to start when less is available (issue 44: 0.92 x 14.09 GiB wanted, 10.96 GiB
+machine's *total* memory and refuses to start when less is available (seen here: 0.92 x 14.09 GiB wanted, 10.96 GiB
 free); with one it checks only that the cache fits in what is available. On a GPU host the command is vLLM's own.
 
 Both bind 127.0.0.1. Each command is derived from the exported directory itself (its ``config.json``
@@ -39,7 +39,7 @@ from specdraft.export.spec import LAYOUTS, Layout
 GIB = 1 << 30
 
 
-def vllm_config(export_dir: str, method: str, speculative_tokens: int) -> dict:
+def speculative_config(export_dir: str, method: str, speculative_tokens: int) -> dict:
     """vLLM's ``speculative_config`` for an exported directory (``LLM(speculative_config=...)``, ``--speculative-config``)."""
     return {"method": method, "model": str(export_dir), "num_speculative_tokens": speculative_tokens}
 
@@ -94,7 +94,7 @@ def vllm_command(target: str, export_dir: str, method: str, speculative_tokens: 
                  cpu: bool | None = None) -> str:
     """The vLLM command serving ``export_dir`` with ``target``; ``cpu`` (None: this host has no CUDA) adds the
     CPU settings (``cpu_engine_args``)."""
-    config = json.dumps(vllm_config(export_dir, method, speculative_tokens))
+    config = json.dumps(speculative_config(export_dir, method, speculative_tokens))
     command = f"{vllm_server(target)} --host 127.0.0.1 --speculative-config {shlex.quote(config)}"
     if cpu if cpu is not None else not cuda_host():
         command += " " + _flags(cpu_engine_args())

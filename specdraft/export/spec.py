@@ -15,7 +15,9 @@ from pathlib import Path
 
 from specdraft import placement
 from specdraft.configs.draft import DraftConfig
-from specdraft.target import TargetMismatch, check_target, load_target_config, target_id
+from specdraft.targets import Target
+from specdraft.targets.identity import TargetMismatch, check_pairing, target_id
+from specdraft.targets.loading import load_target_config
 
 FORMATS = ("speculators", "vllm", "sglang", "eagle")
 DTYPES = tuple(placement.DTYPES)  # the dtype names an export writes
@@ -75,7 +77,7 @@ class ExportError(ValueError):
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TargetFacts:
     path: str  # the target directory (absolute): the verifier the engine loads unless ExportSpec.verifier says
-    target_id: str  # specdraft's identity of the target directory (``specdraft.target.target_id``)
+    target_id: str  # specdraft's identity of the target directory (``specdraft.targets.identity.target_id``)
     architectures: list[str] = field(default_factory=list)
     num_hidden_layers: int
     hidden_size: int
@@ -116,14 +118,15 @@ def variant(config: DraftConfig) -> str:
     return "beagle3" if config.arch == "beagle" and config.aux_layers else config.arch
 
 
-def read_target_facts(path: str | Path) -> TargetFacts:
+def read_target_facts(path: Target | str | Path) -> TargetFacts:
     """The facts of the target directory ``path`` (from its ``config.json``)."""
+    path = Target.of(path)
     cfg = load_target_config(path)
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     dtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
     dtype = placement.dtype_name(dtype) if dtype is not None else None
     return TargetFacts(
-        path=str(Path(path).resolve()),
+        path=str(path.path),
         target_id=target_id(path),
         architectures=list(getattr(cfg, "architectures", None) or []),
         num_hidden_layers=int(text.num_hidden_layers),
@@ -190,9 +193,9 @@ def refuse_unservable(config: DraftConfig, fmt: str) -> None:
 
 def refuse_unknown_target(config: DraftConfig, target: TargetFacts) -> None:
     """The draft must have been trained on this target (identity, widths, auxiliary layers)."""
-    if config.target_id or config.target_fingerprint:  # the one pairing check (specdraft.target.check_target)
+    if config.target_id or config.target_fingerprint:  # the one pairing check (specdraft.targets.identity.check_pairing)
         try:
-            check_target("being exported", {"target_id": config.target_id, "target_fingerprint": config.target_fingerprint},
+            check_pairing("being exported", {"target_id": config.target_id, "target_fingerprint": config.target_fingerprint},
                          target.path, what="draft", legacy_mismatch="error")
         except TargetMismatch as err:
             raise ExportError(f"the draft was trained on target {config.target_id or '?'}: {err}") from None

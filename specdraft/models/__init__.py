@@ -142,14 +142,14 @@ def read_draft_config(path: str | Path) -> DraftConfig:
 
 
 def check_draft_target(path: str | Path, target: str | Path) -> DraftConfig:
-    """The draft's config, after checking it was trained on ``target`` (``specdraft.target.check_target``:
+    """The draft's config, after checking it was trained on ``target`` (``specdraft.targets.identity.check_pairing``:
     ``TargetMismatch`` naming the draft and both fingerprints; a draft written before fingerprints loads
     with a one-line warning)."""
-    from specdraft.target import check_target
+    from specdraft.targets.identity import check_pairing
 
     config = read_draft_config(path)
     recorded = {"target_id": config.target_id, "target_fingerprint": config.target_fingerprint}
-    check_target(path, recorded, target, what="draft")
+    check_pairing(path, recorded, target, what="draft")
     return config
 
 
@@ -174,7 +174,7 @@ def load_draft(
     if missing or unexpected:
         raise ValueError(f"{path}: weights do not match config (missing={missing}, unexpected={unexpected})")
     if heads is None and target is not None:
-        from specdraft.target import load_target_heads
+        from specdraft.targets.loading import load_target_heads
 
         loaded = load_target_heads(target)
         heads = (loaded.embed, loaded.lm_head)

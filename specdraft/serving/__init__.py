@@ -1,7 +1,8 @@
-"""Serving engines' side of specdraft: the vLLM plugin (``vllm_plugin``, ``vllm_models``) that lets vLLM
-serve every draft specdraft trains, and the engine measurement's settings (``engine``; the measurement
-itself is ``specdraft.evaluation.engine``).
+"""Serving engines' side of specdraft: the vLLM plugin (``vllm_plugin``: the entry point vLLM calls, registering
+the draft architectures it lacks) and the model classes it registers (``vllm_models``), so that vLLM serves every
+draft specdraft trains and exports (``specdraft export --format vllm``). The engine measurement's settings are
+``specdraft.configs.evaluation.EngineSettings``; the measurement itself is ``specdraft.evaluation.engine``.
 
-With ``specdraft.evaluation.engine_process``, the only part of specdraft that imports vLLM, and only
-lazily: importing this package imports nothing.
+``vllm_models`` and ``specdraft.evaluation.engine_process`` are the parts of specdraft that import vLLM, and
+only when vLLM loads them or a measurement starts: importing this package imports nothing.
 """

@@ -27,7 +27,7 @@ from specdraft.store.reader import (
     EpochBatches,
     FeatureDataset,
     StoreWarning,
-    check_aux_layers,
+    common_aux_layers,
     open_stores,
     predicted_token_counts,
 )
@@ -59,7 +59,7 @@ __all__ = [
     "AUX_ARRAYS", "CHUNK_CHECKSUM", "COMPRESSIONS", "FORMAT_NAME", "HIDDEN_CODECS", "LOSSY_CODECS", "MANIFEST_FILE",
     "SCHEMA_VERSION", "SEQUENCE_ARRAYS", "SHARD_ATTR", "TOKEN_ARRAYS", "ZARR_VERSION", "EpochBatches",
     "FeatureDataset", "Prefetcher", "StoreError", "StoreWarning", "ValidationReport", "array_digest", "array_schema",
-    "balance_batches", "bytes_per_token_reference", "check_aux_layers", "decode_hidden", "dump_summary",
+    "balance_batches", "bytes_per_token_reference", "common_aux_layers", "decode_hidden", "dump_summary",
     "encode_hidden", "is_held_out", "list_shard_dirs", "make_manifest", "open_stores", "plan_batches",
     "plan_digest", "plan_shards", "predicted_token_counts", "read_manifest", "read_shard_record", "resume_shards",
     "shard_attrs", "shard_index", "shard_name", "temp_shard_name", "validate", "write_manifest", "write_shard",

@@ -58,7 +58,7 @@ class ShardArray:
     the array's chunks, so that a chunk is read as its bytes (``StorePath.get_sync``) and decoded in
     reverse codec order (``SupportsSyncCodec._decode_sync``: the crc32c checked, then the compressor,
     then the bytes codec), the Zarr v3 decode without the async pipeline's per-chunk, per-codec tasks
-    (issue 22: those, not the checksum, were most of what the check cost). ``codecs`` None: read
+    (measured: those, not the checksum, were most of what the check cost). ``codecs`` None: read
     through Zarr's own array reads (an object store)."""
 
     array: Any  # zarr.Array
@@ -104,7 +104,7 @@ def shard_chunks(shard: Path | str, group: Any, record: dict[str, Any]
     return True, {name: lost for name, lost in missing.items() if lost}, fill
 
 
-def read_rows(source: ShardArray, lo: int, hi: int | None, store, shard: str, missing: set[int] | None = None,
+def read_checked_rows(source: ShardArray, lo: int, hi: int | None, store, shard: str, missing: set[int] | None = None,
               skip: bool = False) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
     """Rows [lo, hi) of a shard's array, every chunk checked: (values, bad chunks); ``values`` may be a
     read-only view of a decoded chunk.

@@ -2,7 +2,7 @@
 
 ``manifest.json`` is the store's last write (a temp file renamed into place, or at a URL one PUT):
 a store without it is incomplete, whatever shards it holds. It records the target the features came
-from (``target_id`` and the content fingerprint ``target_fingerprint``, ``specdraft.target``), which
+from (``target_id`` and the content fingerprint ``target_fingerprint``, ``specdraft.targets.identity``), which
 ``check_store_target`` compares with the target a consumer (train, a resumed dump) is given.
 """
 
@@ -29,6 +29,7 @@ from specdraft.store.schema import (
     shard_name,
 )
 from specdraft.store.writer import list_shard_dirs, read_shard_record
+from specdraft.targets import Target
 
 
 def make_manifest(*, header: dict[str, Any], shards: list[dict[str, Any]]) -> dict[str, Any]:
@@ -119,14 +120,14 @@ def recorded_target(store_dir: str | Path) -> dict[str, Any] | None:
     return manifest
 
 
-def check_store_target(store_dir: str | Path, target: str | Path, *, legacy_mismatch: str = "warn") -> None:
-    """``specdraft.target.check_target`` for a store: ``TargetMismatch`` (naming the store and both
+def check_store_target(store_dir: str | Path, target: Target | str | Path, *, legacy_mismatch: str = "warn") -> None:
+    """``specdraft.targets.identity.check_pairing`` for a store: ``TargetMismatch`` (naming the store and both
     fingerprints) unless its features came from ``target``. A store without a record passes."""
-    from specdraft.target import check_target  # the target side (transformers) only where a store meets a target
+    from specdraft.targets.identity import check_pairing  # the target side only where a store meets a target
 
     recorded = recorded_target(store_dir)
     if recorded is not None:
-        check_target(store_dir, recorded, target, what="feature store", legacy_mismatch=legacy_mismatch)
+        check_pairing(store_dir, recorded, target, what="feature store", legacy_mismatch=legacy_mismatch)
 
 
 # --- validation ----------------------------------------------------------------------------------

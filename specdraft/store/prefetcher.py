@@ -1,5 +1,5 @@
-"""Batches read ahead on a background thread while the trainer computes (the reader's fast path,
-issue 12.4): ``Prefetcher`` loads items in order into a bounded queue, pinned when CUDA is available.
+"""Batches read ahead on a background thread while the trainer computes (the reader's fast path):
+``Prefetcher`` loads items in order into a bounded queue, pinned when CUDA is available.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The training reader: ``FeatureDataset`` yields ``batch.Batch`` objects from one or more stores.
 
 Length-bucketed, right-padded, deterministic for (seed, epoch), split into equal batch counts per
-DDP rank, with a held-out split by sample-id hash. Fast path (issue 12.4): a batch's sequences are
+DDP rank, with a held-out split by sample-id hash. Fast path: a batch's sequences are
 read shard by shard with one read per array and run of nearby rows (locally chunk by chunk through Zarr's
 synchronous store and codec interfaces, ``ShardArray``; at a URL one Zarr read), sliced in numpy; the
 features stay in their stored dtype (float16 / bfloat16 / int8 codes + scales) until
@@ -36,7 +36,7 @@ from specdraft.batch import Batch
 from specdraft.configs.reader import ReaderConfig
 from specdraft.store import location
 from specdraft.store.batching import is_held_out, plan_batches, repeats, token_digests
-from specdraft.store.chunks import ShardArray, read_rows, shard_chunks
+from specdraft.store.chunks import ShardArray, read_checked_rows, shard_chunks
 from specdraft.store.manifest import read_manifest
 from specdraft.store.prefetcher import Prefetcher
 from specdraft.store.schema import CHUNK_CHECKSUM, StoreError, array_schema, decode_hidden, stored_tensor
@@ -63,7 +63,7 @@ def open_stores(paths: str | Path | list[str | Path]) -> list[tuple[Path | str, 
     return stores
 
 
-def check_aux_layers(stores: list[tuple[Path, dict[str, Any]]]) -> list[int]:
+def common_aux_layers(stores: list[tuple[Path, dict[str, Any]]]) -> list[int]:
     """The auxiliary layers every store holds; StoreError when one has none or they differ."""
     layers = {str(path): list(m.get("aux_layers") or []) for path, m in stores}
     bare = [path for path, lay in layers.items() if not lay]
@@ -107,7 +107,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         self.d, self.k = self.stores[0][1]["d"], self.stores[0][1]["k"]
         # the auxiliary layers whose states the batches carry (the run plan's): every store must hold exactly these
         self.aux_layers: list[int] = [int(i) for i in aux_layers]
-        if self.aux_layers and (held := check_aux_layers(self.stores)) != self.aux_layers:
+        if self.aux_layers and (held := common_aux_layers(self.stores)) != self.aux_layers:
             raise StoreError(f"store {self.stores[0][0]} holds the states of aux layers {held}, but the run reads "
                              f"layers {self.aux_layers}: dump it with aux_layers={self.aux_layers}")
         self._shards: list[tuple[Path | str, str]] = []  # (shard dir or URL, hidden codec)
@@ -130,14 +130,14 @@ class FeatureDataset(torch.utils.data.IterableDataset):
                 group = location.open_group(shard, "r")
                 verified, missing, fill = shard_chunks(shard, group, record)
                 self._missing_at_open.append(missing)
-                offsets, _ = read_rows(ShardArray.open(group["offsets"], verified, fill.get("offsets")), 0, None, path,
+                offsets, _ = read_checked_rows(ShardArray.open(group["offsets"], verified, fill.get("offsets")), 0, None, path,
                                        record["name"], missing.get("offsets"))  # (S+1,)
-                names, _ = read_rows(ShardArray.open(group["sample_ids"], verified, fill.get("sample_ids")), 0, None,
+                names, _ = read_checked_rows(ShardArray.open(group["sample_ids"], verified, fill.get("sample_ids")), 0, None,
                                      path, record["name"], missing.get("sample_ids"))
                 names = [str(s) for s in names.tolist()]
                 if offsets.shape != (record["num_sequences"] + 1,) or len(names) != record["num_sequences"]:
                     raise StoreError(f"{location.join(path, record['name'])}: offsets/sample_ids disagree with the manifest")
-                tokens, unread = read_rows(ShardArray.open(group["input_ids"], verified, fill.get("input_ids")), 0,
+                tokens, unread = read_checked_rows(ShardArray.open(group["input_ids"], verified, fill.get("input_ids")), 0,
                                            None, path, record["name"], missing.get("input_ids"),
                                            cfg.on_corrupt == "skip")  # (N,)
                 digests.append(token_digests(tokens, offsets, unread))
@@ -281,7 +281,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         bad: list[tuple[int, int, str]] = []  # (first row, end row, chunk) of the bad chunks read
 
         def rows(name: str) -> np.ndarray:
-            values, lost = read_rows(arrays[name], lo, hi, store, shard_name, missing.get(name), skip)
+            values, lost = read_checked_rows(arrays[name], lo, hi, store, shard_name, missing.get(name), skip)
             bad.extend(lost)
             return values
 
@@ -393,7 +393,7 @@ def predicted_token_counts(paths: str | Path | list[str | Path], vocab_size: int
             group = location.open_group(location.join(path, record["name"]), "r")
             shard = location.join(path, record["name"])
             verified, missing, fill = shard_chunks(shard, group, record)
-            ids, mask, offsets = (read_rows(ShardArray.open(group[name], verified, fill.get(name)), 0, None, path,
+            ids, mask, offsets = (read_checked_rows(ShardArray.open(group[name], verified, fill.get(name)), 0, None, path,
                                             record["name"], missing.get(name))[0]
                                   for name in ("input_ids", "loss_mask", "offsets"))
             counts += count_predicted_tokens(ids, mask, offsets, vocab_size)

@@ -17,7 +17,7 @@ import json
 import numpy as np
 import torch
 
-from specdraft.batch import decode_features
+from specdraft.batch import dequantize_features
 from specdraft.files import temp_path
 
 SCHEMA_VERSION = 1
@@ -30,7 +30,7 @@ COMPRESSIONS = ("zstd", "blosc", "none")
 TOKEN_ARRAYS = ("input_ids", "loss_mask", "hidden", "topk_ids", "topk_logits", "logsumexp")
 AUX_ARRAYS = ("aux_hidden", "aux_hidden_scale")  # token arrays of a store dumped with aux_layers
 SEQUENCE_ARRAYS = ("offsets", "sample_ids")
-CHUNK_CHECKSUM = "crc32c"  # per-chunk checksum of stores written since issue 22 (shard record ``chunk_checksum``)
+CHUNK_CHECKSUM = "crc32c"  # per-chunk checksum (shard record ``chunk_checksum``; older stores have none)
 
 
 class StoreError(RuntimeError):
@@ -117,7 +117,7 @@ def decode_hidden(hidden: np.ndarray, codec: str, scale: np.ndarray | None = Non
         raise ValueError(f"hidden codec {codec!r} not in {HIDDEN_CODECS}")
     values = stored_tensor(hidden, codec)  # (N, F)
     # the scales (N,) | (N, P) copied: a small array, and zarr's may be read-only (torch warns on such a tensor)
-    return decode_features(values, None if scale is None else torch.from_numpy(np.array(scale, np.float32)))
+    return dequantize_features(values, None if scale is None else torch.from_numpy(np.array(scale, np.float32)))
 
 
 def stored_tensor(values: np.ndarray, codec: str) -> torch.Tensor:

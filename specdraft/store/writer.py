@@ -36,7 +36,7 @@ from specdraft.store.schema import (
 ZARR_VERSION = zarr.__version__  # recorded in a dumped store's manifest
 # at most this many (uncompressed) bytes in a chunk of a token array: a chunk's bytes stay in a core's L2
 # cache while the reader reads, checks (crc32c) and decompresses them — 128 rows of hidden states at
-# d = 4096 in fp16 instead of 1024 (8 MiB, where the checksum ran at memory speed: issue 22)
+# d = 4096 in fp16 instead of 1024 (8 MiB, where the checksum ran at memory speed, measured)
 CHUNK_BYTES = 1 << 20
 
 

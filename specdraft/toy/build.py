@@ -45,7 +45,7 @@ from specdraft.config import ConfigError, config_hash, from_dict, load, to_dict
 from specdraft.configs.toy import ToyTargetConfig
 from specdraft.files import remove_dead_temps, write_directory
 from specdraft.outputs import MARKER, check_output, foreign_entries, marker_text
-from specdraft.target import FINGERPRINT_CACHE
+from specdraft.targets.identity import FINGERPRINT_CACHE
 from specdraft.toy import conversations, word_problems
 from specdraft.toy.tokenizer import END, train_tokenizer
 
@@ -58,7 +58,7 @@ REQUIRED_FILES = (
 PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"  # the default config's build, shipped
 BUILD_FILES = (*REQUIRED_FILES, "chat_template.jinja")  # every file a build writes (+ the ownership marker)
 COMMAND = "toy-target"  # the command whose output a build directory is (``specdraft.outputs``)
-MANIFEST_FILE = "manifest.json"  # in PREBUILT_DIR: {"config_hash", "files": {name: sha256}} of every file
+PREBUILT_MANIFEST = "manifest.json"  # in PREBUILT_DIR: {"config_hash", "files": {name: sha256}} of every file
 
 
 # what a toy target is trained on: ``generate_conversations(n, seed)`` per family
@@ -130,12 +130,12 @@ def read_build_record(out_dir: str | Path) -> dict[str, Any]:
 def file_digests(out_dir: str | Path) -> dict[str, str]:
     """sha256 of every file of a build directory (but a manifest and hidden files: caches, temporaries), by name."""
     files = sorted(p for p in Path(out_dir).iterdir()
-                   if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith("."))
+                   if p.is_file() and p.name != PREBUILT_MANIFEST and not p.name.startswith("."))
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 def _manifest() -> dict[str, Any]:
-    return json.loads((PREBUILT_DIR / MANIFEST_FILE).read_text())
+    return json.loads((PREBUILT_DIR / PREBUILT_MANIFEST).read_text())
 
 
 def prebuilt_config() -> dict[str, Any] | None:
@@ -158,7 +158,7 @@ def write_prebuilt(source: str | Path | None = None, progress: bool = True) -> P
     else:
         build_toy_target(PREBUILT_DIR, ToyTargetConfig(), progress=progress)
     manifest = {"config_hash": config_hash(ToyTargetConfig()), "files": file_digests(PREBUILT_DIR)}
-    (PREBUILT_DIR / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    (PREBUILT_DIR / PREBUILT_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return PREBUILT_DIR
 
 

@@ -240,7 +240,7 @@ def test_the_flow_never_retries_a_config_error(no_tokenizer_target):
 
 def test_every_command_refuses_a_pickle_target(cli, pickle_target, inputs, tmp_path):
     """One weights-loading path (safetensors only): the loader itself and every command's pre-flight."""
-    from specdraft.target import load_target_model
+    from specdraft.targets.loading import load_target_model
 
     with pytest.raises(OSError, match="safetensors"):
         load_target_model(pickle_target)

@@ -14,7 +14,8 @@ from flows.cli import main
 from specdraft.config import ConfigError
 from specdraft.evaluation.questions import load_question_sets
 from specdraft.models import build_draft, draft_config_from_target, save_draft
-from specdraft.target import load_target_config, load_target_heads, target_record
+from specdraft.targets.identity import target_record
+from specdraft.targets.loading import load_target_config, load_target_heads
 from specdraft.toy.build import PREBUILT_DIR
 
 

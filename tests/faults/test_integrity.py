@@ -217,7 +217,8 @@ def test_validate_store_reports_every_bad_chunk_of_a_checksummed_store(tmp_path)
 def toy_store(root: Path, target: Path) -> Path:
     """A store of random features at the toy target's width, written with the writer (one chunk of
     hidden states per 16 tokens)."""
-    from specdraft.target import load_target_config, target_id
+    from specdraft.targets.identity import target_id
+    from specdraft.targets.loading import load_target_config
 
     d = load_target_config(target).hidden_size
     header = {"target_id": target_id(target), "d": d, "k": K, "hidden_codec": "fp16"}

@@ -1,7 +1,7 @@
 """Faults of class 2, "wrong pairing accepted" (issue 22): a store, draft or regenerate output used
 with another target than the one it was made from.
 
-Every artifact records the target's content fingerprint (``specdraft.target.target_fingerprint``: a
+Every artifact records the target's content fingerprint (``specdraft.targets.identity.target_fingerprint``: a
 digest of the weights' bytes) and every consumer checks it before its expensive part — train against
 its stores, eval against its draft, a resumed dump against the store already there, export — with an
 error naming the artifact, its fingerprint and the target's. Real files throughout: a real dump (Ray
@@ -33,10 +33,10 @@ from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.store import read_manifest
 from specdraft.configs.reader import ReaderConfig
 from specdraft.store.manifest import check_store_target
-from specdraft.target import (
+from specdraft.targets.identity import (
     FINGERPRINT_CACHE,
     TargetMismatch,
-    check_target,
+    check_pairing,
     layout_id,
     target_fingerprint,
     target_id,
@@ -262,12 +262,12 @@ def test_export_refuses_a_draft_of_other_weights(targets, draft, tmp_path):
 
 def test_an_artifact_written_before_fingerprints_loads_with_one_warning_line(targets, capsys):
     legacy = {"target_id": layout_id(targets["toy"])}  # what a manifest or draft config held then
-    check_target("old-store", legacy, targets["toy"], what="feature store")
+    check_pairing("old-store", legacy, targets["toy"], what="feature store")
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "records no target fingerprint" in err[0] and "old-store" in err[0]
-    check_target("old-draft", {"target_id": "elsewhere@0123456789abcdef"}, targets["toy"], what="draft")
+    check_pairing("old-draft", {"target_id": "elsewhere@0123456789abcdef"}, targets["toy"], what="draft")
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not verified" in err[0]
     with pytest.raises(TargetMismatch, match="elsewhere@0123456789abcdef"):  # where the id was checked before
-        check_target("old-draft", {"target_id": "elsewhere@0123456789abcdef"}, targets["toy"], what="draft",
+        check_pairing("old-draft", {"target_id": "elsewhere@0123456789abcdef"}, targets["toy"], what="draft",
                      legacy_mismatch="error")

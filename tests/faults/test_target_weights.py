@@ -1,6 +1,6 @@
 """Issue 31 item 1: a target is its config and its weights. A checkpoint whose ``config.json`` disagrees with its
 weights (the shipped 3-layer toy target under a config that says 2 layers) is refused wherever it is loaded —
-``specdraft.target.load_target_model`` loads strictly (``specdraft.checkpoint.check_loading_info``), and dump,
+``specdraft.targets.loading.load_target_model`` loads strictly (``specdraft.targets.checkpoint.check_loading_info``), and dump,
 eval, regenerate's HF backend and online training all load through it — and its fingerprint is not that of the
 same weights under their own config, so no artifact of one pairs with the other.
 
@@ -15,20 +15,18 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from specdraft.checkpoint import TargetWeightsError
+from specdraft.targets.checkpoint import TargetWeightsError
 from specdraft.models import build_draft, draft_config_from_target, save_draft
-from specdraft.target import (
+from specdraft.targets.identity import (
     FINGERPRINT_CACHE,
     TargetMismatch,
-    check_target,
-    load_target_config,
-    load_target_heads,
-    load_target_model,
+    check_pairing,
     target_fingerprint,
     target_id,
     target_record,
     weights_fingerprint,
 )
+from specdraft.targets.loading import load_target_config, load_target_heads, load_target_model
 from specdraft.toy.build import PREBUILT_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,11 +107,11 @@ def test_its_fingerprint_is_not_that_of_the_same_weights_under_their_own_config(
     assert weights_fingerprint(lying) == weights_fingerprint(true)  # the same bytes of weights
     assert target_fingerprint(lying) != target_fingerprint(true)  # today: equal (the weights only)
     with pytest.raises(TargetMismatch, match="fingerprint"):
-        check_target("store", target_record(true), lying, what="feature store")
+        check_pairing("store", target_record(true), lying, what="feature store")
     with pytest.raises(TargetMismatch):
-        check_target("store", target_record(lying), true, what="feature store")
+        check_pairing("store", target_record(lying), true, what="feature store")
     copy = shutil.copytree(true, tmp_path / "copy")
-    check_target("store", target_record(true), copy, what="feature store")  # both elsewhere: the same target
+    check_pairing("store", target_record(true), copy, what="feature store")  # both elsewhere: the same target
 
 
 def test_an_artifact_fingerprinted_before_config_json_counted_still_pairs_by_its_target_id(targets, capsys):
@@ -121,7 +119,7 @@ def test_an_artifact_fingerprinted_before_config_json_counted_still_pairs_by_its
     covered ``config.json``: it pairs silently with its own target and is refused with the other config."""
     true, lying = targets["true"], targets["fewer"]
     earlier = {"target_id": target_id(true), "target_fingerprint": weights_fingerprint(true)}
-    check_target("old-store", earlier, true, what="feature store")
+    check_pairing("old-store", earlier, true, what="feature store")
     assert capsys.readouterr().err == ""
     with pytest.raises(TargetMismatch, match="old-store"):
-        check_target("old-store", earlier, lying, what="feature store")
+        check_pairing("old-store", earlier, lying, what="feature store")

@@ -168,7 +168,7 @@ def tiny_draft(tiny_toy_target, tmp_path_factory) -> Path:
     import torch
 
     from specdraft.models import build_draft, draft_config_from_target, save_draft
-    from specdraft.target import load_target_config, load_target_heads
+    from specdraft.targets.loading import load_target_config, load_target_heads
 
     torch.manual_seed(0)
     heads = load_target_heads(tiny_toy_target)

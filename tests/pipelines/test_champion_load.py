@@ -20,7 +20,7 @@ from pipelines.tracking import MlflowLogger, NullRun
 from specdraft.config import from_dict
 from specdraft.models import build_draft, draft_config_from_target, save_draft
 from specdraft.run import warm_start_gap
-from specdraft.target import load_target_config
+from specdraft.targets.loading import load_target_config
 from tests.pipelines.test_warm_start import _draft
 
 

@@ -24,7 +24,7 @@ from specdraft.features import prefill_batches
 from specdraft.configs.features import FeaturesConfig
 from specdraft.store import FeatureDataset, StoreError, plan_shards
 from specdraft.configs.reader import ReaderConfig
-from specdraft.target import load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_model, load_tokenizer
 from specdraft.toy.build import build_toy_target
 from specdraft.configs.toy import ToyTargetConfig
 from specdraft.toy.conversations import generate_conversations
@@ -328,7 +328,7 @@ def test_a_prefill_actor_asks_ray_for_the_memory_it_uses(targets):
     """``actor_memory``: the process, the weights (their parameters counted from the safetensors headers, here
     checked against the loaded model) and one full prefill batch's logits and states, at the inference dtype."""
     from pipelines.dump import PROCESS_BYTES, actor_memory, parameter_count
-    from specdraft.target import load_target_config, load_target_model
+    from specdraft.targets.loading import load_target_config, load_target_model
 
     target = targets["llama"]
     params = sum(p.numel() for p in load_target_model(target).state_dict().values())

@@ -45,7 +45,7 @@ def test_the_offline_drift_series_reaches_the_report_as_plain_data(tmp_path):
     name or without the check left out; the report draws it in its own part."""
     from pipelines.freshness import drift_series
     from pipelines.report import render_report
-    from pipelines.summary import summarize
+    from pipelines.summary import summarize_run
     from pipelines.tracking import MlflowLogger
     from tests.pipelines.test_run_summary import EVAL_REPORT, PLACE, records
 
@@ -67,7 +67,7 @@ def test_the_offline_drift_series_reaches_the_report_as_plain_data(tmp_path):
     assert series[2]["tau_at_promotion"] == 2.50 and series[0]["window_end"] == "2026-11-20"
     assert drift_series(parent, "nightly", limit=2) == series[-2:]
     assert drift_series(NullRun(), "nightly") == []
-    summary = summarize("nightly", records(tmp_path), PLACE, EVAL_REPORT)
+    summary = summarize_run("nightly", records(tmp_path), PLACE, EVAL_REPORT)
     html = render_report(summary, training=[], eval_report=None, history=[], drift=series)
     part = html.split("<h2>Offline drift</h2>")[1]
     assert part.lstrip().startswith('<img src="data:image/png;base64,') and 'alt="offline drift' in part

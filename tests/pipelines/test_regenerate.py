@@ -38,7 +38,7 @@ from pipelines.regenerate import regenerate, vllm_batch_size, vllm_engine_settin
 from pipelines.configs import RegenerateConfig
 from pipelines.conversations import done_ids
 from specdraft.store import location
-from specdraft.target import load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
 from specdraft.toy.tokenizer import END, train_tokenizer
 from tests.tiny_models import NARROW

@@ -19,7 +19,7 @@ from specdraft.config import load
 from specdraft.export import check_export, export_spec, serve_commands
 from specdraft.export.commands import vllm_server
 from specdraft.models import save_draft
-from specdraft.target import target_id
+from specdraft.targets.identity import target_id
 from tests.specdraft.decoding.decoding_helpers import tiny_draft, tiny_target
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.records import Dumped, Evaluated, Prepared, PromptFile, Regenerated, Registered, Trained
-from pipelines.report import write_report
-from pipelines.summary import Place, render_text, summarize
+from pipelines.report import write_run_report
+from pipelines.summary import Place, render_text, summarize_run
 
 SERVE = "vllm serve /t --host 127.0.0.1 --speculative-config '{\"method\": \"eagle3\"}'"
 
@@ -57,7 +57,7 @@ PLACE = Place(workdir="/w", report="/w/reports/night.html", tracking_uri="sqlite
 
 
 def test_summary_says_what_happened_and_where(tmp_path):
-    text = render_text(summarize("toy", records(tmp_path), PLACE, EVAL_REPORT))
+    text = render_text(summarize_run("toy", records(tmp_path), PLACE, EVAL_REPORT))
     lines = text.splitlines()
 
     def row(pattern: str) -> bool:
@@ -75,14 +75,14 @@ def test_summary_says_what_happened_and_where(tmp_path):
     assert "speedup 0.17 < 1 on toy" in flat and "took as long as 15.6 plain decoding steps" in flat  # 2.65 / 0.17
     # a report whose speedup carries the load it was measured under (issue 41) shows it beside the speedup
     loaded = {"datasets": {"toy": {**EVAL_REPORT["datasets"]["toy"], "load_1m": 2.31}}}
-    text = render_text(summarize("toy", records(tmp_path), PLACE, loaded))
+    text = render_text(summarize_run("toy", records(tmp_path), PLACE, loaded))
     assert re.search(r"^toy\s+2\.65\s+1\.37\s+1\.93\s+0\.17\s+2\.31$", text, re.M), text
     assert re.search(r"^dataset\s+tau\s+floor\s+tau/floor\s+speedup\s+load\s+\(.*load average", text, re.M)
     from pipelines.report import render_report
 
-    html = render_report(summarize("toy", records(tmp_path), PLACE, loaded), training=[], eval_report=None, history=[])
+    html = render_report(summarize_run("toy", records(tmp_path), PLACE, loaded), training=[], eval_report=None, history=[])
     assert "<th>speedup</th><th>load (1 min)</th>" in html and "2.31" in html
-    assert "load (1 min)" not in render_report(summarize("toy", records(tmp_path), PLACE, EVAL_REPORT), training=[],
+    assert "load (1 min)" not in render_report(summarize_run("toy", records(tmp_path), PLACE, EVAL_REPORT), training=[],
                                                eval_report=None, history=[])
     # the gate's decision, the champion, exports and how to serve it
     assert ("register toy-draft v3: promoted to champion (tau 2.6500 > prompt-lookup floor 1.3700; "
@@ -99,27 +99,27 @@ def test_summary_says_what_happened_and_where(tmp_path):
 
 
 def test_summary_engine_column_tracking_server_and_the_runs_that_register_nothing(tmp_path):
-    close = render_text(summarize("toy", records(tmp_path, engine={"toy": 2.62}), PLACE, EVAL_REPORT))
+    close = render_text(summarize_run("toy", records(tmp_path, engine={"toy": 2.62}), PLACE, EVAL_REPORT))
     assert re.search(r"^toy\s+2\.65\s+1\.37\s+1\.93\s+0\.17\s+2\.62\s+-$", close, re.M) and "warning" not in close
     gap = "toy: the engine's acceptance length 2.400 differs from ours 2.650 by -9.4% (more than 3%)"  # engine report's
-    far = render_text(summarize("toy", records(tmp_path, engine={"toy": 2.40}, engine_warnings=[gap]), PLACE,
+    far = render_text(summarize_run("toy", records(tmp_path, engine={"toy": 2.40}, engine_warnings=[gap]), PLACE,
                                 EVAL_REPORT))
     assert f"warning: {gap}: the served draft does not behave as evaluated here" in " ".join(far.split())
 
     server = replace(PLACE, tracking_uri="http://mlflow.internal:5000/")
-    text = render_text(summarize("toy", records(tmp_path), server, EVAL_REPORT))
+    text = render_text(summarize_run("toy", records(tmp_path), server, EVAL_REPORT))
     assert "open      http://mlflow.internal:5000/#/experiments/4/runs/abc123" in text and "mlflow ui" not in text
 
     again = Registered(model_name="toy-draft", version=3, run_id="r3", mean_tau=2.65, promoted=True, alias="champion",
                        reason="already registered (same trained draft) as v3 by run r3", serving_champion=3, wall_s=0.3)
-    text = render_text(summarize("toy", records(tmp_path, registered=again), PLACE, EVAL_REPORT))
+    text = render_text(summarize_run("toy", records(tmp_path, registered=again), PLACE, EVAL_REPORT))
     assert ("register toy-draft v3 was registered by an earlier run (same trained draft); nothing new to compare"
             in " ".join(text.split()))
     assert "nothing new: v3 already registered ==" in text.splitlines()[0]
     assert "serve     the champion has no exported serving format" in text
 
     off = Registered(registered=False, reason="tracking disabled")
-    text = render_text(summarize("toy", records(tmp_path, registered=off), Place(workdir="/w"), None))
+    text = render_text(summarize_run("toy", records(tmp_path, registered=off), Place(workdir="/w"), None))
     assert re.search(r"^register\s+off\s+-\s+tracking disabled$", text, re.M)
     assert "register  not registered: tracking disabled" in text
     assert "mlflow    tracking disabled (tracking.enabled=false): nothing logged, nothing registered" in text
@@ -135,17 +135,17 @@ def test_summary_and_report_name_the_recipe_as_trained(tmp_path):
     refused = Registered(model_name="toy-draft", version=4, run_id="r4", mean_tau=2.3, promoted=False,
                          alias="champion", reason="tau 2.3000 <= champion 2.4100", recipe="beagle3",
                          serving_champion=3, champion_recipe="eagle3")
-    summary = summarize("toy", records(tmp_path, registered=refused), PLACE, EVAL_REPORT)
+    summary = summarize_run("toy", records(tmp_path, registered=refused), PLACE, EVAL_REPORT)
     text = render_text(summary)
     assert "register  toy-draft v4 (recipe beagle3): not promoted (tau 2.3000 <= champion 2.4100)" in text
     assert "champion  v3 (recipe eagle3) holds 'champion' of toy-draft" in text.splitlines()
     html = render_report(summary, training=[], eval_report=None, history=[])
     assert "toy-draft v4 (recipe beagle3): not promoted" in html and "v3 (recipe eagle3) holds" in html
     promoted = replace(refused, promoted=True, serving_champion=4, champion_recipe="beagle3")
-    text = render_text(summarize("toy", records(tmp_path, registered=promoted), PLACE, EVAL_REPORT))
+    text = render_text(summarize_run("toy", records(tmp_path, registered=promoted), PLACE, EVAL_REPORT))
     assert "champion  v4 (recipe beagle3) holds 'champion' of toy-draft" in text.splitlines()
     untagged = replace(refused, recipe="", champion_recipe="")
-    text = render_text(summarize("toy", records(tmp_path, registered=untagged), PLACE, EVAL_REPORT))
+    text = render_text(summarize_run("toy", records(tmp_path, registered=untagged), PLACE, EVAL_REPORT))
     assert "recipe" not in text and "champion  v3 holds 'champion' of toy-draft" in text.splitlines()
 
 
@@ -153,7 +153,7 @@ def test_the_engine_speedup_stands_beside_its_acceptance_in_summary_and_report(t
     from pipelines.report import render_report
 
     result = records(tmp_path, engine={"toy": 1.15}, engine_speedup={"toy": 0.74})
-    summary = summarize("toy", result, PLACE, EVAL_REPORT)
+    summary = summarize_run("toy", result, PLACE, EVAL_REPORT)
     text = render_text(summary)
     assert re.search(r"^dataset\s+tau\s+floor\s+tau/floor\s+speedup\s+engine\s+engine x\s+\(.*engine x: its speedup\)$",
                      text, re.M)
@@ -162,7 +162,7 @@ def test_the_engine_speedup_stands_beside_its_acceptance_in_summary_and_report(t
     assert ('<th>engine</th><th>engine speedup</th>' in html
             and '<td class="num">1.15</td><td class="num">0.74</td></tr>' in html)
     # no engine measured: neither column, in either
-    plain = summarize("toy", records(tmp_path), PLACE, EVAL_REPORT)
+    plain = summarize_run("toy", records(tmp_path), PLACE, EVAL_REPORT)
     assert "engine" not in render_text(plain).split("\n\n")[2] and "dataset" in render_text(plain).split("\n\n")[2]
     assert "engine speedup" not in render_report(plain, training=[], eval_report=EVAL_REPORT, history=[])
 
@@ -216,8 +216,8 @@ def test_the_report_renders_its_plots_in_a_real_browser(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps(r) + "\n" for r in training_rows()))
     result = records(tmp_path, engine={"toy": 2.58})
-    summary = summarize("toy", result, PLACE, EVAL_REPORT)
-    page = write_report(tmp_path / "reports" / "night.html", summary, metrics_file=str(metrics),
+    summary = summarize_run("toy", result, PLACE, EVAL_REPORT)
+    page = write_run_report(tmp_path / "reports" / "night.html", summary, metrics_file=str(metrics),
                         eval_report=EVAL_REPORT, history=HISTORY)
     html = page.read_text()
     assert "src=\"http" not in html and "<link" not in html  # self-contained: nothing fetched
@@ -254,7 +254,7 @@ def test_summary_and_report_count_the_traffic_window(tmp_path):
     result["prepare"]["traffic"] = {"key": "k", "days": ["2026-11-26", "2026-11-25"], "replay_days": ["2026-11-20"],
                                     "counts": counts, "warnings": ["traffic: day 2026-11-24 has no folder under /l"],
                                     "files": {"rejects": "/w/traffic/k/rejects.jsonl"}}
-    summary = summarize("toy", result, PLACE, EVAL_REPORT)
+    summary = summarize_run("toy", result, PLACE, EVAL_REPORT)
     text = render_text(summary)
     assert "16 rows read, 2 rejected (bad_json 1, not_utf8 1), 1 deduplicated" in " ".join(text.split())
     assert "2 reused as logged (not regenerated), 5 replayed" in " ".join(text.split())
@@ -262,7 +262,7 @@ def test_summary_and_report_count_the_traffic_window(tmp_path):
     assert "rejects   /w/traffic/k/rejects.jsonl" in text
     html = render_report(summary, training=[], eval_report=None, history=[])
     assert "2 reused as logged" in html
-    assert "traffic" not in render_text(summarize("toy", records(tmp_path), PLACE, EVAL_REPORT))
+    assert "traffic" not in render_text(summarize_run("toy", records(tmp_path), PLACE, EVAL_REPORT))
 
 
 def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
@@ -275,7 +275,7 @@ def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
     result = records(tmp_path, registered=refused)
     result["monitor"] = {"alarm": True, "message": "served acceptance length 2.000 (rate 0.333) over 100 drafts; "
                                                    "at promotion 2.500: DROP 20.0% > monitor.max_drop 10%"}
-    text = render_text(summarize("toy", result, PLACE, EVAL_REPORT))
+    text = render_text(summarize_run("toy", result, PLACE, EVAL_REPORT))
     assert "ALARM: served acceptance dropped" in text.splitlines()[0]
     assert "ALARM     served acceptance length 2.000" in text
     assert "gate      window: candidate 2.6000 vs champion 2.4000 (+8.3%, bound +0.0%): pass" in text
@@ -283,7 +283,7 @@ def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
     handed = Registered(model_name="toy-draft", version=5, run_id="r5", mean_tau=2.7, promoted=True,
                         alias="champion", reason="gate passed", serving_champion=5, handoff="/w/exports/current",
                         restart=f"restart the server to load it (vLLM loads its draft at start): {SERVE}")
-    text = render_text(summarize("toy", records(tmp_path, registered=handed), PLACE, EVAL_REPORT))
+    text = render_text(summarize_run("toy", records(tmp_path, registered=handed), PLACE, EVAL_REPORT))
     assert "rollback  specdraft rollback --exports /w/exports" in text.splitlines()
     assert f"restart   restart the server to load it (vLLM loads its draft at start): {SERVE}" in text.splitlines()
     assert "served" not in [line.split()[0] for line in text.splitlines() if line.strip()]  # served == champion
@@ -291,11 +291,11 @@ def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
     apart = Registered(model_name="toy-draft", version=5, run_id="r5", mean_tau=2.7, promoted=True, alias="champion",
                        reason="already registered (same trained draft) as v5 by run r5", serving_champion=5,
                        served_version=4, served_note=note)
-    text = render_text(summarize("toy", records(tmp_path, registered=apart), PLACE, EVAL_REPORT))
+    text = render_text(summarize_run("toy", records(tmp_path, registered=apart), PLACE, EVAL_REPORT))
     assert f"served    warning: {note}" in text.splitlines()
     result = records(tmp_path, registered=handed)
     result["warm"] = "champion v2 (models:/d/2): its draft's artifacts cannot be downloaded: trained from scratch"
-    text = render_text(summarize("toy", result, PLACE, EVAL_REPORT))
+    text = render_text(summarize_run("toy", result, PLACE, EVAL_REPORT))
     assert f"warm      warning: {result['warm']}" in text.splitlines()
 
 
@@ -304,7 +304,7 @@ def test_summary_shows_the_offline_drift_check(tmp_path):
     result["drift"] = {"alarm": True, "message": "champion v3 on this window's held-out slice: tau 2.100, at "
                                                  "promotion 2.500 (-16.0%: DROP > monitor.max_drop 10%)"}
     result["retrain"] = {"train": True, "reason": "drift: champion v3 ...", "new_rows": 3, "rows": 90, "drift": True}
-    text = render_text(summarize("toy", result, PLACE, EVAL_REPORT))
+    text = render_text(summarize_run("toy", result, PLACE, EVAL_REPORT))
     assert "ALARM: the champion's tau on the new window dropped" in text.splitlines()[0]
     assert "ALARM     champion v3 on this window's held-out slice: tau 2.100" in text
     assert "retrain   drift: champion v3" in text

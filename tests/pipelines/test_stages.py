@@ -21,7 +21,7 @@ from pipelines.stages import prepare, train, train_config
 from specdraft.config import ConfigError, load
 from specdraft.plan import reads_eagle3_features
 from specdraft.configs.reader import ReaderConfig
-from specdraft.target import target_id
+from specdraft.targets.identity import target_id
 from specdraft.toy.build import compare_with_prebuilt
 from specdraft.toy.conversations import generate_conversations
 

@@ -28,7 +28,7 @@ from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.run import validate_draft
 from specdraft.store import FeatureDataset, make_manifest, write_manifest, write_shard
 from specdraft.configs.reader import ReaderConfig
-from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
 from specdraft.configs.train import OptimConfig
 

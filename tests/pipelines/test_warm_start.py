@@ -20,7 +20,7 @@ from specdraft.configs.features import FeaturesConfig
 from specdraft.models import build_draft, draft_config_from_target, save_draft
 from specdraft.plan import plan_run
 from specdraft.run import load_warm
-from specdraft.target import load_target_config, load_target_heads
+from specdraft.targets.loading import load_target_config, load_target_heads
 from specdraft.toy.conversations import generate_conversations
 from specdraft.vocab import select_vocab
 from tests.pipelines.test_train import small_config

@@ -22,7 +22,7 @@ from pipelines.conversations import read_conversations  # noqa: E402
 from pipelines.ingest import ingest  # noqa: E402
 from pipelines.generation import hf_answer_fn, regenerate_rows, stop_token_ids  # noqa: E402
 from pipelines.configs import RegenerateConfig  # noqa: E402
-from specdraft.target import load_target_model, load_tokenizer  # noqa: E402
+from specdraft.targets.loading import load_target_model, load_tokenizer  # noqa: E402
 from specdraft.toy.conversations import generate_conversations  # noqa: E402
 
 MAX_NEW = 16

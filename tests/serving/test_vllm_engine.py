@@ -80,7 +80,7 @@ def target_greedy(target, served):
     """The target's own greedy answers (transformers) to the engine's prompts."""
     from specdraft.decoding.speculative import eos_token_ids, vanilla_generate
     from specdraft.configs.decode import DecodeConfig
-    from specdraft.target import load_target_model, load_tokenizer
+    from specdraft.targets.loading import load_target_model, load_tokenizer
 
     run, _, _ = served
     model = load_target_model(target)
@@ -120,7 +120,7 @@ def test_eval_with_the_engine_prints_its_acceptance_beside_ours(target, drafts, 
     import json
 
     from flows.cli import main
-    from specdraft.target import load_target_config
+    from specdraft.targets.loading import load_target_config
 
     out = tmp_path / "report.json"
     assert main(["eval", "--target", str(target), "--draft", str(drafts["beagle"]), "--questions", str(QUESTIONS),

@@ -282,7 +282,7 @@ def test_history_rewriting_template_falls_back_to_search():
 
 
 def test_a_tokenizer_without_template_gets_the_plain_text_fallback_and_one_warning(tmp_path):
-    from specdraft.target import load_tokenizer
+    from specdraft.targets.loading import load_tokenizer
 
     base = base_tokenizer()
     assert not base.chat_template

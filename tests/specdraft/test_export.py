@@ -44,7 +44,8 @@ from specdraft.export.commands import vllm_server
 from specdraft.models import build_draft, draft_config_from_target, load_draft, read_draft_config, save_draft
 from specdraft.batch import pad_batch
 from specdraft.configs.stages import LossWeights, StageConfig
-from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer, target_id
+from specdraft.targets.identity import target_id
+from specdraft.targets.loading import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.build import build_toy_target
 from specdraft.configs.toy import ToyTargetConfig
 from specdraft.toy.conversations import generate_conversations

@@ -77,11 +77,11 @@ def test_old_files_with_raw_separators_still_read(tmp_path):
 
 
 def test_training_metrics_read_by_the_same_rule(tmp_path):
-    """``pipelines.plots.read_metrics`` (the curves and the replayed metrics of a finished run): the rows of a
+    """``pipelines.plots.read_training_metrics`` (the curves and the replayed metrics of a finished run): the rows of a
     run killed mid-write, its cut last line left out instead of a JSONDecodeError."""
-    from pipelines.plots import read_metrics
+    from pipelines.plots import read_training_metrics
 
     rows = [{"kind": "params", "note": "a\u2028b"}, {"kind": "metrics", "step": 1, "loss": 2.5}]
     path = tmp_path / "metrics.jsonl"
     path.write_bytes((jsonl.dumps_rows(rows) + '{"kind": "metrics", "step": 2, "lo').encode())
-    assert read_metrics(path) == rows
+    assert read_training_metrics(path) == rows

@@ -24,7 +24,7 @@ from specdraft.store import (
     write_shard,
 )
 from specdraft.configs.reader import ReaderConfig
-from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import Trainer
 from specdraft.configs.train import OptimConfig

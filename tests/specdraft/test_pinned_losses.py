@@ -24,7 +24,7 @@ from specdraft.batch import pad_batch
 from specdraft.models import build_draft, draft_config_from_target
 from specdraft.configs.stages import LossWeights, StageConfig
 from specdraft.quickstart import compute_features
-from specdraft.target import load_target_config, load_target_heads, load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_config, load_target_heads, load_target_model, load_tokenizer
 from specdraft.toy.build import PREBUILT_DIR
 from specdraft.toy.conversations import generate_conversations
 from specdraft.training import Trainer

@@ -14,7 +14,7 @@ from specdraft.configs.train import OptimConfig, TrainConfig, split_epochs
 from specdraft.plan import build_plan
 from specdraft.configs.recipes import RECIPES
 from specdraft.run import build_run, validate_draft
-from specdraft.target import load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_model, load_tokenizer
 from specdraft.toy.build import PREBUILT_DIR
 from specdraft.toy.conversations import generate_conversations
 

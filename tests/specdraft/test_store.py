@@ -450,21 +450,21 @@ def test_grouped_reads_read_each_run_once(synthetic, monkeypatch):
     ds = FeatureDataset(root, ReaderConfig(max_tokens=10**6, shuffle=False), split="all")
     [seqs] = ds.batches(0)
     reads, chunks = [], []
-    read_rows, read_chunk = reader.read_rows, reader.ShardArray.read_chunk
+    read_checked_rows, read_chunk = reader.read_checked_rows, reader.ShardArray.read_chunk
 
     shard = {id(source) for source in ds._sources(0).values()}  # shard 0's arrays
 
     def counting_rows(source, *args, **kwargs):
         if id(source) in shard:
             reads.append(source.array.basename)
-        return read_rows(source, *args, **kwargs)
+        return read_checked_rows(source, *args, **kwargs)
 
     def counting_chunk(self, c):
         if id(self) in shard:
             chunks.append((self.array.basename, c))
         return read_chunk(self, c)
 
-    monkeypatch.setattr(reader, "read_rows", counting_rows)
+    monkeypatch.setattr(reader, "read_checked_rows", counting_rows)
     monkeypatch.setattr(reader.ShardArray, "read_chunk", counting_chunk)
     ds.load(seqs)
     assert sorted(reads) == sorted(["input_ids", "loss_mask", "hidden", "topk_ids", "topk_logits", "logsumexp"])

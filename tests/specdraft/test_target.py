@@ -1,4 +1,4 @@
-"""Tests for specdraft.target: heads from safetensors, hidden/logit extraction, identity."""
+"""Tests for specdraft.targets: heads from safetensors, hidden/logit extraction, identity."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from specdraft import checkpoint, target
+from specdraft.targets import checkpoint, identity, loading, states
 from specdraft.features import resolve_aux_layers
 from tests import tiny_models
 
@@ -51,7 +51,7 @@ def tied(tmp_path_factory):
     return model, path
 
 
-def assert_heads_match(heads: target.TargetHeads, model) -> None:
+def assert_heads_match(heads: loading.TargetHeads, model) -> None:
     assert torch.equal(heads.embed, model.get_input_embeddings().weight)
     assert torch.equal(heads.lm_head, model.get_output_embeddings().weight)
     assert heads.embed.shape == (VOCAB, TINY["hidden_size"])
@@ -62,7 +62,7 @@ def assert_heads_match(heads: target.TargetHeads, model) -> None:
 
 def test_load_target_config(saved):
     family, _, path = saved
-    config = target.load_target_config(path)
+    config = loading.load_target_config(path)
     assert config.model_type == family
     assert config.hidden_size == TINY["hidden_size"]
 
@@ -78,7 +78,7 @@ def test_load_tokenizer_keeps_chat_template(tmp_path):
     tok.save_pretrained(tmp_path)
     build_tiny("llama").config.save_pretrained(tmp_path)
 
-    loaded = target.load_tokenizer(tmp_path)
+    loaded = loading.load_tokenizer(tmp_path)
     assert loaded.chat_template == template
     text = loaded.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False)
     assert text == "user hello "
@@ -87,7 +87,7 @@ def test_load_tokenizer_keeps_chat_template(tmp_path):
 
 def test_load_target_model(saved):
     _, model, path = saved
-    loaded = target.load_target_model(path)
+    loaded = loading.load_target_model(path)
     assert not loaded.training
     assert all(not p.requires_grad for p in loaded.parameters())
     ids = torch.randint(0, VOCAB, (2, 5))
@@ -100,7 +100,7 @@ def test_load_target_model(saved):
 
 def test_load_target_heads_single_file(saved):
     _, model, path = saved
-    heads = target.load_target_heads(path)
+    heads = loading.load_target_heads(path)
     assert not heads.tied
     assert_heads_match(heads, model)
 
@@ -111,14 +111,14 @@ def test_load_target_heads_sharded_opens_only_needed_shards(sharded, monkeypatch
     assert len(set(index.values())) > 2, "sharded save should produce several shards"
 
     opened = []
-    real_safe_open = target.safe_open
+    real_safe_open = loading.safe_open
 
     def recording_safe_open(file, *args, **kwargs):
         opened.append(file)
         return real_safe_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(target, "safe_open", recording_safe_open)
-    heads = target.load_target_heads(path)
+    monkeypatch.setattr(loading, "safe_open", recording_safe_open)
+    heads = loading.load_target_heads(path)
     assert_heads_match(heads, model)
     needed = {str(path / index[k]) for k in ("model.embed_tokens.weight", "lm_head.weight")}
     assert set(opened) == needed
@@ -126,7 +126,7 @@ def test_load_target_heads_sharded_opens_only_needed_shards(sharded, monkeypatch
 
 def test_load_target_heads_tied(tied):
     model, path = tied
-    heads = target.load_target_heads(path)
+    heads = loading.load_target_heads(path)
     assert heads.tied
     assert heads.lm_head is heads.embed
     assert_heads_match(heads, model)
@@ -138,7 +138,7 @@ def test_load_target_heads_without_lm_head_tensor_is_tied(saved, tmp_path):
     model.config.save_pretrained(tmp_path)
     save_file({"model.embed_tokens.weight": model.get_input_embeddings().weight.detach()},
               str(tmp_path / "model.safetensors"))
-    heads = target.load_target_heads(tmp_path, dtype=torch.bfloat16)
+    heads = loading.load_target_heads(tmp_path, dtype=torch.bfloat16)
     assert heads.tied and heads.embed.dtype == torch.bfloat16
     assert torch.equal(heads.lm_head, model.get_input_embeddings().weight.to(torch.bfloat16))
 
@@ -153,23 +153,23 @@ def test_load_target_heads_prefixed_keys(saved, tmp_path):
         },
         str(tmp_path / "model.safetensors"),
     )
-    assert_heads_match(target.load_target_heads(tmp_path), model)
+    assert_heads_match(loading.load_target_heads(tmp_path), model)
 
 
 def test_load_target_heads_errors(saved, tmp_path):
     _, model, _ = saved
     with pytest.raises(FileNotFoundError, match="not a local directory"):
-        target.load_target_heads(tmp_path / "nope")
+        loading.load_target_heads(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        target.load_target_heads(tmp_path)
+        loading.load_target_heads(tmp_path)
 
     model.config.save_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError, match="only safetensors"):
-        target.load_target_heads(tmp_path)
+        loading.load_target_heads(tmp_path)
 
     save_file({"wrong.weight": torch.zeros(2, 2)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(KeyError, match="candidate keys.*wrong.weight"):
-        target.load_target_heads(tmp_path)
+        loading.load_target_heads(tmp_path)
 
 
 def test_missing_shard_is_a_clear_error(sharded, tmp_path):
@@ -179,7 +179,7 @@ def test_missing_shard_is_a_clear_error(sharded, tmp_path):
     index = json.loads((tmp_path / checkpoint.INDEX_FILE).read_text())["weight_map"]
     (tmp_path / index["lm_head.weight"]).unlink()
     with pytest.raises(FileNotFoundError, match="lm_head.weight"):
-        target.load_target_heads(tmp_path)
+        loading.load_target_heads(tmp_path)
 
 
 # --- hidden states and logits ---------------------------------------------------------------
@@ -189,7 +189,7 @@ def test_target_states_match_model_logits(saved):
     _, model, _ = saved
     torch.manual_seed(3)
     ids = torch.randint(0, VOCAB, (3, 9))
-    hidden, logits = target.target_states(model, ids)
+    hidden, logits = states.target_states(model, ids)
     assert hidden.shape == (3, 9, TINY["hidden_size"])
     assert logits.shape == (3, 9, VOCAB)
     assert not hidden.requires_grad and not logits.requires_grad
@@ -204,7 +204,7 @@ def test_target_states_match_model_logits(saved):
 def test_target_states_tied(tied):
     model, _ = tied
     ids = torch.randint(0, VOCAB, (2, 6))
-    hidden, logits = target.target_states(model, ids)
+    hidden, logits = states.target_states(model, ids)
     with torch.no_grad():
         torch.testing.assert_close(logits, model(ids).logits, rtol=0, atol=1e-6)
     torch.testing.assert_close(hidden @ model.get_input_embeddings().weight.T, logits)
@@ -222,9 +222,9 @@ def test_target_states_left_padding(saved):
         ids[i, width - len(row):] = row
         mask[i, width - len(row):] = 1
 
-    hidden, logits = target.target_states(model, ids, mask)
+    hidden, logits = states.target_states(model, ids, mask)
     for i, row in enumerate(rows):
-        ref_hidden, ref_logits = target.target_states(model, row[None])
+        ref_hidden, ref_logits = states.target_states(model, row[None])
         valid = slice(width - len(row), width)
         torch.testing.assert_close(hidden[i, valid], ref_hidden[0], rtol=0, atol=1e-5)
         torch.testing.assert_close(logits[i, valid], ref_logits[0], rtol=0, atol=1e-5)
@@ -234,15 +234,15 @@ def test_target_states_left_padding(saved):
 def test_target_states_rejects_bad_shapes(saved):
     _, model, _ = saved
     with pytest.raises(ValueError, match=r"\(B, T\)"):
-        target.target_states(model, torch.zeros(5, dtype=torch.long))
+        states.target_states(model, torch.zeros(5, dtype=torch.long))
     with pytest.raises(ValueError, match="does not match"):
-        target.target_states(model, torch.zeros(2, 5, dtype=torch.long), torch.ones(2, 4))
+        states.target_states(model, torch.zeros(2, 5, dtype=torch.long), torch.ones(2, 4))
 
 
 def test_positions_from_mask():
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
     expected = torch.tensor([[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])
-    assert torch.equal(target.positions_from_mask(mask), expected)
+    assert torch.equal(states.positions_from_mask(mask), expected)
 
 
 # --- identity -------------------------------------------------------------------------------
@@ -250,25 +250,25 @@ def test_positions_from_mask():
 
 def test_target_id_is_stable_and_tracks_content(sharded, tmp_path):
     _, path = sharded
-    first = target.target_id(path)
-    assert first == target.target_id(path)
+    first = identity.target_id(path)
+    assert first == identity.target_id(path)
     assert first.startswith(path.name + "@")
 
     copy = tmp_path / path.name
     copy.mkdir()
     for file in path.iterdir():
         (copy / file.name).write_bytes(file.read_bytes())
-    assert target.target_id(copy) == first
+    assert identity.target_id(copy) == first
 
     config = json.loads((copy / "config.json").read_text())
     config["rms_norm_eps"] = 1e-5 if config["rms_norm_eps"] != 1e-5 else 1e-6
     (copy / "config.json").write_text(json.dumps(config))
-    assert target.target_id(copy) != first
+    assert identity.target_id(copy) != first
 
 
 def test_target_id_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
-        target.target_id(tmp_path / "missing")
+        identity.target_id(tmp_path / "missing")
 
 
 # --- placement: device_map loading, attention kernels, a target spread over devices ---------
@@ -318,7 +318,7 @@ def test_load_target_model_device_map_matches_the_plain_load(saved):
     before = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to("cpu").eval()
     ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
     for device, dtype in (("cpu", torch.float32), ("auto", "auto")):
-        model = target.load_target_model(path, dtype, device)
+        model = loading.load_target_model(path, dtype, device)
         assert not model.training and all(not p.requires_grad for p in model.parameters())
         with torch.no_grad():
             torch.testing.assert_close(model(ids).logits, before(ids).logits, rtol=0, atol=0)
@@ -341,37 +341,37 @@ def test_load_target_model_spread_plan_with_mocked_gpus(llama_dir, monkeypatch):
         model.hf_device_map = outcome
         return (model, info) if kwargs.get("output_loading_info") else model
 
-    monkeypatch.setattr(target, "free_gpu_memory", lambda gpus: {i: 10 << 30 for i in range(gpus)})
+    monkeypatch.setattr(loading, "free_gpu_memory", lambda gpus: {i: 10 << 30 for i in range(gpus)})
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", fake_from_pretrained)
     outcome = {"model.embed_tokens": 0, "model.layers.0": 1, "model.layers.1": 2, "model.norm": 3, "lm_head": 3}
-    target.load_target_model(llama_dir, "auto", "auto" if torch.cuda.is_available() else "cuda", gpus=4)
+    loading.load_target_model(llama_dir, "auto", "auto" if torch.cuda.is_available() else "cuda", gpus=4)
     assert calls[-1]["device_map"] == "auto"
     assert calls[-1]["max_memory"] == {0: 10 << 30, 1: 10 << 30, 2: 10 << 30, 3: 10 << 30}
     assert calls[-1]["dtype"] is torch.bfloat16 and calls[-1]["attn_implementation"] == "sdpa"
     assert calls[-1]["trust_remote_code"] is False and calls[-1]["output_loading_info"] is True  # strict: checked
     outcome = {"model.embed_tokens": 0, "model.layers.0": 1, "model.layers.1": "disk", "lm_head": 1}
     with pytest.raises(ValueError, match="does not fit on 2 GPUs"):
-        target.load_target_model(llama_dir, "auto", "cuda", gpus=2)
+        loading.load_target_model(llama_dir, "auto", "cuda", gpus=2)
     with pytest.raises(AssertionError, match="device must be 'auto' or 'cuda'"):
-        target.load_target_model(llama_dir, "auto", "cpu", gpus=2)
+        loading.load_target_model(llama_dir, "auto", "cpu", gpus=2)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without GPUs")
 def test_load_target_model_spread_without_gpus_is_a_clear_error(llama_dir):
     with pytest.raises(ValueError, match="spread over 2 GPUs but this process sees 0"):
-        target.load_target_model(llama_dir, device="cuda", gpus=2)
+        loading.load_target_model(llama_dir, device="cuda", gpus=2)
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_sdpa_and_eager_prefill_agree_with_padding(llama_dir, side):
     """fp32 tiny Llama: the dump's prefill (target_states) gives the same hidden states and
     logits with both kernels (1e-5), padded positions zero."""
-    sdpa = target.load_target_model(llama_dir, attn_implementation="sdpa")
-    eager = target.load_target_model(llama_dir, attn_implementation="eager")
+    sdpa = loading.load_target_model(llama_dir, attn_implementation="sdpa")
+    eager = loading.load_target_model(llama_dir, attn_implementation="eager")
     assert (sdpa.config._attn_implementation, eager.config._attn_implementation) == ("sdpa", "eager")
     ids, mask = padded_batch([9, 4, 6], side)
-    h_s, l_s = target.target_states(sdpa, ids, mask)
-    h_e, l_e = target.target_states(eager, ids, mask)
+    h_s, l_s = states.target_states(sdpa, ids, mask)
+    h_e, l_e = states.target_states(eager, ids, mask)
     torch.testing.assert_close(h_s, h_e, rtol=0, atol=1e-5)
     torch.testing.assert_close(l_s, l_e, rtol=0, atol=1e-5)
     assert torch.all(h_s[mask == 0] == 0) and torch.isfinite(h_s).all()
@@ -381,7 +381,7 @@ def test_sdpa_prefill_mask_is_one_boolean_mask_per_sequence(llama_dir, monkeypat
     """What SDPA receives in the dump's prefill: with padding, a boolean (B, 1, T, T) mask
     (one byte per entry, broadcast over heads — no float mask per head); without padding no
     mask at all (``is_causal``, so CUDA may pick its flash kernel)."""
-    model = target.load_target_model(llama_dir)
+    model = loading.load_target_model(llama_dir)
     seen = []
     real = torch.nn.functional.scaled_dot_product_attention
 
@@ -391,13 +391,13 @@ def test_sdpa_prefill_mask_is_one_boolean_mask_per_sequence(llama_dir, monkeypat
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
     ids, mask = padded_batch([9, 4, 6], "right")
-    target.target_states(model, ids, mask)
+    states.target_states(model, ids, mask)
     assert len(seen) == TINY["num_hidden_layers"]
     for attn_mask, is_causal, q_shape in seen:
         assert attn_mask.dtype == torch.bool and attn_mask.shape == (3, 1, 9, 9), (attn_mask.dtype, attn_mask.shape)
         assert q_shape[1] == TINY["num_attention_heads"] and not is_causal
     seen.clear()
-    target.target_states(model, ids[:, :4], mask[:, :4])  # no padding in the first 4 columns
+    states.target_states(model, ids[:, :4], mask[:, :4])  # no padding in the first 4 columns
     assert all(attn_mask is None and is_causal for attn_mask, is_causal, _ in seen) and len(seen) == 2
 
 
@@ -408,7 +408,7 @@ def test_sdpa_and_eager_tree_verification_agree(llama_dir):
     tree = random_tree(15, vocab=VOCAB, seed=4)
     outs = []
     for kernel in ("sdpa", "eager"):
-        model = target.load_target_model(llama_dir, attn_implementation=kernel)
+        model = loading.load_target_model(llama_dir, attn_implementation=kernel)
         cache = DynamicCache()
         target_forward(model, ids, torch.arange(9)[None], cache)
         outs.append(verify_tree(model, cache, tree, 9))  # (1, N+1, d), (1, N+1, V)
@@ -434,9 +434,9 @@ def test_decoding_through_accelerate_dispatch_hooks(llama_dir, tmp_path):
     hooked = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32, device_map=device_map,
                                                   offload_folder=tmp_path).eval()
     assert hasattr(hooked.model.layers[0], "_hf_hook") and hooked.model.layers[1].mlp.up_proj.weight.is_meta
-    plain = target.load_target_model(llama_dir)
+    plain = loading.load_target_model(llama_dir)
     ids, mask = padded_batch([8, 5], "right", seed=3)
-    for got, want in zip(target.target_states(hooked, ids, mask), target.target_states(plain, ids, mask)):
+    for got, want in zip(states.target_states(hooked, ids, mask), states.target_states(plain, ids, mask)):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     draft = tiny_draft(plain, "beagle")
     prompt = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(5)).tolist()
@@ -490,7 +490,7 @@ def test_two_device_split_simulated_with_fake_tensors():
     assert placement.output_device(model) == torch.device("meta")
     ids, mask = padded_batch([6, 3], "left", seed=7)  # real CPU inputs, as the dump passes them
     with mode:
-        hidden, logits = target.target_states(model, ids, mask)
+        hidden, logits = states.target_states(model, ids, mask)
     assert hidden.device.type == logits.device.type == "meta" and logits.shape == (2, 6, 128)
     cache = DynamicCache()
     with mode:
@@ -517,7 +517,7 @@ def test_eval_loads_a_mask_kernel_puts_the_draft_at_the_output_and_records_it(ti
     from specdraft.evaluation.run import run_eval
     from specdraft.models import save_draft
 
-    draft_dir = save_draft(tiny_draft(target.load_target_model(tiny_toy_target), "beagle"), tmp_path / "draft")
+    draft_dir = save_draft(tiny_draft(loading.load_target_model(tiny_toy_target), "beagle"), tmp_path / "draft")
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Hello."]}) + "\n")
     settings = EvalSettings(decode=DecodeConfig(mode="tree", depth=2, topk=2, total_tokens=4, max_new_tokens=6),
@@ -564,9 +564,9 @@ def test_dump_aux_features_equal_decodings_target_forward(side):
     model = tiny_target("llama", seed=3, num_hidden_layers=4)
     aux = resolve_aux_layers([0, 2, 3], 4)
     ids, mask = padded_batch([9, 4, 6], side)
-    hidden, logits, features = target.target_features(model, ids, mask, aux)
+    hidden, logits, features = states.target_features(model, ids, mask, aux)
     assert features.shape == (3, 9, 3 * TINY["hidden_size"]) and torch.all(features[mask == 0] == 0)
-    plain_hidden, plain_logits = target.target_states(model, ids, mask)
+    plain_hidden, plain_logits = states.target_states(model, ids, mask)
     assert torch.equal(plain_hidden, hidden) and torch.equal(plain_logits, logits)
     for row in range(3):
         keep = mask[row].bool()

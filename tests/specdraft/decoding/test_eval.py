@@ -16,7 +16,7 @@ from specdraft.evaluation.report import build_report
 from specdraft.evaluation.run import run_eval
 from specdraft.decoding.metrics import first_mismatch, summarize
 from specdraft.models import build_draft, draft_config_from_target, save_draft
-from specdraft.target import load_target_config, load_target_heads
+from specdraft.targets.loading import load_target_config, load_target_heads
 from tests.eval_records import check_tau, records_of
 
 QUESTIONS = [
@@ -169,7 +169,7 @@ def test_the_floor_can_be_switched_off_and_eval_says_its_progress(toy_target_dir
 
 
 def test_a_target_without_chat_template_is_prompted_with_the_fallback(templateless_target):
-    from specdraft.target import load_tokenizer
+    from specdraft.targets.loading import load_tokenizer
 
     tokenizer = load_tokenizer(templateless_target)
     ids = render_prompt(tokenizer, [{"role": "user", "content": "Hi"}])

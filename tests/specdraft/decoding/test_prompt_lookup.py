@@ -22,7 +22,7 @@ from specdraft.decoding.prompt_lookup import PromptLookupDrafter, find_match, lo
 from specdraft.decoding.sampling import sample, target_probs
 from specdraft.decoding.tree import chain_of_tokens
 from specdraft.decoding.verify import Acceptance
-from specdraft.target import load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_model, load_tokenizer
 from tests.specdraft.decoding.decoding_helpers import StubTarget, chi2_gof, exact_joint, tiny_target
 
 # --------------------------------------------------------------------------- the search

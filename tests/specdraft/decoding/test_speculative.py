@@ -19,7 +19,7 @@ from specdraft.configs.decode import DecodeConfig
 from specdraft.evaluation.questions import render_prompt
 from specdraft.decoding.metrics import first_mismatch
 from specdraft.models import build_draft, draft_config_from_target
-from specdraft.target import load_target_heads, load_target_model, load_tokenizer
+from specdraft.targets.loading import load_target_heads, load_target_model, load_tokenizer
 
 CHAIN = DecodeConfig(mode="chain", gamma=3, max_new_tokens=30)
 TREE = DecodeConfig(mode="tree", depth=4, topk=3, total_tokens=10, max_new_tokens=30)

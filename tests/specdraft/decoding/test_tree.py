@@ -18,7 +18,7 @@ from specdraft.decoding.tree import (
     tree_position_ids,
 )
 from specdraft.models import KVCache
-from specdraft.target import target_states
+from specdraft.targets.states import target_states
 
 
 def random_parents(n: int, seed: int) -> list[int]:

@@ -2,7 +2,8 @@
 model its ``config.json`` describes): the directory, its safetensors files, where each tensor lives, and the
 strict check of a load (docs/guarantees.md: a checkpoint whose weights disagree with its config is refused).
 
-``specdraft.target`` loads and fingerprints a target through these; only local directories are read.
+``specdraft.targets.loading`` loads and ``specdraft.targets.identity`` fingerprints a target through these; only
+local directories are read (``specdraft.targets.Target`` checked the directory once).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from specdraft.config import ConfigError
+from specdraft.targets import Target
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -22,16 +24,6 @@ INDEX_FILE = "model.safetensors.index.json"
 class TargetWeightsError(ConfigError):
     """A target whose weights are not those its ``config.json`` describes (a layer too many or too few, a
     tensor of another shape): refused wherever it is loaded, never loaded truncated or half-initialised."""
-
-
-def target_dir(path: str | Path) -> Path:
-    """``path`` as a ``Path``, after checking it is a directory holding a ``config.json``."""
-    root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"target {str(path)!r} is not a local directory")
-    if not (root / "config.json").is_file():
-        raise FileNotFoundError(f"target directory {str(root)!r} has no config.json")
-    return root
 
 
 def weight_files(root: Path) -> list[Path]:
@@ -78,7 +70,7 @@ def check_loading_info(root: Path, info: Mapping[str, Iterable]) -> None:
             "— give the config.json that came with these weights")
 
 
-def check_target_weights(path: str | Path, trust_remote_code: bool = False) -> None:
+def check_target_weights(target: Target | str | Path, trust_remote_code: bool = False) -> None:
     """The strict load's check without the load, for a pre-flight before Ray or a worker starts: the model
     ``config.json`` describes is built on the meta device (no memory, no tensor read into it) and the
     checkpoint's tensor names and shapes compared with it (``check_loading_info``)."""
@@ -86,7 +78,7 @@ def check_target_weights(path: str | Path, trust_remote_code: bool = False) -> N
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
-    root = target_dir(path)
+    root = Target.of(target).path
     level, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()  # transformers' table of the keys (the line below says it) and its bar: off
     logging.disable_progress_bar()
