@@ -1,4 +1,4 @@
-"""The served drift monitor (specdraft/monitor.py, issue 33 Deliver 2b) on Prometheus text as vLLM's server writes
+"""The served drift monitor (specdraft/freshness/monitor.py, issue 33 Deliver 2b) on Prometheus text as vLLM's server writes
 it: counters summed over engines, the period since the last reading, a restart (by the process start time, or
 a counter going down), the promotion baseline and the alarm. A real vLLM server is
 ``tests/serving/test_served_monitor.py``'s."""
@@ -11,7 +11,7 @@ import pytest
 
 from specdraft.config import ConfigError
 from specdraft.configs.fresh import MonitorSettings
-from specdraft.monitor import observe, parse_metrics, record_promotion
+from specdraft.freshness.monitor import observe, parse_metrics, record_promotion
 
 
 def exposition(drafts: int, draft_tokens: int, accepted: int, started: float = 1.7e9) -> str:
