@@ -24,14 +24,15 @@ from specdraft.freshness.record import RegressionCounts, TrafficRecord
 
 
 def window_gate(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evaluated: Evaluated):
-    """The promotion gate (``gate.enabled``; ``specdraft.freshness.gate.decide``) as ``register_draft`` calls it: the
-    candidate and the champion on the traffic window's held-out slice (the eval stage's settings and engine on
+    """The promotion gate (``gate.enabled``; ``specdraft.freshness.gate.decide``) as ``register_draft`` calls it:
+    the candidate and the champion on the traffic window's held-out slice (the eval stage's settings and engine on
     ``held_out.jsonl``), and on the regression set: the eval sets and, when kept, the earlier windows' held-out
-    slices (``regression.jsonl``, one more dataset: ``specdraft.freshness.gate.regression_value``), its size in the run's
-    tags ``gate.regression.questions``, ``gate.regression.windows``. None when the gate is off."""
+    slices (``regression.jsonl``, one more dataset: ``specdraft.freshness.gate.regression_pair``), its size in the
+    run's tags ``gate.regression.questions``, ``gate.regression.windows``. None when the gate is off. The measure
+    is the register stage's (``specdraft.freshness.promotion.choose_measure``)."""
     if not cfg.gate.enabled:
         return None
-    from specdraft.freshness.gate import decide, describe_regression_set, regression_value
+    from specdraft.freshness.gate import decide, describe_regression_set, regression_pair
     from specdraft.freshness.promotion import choose_measure
 
     measure = choose_measure(evaluated.mean_engine_tau)  # as register_draft compares the eval sets
@@ -63,17 +64,8 @@ def window_gate(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evalu
         ours = value(evaluated)
         candidate_earlier = (value(stages.evaluate_draft(earlier_cfg, prepared, trained.draft, trained.key))
                              if earlier_cfg is not None and champion_uri is not None else None)
-        note = ""
-        if candidate_earlier is not None and champion_earlier is not None:
-            if champion_regression is not None:  # the eval sets and the earlier slices: one more dataset
-                regression = (regression_value(ours, eval_sets, candidate_earlier),
-                              regression_value(champion_regression, eval_sets, champion_earlier))
-            else:
-                regression, note = (candidate_earlier, champion_earlier), "the champion's eval sets unknown: the " \
-                                                                          "earlier windows' slices alone"
-        else:
-            regression = (ours, champion_regression)
-            note = "the earlier windows' slices not measured on both drafts: the eval sets alone" if earlier else ""
+        regression, note = regression_pair(ours, champion_regression, eval_sets, earlier=bool(earlier),
+                                           candidate_earlier=candidate_earlier, champion_earlier=champion_earlier)
         return decide(cfg.gate, window=(candidate, champion_window), regression=regression,
                       has_champion=champion_uri is not None, measure=measure.name, regression_set=note)
 
@@ -349,6 +341,7 @@ def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prep
     if found is None:
         return {}
     from pipelines.registry import version_uri
+    from specdraft.freshness.monitor import judge_drift
     from specdraft.freshness.promotion import choose_measure
 
     version, local = found
@@ -370,11 +363,8 @@ def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prep
         baselines[name] = float(baseline)
     measure = choose_measure(engine)  # as the gate compares
     value, baseline = measure.of(tau, engine), baselines["engine" if measure.by_engine else "tau"]
-    drop = (baseline - value) / baseline if baseline else 0.0
-    alarm = drop > cfg.monitor.max_drop
-    message = (f"champion v{version.version} on this window's held-out slice: {measure.name} {value:.3f}, at promotion "
-               f"{baseline:.3f} ({-drop:+.1%}" + (f": DROP > monitor.max_drop {cfg.monitor.max_drop:.0%})" if alarm
-                                                 else ")"))
+    drop, alarm, message = judge_drift(value, baseline, cfg.monitor.max_drop, measure=measure.name,
+                                       who=f"champion v{version.version}")
     metrics = {"offline.window_tau": tau, "offline.window_tau_at_promotion": baselines["tau"], "offline.drop": drop}
     if engine is not None:
         metrics.update({"offline.window_engine_tau": engine,

@@ -53,6 +53,24 @@ def regression_value(eval_sets: float | None, count: int, earlier: float) -> flo
     return (eval_sets * count + earlier) / (count + 1)
 
 
+def regression_pair(ours: float | None, champion: float | None, eval_sets: int, *, earlier: bool,
+                    candidate_earlier: float | None = None, champion_earlier: float | None = None
+                    ) -> tuple[tuple[float | None, float | None], str]:
+    """The regression comparison's (candidate, champion) values and its note for ``decide``: ``ours`` and
+    ``champion`` on the ``eval_sets`` eval sets, ``*_earlier`` on the earlier windows' held-out slices (None: not
+    measured; ``earlier``: such slices are kept). Both drafts measured on the slices: the slices are one more
+    dataset beside the eval sets (``regression_value``), or alone when the champion's eval-set value is unknown;
+    otherwise the eval sets alone, said when slices are kept."""
+    if candidate_earlier is None or champion_earlier is None:
+        note = "the earlier windows' slices not measured on both drafts: the eval sets alone" if earlier else ""
+        return (ours, champion), note
+    if champion is None:
+        return ((candidate_earlier, champion_earlier),
+                "the champion's eval sets unknown: the earlier windows' slices alone")
+    return (regression_value(ours, eval_sets, candidate_earlier), regression_value(champion, eval_sets,
+                                                                                   champion_earlier)), ""
+
+
 def describe_regression_set(counts: RegressionCounts | None, eval_sets: int) -> str:
     """What the gate's regression set holds, in words: the eval sets and the earlier windows' questions."""
     sets = f"the {eval_sets} eval set{'s' if eval_sets != 1 else ''} (eval.questions)"

@@ -58,3 +58,16 @@ def test_earlier_windows_are_one_more_dataset_of_the_regression_set():
                     "slices (ending 2026-11-24..2026-11-25, 4 more over gate.regression_max_questions 37)")
     assert describe_regression_set(RegressionCounts(), 1) == describe_regression_set(None, 1) == (
         "regression set: the 1 eval set (eval.questions) alone (no earlier traffic window's held-out slice kept yet)")
+
+
+def test_the_regression_pair_uses_the_earlier_slices_only_when_both_drafts_were_measured_there():
+    from specdraft.freshness.gate import regression_pair
+
+    both = regression_pair(2.4, 2.5, 2, earlier=True, candidate_earlier=1.5, champion_earlier=1.8)
+    assert both == ((regression_value(2.4, 2, 1.5), regression_value(2.5, 2, 1.8)), "")
+    assert both[0][0] == pytest.approx((2.4 * 2 + 1.5) / 3)
+    unknown = regression_pair(2.4, None, 2, earlier=True, candidate_earlier=1.5, champion_earlier=1.8)
+    assert unknown == ((1.5, 1.8), "the champion's eval sets unknown: the earlier windows' slices alone")
+    one_side = regression_pair(2.4, 2.5, 2, earlier=True, candidate_earlier=1.5)  # the champion not measured there
+    assert one_side == ((2.4, 2.5), "the earlier windows' slices not measured on both drafts: the eval sets alone")
+    assert regression_pair(2.4, 2.5, 2, earlier=False) == ((2.4, 2.5), "")  # no slice kept: nothing to say

@@ -59,3 +59,14 @@ def test_refusals():
         MonitorSettings(max_drop=1.5)
     with pytest.raises(ConfigError, match="monitor.metrics_url"):
         MonitorSettings(metrics_url="127.0.0.1:8000/metrics")
+
+
+@pytest.mark.parametrize(("value", "alarm"), [(1.9, False), (1.8, False), (1.79, True)])
+def test_the_offline_drift_verdict_alarms_only_past_max_drop(value, alarm):
+    from specdraft.freshness.monitor import judge_drift
+
+    drop, raised, message = judge_drift(value, 2.0, 0.1, measure="tau", who="champion v3")
+    assert drop == pytest.approx((2.0 - value) / 2.0) and raised is alarm
+    assert message.startswith(f"champion v3 on this window's held-out slice: tau {value:.3f}, at promotion 2.000 (")
+    assert message.endswith(": DROP > monitor.max_drop 10%)" if alarm else "%)")
+    assert judge_drift(1.0, 0.0, 0.1, measure="tau", who="v1")[:2] == (0.0, False)  # no baseline: no drop
