@@ -4,7 +4,7 @@ Nights of simulated traffic (default: numbers, numbers, words, facts, facts) are
 generator (``specdraft.toy.conversations``), split into domains by the task of each chat's first user turn:
 ``numbers`` (arithmetic, numbers in words, counting), ``words`` (word games, sorting) and ``facts`` (made-up
 countries, animals, colours, greetings; later turns may switch task, as real traffic does). A night's window is
-``--conversations`` chats of its domain, deduplicated by prompt (``specdraft.traffic.prompt_hash``, as the
+``--conversations`` chats of its domain, deduplicated by prompt (``specdraft.freshness.traffic.prompt_hash``, as the
 traffic window is); its held-out slice is ``--questions`` prompts of the same domain from another seed, none of
 them in any window. Four arms, all the default recipe (``beagle3``, ``specdraft.configs.train.TrainConfig``) set
 up by ``specdraft.run.build_run`` (``benchmarks.recipe_training.train_recipe``) on a feature store of the
@@ -22,7 +22,7 @@ forward, bonus counted; our decoder, greedy, the evaluation's default decoding: 
 night's held-out slice and on the regression set (the held-out slices of every earlier night, pooled), the
 prompt-lookup floor tau on the same turns, lossless checks, and training compute (optimizer steps, trained
 loss-mask tokens, training-loop wall and CPU seconds). ``replay``'s previous draft (the arm's champion) is also
-measured on the new window, and the promotion gate (``specdraft.gate.decide``, ``GateSettings`` defaults) is
+measured on the new window, and the promotion gate (``specdraft.freshness.gate.decide``, ``GateSettings`` defaults) is
 applied to each of its candidates — reported, not acted on: every warm night starts from the previous draft.
 
 Goals (issue 33): on each new domain warm+replay reaches >= 95 % of from-scratch tau at <= 40 % of its training
@@ -76,7 +76,7 @@ def domain_of(chat: list[dict[str, str]]) -> str:
 def domain_chats(domain: str, n: int, seed: int, exclude: set[str]) -> list[list[dict[str, str]]]:
     """The first ``n`` toy chats of ``domain`` drawn with ``seed``, unique by prompt and none in ``exclude``."""
     from specdraft.toy.conversations import generate_conversation
-    from specdraft.traffic import prompt_hash
+    from specdraft.freshness.traffic import prompt_hash
 
     rng, seen, out = random.Random(seed), set(exclude), []
     for _ in range(200 * n):
@@ -276,12 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     from specdraft.configs.fresh import GateSettings, TrafficSettings
     from specdraft.configs.train import TrainConfig
     from specdraft.features import resolve_aux_layers
-    from specdraft.gate import decide
+    from specdraft.freshness.gate import decide
     from specdraft.plan import aux_layers_setting
     from specdraft.targets.loading import load_target_config
     from specdraft.toy.build import build_toy_target
     from specdraft.configs.toy import ToyTargetConfig
-    from specdraft.traffic import prompt_hash
+    from specdraft.freshness.traffic import prompt_hash
 
     nights = [d.strip() for d in args.nights.split(",") if d.strip()]
     assert set(nights) <= set(DOMAINS), f"--nights: unknown domains {sorted(set(nights) - set(DOMAINS))}"

@@ -81,7 +81,7 @@ def write_day(traffic: Path, day: str, chats: list[list[dict[str, str]]], create
 
 
 def prompt_keys(chats: list[list[dict[str, str]]]) -> set[str]:
-    from specdraft.traffic import prompt_hash
+    from specdraft.freshness.traffic import prompt_hash
 
     return {prompt_hash(c) for c in chats}
 

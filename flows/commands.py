@@ -242,7 +242,7 @@ def import_target(args: argparse.Namespace) -> int:
 
 
 def rollback(args: argparse.Namespace) -> int:
-    from specdraft.handoff import rollback as swap_back
+    from specdraft.freshness.handoff import rollback as swap_back
 
     try:
         meta = swap_back(args.exports)

@@ -83,7 +83,7 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
     """The paths of a ``pipelines.configs.RunConfig``: the target (unless the toy one is built), the prompts,
     the eval questions (at least one file: every run evaluates) and ``train.init_from`` (``check_init_from``), each
     a ``ConfigError`` naming the key; then the workdir (``check_workdir``), the tracking server
-    (``pipelines.tracking.check_tracking``) and the hand-off directory (``specdraft.handoff.check_exports``)."""
+    (``pipelines.tracking.check_tracking``) and the hand-off directory (``specdraft.freshness.handoff.check_exports``)."""
     if cfg.target.path:
         check_target(cfg.target.path, "target.path")
         check_target_weights(cfg.target.path)
@@ -123,7 +123,7 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
     check_tracking(cfg.tracking)  # a silent server: one line now, and every later request bounded
     if cfg.handoff.enabled:  # the hand-off's directory: refused now, not after a night of training
         from pipelines.freshness import exports_root
-        from specdraft.handoff import check_exports
+        from specdraft.freshness.handoff import check_exports
 
         check_exports(exports_root(cfg))
 

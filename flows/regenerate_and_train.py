@@ -178,6 +178,7 @@ def eval_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained) -> Eva
 def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evaluated: Evaluated) -> Registered:
     from pipelines.registry import champion_exports, log_exports, register_draft
     from specdraft.export import serve_commands
+    from specdraft.freshness.promotion import Measures
 
     started = time.perf_counter()
     if not run.enabled:  # the registry lives in MLflow: nothing to register into
@@ -193,11 +194,11 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
     exported = stages.export_formats(cfg, prepared, trained.draft, trained.key)
     tags = {"specdraft.arch": exported.arch, "specdraft.recipe": cfg.train.recipe, "specdraft.target": prepared.target,
             "specdraft.target_id": prepared.target_id}
+    measures = Measures(tau=evaluated.mean_tau, floor=evaluated.mean_tau_pld, engine_tau=evaluated.mean_engine_tau)
     decision = register_draft(run.client, run_id=run.run_id, draft_dir=trained.draft,
                               model_name=cfg.register.model_name, alias=cfg.register.alias,
-                              eval_key=evaluated.eval_key, mean_tau=evaluated.mean_tau,
-                              taus=evaluated.tau, train_key=trained.key, evaluate_champion=evaluate_champion,
-                              mean_tau_pld=evaluated.mean_tau_pld, mean_engine_tau=evaluated.mean_engine_tau,
+                              eval_key=evaluated.eval_key, measures=measures, taus=evaluated.tau,
+                              train_key=trained.key, evaluate_champion=evaluate_champion,
                               tags=tags, gate=freshness.window_gate(cfg, run, prepared, trained, evaluated),
                               champion_unusable=freshness.champion_unusable(cfg, run, get_run_logger()))
     log_exports(run.client, decision["run_id"], exported.exports)

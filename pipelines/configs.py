@@ -215,7 +215,7 @@ class TargetSection:
 class DataSection:
     prompts: list[str] = field(default_factory=list)  # files, directories or glob patterns
     regenerate: bool = True  # False: train on the prompts' own answers (no self-distillation)
-    traffic: TrafficSettings = field(default_factory=TrafficSettings)  # dated request logs (specdraft/traffic.py)
+    traffic: TrafficSettings = field(default_factory=TrafficSettings)  # dated request logs (specdraft/freshness/traffic.py)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -264,7 +264,7 @@ class RunConfig:
     ray: RaySection = field(default_factory=RaySection)
     monitor: MonitorSettings = field(default_factory=MonitorSettings)  # the served draft's acceptance (vLLM /metrics)
     retrain: RetrainSettings = field(default_factory=RetrainSettings)  # train every night, or when it pays
-    gate: GateSettings = field(default_factory=GateSettings)  # window win AND no regression (specdraft/gate.py)
+    gate: GateSettings = field(default_factory=GateSettings)  # window win AND no regression (specdraft/freshness/gate.py)
     handoff: HandoffSettings = field(default_factory=HandoffSettings)  # the promoted draft at exports/current
     retries: int = 2  # per task, with backoff (10 s, 60 s, 180 s)
     fault: FaultSection = field(default_factory=FaultSection)

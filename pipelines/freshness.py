@@ -1,9 +1,9 @@
-"""Keeping the draft fresh in the flow (issue 33): the served drift monitor read each night, the promotion gate
-on the traffic window's held-out slice, and the hand-off of a promoted draft to ``exports/current``.
+"""Keeping the draft fresh in the flow: the served drift monitor read each night, the offline drift check, the
+retrain decision, the promotion gate on the traffic window's held-out slice, and the hand-off of a promoted draft
+to ``exports/current``.
 
-The decisions are ``specdraft.monitor``, ``specdraft.gate`` and ``specdraft.handoff`` (plain functions over
-numbers and files); this module feeds them the run's stages and the registry (MLflow) and is called from the
-flow's register stage and its start.
+The decisions are the package ``specdraft.freshness`` (plain functions over numbers and files); this module
+feeds them the run's stages and the registry (MLflow) and is called from the flow's register stage and its start.
 """
 
 from __future__ import annotations
@@ -20,32 +20,37 @@ from pipelines.records import Evaluated, Prepared, Trained
 from pipelines.registry import ChampionUnusable
 from pipelines.configs import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun
+from specdraft.freshness.record import RegressionCounts, TrafficRecord
 
 
 def window_gate(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evaluated: Evaluated):
-    """The promotion gate (``gate.enabled``; ``specdraft.gate.decide``) as ``register_draft`` calls it: the
-    candidate and the champion on the traffic window's held-out slice (the eval stage's settings and engine on
+    """The promotion gate (``gate.enabled``; ``specdraft.freshness.gate.decide``) as ``register_draft`` calls it:
+    the candidate and the champion on the traffic window's held-out slice (the eval stage's settings and engine on
     ``held_out.jsonl``), and on the regression set: the eval sets and, when kept, the earlier windows' held-out
-    slices (``regression.jsonl``, one more dataset: ``specdraft.gate.regression_value``), its size in the run's
-    tags ``gate.regression.questions``, ``gate.regression.windows``. None when the gate is off."""
+    slices (``regression.jsonl``, one more dataset: ``specdraft.freshness.gate.regression_pair``), its size in the
+    run's tags ``gate.regression.questions``, ``gate.regression.windows``. None when the gate is off. The measure
+    is the register stage's (``specdraft.freshness.promotion.choose_measure``)."""
     if not cfg.gate.enabled:
         return None
-    from specdraft.gate import decide, describe_regression_set, regression_value
+    from specdraft.freshness.gate import decide, describe_regression_set, regression_pair
+    from specdraft.freshness.promotion import choose_measure
 
-    by_engine = evaluated.mean_engine_tau is not None
-    measure = "engine acceptance length" if by_engine else "tau"
-    value = (lambda e: e.mean_engine_tau) if by_engine else (lambda e: e.mean_tau)
-    traffic_files = prepared.traffic.get("files") or {}
-    held_out, earlier = traffic_files.get("held_out"), traffic_files.get("regression")
+    measure = choose_measure(evaluated.mean_engine_tau)  # as register_draft compares the eval sets
+
+    def value(e: Evaluated) -> float | None:
+        return measure.of(e.mean_tau, e.mean_engine_tau)
+
+    traffic = prepared.traffic or TrafficRecord()
+    held_out, earlier = traffic.files.held_out, traffic.files.regression
     window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out])) if held_out else None
     earlier_cfg = replace(cfg, eval=replace(cfg.eval, questions=[earlier])) if earlier else None
     candidate = value(stages.evaluate_draft(window_cfg, prepared, trained.draft, trained.key)) if held_out else None
-    eval_sets = len(evaluated.engine_tau if by_engine else evaluated.tau)
-    said = describe_regression_set(prepared.traffic.get("regression"), len(cfg.eval.questions))
+    eval_sets = len(evaluated.engine_tau if measure.by_engine else evaluated.tau)
+    said = describe_regression_set(traffic.regression, len(cfg.eval.questions))
     if run.enabled:
-        counts = prepared.traffic.get("regression") or {}
-        run.set_tags({"gate.regression.set": said, "gate.regression.questions": str(counts.get("questions", 0)),
-                      "gate.regression.windows": ",".join(counts.get("windows", []))})
+        counts = traffic.regression or RegressionCounts()
+        run.set_tags({"gate.regression.set": said, "gate.regression.questions": str(counts.questions),
+                      "gate.regression.windows": ",".join(counts.windows)})
 
     def gate(champion_regression: float | None, champion_uri: str | None):
         champion_window = champion_earlier = None
@@ -56,22 +61,13 @@ def window_gate(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evalu
                 champion_window = value(stages.evaluate_draft(window_cfg, prepared, local, key))
             if earlier_cfg is not None:
                 champion_earlier = value(stages.evaluate_draft(earlier_cfg, prepared, local, key))
-        ours = evaluated.mean_engine_tau if by_engine else evaluated.mean_tau
+        ours = value(evaluated)
         candidate_earlier = (value(stages.evaluate_draft(earlier_cfg, prepared, trained.draft, trained.key))
                              if earlier_cfg is not None and champion_uri is not None else None)
-        note = ""
-        if candidate_earlier is not None and champion_earlier is not None:
-            if champion_regression is not None:  # the eval sets and the earlier slices: one more dataset
-                regression = (regression_value(ours, eval_sets, candidate_earlier),
-                              regression_value(champion_regression, eval_sets, champion_earlier))
-            else:
-                regression, note = (candidate_earlier, champion_earlier), "the champion's eval sets unknown: the " \
-                                                                          "earlier windows' slices alone"
-        else:
-            regression = (ours, champion_regression)
-            note = "the earlier windows' slices not measured on both drafts: the eval sets alone" if earlier else ""
+        regression, note = regression_pair(ours, champion_regression, eval_sets, earlier=bool(earlier),
+                                           candidate_earlier=candidate_earlier, champion_earlier=champion_earlier)
         return decide(cfg.gate, window=(candidate, champion_window), regression=regression,
-                      has_champion=champion_uri is not None, measure=measure, regression_set=note)
+                      has_champion=champion_uri is not None, measure=measure.name, regression_set=note)
 
     return gate
 
@@ -83,17 +79,17 @@ def exports_root(cfg: RunConfig) -> Path:
 
 def hand_off(cfg: RunConfig, target: str, draft: str, exports: dict[str, str],
              decision: dict[str, Any]) -> dict[str, Any]:
-    """The promoted ``draft`` to ``<handoff.exports>/current`` (``specdraft.handoff``), the previous one kept; its
+    """The promoted ``draft`` to ``<handoff.exports>/current`` (``specdraft.freshness.handoff``), the previous one kept; its
     serve commands point at ``current``; the monitor's promotion value reset to the engine's acceptance length
     when one was measured (else the next served period sets it)."""
     from specdraft.export import serve_commands
-    from specdraft.handoff import publish, stable_exports
+    from specdraft.freshness.handoff import publish, stable_exports
 
     root = exports_root(cfg)
     current = publish(root, draft, exports, meta={"version": decision["version"], "model": decision["model_name"],
                                                   "target": target})
     if cfg.monitor.metrics_url:
-        from specdraft.monitor import record_promotion
+        from specdraft.freshness.monitor import record_promotion
 
         record_promotion(monitor_state(cfg), decision.get("mean_engine_tau"), decision["version"])
     serve = serve_commands(stable_exports(root), target, cfg.register.serving.speculative_tokens)
@@ -115,7 +111,7 @@ def settle_handoff(cfg: RunConfig, prepared: Prepared, trained: Trained | None, 
     served) and ``served_note`` ("" when they agree)."""
     if not cfg.handoff.enabled:
         return {}
-    from specdraft.handoff import CURRENT, PREVIOUS, read_meta
+    from specdraft.freshness.handoff import CURRENT, PREVIOUS, read_meta
 
     root = exports_root(cfg)
     served = read_meta(root / CURRENT).get("version")
@@ -182,12 +178,12 @@ def monitor_state(cfg: RunConfig) -> Path:
 
 
 def observe_served(cfg: RunConfig, parent: MlflowLogger | NullRun, logger: logging.Logger | Any) -> dict[str, Any]:
-    """The served drift monitor (``monitor.metrics_url``; ``specdraft.monitor``): the served acceptance since
+    """The served drift monitor (``monitor.metrics_url``; ``specdraft.freshness.monitor``): the served acceptance since
     the last night, logged to the parent run; an alarm is a WARNING in ``logger`` (the flow-run log). A server that does not
     answer is a warning too, not a failed night. {} when the monitor is off."""
     if not cfg.monitor.metrics_url:
         return {}
-    from specdraft.monitor import observe
+    from specdraft.freshness.monitor import observe
 
     try:
         served = observe(cfg.monitor, monitor_state(cfg))
@@ -207,11 +203,11 @@ def trained_state(cfg: RunConfig) -> Path:
 
 
 def retrain_decision(cfg: RunConfig, prepared: Prepared, served: dict[str, Any], offline: dict[str, Any] | None = None):
-    """``specdraft.retraining.decide_retraining`` on this night: the window's rows new since the last trained
+    """``specdraft.freshness.retraining.decide_retraining`` on this night: the window's rows new since the last trained
     night (``trained_state``) and the drift alarms (the served monitor's, the offline check's)."""
-    from specdraft.retraining import decide_retraining
+    from specdraft.freshness.retraining import decide_retraining
 
-    current = (prepared.traffic.get("files") or {}).get("trained_rows")
+    current = prepared.traffic.files.trained_rows if prepared.traffic else ""
     new_rows = rows = None
     last = trained_state(cfg)
     if current:
@@ -242,7 +238,7 @@ def remember_trained(cfg: RunConfig, prepared: Prepared) -> None:
     """After a night trained: its window's rows are the ones the next night's new rows are counted against."""
     from specdraft import files
 
-    current = (prepared.traffic.get("files") or {}).get("trained_rows")
+    current = prepared.traffic.files.trained_rows if prepared.traffic else ""
     if current:
         files.write_text(trained_state(cfg), Path(current).read_text())
 
@@ -334,7 +330,7 @@ def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prep
     as ``offline.window_tau`` (and ``offline.window_engine_tau``), one point a night: a time series across the
     nights' runs (``drift_series`` reads it back for the report). {} when off, without a window slice or without
     a champion."""
-    held_out = (prepared.traffic.get("files") or {}).get("held_out")
+    held_out = prepared.traffic.files.held_out if prepared.traffic else ""
     if not cfg.monitor.offline or not held_out:
         return {}
     try:
@@ -345,6 +341,8 @@ def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prep
     if found is None:
         return {}
     from pipelines.registry import version_uri
+    from specdraft.freshness.monitor import judge_drift
+    from specdraft.freshness.promotion import choose_measure
 
     version, local = found
     window_cfg = replace(cfg, eval=replace(cfg.eval, questions=[held_out]))
@@ -363,23 +361,20 @@ def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prep
             parent.client.set_model_version_tag(cfg.register.model_name, version.version, tag, f"{value:.6f}")
             baseline = value
         baselines[name] = float(baseline)
-    measure, value, baseline = (("engine acceptance length", engine, baselines["engine"]) if engine is not None
-                                else ("tau", tau, baselines["tau"]))
-    drop = (baseline - value) / baseline if baseline else 0.0
-    alarm = drop > cfg.monitor.max_drop
-    message = (f"champion v{version.version} on this window's held-out slice: {measure} {value:.3f}, at promotion "
-               f"{baseline:.3f} ({-drop:+.1%}" + (f": DROP > monitor.max_drop {cfg.monitor.max_drop:.0%})" if alarm
-                                                 else ")"))
+    measure = choose_measure(engine)  # as the gate compares
+    value, baseline = measure.of(tau, engine), baselines["engine" if measure.by_engine else "tau"]
+    drop, alarm, message = judge_drift(value, baseline, cfg.monitor.max_drop, measure=measure.name,
+                                       who=f"champion v{version.version}")
     metrics = {"offline.window_tau": tau, "offline.window_tau_at_promotion": baselines["tau"], "offline.drop": drop}
     if engine is not None:
         metrics.update({"offline.window_engine_tau": engine,
                         "offline.window_engine_tau_at_promotion": baselines["engine"]})
     parent.log_metrics(metrics, step=0)
     parent.set_tags({"offline.alarm": str(alarm), "offline.champion_version": str(version.version),
-                     "offline.measure": measure, "offline.window_end": prepared.traffic.get("end", "")})
+                     "offline.measure": measure.name, "offline.window_end": prepared.traffic.end})
     (logger.warning if alarm else logger.info)("drift: %s", message)
     return {"champion_version": int(version.version), "window_tau": tau, "window_engine_tau": engine,
-            "measure": measure, "value": value, "baseline": baseline, "drop": drop, "alarm": alarm,
+            "measure": measure.name, "value": value, "baseline": baseline, "drop": drop, "alarm": alarm,
             "message": message}
 
 

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specdraft import config
+from specdraft.freshness.record import TrafficRecord
 
 
 class Record:
@@ -42,8 +43,7 @@ class Prepared(Record):
     target_id: str  # specdraft.targets.identity.target_id: part of every downstream key
     prompts: list[PromptFile]
     wall_s: float
-    # data.traffic's window (specdraft.traffic.write_window): days, counts, warnings, its files; empty when off
-    traffic: dict[str, Any] = field(default_factory=dict)
+    traffic: TrafficRecord | None = None  # data.traffic's window (pipelines.stages.prepare_traffic); None when off
 
 
 
@@ -149,7 +149,7 @@ class Registered(Record):
     serving_champion: int | None = None  # the version holding the alias now
     champion_recipe: str = ""  # the recipe that trained it (its specdraft.recipe tag; "": registered without one)
     serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
-    gate: dict[str, Any] = field(default_factory=dict)  # specdraft.gate.GateDecision.to_dict() (gate.enabled)
+    gate: dict[str, Any] = field(default_factory=dict)  # specdraft.freshness.gate.GateDecision.to_dict() (gate.enabled)
     handoff: str = ""  # <exports>/current when this version was handed off to serving now
     restart: str = ""  # what a server needs to do to serve what was handed off
     served_version: int | None = None  # the version <exports>/current serves after this run (None: none, or off)

@@ -1,19 +1,13 @@
-"""Model registry: register the trained draft and move the champion alias only on a better tau
-(docs/evaluation.md, docs/serving.md).
+"""Model registry: register the trained draft and move the champion alias when the promotion decision says so
+(docs/evaluation.md, docs/serving.md). The decision itself is ``specdraft.freshness.promotion.decide_promotion``
+(no MLflow); this module is its I/O.
 
-The draft directory (``config.json`` + ``model.safetensors``, loadable on its own) is
-logged as the run's ``draft`` artifact and registered as a new version of the configured
-model. The alias (default ``champion``) moves to it only when
-* its mean tau beats the training-free floor: the mean tau of prompt-lookup decoding
-  (``tau_pld``) measured in the same evaluation (same eval sets and settings) — a draft
-  that does not beat copying from the context is never promoted, even with no champion yet
-  (no floor measured, i.e. ``eval.settings.pld.enabled=false``: this check is skipped and
-  the decision says so); and
-* its mean tau beats the current champion's on the same eval sets and settings
-  (``eval_key``).
-The decision, both tau values and the floor are recorded as tags on the version and the
-run. A champion measured on other eval sets is re-evaluated on the current ones first
-(``evaluate_champion``), so the comparison is always like for like.
+The draft directory (``config.json`` + ``model.safetensors``, loadable on its own) is logged as the run's
+``draft`` artifact and registered as a new version of the configured model. The alias (default ``champion``)
+moves to it when the decision promotes it: above the prompt-lookup floor and better than the champion (or the
+gate's verdict) on the same eval sets and settings (``eval_key``). The decision, both values and the floor are
+recorded as tags on the version and the run. A champion measured on other eval sets is re-evaluated on the
+current ones first (``evaluate_champion``), so the comparison is always like for like.
 
 Serving: the draft's exports (``specdraft.export``: the speculators / SGLang / EAGLE formats
 that fit its architecture) are logged beside it as ``export/<format>`` artifacts of the
@@ -33,6 +27,8 @@ import mlflow
 from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+
+from specdraft.freshness.promotion import Champion, Measure, Measures, decide_promotion
 
 EXPORT_DIR = "export"  # artifact folder of the version's run: export/<format>/{config.json,model.safetensors}
 
@@ -69,89 +65,83 @@ def current_champion(client: MlflowClient, name: str, alias: str):
 
 def register_draft(
     client: MlflowClient, *, run_id: str, draft_dir: str | Path, model_name: str, alias: str, eval_key: str,
-    mean_tau: float, taus: dict[str, float], train_key: str = "", evaluate_champion: Callable[[str], Any] | None = None,
-    mean_tau_pld: float | None = None, mean_engine_tau: float | None = None, tags: dict[str, str] | None = None,
-    gate: Callable[[float | None, str | None], Any] | None = None, champion_unusable: str = "",
+    measures: Measures, taus: dict[str, float], train_key: str = "", evaluate_champion: Callable[[str], Any] | None = None,
+    tags: dict[str, str] | None = None, gate: Callable[[float | None, str | None], Any] | None = None,
+    champion_unusable: str = "",
 ) -> dict[str, Any]:
-    """Register ``draft_dir`` (logged into ``run_id``) and apply the champion gate; ``mean_tau_pld``
-    is the prompt-lookup floor of the same evaluation (None: not measured, no floor check); ``tags``
-    go on the version.
+    """Register ``draft_dir`` (logged into ``run_id``), apply the promotion decision
+    (``specdraft.freshness.promotion.decide_promotion``) and move ``alias`` when it promotes; ``tags`` go on the
+    version. This function is the decision's MLflow I/O: the champion's values read from its version tags (or
+    re-evaluated), the gate asked, the alias moved and the decision recorded as ``gate.*`` tags.
 
-    ``mean_engine_tau``: the serving engine's mean acceptance length in the same evaluation (None: no engine
-    measured it). With it, champion and challenger are compared by the engine's numbers, not our decoder's:
-    the engine is what serves the draft. ``evaluate_champion(models:/NAME/VERSION)`` re-evaluates a champion
-    measured on other eval sets: its mean tau, or (mean tau, mean engine acceptance).
+    ``measures``: the candidate's mean tau, the prompt-lookup floor of the same evaluation and the serving engine's
+    mean acceptance length (with it, champion and challenger are compared by the engine's numbers);
+    ``taus``: the tau per eval set (a version tag). ``evaluate_champion(models:/NAME/VERSION)`` re-evaluates a
+    champion measured on other eval sets: its mean tau, or (mean tau, mean engine acceptance).
 
     ``gate(champion value on the eval sets, champion model URI or None)``: the promotion gate
-    (``specdraft.gate.decide``, ``gate.enabled``), whose ``promote`` replaces "beats the champion on the eval
+    (``specdraft.freshness.gate.decide``, ``gate.enabled``), whose verdict replaces "beats the champion on the eval
     sets": the eval sets are then its regression set, the window's held-out slice its other comparison. Its
     record is the decision's ``gate`` and its comparisons are ``gate.<slice>.<field>`` tags.
 
     ``champion_unusable``: why the champion cannot be loaded ("" when it can; ``ChampionUnusable``, also raised by
-    ``evaluate_champion`` or ``gate``): it cannot be compared, so the draft is judged against the floor alone
-    (promoted above it: a champion that cannot be loaded cannot be served either) and the reason says why.
+    ``evaluate_champion`` or ``gate``): it cannot be compared, so the draft is judged against the floor alone.
 
     Idempotent per ``train_key``: a draft already registered (a rerun of finished work) is
     not registered twice. The decision names the version's run (``run_id``).
     """
-    found = _registered_before(client, run_id, model_name, alias, train_key, mean_tau, mean_tau_pld)
+    found = _registered_before(client, run_id, model_name, alias, train_key, measures.tau, measures.floor)
     if found is not None:
         return found
+    version = _create_version(client, run_id, draft_dir, model_name, eval_key, measures, taus, train_key, tags)
+    champion = current_champion(client, model_name, alias)
+    unusable = champion_unusable if champion is not None else ""
+    champion_tau = gated = None
+    try:
+        if champion is not None and not unusable:
+            champion_tau = _champion_tau(client, model_name, champion, eval_key, measures.measure,
+                                         measures.above_floor, evaluate_champion)
+        if gate is not None and measures.above_floor is not False and not unusable:
+            gated = gate(champion_tau, version_uri(model_name, champion.version) if champion is not None else None)
+    except ChampionUnusable as err:  # found when it was downloaded to be measured
+        unusable, champion_tau, gated = str(err), None, None
+    decided = decide_promotion(measures, None if champion is None else Champion(value=champion_tau,
+                                                                                 unusable=unusable), gated)
+    if decided.promote:
+        client.set_registered_model_alias(model_name, alias, version.version)
+    decision = {
+        "model_name": model_name, "version": int(version.version), "run_id": run_id, "mean_tau": measures.tau,
+        "champion_version": int(champion.version) if champion is not None else None, "champion_mean_tau": champion_tau,
+        "compared_by": decided.compared_by, "mean_engine_tau": measures.engine_tau,
+        "mean_tau_pld": measures.floor, "tau_over_pld": measures.tau / measures.floor if measures.floor else None,
+        "above_floor": decided.above_floor, "promoted": decided.promote, "alias": alias, "reason": decided.reason,
+    }
+    gate_tags = {f"gate.{key}": str(value) for key, value in decision.items() if key != "run_id"}
+    if gated is not None:
+        decision["gate"] = gated.to_dict()
+        gate_tags.update({f"gate.{c.slice}.{key}": str(getattr(c, key)) for c in gated.comparisons
+                          for key in ("candidate", "champion", "change", "bound", "passed")})
+    for key, value in gate_tags.items():  # on the version and on its run
+        client.set_model_version_tag(model_name, version.version, key, value)
+        client.set_tag(run_id, key, value)
+    return decision
+
+
+def _create_version(client: MlflowClient, run_id: str, draft_dir: str | Path, model_name: str, eval_key: str,
+                    measures: Measures, taus: dict[str, float], train_key: str, tags: dict[str, str] | None):
+    """The draft logged as ``run_id``'s ``draft`` artifact and registered as a new version of ``model_name``
+    (created when new), tagged with its measures on ``eval_key``."""
     client.log_artifacts(run_id, str(draft_dir), "draft")
     try:
         client.create_registered_model(model_name, description="specdraft speculative-decoding drafts")
     except MlflowException:
         pass  # exists
-    version_tags = {_tau_tag(eval_key): f"{mean_tau:.6f}", "eval_key": eval_key, "taus": json.dumps(taus),
+    version_tags = {_tau_tag(eval_key): f"{measures.tau:.6f}", "eval_key": eval_key, "taus": json.dumps(taus),
                     "train_key": train_key, **(tags or {}),
-                    **({_floor_tag(eval_key): f"{mean_tau_pld:.6f}"} if mean_tau_pld is not None else {}),
-                    **({_engine_tag(eval_key): f"{mean_engine_tau:.6f}"} if mean_engine_tau is not None else {})}
-    version = client.create_model_version(model_name, source=f"runs:/{run_id}/draft", run_id=run_id,
-                                          tags=version_tags)
-    above_floor = None if mean_tau_pld is None else mean_tau > mean_tau_pld
-    by_engine = mean_engine_tau is not None  # the gate's measure: the engine's acceptance, else our tau
-    ours = mean_engine_tau if by_engine else mean_tau
-    champion = current_champion(client, model_name, alias)
-    unusable = champion_unusable if champion is not None else ""
-    champion_tau = gated = None
-    try:
-        if not unusable:
-            champion_tau = _champion_tau(client, model_name, champion, eval_key, by_engine, above_floor,
-                                         evaluate_champion)
-        if gate is not None and above_floor is not False and not unusable:
-            gated = gate(champion_tau, version_uri(model_name, champion.version) if champion is not None else None)
-    except ChampionUnusable as err:  # found when it was downloaded to be measured
-        unusable, champion_tau, gated = str(err), None, None
-    beats_champion = (gated.promote if gated is not None else
-                      champion is None or bool(unusable) or (champion_tau is not None and ours > champion_tau))
-    promote = above_floor is not False and beats_champion
-    if promote:
-        client.set_registered_model_alias(model_name, alias, version.version)
-    decision = {
-        "model_name": model_name, "version": int(version.version), "run_id": run_id, "mean_tau": mean_tau,
-        "champion_version": int(champion.version) if champion is not None else None, "champion_mean_tau": champion_tau,
-        "compared_by": "engine acceptance length" if by_engine else "tau", "mean_engine_tau": mean_engine_tau,
-        "mean_tau_pld": mean_tau_pld, "tau_over_pld": mean_tau / mean_tau_pld if mean_tau_pld else None,
-        "above_floor": above_floor, "promoted": promote, "alias": alias,
-        "reason": _reason(mean_tau, mean_tau_pld, above_floor, champion is not None, champion_tau, beats_champion,
-                          mean_engine_tau),
-    }
-    if unusable and above_floor is not False:
-        floor = decision["reason"].split(";")[0]
-        decision["reason"] = (f"{floor}; the champion could not be loaded, not compared (judged against the floor "
-                              f"alone): {unusable}")
-    if gated is not None:
-        floor = decision["reason"].split(";")[0]
-        decision["reason"] = f"{floor}; {gated.reason}"
-    gate_tags = {f"gate.{key}": str(value) for key, value in decision.items() if key != "run_id"}
-    if gated is not None:
-        decision["gate"] = gated.to_dict()
-        gate_tags.update({f"gate.{c.slice}.{key}": str(getattr(c, key)) for c in gated.comparisons
-                     for key in ("candidate", "champion", "change", "bound", "passed")})
-    for key, value in gate_tags.items():  # on the version and on its run
-        client.set_model_version_tag(model_name, version.version, key, value)
-        client.set_tag(run_id, key, value)
-    return decision
+                    **({_floor_tag(eval_key): f"{measures.floor:.6f}"} if measures.floor is not None else {}),
+                    **({_engine_tag(eval_key): f"{measures.engine_tau:.6f}"} if measures.engine_tau is not None
+                       else {})}
+    return client.create_model_version(model_name, source=f"runs:/{run_id}/draft", run_id=run_id, tags=version_tags)
 
 
 def _registered_before(client: MlflowClient, run_id: str, model_name: str, alias: str, train_key: str,
@@ -180,13 +170,13 @@ def _registered_before(client: MlflowClient, run_id: str, model_name: str, alias
                                    for k, value in decision.items()])
     return decision
 
-def _champion_tau(client: MlflowClient, model_name: str, champion, eval_key: str, by_engine: bool,
+def _champion_tau(client: MlflowClient, model_name: str, champion, eval_key: str, measure: Measure,
                   above_floor: bool | None, evaluate_champion: Callable[[str], Any] | None) -> float | None:
-    """The champion's measure on ``eval_key`` (the engine's acceptance when ``by_engine``, else tau): from its
-    tags, or re-evaluated (and tagged) when it was measured on other eval sets; None when unknown."""
+    """The champion's ``measure`` on ``eval_key`` (the engine's acceptance or tau): from its tags, or re-evaluated
+    (and tagged) when it was measured on other eval sets; None when unknown."""
     if champion is None:
         return None
-    tag = _engine_tag(eval_key) if by_engine else _tau_tag(eval_key)
+    tag = _engine_tag(eval_key) if measure.by_engine else _tau_tag(eval_key)
     tagged = champion.tags.get(tag)
     if tagged is not None:
         return float(tagged)
@@ -197,22 +187,7 @@ def _champion_tau(client: MlflowClient, model_name: str, champion, eval_key: str
     for key, value in zip((_tau_tag(eval_key), _engine_tag(eval_key)), taus):
         if value is not None:
             client.set_model_version_tag(model_name, champion.version, key, f"{value:.6f}")
-    return taus[1] if by_engine else taus[0]
-
-
-def _reason(mean_tau: float, mean_tau_pld: float | None, above_floor: bool | None, has_champion: bool,
-            champion_tau: float | None, beats_champion: bool, mean_engine_tau: float | None = None) -> str:
-    if above_floor is False:
-        return (f"tau {mean_tau:.4f} <= prompt-lookup floor tau_pld {mean_tau_pld:.4f}: "
-                "the draft does not beat training-free prompt lookup, not promoted")
-    floor = ("no prompt-lookup floor measured" if above_floor is None
-             else f"tau {mean_tau:.4f} > prompt-lookup floor {mean_tau_pld:.4f}")
-    if not has_champion:
-        return f"{floor}; no champion yet"
-    measure, ours = ("engine acceptance", mean_engine_tau) if mean_engine_tau is not None else ("tau", mean_tau)
-    if champion_tau is None:
-        return f"{floor}; champion {measure} unknown on these eval sets"
-    return f"{floor}; {measure} {ours:.4f} {'>' if beats_champion else '<='} champion {champion_tau:.4f}"
+    return measure.of(*taus)
 
 
 def log_exports(client: MlflowClient, run_id: str, exports: dict[str, str]) -> list[str]:

@@ -44,6 +44,7 @@ from specdraft.plan import aux_layers_setting
 from specdraft.export import FORMATS, ExportError, export_draft, formats_for, variant
 from specdraft.models import read_draft_config
 from specdraft.packaged import resolve_prompt_inputs
+from specdraft.freshness.record import RegressionCounts, TrafficFiles, TrafficRecord
 from specdraft.targets import Target
 from specdraft.targets.identity import target_id
 from specdraft.toy.build import build_toy_target
@@ -106,25 +107,25 @@ def prepare(cfg: RunConfig) -> Prepared:
                                          cfg.target.toy, progress=False, prebuilt=cfg.target.prebuilt))
     prompts = ([PromptFile(path=str(p), digest=file_digest(p)) for p in expand_prompts(cfg.data.prompts)]
                if cfg.data.prompts else [])
-    traffic: dict[str, Any] = {}
+    traffic = None
     if cfg.data.traffic.path:
         traffic = prepare_traffic(cfg)
-        prompts += [PromptFile(path=traffic["files"][name], digest=file_digest(traffic["files"][name]),
-                               reuse=name == "reused") for name in ("prompts", "reused") if name in traffic["files"]]
+        prompts += [PromptFile(path=path, digest=file_digest(path), reuse=reuse)
+                    for path, reuse in ((traffic.files.prompts, False), (traffic.files.reused, True)) if path]
     if not prompts:
         raise ConfigError("data.prompts / data.traffic.path: no prompt to train on (the traffic window is empty)")
     return Prepared(target=str(target.path), target_id=target_id(target), prompts=prompts,
                     wall_s=time.perf_counter() - started, traffic=traffic)
 
 
-def prepare_traffic(cfg: RunConfig) -> dict[str, Any]:
-    """Read ``data.traffic``'s window (``specdraft.traffic``) and write its files under
-    ``<workdir>/traffic/<key>/`` (key: the settings and the window's content); returns days, counts, warnings and
-    the files (``prompts``: to regenerate; ``reused``: the served model's logged answers; ``held_out``). The
-    held-out slice is kept under ``held_out_home`` (once per window end); with ``gate.enabled`` the earlier
-    windows' slices (``specdraft.traffic.regression_questions``) are ``regression.jsonl`` and their counts
-    ``regression`` (questions, windows, over_cap)."""
-    from specdraft.traffic import keep_held_out, read_window, regression_questions, write_window
+def prepare_traffic(cfg: RunConfig) -> TrafficRecord:
+    """Read ``data.traffic``'s window (``specdraft.freshness.traffic``) and write its files under
+    ``<workdir>/traffic/<key>/`` (key: the settings and the window's content); returns its record: days, counts,
+    warnings and the files (``prompts``: to regenerate; ``reused``: the served model's logged answers;
+    ``held_out``). The held-out slice is kept under ``held_out_home`` (once per window end); with ``gate.enabled``
+    the earlier windows' slices (``specdraft.freshness.traffic.regression_questions``) are ``regression.jsonl`` and
+    their counts ``regression`` (questions, windows, over_cap)."""
+    from specdraft.freshness.traffic import keep_held_out, read_window, regression_questions, write_window
 
     window = read_window(cfg.data.traffic)
     key = stage_key(cfg.data.traffic, window.prompts, window.reused, window.held_out)
@@ -135,8 +136,7 @@ def prepare_traffic(cfg: RunConfig) -> dict[str, Any]:
     warnings = list(window.warnings)
     _, warning = keep_held_out(written.get("held_out"), held_out_home(cfg), window.end)
     warnings += [warning] if warning else []
-    traffic = {"key": key, "days": window.days, "replay_days": window.replay_days, "counts": window.counts,
-               "warnings": warnings, "files": written, "end": window.end}
+    regression = None
     if cfg.gate.enabled:  # the gate's regression set: the eval sets and the earlier windows' held-out slices
         questions, counts = regression_questions(held_out_home(cfg), window.end, written.get("held_out"),
                                                  cfg.gate.regression_max_questions)
@@ -146,13 +146,14 @@ def prepare_traffic(cfg: RunConfig) -> dict[str, Any]:
             said = ", ".join(f"{r['file']}:{r['line']} {r['reason']}" for r in counts["rejects"][:3])
             warnings.append(f"traffic: {counts['rejected']} lines of the kept held-out slices are not in the "
                             f"regression set ({said}{', ...' if counts['rejected'] > 3 else ''})")
-        traffic["regression"] = {**counts, "eval_sets": len(cfg.eval.questions),
-                                 "max_questions": cfg.gate.regression_max_questions}
-    return traffic
+        regression = RegressionCounts(**counts, eval_sets=len(cfg.eval.questions),
+                                      max_questions=cfg.gate.regression_max_questions)
+    return TrafficRecord(key=key, end=window.end, days=window.days, replay_days=window.replay_days,
+                         counts=window.counts, warnings=warnings, files=TrafficFiles(**written), regression=regression)
 
 
 def held_out_home(cfg: RunConfig) -> Path:
-    """Where each window's held-out slice is kept, under its window's last day (``specdraft.traffic.keep_held_out``)."""
+    """Where each window's held-out slice is kept, under its window's last day (``specdraft.freshness.traffic.keep_held_out``)."""
     return Path(cfg.workdir).absolute() / "traffic" / "heldout"
 
 

@@ -202,26 +202,28 @@ def _reasons(counts: dict[str, int]) -> str:
 
 
 def traffic_rows(prepared: dict[str, Any]) -> list[tuple[str, str]]:
-    """The traffic window's counts and warnings (``data.traffic``; none when off)."""
-    traffic = prepared.get("traffic") or {}
-    if not traffic:
+    """The traffic window's counts and warnings (``data.traffic``; none when off): ``prepared`` is the prepare
+    stage's record as a dict, its ``traffic`` a ``TrafficRecord``'s."""
+    from specdraft.freshness.record import TrafficRecord
+
+    if not prepared.get("traffic"):
         return []
-    c = traffic["counts"]
-    days = traffic["days"]
+    traffic = TrafficRecord.from_dict(prepared["traffic"])
+    c, days = traffic.counts, traffic.days
     rows = [("traffic", f"window {days[-1] if days else '-'}..{days[0] if days else '-'} ({len(days)} days): "
                         f"{c['read']} rows read{_replay_days_read(c)}, {c['rejected']} rejected{_reasons(c)}, {c['deduplicated']} deduplicated, "
                         f"{c['over_cap']} over the cap, {c['held_out']} held out; {c['to_regenerate']} to regenerate, "
                         f"{c['reused'] + c['replay_reused']} reused as logged (not regenerated), {c['replayed']} "
-                        f"replayed from {len(traffic['replay_days'])} earlier days ({c['dropped_replay']} not drawn"
+                        f"replayed from {len(traffic.replay_days)} earlier days ({c['dropped_replay']} not drawn"
                         + (f", {c['replay_held_out']} held out in their own window" if c.get("replay_held_out") else "")
                         + ")")]
-    if "regression" in traffic:  # gate.enabled: the earlier windows' held-out slices
-        from specdraft.gate import describe_regression_set
+    if traffic.regression is not None:  # gate.enabled: the earlier windows' held-out slices
+        from specdraft.freshness.gate import describe_regression_set
 
-        rows.append(("gate", describe_regression_set(traffic["regression"], traffic["regression"]["eval_sets"])))
-    rows += [("warning", w) for w in traffic["warnings"]]
+        rows.append(("gate", describe_regression_set(traffic.regression, traffic.regression.eval_sets)))
+    rows += [("warning", w) for w in traffic.warnings]
     if c["rejected"]:
-        rows.append(("rejects", traffic["files"].get("rejects", "")))
+        rows.append(("rejects", traffic.files.rejects))
     return rows
 
 

@@ -208,3 +208,19 @@ def test_vllm_only_in_the_serving_side():
         (n.names[0].name if isinstance(n, ast.Import) else (n.module or "")).split(".")[0]
         for n in ast.parse((ROOT / u).read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))}]
     assert top_level == [ENGINE_PROCESS, "specdraft/serving/vllm_models.py"], top_level
+
+
+def test_the_freshness_package_loads_neither_torch_nor_zarr():
+    """The traffic reader and the freshness decisions read JSON lines and numbers: importing every module of
+    ``specdraft.freshness`` (the traffic reader reaches ``specdraft.store.location``) loads neither torch nor zarr,
+    while the store's reader does load them (the probe can fail)."""
+    modules = sorted(f"specdraft.freshness.{p.stem}" for p in (ROOT / "specdraft" / "freshness").glob("*.py"))
+    probe = ("import json, sys\n" + "".join(f"import {m}\n" for m in modules)
+             + "light = sorted(m for m in ('torch', 'zarr') if m in sys.modules)\n"
+             + "import specdraft.store.reader\n"
+             + "print(json.dumps([light, sorted(m for m in ('torch', 'zarr') if m in sys.modules)]))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout
+    light, heavy = json.loads(out)
+    assert "specdraft.freshness.traffic" in modules and len(modules) >= 8, modules
+    assert light == [] and heavy == ["torch", "zarr"], (light, heavy)

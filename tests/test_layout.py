@@ -70,7 +70,7 @@ SAME_JOB = {  # name -> why the modules defining it do one job
     "evaluate": "flows.commands: the eval command over pipelines.evaluate",
     "regenerate": "flows.commands: the regenerate command over pipelines.regenerate",
     "train": "flows.commands: the train command; pipelines.stages: the flow's train stage — both run_training",
-    "rollback": "flows.commands: the rollback command over specdraft.handoff",
+    "rollback": "flows.commands: the rollback command over specdraft.freshness.handoff",
     "feature_plan": "pipelines.train: specdraft.run's, online conversations read as the Ray adapter reads them",
     "main": "each program's entry point",
     "generate_conversation": "specdraft.toy: one generator interface, two corpora",

@@ -27,7 +27,7 @@ def _share(key: str, value: float, high: float = 1.0) -> None:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrafficSettings:
-    """``data.traffic``: dated request logs as the run's prompts (``specdraft/traffic.py``)."""
+    """``data.traffic``: dated request logs as the run's prompts (``specdraft/freshness/traffic.py``)."""
 
     path: str = ""  # directory or s3:// prefix holding YYYY-MM-DD/*.jsonl; "" = off (data.prompts is read)
     days: int = 7  # the window: the newest `days` days up to `end`
@@ -87,7 +87,7 @@ class GateSettings:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HandoffSettings:
-    """``handoff``: the promoted draft copied to a stable place a server reads (``specdraft/handoff.py``)."""
+    """``handoff``: the promoted draft copied to a stable place a server reads (``specdraft/freshness/handoff.py``)."""
 
     enabled: bool = True
     exports: str = ""  # the directory holding current/ and previous/; "" = <workdir>/exports
@@ -98,7 +98,7 @@ RETRAIN_POLICIES = ("always", "when_it_pays")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RetrainSettings:
-    """``retrain``: whether a night trains (``specdraft/retraining.py``)."""
+    """``retrain``: whether a night trains (``specdraft/freshness/retraining.py``)."""
 
     policy: str = "always"  # always | when_it_pays: train on drift or enough new traffic, else skip the night
     min_new_share: float = 0.2  # when_it_pays: the share of the window's training rows new since the last trained night

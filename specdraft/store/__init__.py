@@ -16,51 +16,47 @@ directory (a local path or an fsspec URL such as ``s3://bucket/prefix``) of Zarr
 * ``prefetcher``  ``Prefetcher``: the next batches read on a background thread;
 * ``reader``    ``FeatureDataset``: ``batch.Batch`` objects for training.
 
-Only this package of ``specdraft`` imports zarr, and it imports no training code.
+Only this package of ``specdraft`` imports zarr, and it imports no training code. The names below are loaded
+from their submodule on first use (PEP 562), so ``import specdraft.store.location`` — what the traffic reader
+needs — loads neither zarr nor torch.
 """
 
-from specdraft.store.batching import balance_batches, is_held_out, plan_batches
-from specdraft.store.manifest import ValidationReport, make_manifest, read_manifest, validate, write_manifest
-from specdraft.store.plan import dump_summary, plan_digest, plan_shards, resume_shards, shard_attrs
-from specdraft.store.prefetcher import Prefetcher
-from specdraft.store.reader import (
-    EpochBatches,
-    FeatureDataset,
-    StoreWarning,
-    common_aux_layers,
-    open_stores,
-    predicted_token_counts,
-)
-from specdraft.store.schema import (
-    AUX_ARRAYS,
-    CHUNK_CHECKSUM,
-    COMPRESSIONS,
-    FORMAT_NAME,
-    HIDDEN_CODECS,
-    LOSSY_CODECS,
-    MANIFEST_FILE,
-    SCHEMA_VERSION,
-    SEQUENCE_ARRAYS,
-    SHARD_ATTR,
-    TOKEN_ARRAYS,
-    StoreError,
-    array_digest,
-    array_schema,
-    bytes_per_token_reference,
-    decode_hidden,
-    encode_hidden,
-    shard_index,
-    shard_name,
-    temp_shard_name,
-)
-from specdraft.store.writer import ZARR_VERSION, list_shard_dirs, read_shard_record, write_shard
+from __future__ import annotations
 
-__all__ = [
-    "AUX_ARRAYS", "CHUNK_CHECKSUM", "COMPRESSIONS", "FORMAT_NAME", "HIDDEN_CODECS", "LOSSY_CODECS", "MANIFEST_FILE",
-    "SCHEMA_VERSION", "SEQUENCE_ARRAYS", "SHARD_ATTR", "TOKEN_ARRAYS", "ZARR_VERSION", "EpochBatches",
-    "FeatureDataset", "Prefetcher", "StoreError", "StoreWarning", "ValidationReport", "array_digest", "array_schema",
-    "balance_batches", "bytes_per_token_reference", "common_aux_layers", "decode_hidden", "dump_summary",
-    "encode_hidden", "is_held_out", "list_shard_dirs", "make_manifest", "open_stores", "plan_batches",
-    "plan_digest", "plan_shards", "predicted_token_counts", "read_manifest", "read_shard_record", "resume_shards",
-    "shard_attrs", "shard_index", "shard_name", "temp_shard_name", "validate", "write_manifest", "write_shard",
-]
+import importlib
+from typing import Any
+
+_FROM = {  # submodule -> the names this package offers from it
+    "batching": ("balance_batches", "is_held_out", "plan_batches"),
+    "manifest": ("ValidationReport", "make_manifest", "read_manifest", "validate", "write_manifest"),
+    "plan": ("dump_summary", "plan_digest", "plan_shards", "resume_shards", "shard_attrs"),
+    "prefetcher": ("Prefetcher",),
+    "reader": ("EpochBatches", "FeatureDataset", "StoreWarning", "common_aux_layers", "open_stores",
+        "predicted_token_counts"),
+    "schema": ("AUX_ARRAYS", "CHUNK_CHECKSUM", "COMPRESSIONS", "FORMAT_NAME", "HIDDEN_CODECS", "LOSSY_CODECS",
+        "MANIFEST_FILE", "SCHEMA_VERSION", "SEQUENCE_ARRAYS", "SHARD_ATTR", "StoreError", "TOKEN_ARRAYS",
+        "array_digest", "array_schema", "bytes_per_token_reference", "decode_hidden", "encode_hidden", "shard_index",
+        "shard_name", "temp_shard_name"),
+    "writer": ("ZARR_VERSION", "list_shard_dirs", "read_shard_record", "write_shard"),
+}
+_MODULE = {name: module for module, names in _FROM.items() for name in names}
+__all__ = sorted(_MODULE)
+
+
+_SUBMODULES = ("batching", "chunks", "location", "manifest", "plan", "prefetcher", "reader", "schema", "writer")
+
+
+def __getattr__(name: str) -> Any:
+    """A name of ``__all__`` or a submodule (``store.location``), imported on first use."""
+    if name in _SUBMODULES:
+        return importlib.import_module(f"specdraft.store.{name}")
+    module = _MODULE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specdraft.store' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"specdraft.store.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_MODULE) | set(_SUBMODULES))

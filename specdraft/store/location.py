@@ -17,7 +17,8 @@ Commit rules (what makes a write visible as complete):
 Credentials and endpoints come from the environment and fsspec's own configuration
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` or an instance role,
 ``FSSPEC_S3_*`` variables, ``~/.config/fsspec/``); nothing here takes, logs or records them.
-Only this module imports fsspec, and only for URLs.
+Only this module imports fsspec, and only for URLs; zarr only when a group is opened (the traffic reader lists
+and reads files here without it).
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Union
-
-import zarr
+from typing import TYPE_CHECKING, Any, Union
 
 from specdraft import files
+
+if TYPE_CHECKING:
+    import zarr
 
 Location = Union[str, Path]
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://")
@@ -187,6 +189,8 @@ def tree_bytes(location: Location) -> int:
 
 def open_group(location: Location, mode: str) -> zarr.Group:
     """The Zarr v3 group at ``location`` (local directory, or fsspec URL through Zarr's FsspecStore)."""
+    import zarr
+
     location = as_location(location)
     if isinstance(location, Path):
         return zarr.open_group(store=str(location), mode=mode, zarr_format=3)

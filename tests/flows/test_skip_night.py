@@ -24,7 +24,7 @@ def test_a_night_without_new_data_or_drift_skips_training(tmp_path):
 
     prepared = prepare(load(RunConfig, CONFIG, args))  # what the last trained night read: the same window
     state = work / "traffic" / "trained_rows.json"
-    state.write_text(Path(prepared.traffic["files"]["trained_rows"]).read_text())
+    state.write_text(Path(prepared.traffic.files.trained_rows).read_text())
     result = regenerate_and_train(config=CONFIG, overrides=args)
     assert set(result) == {"prepare", "monitor", "drift", "retrain", "mlflow_parent_run", "handoff", "summary", "report"}
     assert result["handoff"] == {}  # tracking off: no champion to serve

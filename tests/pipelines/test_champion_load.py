@@ -14,6 +14,8 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from pipelines.freshness import champion_draft, offline_drift
+from specdraft.freshness.promotion import Measures
+from specdraft.freshness.record import TrafficFiles, TrafficRecord
 from pipelines.records import Prepared
 from pipelines.configs import RunConfig
 from pipelines.tracking import MlflowLogger, NullRun
@@ -94,7 +96,7 @@ def test_an_unloadable_champion_is_one_line_and_the_night_trains_from_scratch(ti
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text("")
     prepared = Prepared(target=str(tiny_toy_target), target_id="t", prompts=[], wall_s=0.0,
-                        traffic={"files": {"held_out": str(held_out)}})
+                        traffic=TrafficRecord(files=TrafficFiles(held_out=str(held_out))))
     drift = offline_drift(cfg, parent, prepared, log)  # the drift check says so too, and is no alarm
     assert drift["alarm"] is False and drift["message"].startswith(f"not measured: champion v{version}")
 
@@ -105,7 +107,7 @@ def test_a_champion_not_served_is_handed_off_from_the_registry(tiny_toy_target, 
     draft and exports downloaded. Neighbours: already served (nothing written), a rollback (left alone, said), a
     champion that cannot be loaded (said, ``current`` kept), tracking or the hand-off off, no champion."""
     from pipelines.freshness import serve_champion
-    from specdraft.handoff import read_meta, rollback
+    from specdraft.freshness.handoff import read_meta, rollback
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     artifacts = tmp_path / "artifacts"
@@ -178,7 +180,7 @@ def test_the_register_stage_judges_a_draft_against_the_floor_when_the_champion_c
     def night(tau: float, pld: float = 1.0, **kw) -> dict:
         run = MlflowLogger(uri, experiment="champions")
         return register_draft(run.client, run_id=run.run_id, draft_dir=good, model_name="d", alias="champion",
-                              eval_key="k", mean_tau=tau, taus={"k": tau}, mean_tau_pld=pld,
+                              eval_key="k", measures=Measures(tau=tau, floor=pld), taus={"k": tau},
                               champion_unusable=champion_unusable(cfg, parent, log), **kw)
 
     v1, _ = champion(good, 2.0)
@@ -206,7 +208,7 @@ def test_the_register_stage_judges_a_draft_against_the_floor_when_the_champion_c
     measured = []
     found_late = register_draft(  # the champion found unusable only when downloaded to be re-evaluated
         gone.client, run_id=MlflowLogger(uri, experiment="champions").run_id, draft_dir=good, model_name="d",
-        alias="champion", eval_key="k", mean_tau=1.2, taus={"k": 1.2}, mean_tau_pld=1.0,
+        alias="champion", eval_key="k", measures=Measures(tau=1.2, floor=1.0), taus={"k": 1.2},
         evaluate_champion=lambda u: measured.append(champion_local(cfg, parent, u)))
     assert found_late["promoted"] and not measured and (
         f"not compared (judged against the floor alone): champion v{v5} (models:/d/{v5}): its draft's artifacts "

@@ -12,7 +12,7 @@ from pipelines.tracking import NullRun
 from pipelines.configs import RunConfig
 from specdraft.config import from_dict
 from benchmarks.processes import free_port
-from specdraft.handoff import publish, read_meta, rollback
+from specdraft.freshness.handoff import publish, read_meta, rollback
 
 
 def test_hand_off_publishes_and_resets_the_monitor_baseline(tmp_path):

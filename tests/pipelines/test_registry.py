@@ -14,6 +14,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from pipelines.registry import register_draft, version_history
+from specdraft.freshness.promotion import Measures
 
 ALIAS, KEY = "champion", "evalkey1"
 
@@ -39,9 +40,8 @@ def register(store, mean_tau, mean_tau_pld, train_key, evaluate_champion=None, m
     client, experiment, draft, name = store
     run_id = client.create_run(experiment).info.run_id
     decision = register_draft(client, run_id=run_id, draft_dir=draft, model_name=name, alias=ALIAS, eval_key=key,
-                              mean_tau=mean_tau, taus={"toy": mean_tau}, train_key=train_key,
-                              evaluate_champion=evaluate_champion, mean_tau_pld=mean_tau_pld,
-                              mean_engine_tau=mean_engine_tau)
+                              measures=Measures(tau=mean_tau, floor=mean_tau_pld, engine_tau=mean_engine_tau),
+                              taus={"toy": mean_tau}, train_key=train_key, evaluate_champion=evaluate_champion)
     return decision, run_id
 
 
@@ -139,7 +139,7 @@ def test_the_window_gate_refuses_a_candidate_that_regresses_and_promotes_a_good_
     slice the other comparison; a candidate that wins on the window but loses 4 % on the regression set stays
     out, one that wins and holds is promoted; the comparisons are tags of the version and the run."""
     from specdraft.configs.fresh import GateSettings
-    from specdraft.gate import decide
+    from specdraft.freshness.gate import decide
 
     settings = GateSettings(enabled=True, margin=0.01, max_regression=0.02)
     client, name = store[0], store[3]
@@ -155,7 +155,7 @@ def test_the_window_gate_refuses_a_candidate_that_regresses_and_promotes_a_good_
 
     run_id = client.create_run(store[1]).info.run_id
     refused = register_draft(client, run_id=run_id, draft_dir=store[2], model_name=name, alias=ALIAS, eval_key=KEY,
-                             mean_tau=2.30, taus={"toy": 2.30}, train_key="regresses", mean_tau_pld=1.3,
+                             measures=Measures(tau=2.30, floor=1.3), taus={"toy": 2.30}, train_key="regresses",
                              gate=gate(2.60, 2.40))
     assert asked == [(2.40, f"models:/{name}/1")]
     assert not refused["promoted"] and champion_version(store) == "1"
@@ -168,7 +168,7 @@ def test_the_window_gate_refuses_a_candidate_that_regresses_and_promotes_a_good_
     assert not good["promoted"]
     run_id = client.create_run(store[1]).info.run_id
     promoted = register_draft(client, run_id=run_id, draft_dir=store[2], model_name=name, alias=ALIAS, eval_key=KEY,
-                              mean_tau=2.37, taus={"toy": 2.37}, train_key="holds", mean_tau_pld=1.3,
+                              measures=Measures(tau=2.37, floor=1.3), taus={"toy": 2.37}, train_key="holds",
                               gate=lambda reg, uri: decide(settings, window=(2.60, 2.40), regression=(2.37, reg),
                                                            has_champion=uri is not None))
     assert promoted["promoted"] and champion_version(store) == str(promoted["version"])

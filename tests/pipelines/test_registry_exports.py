@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from flows.cli import main
 from pipelines import stages
 from pipelines.registry import champion_exports, download_draft, log_exports, register_draft, resolve_version
+from specdraft.freshness.promotion import Measures
 from pipelines.records import Prepared
 from pipelines.configs import RunConfig
 from specdraft.config import load
@@ -42,7 +43,7 @@ def register(client, run_config, prepared, draft, key, tau, recipe):
     run_id = client.create_run(client.get_experiment_by_name("exp").experiment_id).info.run_id
     exported = stages.export_formats(run_config, prepared, draft, key)
     decision = register_draft(client, run_id=run_id, draft_dir=draft, model_name="drafts", alias="champion",
-                              eval_key="e", mean_tau=tau, taus={"toy": tau}, train_key=key,
+                              eval_key="e", measures=Measures(tau=tau), taus={"toy": tau}, train_key=key,
                               tags={"specdraft.arch": exported.arch, "specdraft.recipe": recipe,
                                     "specdraft.target": prepared.target})
     log_exports(client, decision["run_id"], exported.exports)
@@ -90,7 +91,7 @@ def test_model_uris_resolve_to_registered_drafts(world, tmp_path):
     client = MlflowClient(uri)
     run_id = client.create_run(client.get_experiment_by_name("exp").experiment_id).info.run_id
     register_draft(client, run_id=run_id, draft_dir=drafts["eagle"], model_name="uris", alias="champion",
-                   eval_key="e", mean_tau=1.0, taus={})
+                   eval_key="e", measures=Measures(tau=1.0), taus={})
     assert resolve_version(client, "models:/uris@champion").version == resolve_version(client, "models:/uris/1").version
     local, version = download_draft(client, "models:/uris@champion", tmp_path / "dl")
     assert sorted(p.name for p in local.iterdir()) == ["config.json", "model.safetensors"]
@@ -126,7 +127,7 @@ def test_export_command(world, tmp_path, capsys):
     client = MlflowClient(uri)  # the champion of a registry, its target found from the version's tag
     run_id = client.create_run(client.get_experiment_by_name("exp").experiment_id).info.run_id
     register_draft(client, run_id=run_id, draft_dir=drafts["eagle"], model_name="m", alias="champion",
-                   eval_key="e", mean_tau=1.0, taus={},
+                   eval_key="e", measures=Measures(tau=1.0), taus={},
                    tags={"specdraft.target": str(target), "specdraft.recipe": "hass"})
     assert main(["export", "--model-uri", "models:/m@champion", "--tracking-uri", uri, "--format", "eagle",
                  "--out", str(tmp_path / "ref")]) == 0
@@ -141,7 +142,7 @@ def test_export_command(world, tmp_path, capsys):
     for name, tags in (("b3", {"specdraft.recipe": "beagle3"}), ("untagged", {})):
         run_id = client.create_run(client.get_experiment_by_name("exp").experiment_id).info.run_id
         register_draft(client, run_id=run_id, draft_dir=drafts["beagle3"], model_name=name, alias="champion",
-                       eval_key="e", mean_tau=1.0, taus={}, tags={"specdraft.target": str(target), **tags})
+                       eval_key="e", measures=Measures(tau=1.0), taus={}, tags={"specdraft.target": str(target), **tags})
         assert main(["export", "--model-uri", f"models:/{name}@champion", "--tracking-uri", uri,
                      "--out", str(tmp_path / name)]) == 0
         assert f"exported beagle3 draft as vllm: {tmp_path / name}" in capsys.readouterr().out  # arch: beagle

@@ -267,7 +267,7 @@ def test_summary_and_report_count_the_traffic_window(tmp_path):
 
 def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
     from specdraft.configs.fresh import GateSettings
-    from specdraft.gate import decide
+    from specdraft.freshness.gate import decide
 
     gate = decide(GateSettings(enabled=True), window=(2.6, 2.4), regression=(2.3, 2.4), has_champion=True)
     refused = Registered(model_name="toy-draft", version=4, run_id="r4", mean_tau=2.3, promoted=False,

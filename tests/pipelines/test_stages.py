@@ -39,7 +39,7 @@ def test_prepare_copies_the_prebuilt_toy_target_and_trains_when_asked(monkeypatc
     assert [p.path for p in prepared.prompts] == [str((ROOT / "configs/data/toy_prompts.jsonl").resolve())]
     assert list(prepared.to_dict()) == ["target", "target_id", "prompts", "wall_s", "traffic"]
     assert list(prepared.to_dict()["prompts"][0]) == ["path", "digest", "reuse"]
-    assert prepared.traffic == {} and not prepared.prompts[0].reuse  # no data.traffic
+    assert prepared.traffic is None and not prepared.prompts[0].reuse  # no data.traffic
     diff = compare_with_prebuilt(prepared.target)
     assert all(diff["identical_files"].values()) and diff["max_abs_weight_diff"] == 0.0
 

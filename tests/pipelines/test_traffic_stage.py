@@ -14,6 +14,7 @@ from pipelines.stages import prepare, regenerate_file
 from pipelines.configs import RunConfig
 from flows.preflight import check_run
 from specdraft.config import ConfigError, from_dict
+from specdraft.freshness.record import RegressionCounts
 from tests.specdraft.test_traffic import SERVED, write_traffic
 
 
@@ -27,9 +28,9 @@ def test_prepare_reads_the_window_and_the_reused_rows_are_not_regenerated(tmp_pa
     prepared = prepare(cfg)
     assert [(Path(p.path).name, p.reuse) for p in prepared.prompts] == [("prompts.jsonl", False),
                                                                         ("reused.jsonl", True)]
-    counts = prepared.traffic["counts"]
+    counts = prepared.traffic.counts
     assert (counts["reused"], counts["to_regenerate"], counts["rejected"], counts["deduplicated"]) == (2, 3, 3, 1)
-    assert prepared.traffic["warnings"] == [f"traffic: day 2026-11-24 has no folder under {root}"]
+    assert prepared.traffic.warnings == [f"traffic: day 2026-11-24 has no folder under {root}"]
     reused = regenerate_file(cfg, prepared, prepared.prompts[1])  # would need Ray and the target if regenerated
     rows = read_conversations([reused.conversations])
     assert sorted(r["messages"][-1]["content"] for r in rows) == ["four", "licnep"]
@@ -65,23 +66,23 @@ def test_each_window_keeps_its_held_out_slice_and_the_gate_reads_the_earlier_one
 
     first = night("2026-11-21")
     home = tmp_path / "runs" / "traffic" / "heldout"
-    assert (home / "2026-11-21.jsonl").read_text() == Path(first["files"]["held_out"]).read_text()
-    assert first["regression"]["questions"] == 0 and "regression" not in first["files"]
-    assert any("alone (no earlier traffic window" in text for _, text in traffic_rows({"traffic": first}))
+    assert (home / "2026-11-21.jsonl").read_text() == Path(first.files.held_out).read_text()
+    assert first.regression.questions == 0 and first.files.regression == ""
+    assert any("alone (no earlier traffic window" in text for _, text in traffic_rows({"traffic": first.to_dict()}))
     second = night("2026-11-22", regression_max_questions=4)
-    held = len(Path(first["files"]["held_out"]).read_text().splitlines())
-    assert held > 4 and second["regression"] == {"questions": 4, "windows": ["2026-11-21"], "over_cap": held - 4,
-                                                "rejected": 0, "eval_sets": 1, "max_questions": 4}
-    regression = [json.loads(line) for line in Path(second["files"]["regression"]).read_text().splitlines()]
+    held = len(Path(first.files.held_out).read_text().splitlines())
+    assert held > 4 and second.regression == RegressionCounts(questions=4, windows=["2026-11-21"], over_cap=held - 4,
+                                                              rejected=0, eval_sets=1, max_questions=4)
+    regression = [json.loads(line) for line in Path(second.files.regression).read_text().splitlines()]
     assert len(regression) == 4 and all(q["turns"][0].startswith("2026-11-21 question") for q in regression)
     assert sorted(p.name for p in home.iterdir()) == ["2026-11-21.jsonl", "2026-11-22.jsonl"]
-    [(label, text)] = [row for row in traffic_rows({"traffic": second}) if row[0] == "gate"]
+    [(label, text)] = [row for row in traffic_rows({"traffic": second.to_dict()}) if row[0] == "gate"]
     assert text.startswith("regression set: the 1 eval set (eval.questions) + 4 questions from 1 earlier window's")
     # a kept slice cut short and with a byte that is no UTF-8 (issue 44 item 7): its lines counted, the night goes on
     with open(home / "2026-11-21.jsonl", "ab") as fh:
         fh.write(b'{"question_id": "x", "turns": ["caf\xe9"]}\n{"question_id": "y", "tur')
     third = night("2026-11-23", regression_max_questions=1000)
-    assert third["regression"]["rejected"] == 2 and third["regression"]["questions"] == held + len(
-        Path(second["files"]["held_out"]).read_text().splitlines())
-    assert [r["reason"] for r in third["regression"]["rejects"]] == ["not_utf8", "bad_json"]
-    assert any("2 lines of the kept held-out slices are not in the regression set" in w for w in third["warnings"])
+    assert third.regression.rejected == 2 and third.regression.questions == held + len(
+        Path(second.files.held_out).read_text().splitlines())
+    assert [r["reason"] for r in third.regression.rejects] == ["not_utf8", "bad_json"]
+    assert any("2 lines of the kept held-out slices are not in the regression set" in w for w in third.warnings)

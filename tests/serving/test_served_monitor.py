@@ -1,6 +1,6 @@
 """The served drift monitor against a real vLLM server (issue 33, Deliver 2b and 8): the toy target served on
 127.0.0.1 with a draft (an EAGLE-3 draft of the toy target, exported as ``speculators``; untrained: this checks
-the counters, not the draft), its ``/metrics`` read by ``specdraft.monitor`` before and after a restart. One
+the counters, not the draft), its ``/metrics`` read by ``specdraft.freshness.monitor`` before and after a restart. One
 test, two server starts (minutes on CPU): slow."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from specdraft.configs.fresh import MonitorSettings
-from specdraft.monitor import observe, read_metrics
+from specdraft.freshness.monitor import observe, read_metrics
 from benchmarks.processes import free_port, start, stop, wait_http
 
 pytestmark = [

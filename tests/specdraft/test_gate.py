@@ -1,4 +1,4 @@
-"""The promotion gate (specdraft/gate.py, issue 33 Deliver 5): a candidate that wins on the window but regresses
+"""The promotion gate (specdraft/freshness/gate.py, issue 33 Deliver 5): a candidate that wins on the window but regresses
 on the regression set is refused; one that wins by the margin and holds the regression set is promoted; every
 comparison is in the record."""
 
@@ -8,7 +8,8 @@ import pytest
 
 from specdraft.config import ConfigError
 from specdraft.configs.fresh import GateSettings
-from specdraft.gate import decide, describe_regression_set, regression_value
+from specdraft.freshness.gate import decide, describe_regression_set, regression_value
+from specdraft.freshness.record import RegressionCounts
 
 GATE = GateSettings(enabled=True, margin=0.01, max_regression=0.02)
 
@@ -51,9 +52,22 @@ def test_earlier_windows_are_one_more_dataset_of_the_regression_set():
     d = decide(GATE, window=(2.6, 2.4), regression=(regression_value(2.4, 2, 1.5), regression_value(2.4, 2, 1.8)),
                has_champion=True)
     assert not d.promote and not d.comparisons[1].passed and d.comparisons[1].change == pytest.approx(-0.3 / 6.6)
-    said = describe_regression_set({"questions": 37, "windows": ["2026-11-25", "2026-11-24"], "over_cap": 4,
-                                    "max_questions": 37}, 2)
+    said = describe_regression_set(RegressionCounts(questions=37, windows=["2026-11-25", "2026-11-24"], over_cap=4,
+                                                    max_questions=37), 2)
     assert said == ("regression set: the 2 eval sets (eval.questions) + 37 questions from 2 earlier windows' held-out "
                     "slices (ending 2026-11-24..2026-11-25, 4 more over gate.regression_max_questions 37)")
-    assert describe_regression_set({"questions": 0, "windows": []}, 1) == (
+    assert describe_regression_set(RegressionCounts(), 1) == describe_regression_set(None, 1) == (
         "regression set: the 1 eval set (eval.questions) alone (no earlier traffic window's held-out slice kept yet)")
+
+
+def test_the_regression_pair_uses_the_earlier_slices_only_when_both_drafts_were_measured_there():
+    from specdraft.freshness.gate import regression_pair
+
+    both = regression_pair(2.4, 2.5, 2, earlier=True, candidate_earlier=1.5, champion_earlier=1.8)
+    assert both == ((regression_value(2.4, 2, 1.5), regression_value(2.5, 2, 1.8)), "")
+    assert both[0][0] == pytest.approx((2.4 * 2 + 1.5) / 3)
+    unknown = regression_pair(2.4, None, 2, earlier=True, candidate_earlier=1.5, champion_earlier=1.8)
+    assert unknown == ((1.5, 1.8), "the champion's eval sets unknown: the earlier windows' slices alone")
+    one_side = regression_pair(2.4, 2.5, 2, earlier=True, candidate_earlier=1.5)  # the champion not measured there
+    assert one_side == ((2.4, 2.5), "the earlier windows' slices not measured on both drafts: the eval sets alone")
+    assert regression_pair(2.4, 2.5, 2, earlier=False) == ((2.4, 2.5), "")  # no slice kept: nothing to say

@@ -1,4 +1,4 @@
-"""Hand-off to serving (specdraft/handoff.py, issue 33 Deliver 6): the promoted draft at ``exports/current``,
+"""Hand-off to serving (specdraft/freshness/handoff.py, issue 33 Deliver 6): the promoted draft at ``exports/current``,
 replaced atomically while a reader keeps reading it, the one before kept as ``previous``; rollback swaps them
 back, and ``specdraft rollback`` does it from the command line."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from flows.cli import main
 import pytest
 
-from specdraft.handoff import check_exports, exchange, publish, read_meta, rollback, stable_exports
+from specdraft.freshness.handoff import check_exports, exchange, publish, read_meta, rollback, stable_exports
 from specdraft.outputs import OutputError, mark_output
 
 

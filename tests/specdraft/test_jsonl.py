@@ -14,7 +14,7 @@ from pipelines.prompt_files import read_records
 from specdraft import jsonl
 from specdraft.configs.fresh import TrafficSettings
 from specdraft.evaluation.questions import load_question_sets
-from specdraft.traffic import keep_held_out, read_slice, read_window, regression_questions, write_window
+from specdraft.freshness.traffic import keep_held_out, read_slice, read_window, regression_questions, write_window
 
 TEXTS = ["line\u2028separator", "para\u2029graph", "next\u0085line", "ctl \x01\x07\x1b\x1f\x7f", "cr\rlf\r\n",
          "tab\tform\x0c vt\x0b fs\x1c gs\x1d rs\x1e", "non-BMP \U0001F600 \U0001D518 \U00020000", "plain ascii",

@@ -1,4 +1,4 @@
-"""The served drift monitor (specdraft/monitor.py, issue 33 Deliver 2b) on Prometheus text as vLLM's server writes
+"""The served drift monitor (specdraft/freshness/monitor.py, issue 33 Deliver 2b) on Prometheus text as vLLM's server writes
 it: counters summed over engines, the period since the last reading, a restart (by the process start time, or
 a counter going down), the promotion baseline and the alarm. A real vLLM server is
 ``tests/serving/test_served_monitor.py``'s."""
@@ -11,7 +11,7 @@ import pytest
 
 from specdraft.config import ConfigError
 from specdraft.configs.fresh import MonitorSettings
-from specdraft.monitor import observe, parse_metrics, record_promotion
+from specdraft.freshness.monitor import observe, parse_metrics, record_promotion
 
 
 def exposition(drafts: int, draft_tokens: int, accepted: int, started: float = 1.7e9) -> str:
@@ -59,3 +59,14 @@ def test_refusals():
         MonitorSettings(max_drop=1.5)
     with pytest.raises(ConfigError, match="monitor.metrics_url"):
         MonitorSettings(metrics_url="127.0.0.1:8000/metrics")
+
+
+@pytest.mark.parametrize(("value", "alarm"), [(1.9, False), (1.8, False), (1.79, True)])
+def test_the_offline_drift_verdict_alarms_only_past_max_drop(value, alarm):
+    from specdraft.freshness.monitor import judge_drift
+
+    drop, raised, message = judge_drift(value, 2.0, 0.1, measure="tau", who="champion v3")
+    assert drop == pytest.approx((2.0 - value) / 2.0) and raised is alarm
+    assert message.startswith(f"champion v3 on this window's held-out slice: tau {value:.3f}, at promotion 2.000 (")
+    assert message.endswith(": DROP > monitor.max_drop 10%)" if alarm else "%)")
+    assert judge_drift(1.0, 0.0, 0.1, measure="tau", who="v1")[:2] == (0.0, False)  # no baseline: no drop

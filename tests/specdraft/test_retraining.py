@@ -1,4 +1,4 @@
-"""Retrain only when it pays (specdraft/retraining.py, issue 33 Deliver 3): skip with no drift and little new
+"""Retrain only when it pays (specdraft/freshness/retraining.py, issue 33 Deliver 3): skip with no drift and little new
 traffic, train on drift or on enough new rows, always under the default policy."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from specdraft.config import ConfigError
 from specdraft.configs.fresh import RetrainSettings
-from specdraft.retraining import decide_retraining
+from specdraft.freshness.retraining import decide_retraining
 
 PAYS = RetrainSettings(policy="when_it_pays", min_new_share=0.2)
 

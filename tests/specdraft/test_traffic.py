@@ -1,4 +1,4 @@
-"""The traffic window (specdraft/traffic.py, issue 33 Deliver 1): three dated days, a malformed line, a
+"""The traffic window (specdraft/freshness/traffic.py, issue 33 Deliver 1): three dated days, a malformed line, a
 duplicate across days, a missing day, reused logged answers and replay of an earlier day — every row counted."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from specdraft.config import ConfigError, from_dict, parse_overrides
 from specdraft.configs.fresh import TrafficSettings
-from specdraft.traffic import keep_held_out, read_window, regression_questions, write_window
+from specdraft.freshness.traffic import keep_held_out, read_window, regression_questions, write_window
 
 SERVED = "toy-target"
 

@@ -14,7 +14,7 @@ import pytest
 
 from specdraft.config import ConfigError
 from specdraft.configs.fresh import TrafficSettings
-from specdraft.traffic import dated_days, read_window
+from specdraft.freshness.traffic import dated_days, read_window
 
 DAY, BEFORE = "2026-11-26", "2026-11-25"
 

@@ -131,3 +131,14 @@ def observe(settings: MonitorSettings, state_path: str | Path, reading: Reading 
     files.write_text(path, json.dumps(state, indent=2))
     return {"period": period, "restarted": restarted, "acceptance_length": length, "acceptance_rate": rate,
             "baseline": baseline, "drop": drop, "alarm": alarm, "message": message}
+
+
+def judge_drift(value: float, baseline: float, max_drop: float, *, measure: str, who: str) -> tuple[float, bool, str]:
+    """The offline drift check's verdict (``monitor.offline``): ``who``'s ``measure`` on this window's held-out
+    slice (``value``) against its value at promotion (``baseline``). Returns (the drop, a share of the baseline;
+    whether it exceeds ``max_drop``; the message)."""
+    drop = (baseline - value) / baseline if baseline else 0.0
+    alarm = drop > max_drop
+    message = (f"{who} on this window's held-out slice: {measure} {value:.3f}, at promotion {baseline:.3f} "
+               f"({-drop:+.1%}" + (f": DROP > monitor.max_drop {max_drop:.0%})" if alarm else ")"))
+    return drop, alarm, message

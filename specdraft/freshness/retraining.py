@@ -2,8 +2,8 @@
 the traffic window is new since the last night that trained; otherwise it skips training and says why.
 
 verl-SpeCo budgets drafter retraining from an EMA of vLLM's mean acceptance length; here the signals are the
-served drift monitor's alarm (``specdraft.monitor``) and the share of new rows in the window
-(``specdraft.traffic``: rows are identified by their prompt hash). A pure function over those numbers.
+served drift monitor's alarm (``specdraft.freshness.monitor``) and the share of new rows in the window
+(``specdraft.freshness.traffic``: rows are identified by their prompt hash). A pure function over those numbers.
 """
 
 from __future__ import annotations

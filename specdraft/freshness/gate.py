@@ -5,7 +5,7 @@ Gated on acceptance (tau: mean accepted tokens per round, or the serving engine'
 on loss: loss keeps falling while tau turns down (DeepSpec #84: an EAGLE-3 run peaked at epoch 4.6 and lost
 4.9 % of tau by epoch 10). A pure function over numbers; every comparison is returned as a record for the
 summary, MLflow tags and the report. The regression set is the eval sets plus the earlier windows' held-out
-slices (``specdraft.traffic.regression_questions``) as one more dataset (``regression_value``).
+slices (``specdraft.freshness.traffic.regression_questions``) as one more dataset (``regression_value``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specdraft.configs.fresh import GateSettings
+from specdraft.freshness.record import RegressionCounts
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,17 +53,35 @@ def regression_value(eval_sets: float | None, count: int, earlier: float) -> flo
     return (eval_sets * count + earlier) / (count + 1)
 
 
-def describe_regression_set(counts: dict[str, Any] | None, eval_sets: int) -> str:
+def regression_pair(ours: float | None, champion: float | None, eval_sets: int, *, earlier: bool,
+                    candidate_earlier: float | None = None, champion_earlier: float | None = None
+                    ) -> tuple[tuple[float | None, float | None], str]:
+    """The regression comparison's (candidate, champion) values and its note for ``decide``: ``ours`` and
+    ``champion`` on the ``eval_sets`` eval sets, ``*_earlier`` on the earlier windows' held-out slices (None: not
+    measured; ``earlier``: such slices are kept). Both drafts measured on the slices: the slices are one more
+    dataset beside the eval sets (``regression_value``), or alone when the champion's eval-set value is unknown;
+    otherwise the eval sets alone, said when slices are kept."""
+    if candidate_earlier is None or champion_earlier is None:
+        note = "the earlier windows' slices not measured on both drafts: the eval sets alone" if earlier else ""
+        return (ours, champion), note
+    if champion is None:
+        return ((candidate_earlier, champion_earlier),
+                "the champion's eval sets unknown: the earlier windows' slices alone")
+    return (regression_value(ours, eval_sets, candidate_earlier), regression_value(champion, eval_sets,
+                                                                                   champion_earlier)), ""
+
+
+def describe_regression_set(counts: RegressionCounts | None, eval_sets: int) -> str:
     """What the gate's regression set holds, in words: the eval sets and the earlier windows' questions."""
     sets = f"the {eval_sets} eval set{'s' if eval_sets != 1 else ''} (eval.questions)"
-    if not counts or not counts.get("questions"):
+    if counts is None or not counts.questions:
         return f"regression set: {sets} alone (no earlier traffic window's held-out slice kept yet)"
-    windows = counts["windows"]
+    windows = counts.windows
     span = windows[0] if len(windows) == 1 else f"{windows[-1]}..{windows[0]}"
-    capped = (f", {counts['over_cap']} more over gate.regression_max_questions {counts['max_questions']}"
-              if counts.get("over_cap") else "")
+    capped = (f", {counts.over_cap} more over gate.regression_max_questions {counts.max_questions}"
+              if counts.over_cap else "")
     whose = "windows'" if len(windows) != 1 else "window's"
-    return (f"regression set: {sets} + {counts['questions']} questions from {len(windows)} earlier {whose} held-out "
+    return (f"regression set: {sets} + {counts.questions} questions from {len(windows)} earlier {whose} held-out "
             f"slices (ending {span}{capped})")
 
 
