@@ -322,7 +322,7 @@ ENGINE_BASELINE_TAG = "offline.window_engine_tau_at_promotion"
 
 def offline_drift(cfg: RunConfig, parent: MlflowLogger | NullRun, prepared: Prepared,
                   logger: logging.Logger | Any) -> dict[str, Any]:
-    """The offline drift check (``monitor.offline``; issue 33 Deliver 2a): before training, the champion evaluated
+    """The offline drift check (``monitor.offline``): before training, the champion evaluated
     on the new window's held-out slice (the eval stage's settings: our decoder's tau, and the serving engine's
     acceptance length when ``eval.settings.engine`` measures one), beside its value on the first window it was
     measured on after its promotion (version tags); a drop beyond ``monitor.max_drop`` — of the engine's

@@ -16,7 +16,7 @@ workers, GPUs, checkpoints) are ``pipelines/configs.py``.
 * ``toy``: ``ToyTargetConfig`` — the toy target build; ``quickstart``: ``QuickstartConfig``;
 * ``devices``: the attention kernels and GPUs-per-actor a setting may name;
 * ``fresh``: ``TrafficSettings``, ``MonitorSettings``, ``GateSettings``, ``HandoffSettings``, ``RetrainSettings`` — keeping a
-  served draft fresh (issue 33).
+  served draft fresh.
 
 Import the classes from their modules (``from specdraft.configs.train import TrainConfig``), the one address of
 each: this package runs nothing. The settings are the bottom floor: they import ``specdraft.config`` (its

@@ -1,4 +1,4 @@
-"""Settings of keeping the draft fresh (issue 33): the traffic window, the served drift monitor, the promotion
+"""Settings of keeping the draft fresh: the traffic window, the served drift monitor, the promotion
 gate and the hand-off to serving.
 
 Each is a frozen dataclass that checks its own values and raises ``ConfigError`` naming the key (as the run

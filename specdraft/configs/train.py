@@ -82,7 +82,7 @@ class TrainConfig:
     # overlong, topk, hidden_codec rounding, aux_layers — EAGLE-3 recipes: None means eagle3 —, dtype,
     # logits_chunk, attn_implementation, trust_remote_code)
     online: FeaturesConfig = field(default_factory=FeaturesConfig)
-    # warm start (issue 33): a draft directory of the same architecture whose weights and draft vocabulary (d2t/t2d,
+    # warm start: a draft directory of the same architecture whose weights and draft vocabulary (d2t/t2d,
     # kept as they are) the run starts from; "" trains from scratch; `specdraft run`: "champion", the registered one
     init_from: str = ""
     # the warm start's vocabulary must cover this share of the new data's predicted tokens, else the run falls back
@@ -119,7 +119,7 @@ class TrainConfig:
         return resolve_stages(self)
 
 
-WARM_SHARE = 0.25  # a warm start's default epochs: this share of each stage's fresh epochs (issue 33's goal: <= 40 %
+WARM_SHARE = 0.25  # a warm start's default epochs: this share of each stage's fresh epochs (the goal: a warm night <= 40 %
 # of from-scratch compute; a quarter leaves room for the replayed rows, data.traffic.replay 0.2 by default)
 
 

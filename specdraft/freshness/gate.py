@@ -1,4 +1,4 @@
-"""The promotion gate (issue 33, Deliver 5): a candidate replaces the champion only when it beats it on the new
+"""The promotion gate: a candidate replaces the champion only when it beats it on the new
 traffic window's held-out slice by a margin AND loses no more than ``max_regression`` on a fixed regression set.
 
 Gated on acceptance (tau: mean accepted tokens per round, or the serving engine's acceptance length), never

@@ -1,4 +1,4 @@
-"""Hand-off to serving (issue 33, Deliver 6): the promoted draft at a stable place a server reads,
+"""Hand-off to serving: the promoted draft at a stable place a server reads,
 ``<exports>/current``, replaced atomically, the one before kept as ``<exports>/previous`` for ``specdraft rollback``.
 
 ``current`` is written whole under a hidden sibling name (``specdraft.files.temp_path``) and then exchanged

@@ -1,4 +1,4 @@
-"""The served drift monitor (issue 33, Deliver 2b): acceptance of the served draft read from vLLM's Prometheus
+"""The served drift monitor: acceptance of the served draft read from vLLM's Prometheus
 ``/metrics``, since the last reading, against its value at promotion.
 
 vLLM's OpenAI server publishes the speculative-decoding counters ``vllm:spec_decode_num_drafts``,

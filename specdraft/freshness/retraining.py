@@ -1,4 +1,4 @@
-"""Retrain only when it pays (issue 33, Deliver 3): a night trains when the served draft drifted or enough of
+"""Retrain only when it pays: a night trains when the served draft drifted or enough of
 the traffic window is new since the last night that trained; otherwise it skips training and says why.
 
 verl-SpeCo budgets drafter retraining from an EMA of vLLM's mean acceptance length; here the signals are the

@@ -1,4 +1,4 @@
-"""Traffic as the training input (issue 33, Deliver 1): a window of dated request logs, with replay.
+"""Traffic as the training input: a window of dated request logs, with replay.
 
 Layout: a directory (or ``s3://`` prefix, read through ``specdraft.store.location``) holding one folder per
 day named ``YYYY-MM-DD``, each with any number of ``*.jsonl`` (or gzipped ``*.jsonl.gz``; suffixes in any case)
@@ -18,7 +18,7 @@ training — replay never draws it either: the slice the drift check and the pro
 window's slice is kept (``keep_held_out``) and the earlier windows' slices are the gate's regression set
 (``regression_questions``).
 
-Nothing is lost without a count, and dirty traffic does not stop a night (issue 44 item 7): every line read
+Nothing is lost without a count, and dirty traffic does not stop a night: every line read
 ends up kept (to regenerate or reused), held out, rejected, deduplicated, or over the window's cap. A reject
 names the file, the line (None: the whole file or folder was not read) and a ``reason``: ``not_utf8``,
 ``bad_json``, ``not_object``, ``no_messages``, ``bad_message``, ``no_user_turn``, ``bad_response`` (a line);
