@@ -19,10 +19,10 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch (ray_constant
 
 
 @contextmanager
-def ray_nodes(root: Path, workers: int = 2, cpus: float = 1, env_vars: dict[str, str] | None = None,
+def ray_nodes(root: Path, workers: int = 2, cpus: float = 1, head_cpus: float | None = None, env_vars: dict[str, str] | None = None,
               ) -> Iterator[dict[str, Any]]:
     """A head (in this working directory) and ``workers`` worker nodes, each in ``root/node-<i>``, ``cpus`` CPUs
-    each; this driver connected through ``connect_ray`` (its workers get ``env_vars``). Yields ``address``,
+    each (the head: ``head_cpus``, default ``cpus``; 0: no task of the run there); this driver connected through ``connect_ray`` (its workers get ``env_vars``). Yields ``address``,
     ``cluster``, ``head`` (its node id) and ``nodes``: worker node id -> its working directory."""
     import ray
     from ray._private import ray_constants
@@ -34,7 +34,7 @@ def ray_nodes(root: Path, workers: int = 2, cpus: float = 1, env_vars: dict[str,
     os.environ[LOOPBACK_ENV] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
     here = os.getcwd()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "include_dashboard": False})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus if head_cpus is None else head_cpus, "include_dashboard": False})
     nodes: dict[str, Path] = {}
     try:
         head = cluster.head_node.node_id
