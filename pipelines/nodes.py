@@ -104,11 +104,11 @@ def _paths_to_check(paths: dict[str, tuple[str | None, str]]) -> dict[str, tuple
 
 def check_paths_on_nodes(paths: dict[str, tuple[str | None, str]], timeout_s: float = ANSWER_TIMEOUT_S,
                          nodes: list[str] | None = None) -> None:
-    """Every local path of ``paths`` (key -> (path, READ, WRITE or WRITE_FILE)) is, on every alive node of the connected Ray
-    cluster, the driver's path (the same absolute path: a relative one resolved in each node's working directory
-    differs) and usable there; else a ``ConfigError`` naming the key, the path and the node. A node that does not
-    answer within ``timeout_s`` is refused too (its stages would wait the same way). ``nodes``: only these node
-    ids."""
+    """Every local path of ``paths`` (key -> (path, READ, WRITE or WRITE_FILE)) is, on every alive node of the
+    connected Ray cluster, the driver's path (the same absolute path: a relative one resolved in each node's working
+    directory differs) and usable there; else a ``ConfigError`` naming the key, the path and the node. A node that
+    does not answer within ``timeout_s`` is refused too (its stages would wait the same way). ``nodes``: only these
+    node ids."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

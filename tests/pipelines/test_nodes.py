@@ -1,5 +1,5 @@
-"""Pre-flight on a Ray cluster of three nodes on this machine (``tests/ray_nodes.py``): a path a worker node does
-not see as the driver does, or cannot use, is refused before any work, naming the key and the node; an address
+"""Pre-flight on a Ray cluster of two nodes on this machine, a head and a worker node (``tests/ray_nodes.py``): a
+path a worker node does not see as the driver does, or cannot use, is refused before any work, naming the key and the node; an address
 nobody answers at is one line within seconds (issue 43 item 2)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def nodes(tmp_path_factory, request):
     was_up = ray.is_initialized()  # the session's local Ray (``local_ray``): this module's cluster replaces it
     if was_up:
         ray.shutdown()
-    with ray_nodes(tmp_path_factory.mktemp("nodes"), workers=2, env_vars={"PYTHONPATH": worker_pythonpath()}) as up:
+    with ray_nodes(tmp_path_factory.mktemp("nodes"), workers=1, env_vars={"PYTHONPATH": worker_pythonpath()}) as up:
         yield up
     if was_up:
         connect_local_ray(request)
