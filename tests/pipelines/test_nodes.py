@@ -1,6 +1,6 @@
 """Pre-flight on a Ray cluster of two nodes on this machine, a head and a worker node (``tests/ray_nodes.py``): a
-path a worker node does not see as the driver does, or cannot use, is refused before any work, naming the key and the node; an address
-nobody answers at is one line within seconds (issue 43 item 2)."""
+path a worker node does not see as the driver does, or cannot use, is refused before any work, naming the key and
+the node; an address nobody answers at is one line within seconds (issue 43 item 2)."""
 
 from __future__ import annotations
 
