@@ -121,6 +121,7 @@ def check_run(cfg: Any, overwrite: bool = False) -> None:
     from pipelines.tracking import check_tracking
 
     check_tracking(cfg.tracking)  # a silent server: one line now, and every later request bounded
+    check_cluster(cfg)
     if cfg.handoff.enabled:  # the hand-off's directory: refused now, not after a night of training
         from pipelines.freshness import exports_root
         from specdraft.freshness.handoff import check_exports
@@ -143,6 +144,36 @@ def check_cluster_cpus(cfg: Any) -> None:
                           f"the dump's actors would hold all {cpus} CPUs of the local cluster (ray.num_cpus) and its "
                           f"tokenize and write tasks would never run; ask for fewer (features.torch_threads sets "
                           f"the threads)")
+
+
+def check_cluster(cfg: Any) -> None:
+    """On a Ray cluster given by address (``ray.address`` or ``RAY_ADDRESS``; a local one shares this disk): the
+    cluster answers (``pipelines.nodes.check_reachable``: one line, not minutes of reconnecting), the run connects
+    to it as its stages do, and every path its workers read or write — the workdir (stores, checkpoints, exports),
+    the target, a warm start's draft, a ``sqlite`` tracking file, a local artifact root — is the same usable path
+    on every alive node (``pipelines.nodes.check_paths_on_nodes``); each a ``ConfigError`` naming key and node."""
+    from pipelines.nodes import READ, WRITE, WRITE_FILE, check_paths_on_nodes, check_reachable, cluster_address
+
+    address = cluster_address(cfg.ray.address)
+    if address is None:
+        return
+    check_reachable(address)
+    from pipelines.stages import ensure_ray
+
+    try:
+        ensure_ray(cfg)
+    except ConnectionError as err:  # it answered, but is not a Ray cluster this driver may join
+        raise ConfigError(f"ray.address={address}: cannot join the Ray cluster there ({err})") from None
+    uri = cfg.tracking.resolved_uri() if cfg.tracking.enabled else ""
+    artifacts = cfg.tracking.artifact_location or ""
+    init_from = cfg.train.init_from if cfg.train.init_from != "champion" else ""
+    check_paths_on_nodes({
+        "workdir": (cfg.workdir, WRITE),
+        "target.path": (cfg.target.path, READ),
+        "train.init_from": (init_from, READ),
+        "tracking.uri": (uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else "", WRITE_FILE),
+        "tracking.artifact_location": (artifacts.removeprefix("file://"), WRITE),
+    })
 
 
 # what a run writes in its workdir: a workdir of a run from before the ownership marker holds some of them

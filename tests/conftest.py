@@ -254,6 +254,13 @@ def local_ray(request):
     real cluster must (``s3_ray``): the tests on S3 need no second cluster."""
     import ray
 
+    connect_local_ray(request)
+    yield ray
+    ray.shutdown()
+
+
+def connect_local_ray(request) -> None:
+    """Connect ``local_ray``'s cluster (again, after a test module ran its own: ``tests/ray_nodes.py``)."""
     from pipelines.cluster import connect_ray
 
     try:
@@ -261,8 +268,6 @@ def local_ray(request):
     except pytest.skip.Exception:  # no s3fs / moto: no S3 tests either
         s3 = {}
     connect_ray(num_cpus=2, env_vars={"PYTHONPATH": worker_pythonpath(), **s3}, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 # --- an S3-compatible object store on 127.0.0.1 (moto's server mode) ---------------------------

@@ -58,7 +58,8 @@ REPO = Path(__file__).resolve().parents[1]
 # the pages whose blocks run, in the order a reader follows them (one chain: a later page's commands work on
 # what the earlier pages' made); a page not written yet is left out, a docs page not listed fails the accounting
 PAGES = ("README.md", "docs/install.md", "docs/first-run.md", "docs/commands.md", "docs/concepts.md",
-         "docs/store.md", "docs/evaluation.md", "docs/serving.md", "docs/operations.md", "docs/guarantees.md",
+         "docs/store.md", "docs/evaluation.md", "docs/serving.md", "docs/operations.md", "docs/cluster.md",
+         "docs/guarantees.md",
          "docs/development.md", "docs/README.md")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 CRASH = re.compile(r"Traceback \(most recent call last\)|Fatal Python error|SIGABRT|Mutex corrupt|core_worker\.cc:\d+")
@@ -150,6 +151,8 @@ TEXT_BLOCKS = {
     "drift     champion": "the summary's offline drift line",
     "warm      started from": "the summary's warm-start line",
     ".../ShareGPT_V3_unfiltered_cleaned_split.json: record": "the reject a JSON array cut off mid-record gives",
+    "# the head: the driver's node": "a Ray cluster by hand (several machines; tests/flows/test_cluster_flow.py "
+                                     "starts the same in-process)",
 }
 
 
