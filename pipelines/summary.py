@@ -122,7 +122,7 @@ def stage_lines(result: dict[str, Any]) -> list[StageLine]:
 
     lines = [line("prepare", Prepared.from_dict(result["prepare"]))]
     for r in map(Regenerated.from_dict, result["regenerate"]):
-        lines.append(line("regenerate", r, r.prompt.rsplit("/", 1)[-1] + _mode_note(r.summary)))
+        lines.append(line("regenerate", r, r.prompt.rsplit("/", 1)[-1] + mode_note(r.summary)))
     dumped = [Dumped.from_dict(d) for d in result["features"]]
     for d, r in zip(dumped, result["regenerate"]):
         lines.append(line("features", d, r["prompt"].rsplit("/", 1)[-1]))
@@ -138,7 +138,7 @@ def stage_lines(result: dict[str, Any]) -> list[StageLine]:
     return lines
 
 
-def _mode_note(summary: dict[str, Any]) -> str:
+def mode_note(summary: dict[str, Any]) -> str:
     """What a shipped / mixed regenerate did with the rows (nothing in target mode, as before the modes)."""
     if summary.get("mode", "target") == "target":
         return ""

@@ -87,7 +87,7 @@ def test_each_window_keeps_its_held_out_slice_and_the_gate_reads_the_earlier_one
 
 
 def test_shipped_mode_keeps_another_models_logged_answers_and_counts_the_unanswered(tmp_path):
-    from pipelines.summary import _mode_note, traffic_rows
+    from pipelines.summary import mode_note, traffic_rows
 
     root = write_traffic(tmp_path / "traffic")
     settings = {"path": str(root), "days": 4, "served_model": SERVED, "replay": 0.0, "held_out": 0.0}
@@ -101,7 +101,7 @@ def test_shipped_mode_keeps_another_models_logged_answers_and_counts_the_unanswe
     assert [r["messages"][-1]["content"] for r in read_conversations([shipped.conversations])] == ["eighty"]
     s = shipped.summary
     assert (s["rows_shipped"], s["rows_regenerated"], s["rows_no_answer"]) == (1, 0, 2)
-    assert _mode_note(s) == " (shipped: 0 regenerated, 1 as shipped, 2 with no answer)"
+    assert mode_note(s) == " (shipped: 0 regenerated, 1 as shipped, 2 with no answer)"
     # target mode: the window's prompts carry no answer (its files and keys as before the modes)
     target = prepare(from_dict(RunConfig, {"workdir": str(tmp_path / "runs"), "data": {"traffic": settings}}))
     assert "other_model_answers" not in target.traffic["counts"]
