@@ -96,6 +96,18 @@ def test_good_modes_load_and_data_regenerate_false_names_its_replacement():
         from_dict(RunConfig, {"data": {"regenerate": False}})
 
 
+def test_the_mode_joins_the_stage_key_only_when_it_is_not_target():
+    from pipelines.shipped import mode_settings
+    from specdraft.config import config_hash, to_dict
+
+    target = mode_settings(RegenerateConfig())
+    assert "mode" not in target and "share" not in target  # the keys written before the modes still match
+    assert target == {k: v for k, v in to_dict(RegenerateConfig()).items() if k not in ("mode", "share")}
+    keys = {config_hash(mode_settings(RegenerateConfig(**c))) for c in (
+        {}, {"mode": "shipped"}, {"mode": "mixed", "share": 0.25}, {"mode": "mixed", "share": 0.5})}
+    assert len(keys) == 4
+
+
 # --- the stage -----------------------------------------------------------------------------------------------
 
 
