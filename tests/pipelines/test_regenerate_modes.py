@@ -162,12 +162,17 @@ def test_shipped_mode_on_questions_only_is_one_line_exit_2(target_dir, tmp_path,
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert "regenerate.mode=shipped keeps the conversations' own answers and none of the 3 has one" in err
+    answered = write_prompts(tmp_path / "answered.jsonl", dataset_rows(3))
+    assert main(["regenerate", "--target", str(target_dir), "--prompts", str(answered), str(questions),
+                 "--out", str(tmp_path / "mixed-in"), "mode=shipped"]) == 0
+    assert "; mode shipped: 0 regenerated, 3 kept as shipped, 3 rejected with no answer to keep" in \
+        capsys.readouterr().out
     allowed = regenerate(target_dir, questions, tmp_path / "allowed",
                          RegenerateConfig(mode="shipped", allow_empty=True), progress=False)
     assert (allowed["rows_out"], allowed["rows_no_answer"]) == (0, 3)
 
 
-@pytest.mark.slow  # ~25 s: Ray Data's replica for the drawn rows (the split itself is tested in process above)
+@pytest.mark.slow  # 10-25 s here: Ray Data's replica for the drawn rows (the split itself is tested in process above)
 def test_mixed_mode_regenerates_the_drawn_rows_and_ships_the_rest(local_ray, target_dir, tmp_path):  # noqa: F811
     rows = dataset_rows(8)
     prompts = write_prompts(tmp_path / "prompts.jsonl", rows)
