@@ -53,8 +53,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--budget-cpu-s", type=float, required=True, help="CPU seconds of data production per mode")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--share", type=float, default=0.25, help="mixed: the share the target regenerates")
-    ap.add_argument("--first-round", type=int, default=16, help="rows of a mode's first data round")
-    ap.add_argument("--calibrate", type=int, default=32, help="shipped rows of the prefill calibration dump")
+    ap.add_argument("--calibrate", type=int, default=64,
+                    help="rows of the larger calibration run (the smaller: a quarter); span several regenerate "
+                         "batches (batch_size 16): a batch costs about its longest answer, not its row count")
     ap.add_argument("--backend", choices=["hf", "vllm"], default="vllm")
     ap.add_argument("--regen-max-new-tokens", type=int, default=128)
     ap.add_argument("--max-length", type=int, default=1024, help="the dump's tokens per conversation")
@@ -220,6 +221,7 @@ def produce(args: argparse.Namespace, mode: str, target: Path, pool: Path, cal: 
     return {"rows": rows, **{k: summary[k] for k in keys}, "estimated_data_cpu_s": estimate,
             "regenerate_cpu_s": meter.cpu_s, "regenerate_wall_s": summary["wall_s"], "dump": dumped,
             "data_cpu_s": round(meter.cpu_s + dumped["cpu_s"], 2), "budget_cpu_s": args.budget_cpu_s,
+            "over_budget": round((meter.cpu_s + dumped["cpu_s"]) / args.budget_cpu_s - 1, 3),  # > 0.1: recalibrate
             "store": str(out / "store")}
 
 
@@ -297,12 +299,16 @@ def print_table(result: dict[str, Any]) -> None:
     f = lambda x, spec=".2f": "-" if x is None else format(x, spec)  # noqa: E731
     print(f"{'mode':8s} {'rows':>6s} {'regen':>6s} {'shipped':>7s} {'tokens':>8s} {'data CPU s':>10s} "
           f"{'budget':>7s} {'steps':>6s} {'sim tau':>7s} | vLLM acceptance / speedup per set")
+    missed = [m for m, r in result["modes"].items() if abs(r["over_budget"]) > 0.1]
     for mode, r in result["modes"].items():
         t = r["train"]
         sets = " ".join(f"{s}: {f(d['acceptance_length'])} / {f(d['speedup'])}x" for s, d in r["engine"].items())
         print(f"{mode:8s} {r['rows']:6d} {r['rows_regenerated']:6d} {r['rows_shipped']:7d} "
               f"{f(r['dump']['tokens'], 'd'):>8s} {r['data_cpu_s']:10.1f} {r['budget_cpu_s']:7.0f} "
               f"{t['optimizer_steps']:6d} {f(t['sim_after']['sim_tau']):>7s} | {sets}")
+    if missed:
+        print(f"not equal CPU time: {', '.join(missed)} spent over 10 % more or less than the budget (the calibration "
+              "missed: a larger --calibrate, a quieter host)")
     if result["ngram"]:
         print("ngram (vLLM's prompt lookup, no training): " + " ".join(
             f"{s}: {f(d['acceptance_length'])} / {f(d['speedup'])}x" for s, d in result["ngram"].items()))
