@@ -1,4 +1,6 @@
-"""The host a benchmark ran on, and the one way a benchmark writes its result.
+"""The host a benchmark ran on, and the one way a benchmark writes its result; host measurements: resident memory of
+this process, the host's load, and the CPU time of this process and of every process it started (``CpuMeter``: Ray's
+local cluster, its actors and engines).
 
 ``write_result`` writes a result as JSON with its ``host`` entry: the host's facts (``host_facts``: platform,
 CPU model and count, memory, accelerator, versions, the load when written) under what the script measured of it
@@ -125,3 +127,48 @@ class LoadSampler:
             "samples": len(self.samples), "sample_every_s": self.every,
             "note": "includes this benchmark's own process (about 1 with --threads 1)",
         }
+
+
+class CpuMeter:
+    """CPU seconds (user + system) of this process and all its descendants while in use, sampled every ``every``
+    seconds with psutil (a local Ray cluster started here is a descendant: its raylet, workers, actors and their
+    engines are counted). A process that exits loses at most its last interval; one that starts and exits between
+    two samples is missed. Processes already running when the meter starts count from their time then."""
+
+    def __init__(self, every: float = 0.5):
+        import psutil
+
+        self.every, self._me = every, psutil.Process()
+        self._base: dict[tuple[int, float], float] = {}
+        self._last: dict[tuple[int, float], float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self, base: bool = False) -> None:
+        import psutil
+
+        for p in [self._me, *self._me.children(recursive=True)]:
+            try:
+                key, t = (p.pid, p.create_time()), p.cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            self._last[key] = t.user + t.system
+            self._base.setdefault(key, self._last[key] if base else 0.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._sample()
+
+    def __enter__(self) -> Self:
+        self._sample(base=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    @property
+    def cpu_s(self) -> float:
+        return round(sum(v - self._base[k] for k, v in self._last.items()), 2)

@@ -103,6 +103,8 @@ def regenerate(args: argparse.Namespace) -> int:
         f"regenerate: rows in {s['rows_in']}, out {s['rows_out']}, skipped {s['rows_skipped']} (already done), "
         f"rejected {s['rows_rejected']}, too long {s['rows_too_long']}; {s['tokens_generated']} tokens in "
         f"{s['run_s']:.1f} s ({s['tokens_per_s']:.1f} tokens/s); {s['rows_total']} conversations in {s['out_dir']}"
+        + ("" if s["mode"] == "target" else f"; mode {s['mode']}: {s['rows_regenerated']} regenerated, "
+           f"{s['rows_shipped']} kept as shipped, {s['rows_no_answer']} rejected with no answer to keep")
     )
     return 0
 

@@ -121,10 +121,19 @@ class IngestConfig:
     excerpt_chars: int = 300  # raw excerpt kept per reject
 
 
+REGENERATE_MODES = ("target", "shipped", "mixed")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RegenerateConfig:
-    """How the target regenerates the answers."""
+    """How the target regenerates the answers (``mode``: whether it does; ``pipelines/shipped.py``)."""
 
+    # target: the target answers every prompt (its own text: on-policy); shipped: the conversations' own answers
+    # are kept as they ship (ShareGPT's, another model's logged responses), nothing is generated and no target
+    # loads — the labels are still the target's distribution, computed by the dump's prefill; mixed: the target
+    # regenerates a `share` of the conversations (chosen by seed and prompt digest), the rest ship as they are
+    mode: Literal["target", "shipped", "mixed"] = "target"
+    share: float | None = None  # mixed only: the share of conversations the target regenerates, 0 < share < 1
     backend: Literal["hf", "vllm"] = "hf"
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
@@ -151,6 +160,12 @@ class RegenerateConfig:
     allow_empty: bool = False  # prompts that ingest to no conversation: an error (exit 2) unless true
 
     def __post_init__(self) -> None:
+        if self.mode == "mixed" and (self.share is None or not 0 < self.share < 1):
+            raise ConfigError(f"share={self.share}: mode=mixed regenerates this share of the conversations, a number "
+                              "between 0 and 1 (exclusive; mode=target regenerates all, mode=shipped none)")
+        if self.mode != "mixed" and self.share is not None:
+            raise ConfigError(f"share={self.share}: only mode=mixed regenerates a share (mode={self.mode}); set "
+                              "mode=mixed or drop share")
         if self.temperature < 0:
             raise ConfigError(f"temperature={self.temperature}: must be >= 0")
         if not 0 < self.top_p <= 1:
@@ -214,7 +229,8 @@ class TargetSection:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DataSection:
     prompts: list[str] = field(default_factory=list)  # files, directories or glob patterns
-    regenerate: bool = True  # False: train on the prompts' own answers (no self-distillation)
+    # replaced by regenerate.mode (shipped: the prompts' own answers); false is refused, naming it
+    regenerate: bool = field(default=True, metadata={"hidden": True})
     traffic: TrafficSettings = field(default_factory=TrafficSettings)  # dated request logs (specdraft/freshness/traffic.py)
 
 
@@ -274,6 +290,9 @@ class RunConfig:
         stage can run with (each a ``ConfigError`` naming its key, raised before any stage starts)."""
         if self.retries < 0:
             raise ConfigError(f"retries={self.retries}: must be >= 0")
+        if not self.data.regenerate:
+            raise ConfigError("data.regenerate=false: replaced by regenerate.mode=shipped (train on the prompts' own "
+                              "answers; a prompt without one is a counted reject) — set that instead")
         if self.eval.replicas is not None and self.eval.replicas < 1:
             raise ConfigError(f"eval.replicas={self.eval.replicas}: must be >= 1 (or null)")
         if self.ray.num_cpus is not None and self.ray.num_cpus < 1:

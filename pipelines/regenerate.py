@@ -4,7 +4,9 @@ The draft must learn the *target's* distribution (self-distillation: "Medusa: Si
 Acceleration Framework with Multiple Decoding Heads", §3.3.2), so the dataset's assistant turns are
 dropped and each user turn is answered by the target conditioned on its own earlier answers (turn t
 sees the target's answers to turns 1..t-1). docs/commands.md (``specdraft regenerate``) and
-docs/store.md "Object stores".
+docs/store.md "Object stores". ``regenerate.mode`` decides which conversations the target answers: all
+(``target``), none (``shipped``: their own answers are kept, no target loads) or a share (``mixed``); the
+kept ones are written here too (``pipelines/shipped.py``).
 
     ingest (driver)      prompt files -> normalized rows + rejects.jsonl (pipelines/ingest.py);
                          conversations already in the output dir are skipped (resume) when their
@@ -56,7 +58,8 @@ from pipelines.cluster import ACTOR_POOL, connect_ray, output_to_file
 from pipelines.conversations import SCHEMA, done_prompts, drop_answers, prompt_digest, write_part
 from pipelines.configs import RegenerateConfig
 from pipelines.generation import hf_answer_fn, regenerate_rows, stop_token_ids, vllm_answer_fn
-from pipelines.ingest import ingest
+from pipelines.ingest import ingest, write_rejects
+from pipelines.shipped import NO_ANSWER, Plan, plan_rows, write_shipped
 from specdraft.config import ConfigError, config_hash, from_dict, to_dict
 from specdraft.progress import ProgressLines
 from specdraft.placement import dtype_name, resolve_dtype
@@ -79,6 +82,7 @@ def _generation_identity(target: Target, cfg: RegenerateConfig) -> dict[str, Any
     id, derived from its config and weights) and ``target_fingerprint`` (its weights' content digest,
     ``specdraft.targets.identity.target_fingerprint``) record which target wrote them."""
     keys = ("backend", "temperature", "top_p", "max_new_tokens", "seed", "max_model_len")
+    keys += ("mode", "share") if cfg.mode != "target" else ()  # (directories written before the modes resume)
     settings = {k: getattr(cfg, k) for k in keys}
     return {"target": target_id(target), "target_fingerprint": target_fingerprint(target), "settings": settings,
             "hash": config_hash(settings)}
@@ -265,14 +269,15 @@ def vllm_log(out_dir: Path | str) -> Path:
 BACKENDS = {"hf": _run_hf, "vllm": _run_vllm}
 
 
-def _pending(out_dir: Path | str, selected: list[dict[str, Any]]):
-    """(answers already in ``out_dir`` by id, ids whose prompt changed since (their answers dropped),
-    the rows still to answer)."""
+def _pending(out_dir: Path | str, plan: Plan):
+    """(answers already in ``out_dir`` by id, ids whose prompt — a shipped row: whose text — changed since (their
+    answers dropped), the rows still to regenerate, the rows still to ship)."""
     done = done_prompts(out_dir)
-    changed = [r["id"] for r in selected if r["id"] in done and done[r["id"]][0] != prompt_digest(r["messages"])]
+    changed = [i for i, digest in plan.expected_digests().items() if i in done and done[i][0] != digest]
     drop_answers(done, changed)
     redo = set(changed)
-    return done, changed, [r for r in selected if r["id"] not in done or r["id"] in redo]
+    todo = lambda rows: [r for r in rows if r["id"] not in done or r["id"] in redo]  # noqa: E731
+    return done, changed, todo(plan.regenerate), todo(plan.shipped)
 
 
 def _answer_pending(target: Target, pending: list[dict[str, Any]], out_dir: Path | str, cfg: RegenerateConfig,
@@ -283,9 +288,9 @@ def _answer_pending(target: Target, pending: list[dict[str, Any]], out_dir: Path
     totals = {"rows_in": 0, "rows_out": 0, "files": 0, "turns": 0, "truncated_turns": 0, "empty_answers": 0,
               "tokens": 0, "prompt_tokens": 0, "cut_turns": 0, "generate_s": 0.0}
     too_long: list[str] = []
-    max_model_len = _model_len(target, cfg)
-    if not pending:
+    if not pending:  # (shipped mode, or all done: no target, no Ray)
         return totals, too_long
+    max_model_len = _model_len(target, cfg)
     lines = ProgressLines("regenerate", len(pending), "conversations", stream=sys.stderr, enabled=progress)
     connect_ray(cfg.ray_address)
     context = ray.data.DataContext.get_current()
@@ -301,6 +306,23 @@ def _answer_pending(target: Target, pending: list[dict[str, Any]], out_dir: Path
     return totals, too_long
 
 
+def _check_some(prompts: Any, rows: list, plan: Plan, ingested: dict[str, Any], rejects: str, cfg: RegenerateConfig):
+    """Nothing to write is an error (exit 2) naming why, unless ``allow_empty``: no conversation ingested, or (mode
+    shipped / mixed) none with an answer to keep."""
+    if cfg.allow_empty or plan.regenerate or plan.shipped:
+        return
+    named = ", ".join(map(str, [prompts] if isinstance(prompts, (str, Path)) else prompts))
+    if not rows:
+        raise ConfigError(
+            f"--prompts {named}: no conversation to answer ({ingested['rows_in']} rows read, rejected "
+            f"{ingested['rejects_by_reason']} — see {rejects}; {ingested['files_skipped']} files skipped); set "
+            "allow_empty=true to finish with none")
+    raise ConfigError(
+        f"--prompts {named}: regenerate.mode={cfg.mode} keeps the conversations' own answers and none of the "
+        f"{len(plan.rejects)} has one ({NO_ANSWER}: prompts only — see {rejects}); use mode=target (the target "
+        "answers them) or set allow_empty=true to finish with none")
+
+
 def regenerate(
     target: Target | str | Path,
     prompts: str | Path | Iterable[str | Path],
@@ -308,60 +330,90 @@ def regenerate(
     cfg: RegenerateConfig = RegenerateConfig(),
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Ingest ``prompts``, regenerate every answer with ``target`` into ``out_dir``; the summary.
+    """Ingest ``prompts``, regenerate the answers with ``target`` into ``out_dir`` — every one, none or a share
+    (``cfg.mode``: ``pipelines/shipped.py``); the summary.
 
     ``out_dir`` (a local directory or an object-store URL) gets ``part-*.parquet`` (conversation
-    schema), ``rejects.jsonl`` (ingest), ``regenerate.json`` (target + generation settings; a rerun
-    must match them) and ``summary.json``. Conversations already in ``out_dir`` are skipped, so a rerun after a crash
-    or on a grown prompt set only does what is missing; one whose prompt changed under the same id is
-    answered again (``rows_changed``), and answers of ids no longer among the prompts are kept and
-    counted (``rows_only_in_output``).
+    schema), ``rejects.jsonl`` (ingest's, and the rows with no answer to ship), ``regenerate.json`` (target +
+    generation settings; a rerun must match them) and ``summary.json``. Conversations already in ``out_dir`` are
+    skipped, so a rerun after a crash or on a grown prompt set only does what is missing; one whose prompt (a
+    shipped one: whose text) changed under the same id is done again (``rows_changed``), and answers of ids no
+    longer among the prompts are kept and counted (``rows_only_in_output``).
     """
     started = time.perf_counter()
     target, out_dir = Target.of(target), location.as_location(out_dir)  # the target checked here, once
     identity = _generation_identity(target, cfg)
     _claim_out_dir(out_dir, identity)
-    rows, ingest_summary = ingest(prompts, cfg.ingest, rejects_path=location.join(out_dir, REJECTS_FILE))
-    if not rows and not cfg.allow_empty:  # nothing to answer: say so instead of finishing with nothing done
-        raise ConfigError(
-            f"--prompts {', '.join(map(str, [prompts] if isinstance(prompts, (str, Path)) else prompts))}: no conversation "
-            f"to answer ({ingest_summary['rows_in']} rows read, rejected {ingest_summary['rejects_by_reason']} — see "
-            f"{location.join(out_dir, REJECTS_FILE)}; {ingest_summary['files_skipped']} files skipped); set allow_empty=true "
-            "to finish with none")
+    rejects_path = location.join(out_dir, REJECTS_FILE)
+    rows, ingest_summary = ingest(prompts, cfg.ingest, rejects_path=rejects_path, keep_rejects=True)
     selected = rows if cfg.limit is None else rows[: cfg.limit]
-    done, changed, pending = _pending(out_dir, selected)
+    plan = plan_rows(selected, cfg)
+    if plan.rejects:  # beside ingest's: every row that is not written is in rejects.jsonl with its reason
+        write_rejects(rejects_path, ingest_summary["rejects"] + plan.rejects)
+    del ingest_summary["rejects"]
+    _check_some(prompts, rows, plan, ingest_summary, rejects_path, cfg)
+    done, changed, pending, to_ship = _pending(out_dir, plan)
     only_in_output = sorted(set(done) - {r["id"] for r in rows})
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else (lambda msg: None)
     log(f"regenerate: {len(pending)} to do ({len(changed)} whose prompt changed since answered), "
-        f"{len(selected) - len(pending)} already in {out_dir}, {ingest_summary['rejected']} rejected by ingest, "
-        f"{ingest_summary['files_skipped']} files skipped"
+        + (f"{len(to_ship)} to keep as shipped (mode={cfg.mode}), {len(plan.rejects)} with no answer to keep, "
+           if cfg.mode != "target" else "")
+        + f"{len(plan.regenerate) + len(plan.shipped) - len(pending) - len(to_ship)} already in {out_dir}, "
+        f"{ingest_summary['rejected']} rejected by ingest, {ingest_summary['files_skipped']} files skipped"
         + (f", {len(only_in_output)} answers in {out_dir} of ids no longer among the prompts (kept)"
            if only_in_output else ""))
     if cfg.backend == "vllm" and pending:
         log(f"regenerate: vLLM's own output (its INFO lines and warnings) goes to {vllm_log(out_dir)}")
     run_started = time.perf_counter()
+    shipped_files = write_shipped(out_dir, to_ship)
     totals, too_long = _answer_pending(target, pending, out_dir, cfg, progress)
-    run_s = time.perf_counter() - run_started
-    summary = {
+    totals.update(run_s=time.perf_counter() - run_started, shipped=len(to_ship), shipped_files=shipped_files)
+    summary = _summary(cfg, identity, out_dir, rows, selected, plan, (done, changed, pending, to_ship),
+                       only_in_output, totals, too_long, ingest_summary)
+    summary["wall_s"] = round(time.perf_counter() - started, 3)
+    location.write_text(location.join(out_dir, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _summary(cfg: RegenerateConfig, identity: dict[str, Any], out_dir: Path | str, rows: list, selected: list,
+             plan: Plan, pending: tuple, only_in_output: list[str], totals: dict[str, Any], too_long: list[str],
+             ingest_summary: dict[str, Any]) -> dict[str, Any]:
+    """The stage's summary: every ingested row regenerated, shipped, skipped (done before), over the limit or
+    rejected (ingest's reasons and ``no_answer``), each counted."""
+    done, changed, to_generate, to_ship = pending
+    run_s = totals["run_s"]
+    rejects_by_reason = dict(ingest_summary["rejects_by_reason"])
+    if plan.rejects:
+        rejects_by_reason[NO_ANSWER] = len(plan.rejects)
+    return {
         "stage": "regenerate",
+        "mode": cfg.mode,
+        "share": cfg.share,
         "backend": cfg.backend,
         "target": identity["target"],
         "target_fingerprint": identity["target_fingerprint"],
         "out_dir": str(out_dir),
         "rows_ingested": len(rows),
-        "rows_rejected": ingest_summary["rejected"],
+        "rows_rejected": ingest_summary["rejected"] + len(plan.rejects),
+        "rejects_by_reason": dict(sorted(rejects_by_reason.items())),
+        "rows_no_answer": len(plan.rejects),  # mode shipped / mixed: nothing to keep (only prompt turns)
         "rows_over_limit": len(rows) - len(selected),
-        "rows_in": len(pending),
-        "rows_skipped": len(selected) - len(pending),
+        "rows_planned_regenerate": len(plan.regenerate),  # this run's mode: to the target, done before or now
+        "rows_planned_shipped": len(plan.shipped),
+        "rows_in": len(to_generate) + len(to_ship),
+        "rows_skipped": len(plan.regenerate) + len(plan.shipped) - len(to_generate) - len(to_ship),
         "rows_changed": len(changed),  # prompt changed under the same id: old answer dropped, answered again
         "changed_ids": changed[:20],
         "rows_only_in_output": len(only_in_output),  # answers kept of ids the prompts no longer have
         "only_in_output_ids": only_in_output[:20],
-        "rows_out": totals["rows_out"],
+        "rows_regenerated": totals["rows_out"],
+        "rows_shipped": totals["shipped"],
+        "shipped_cut_turns": plan.cut_turns,  # user turns after a shipped row's last answer, dropped
+        "rows_out": totals["rows_out"] + totals["shipped"],
         "rows_too_long": len(too_long),
         "too_long_ids": too_long[:20],
-        "rows_total": len(done) - len(changed) + totals["rows_out"],
-        "files_written": totals["files"],
+        "rows_total": len(done) - len(changed) + totals["rows_out"] + totals["shipped"],
+        "files_written": totals["files"] + totals["shipped_files"],
         "turns": totals["turns"],
         "truncated_turns": totals["truncated_turns"],
         "cut_turns": totals["cut_turns"],
@@ -372,8 +424,5 @@ def regenerate(
         "generate_s": round(totals["generate_s"], 3),
         "tokens_per_s": round(totals["tokens"] / run_s, 2) if totals["tokens"] else 0.0,
         "generate_tokens_per_s": round(totals["tokens"] / totals["generate_s"], 2) if totals["tokens"] else 0.0,
-        "wall_s": round(time.perf_counter() - started, 3),
         "ingest": ingest_summary,
     }
-    location.write_text(location.join(out_dir, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
-    return summary

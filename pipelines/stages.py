@@ -33,6 +33,7 @@ from pipelines.cluster import connect_ray
 from pipelines.dump import dump_features
 from pipelines.configs import ClusterTrainConfig, RunConfig, core_features
 from pipelines.regenerate import regenerate
+from pipelines.shipped import mode_settings
 from pipelines.conversations import read_conversations
 from pipelines.records import Dumped, Evaluated, Exported, Prepared, PromptFile, Regenerated, Trained
 from pipelines.train import run_training
@@ -127,7 +128,7 @@ def prepare_traffic(cfg: RunConfig) -> TrafficRecord:
     their counts ``regression`` (questions, windows, over_cap)."""
     from specdraft.freshness.traffic import keep_held_out, read_window, regression_questions, write_window
 
-    window = read_window(cfg.data.traffic)
+    window = read_window(cfg.data.traffic, keep_answers=cfg.regenerate.mode != "target")
     key = stage_key(cfg.data.traffic, window.prompts, window.reused, window.held_out)
     out = Path(cfg.workdir).absolute() / "traffic" / key
     written = write_window(window, str(out))
@@ -165,26 +166,21 @@ def _done(record: Regenerated | Dumped | Trained | Evaluated | Exported) -> dict
 
 
 def regenerate_file(cfg: RunConfig, prepared: Prepared, prompt: PromptFile) -> Regenerated:
-    """Regenerate the answers of one prompt file (or pass its own answers through)."""
+    """Regenerate the answers of one prompt file as ``regenerate.mode`` says (``pipelines/shipped.py``); a file of
+    the served model's own logged answers (``prompt.reuse``) always ships as it is."""
     reuse = ["reuse"] if prompt.reuse else []  # (keys of files without reuse unchanged)
-    key = stage_key(prepared.target_id, prompt.digest, cfg.regenerate, cfg.data.regenerate, *reuse)
+    # (mode_settings: target mode's keys as before the modes; data.regenerate: always true, kept for the same keys)
+    key = stage_key(prepared.target_id, prompt.digest, mode_settings(cfg.regenerate), cfg.data.regenerate, *reuse)
     out = Path(cfg.workdir) / "regenerate" / key
     if (done := _finished(out)) is not None:
         return Regenerated.from_dict({**done, "skipped": True})
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    if cfg.data.regenerate and not prompt.reuse:  # reused: the target's own logged answers, nothing to generate
+    settings = replace(cfg.regenerate, mode="shipped", share=None) if prompt.reuse else cfg.regenerate
+    if settings.mode != "shipped":  # shipped: no generation, no Ray
         ensure_ray(cfg)
-        summary = regenerate(prepared.target, [prompt.path], out, cfg.regenerate)  # its progress lines too
-        conversations = str(out)
-    else:
-        from pipelines.conversations import write_conversations
-        from pipelines.ingest import ingest
-
-        rows, summary = ingest([prompt.path], cfg.regenerate.ingest, rejects_path=out / "rejects.jsonl")
-        write_conversations(out / "part-00000.parquet", rows)
-        conversations = str(out)
-    record = Regenerated(key=key, prompt=prompt.path, conversations=conversations, summary=summary,
+    summary = regenerate(prepared.target, [prompt.path], out, settings)  # its progress lines too
+    record = Regenerated(key=key, prompt=prompt.path, conversations=str(out), summary=summary,
                          wall_s=time.perf_counter() - started)
     _finish(out, _done(record))
     return record

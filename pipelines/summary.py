@@ -122,7 +122,7 @@ def stage_lines(result: dict[str, Any]) -> list[StageLine]:
 
     lines = [line("prepare", Prepared.from_dict(result["prepare"]))]
     for r in map(Regenerated.from_dict, result["regenerate"]):
-        lines.append(line("regenerate", r, r.prompt.rsplit("/", 1)[-1]))
+        lines.append(line("regenerate", r, r.prompt.rsplit("/", 1)[-1] + mode_note(r.summary)))
     dumped = [Dumped.from_dict(d) for d in result["features"]]
     for d, r in zip(dumped, result["regenerate"]):
         lines.append(line("features", d, r["prompt"].rsplit("/", 1)[-1]))
@@ -136,6 +136,14 @@ def stage_lines(result: dict[str, Any]) -> list[StageLine]:
                            seconds=registered.wall_s if registered.registered else None,
                            note="" if registered.registered else registered.reason))
     return lines
+
+
+def mode_note(summary: dict[str, Any]) -> str:
+    """What a shipped / mixed regenerate did with the rows (nothing in target mode, as before the modes)."""
+    if summary.get("mode", "target") == "target":
+        return ""
+    return (f" ({summary['mode']}: {summary['rows_regenerated']} regenerated, {summary['rows_shipped']} as shipped, "
+            f"{summary['rows_no_answer']} with no answer)")
 
 
 def dataset_lines(evaluated: Evaluated, report: dict[str, Any] | None) -> list[DatasetLine]:
@@ -210,9 +218,11 @@ def traffic_rows(prepared: dict[str, Any]) -> list[tuple[str, str]]:
         return []
     traffic = TrafficRecord.from_dict(prepared["traffic"])
     c, days = traffic.counts, traffic.days
+    other = (f" ({c['other_model_answers']} with another model's logged answer, which regenerate.mode "
+             "shipped/mixed keeps as it shipped)" if "other_model_answers" in c else "")
     rows = [("traffic", f"window {days[-1] if days else '-'}..{days[0] if days else '-'} ({len(days)} days): "
                         f"{c['read']} rows read{_replay_days_read(c)}, {c['rejected']} rejected{_reasons(c)}, {c['deduplicated']} deduplicated, "
-                        f"{c['over_cap']} over the cap, {c['held_out']} held out; {c['to_regenerate']} to regenerate, "
+                        f"{c['over_cap']} over the cap, {c['held_out']} held out; {c['to_regenerate']} to regenerate{other}, "
                         f"{c['reused'] + c['replay_reused']} reused as logged (not regenerated), {c['replayed']} "
                         f"replayed from {len(traffic.replay_days)} earlier days ({c['dropped_replay']} not drawn"
                         + (f", {c['replay_held_out']} held out in their own window" if c.get("replay_held_out") else "")

@@ -235,9 +235,11 @@ def _first(rejects: list[dict[str, Any]]) -> str:
     return f"; the first: {r['file']}{'' if r['line'] is None else ':' + str(r['line'])}: {r['detail']}"
 
 
-def read_window(settings: TrafficSettings) -> Window:
+def read_window(settings: TrafficSettings, keep_answers: bool = False) -> Window:
     """The window and replay of ``settings.path`` (the module docstring says how). A window with no usable row
-    is a ``ConfigError`` naming the path and the rejects by reason (one line, exit 2)."""
+    is a ``ConfigError`` naming the path and the rejects by reason (one line, exit 2). ``keep_answers``
+    (``regenerate.mode`` shipped or mixed): a row to regenerate keeps its logged answer of another model as its
+    last turn (counted: ``other_model_answers``), for the regenerate stage to keep as shipped."""
     root = location.as_location(settings.path)
     window = _plan_window(settings)
     # read: every row read, the window's days' and the replay days' (read_replay_days: the latter)
@@ -293,8 +295,12 @@ def read_window(settings: TrafficSettings) -> Window:
             window.reused.append({"id": row_id, "messages": messages + [{"role": "assistant", "content": answer}]})
             counts["replay_reused" if replayed else "reused"] += 1
         else:
-            window.prompts.append({"id": row_id, "messages": messages})
+            shipped = keep_answers and answer is not None
+            window.prompts.append({"id": row_id, "messages": messages
+                                   + ([{"role": "assistant", "content": answer}] if shipped else [])})
             counts["to_regenerate"] += 1
+            if keep_answers:
+                counts["other_model_answers"] = counts.get("other_model_answers", 0) + shipped
     window.counts = counts
     return window
 

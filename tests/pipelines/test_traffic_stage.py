@@ -86,3 +86,27 @@ def test_each_window_keeps_its_held_out_slice_and_the_gate_reads_the_earlier_one
         Path(second.files.held_out).read_text().splitlines())
     assert [r["reason"] for r in third.regression.rejects] == ["not_utf8", "bad_json"]
     assert any("2 lines of the kept held-out slices are not in the regression set" in w for w in third.warnings)
+
+
+
+def test_shipped_mode_keeps_another_models_logged_answers_and_counts_the_unanswered(tmp_path):
+    from pipelines.summary import mode_note, traffic_rows
+
+    root = write_traffic(tmp_path / "traffic")
+    settings = {"path": str(root), "days": 4, "served_model": SERVED, "replay": 0.0, "held_out": 0.0}
+    cfg = from_dict(RunConfig, {"workdir": str(tmp_path / "runs"), "data": {"traffic": settings},
+                                "regenerate": {"mode": "shipped"}})
+    prepared = prepare(cfg)
+    counts = prepared.traffic.counts
+    assert (counts["to_regenerate"], counts["other_model_answers"], counts["reused"]) == (3, 1, 2)
+    assert "(1 with another model's logged answer" in traffic_rows(prepared.to_dict())[0][1]
+    shipped = regenerate_file(cfg, prepared, prepared.prompts[0])  # no Ray, no target generation
+    assert [r["messages"][-1]["content"] for r in read_conversations([shipped.conversations])] == ["eighty"]
+    s = shipped.summary
+    assert (s["rows_shipped"], s["rows_regenerated"], s["rows_no_answer"]) == (1, 0, 2)
+    assert mode_note(s) == " (shipped: 0 regenerated, 1 as shipped, 2 with no answer)"
+    # target mode: the window's prompts carry no answer (its files and keys as before the modes)
+    target = prepare(from_dict(RunConfig, {"workdir": str(tmp_path / "runs"), "data": {"traffic": settings}}))
+    assert "other_model_answers" not in target.traffic.counts
+    assert all(json.loads(line)["messages"][-1]["role"] == "user"
+               for line in Path(target.prompts[0].path).read_text().splitlines())
