@@ -34,6 +34,9 @@ from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from specdraft.engine_gate import EngineVerdict
+
+BEST_K_TAG = "specdraft.best_k"  # a version's fastest K in the engine (its eval's sweep): its serve commands' K
 EXPORT_DIR = "export"  # artifact folder of the version's run: export/<format>/{config.json,model.safetensors}
 
 
@@ -72,6 +75,7 @@ def register_draft(
     mean_tau: float, taus: dict[str, float], train_key: str = "", evaluate_champion: Callable[[str], Any] | None = None,
     mean_tau_pld: float | None = None, mean_engine_tau: float | None = None, tags: dict[str, str] | None = None,
     gate: Callable[[float | None, str | None], Any] | None = None, champion_unusable: str = "",
+    engine: EngineVerdict | None = None,
 ) -> dict[str, Any]:
     """Register ``draft_dir`` (logged into ``run_id``) and apply the champion gate; ``mean_tau_pld``
     is the prompt-lookup floor of the same evaluation (None: not measured, no floor check); ``tags``
@@ -90,6 +94,9 @@ def register_draft(
     ``champion_unusable``: why the champion cannot be loaded ("" when it can; ``ChampionUnusable``, also raised by
     ``evaluate_champion`` or ``gate``): it cannot be compared, so the draft is judged against the floor alone
     (promoted above it: a champion that cannot be loaded cannot be served either) and the reason says why.
+
+    ``engine``: the engine rule's verdict (``specdraft.engine_gate.engine_verdict``; None: no engine measured the
+    draft): a draft it refuses is not promoted whatever the rest says, and the reason ends with its numbers.
 
     Idempotent per ``train_key``: a draft already registered (a rerun of finished work) is
     not registered twice. The decision names the version's run (``run_id``).
@@ -124,7 +131,7 @@ def register_draft(
         unusable, champion_tau, gated = str(err), None, None
     beats_champion = (gated.promote if gated is not None else
                       champion is None or bool(unusable) or (champion_tau is not None and ours > champion_tau))
-    promote = above_floor is not False and beats_champion
+    promote = above_floor is not False and beats_champion and (engine is None or engine.passed)
     if promote:
         client.set_registered_model_alias(model_name, alias, version.version)
     decision = {
@@ -133,6 +140,8 @@ def register_draft(
         "compared_by": "engine acceptance length" if by_engine else "tau", "mean_engine_tau": mean_engine_tau,
         "mean_tau_pld": mean_tau_pld, "tau_over_pld": mean_tau / mean_tau_pld if mean_tau_pld else None,
         "above_floor": above_floor, "promoted": promote, "alias": alias,
+        "engine_gate": engine.to_dict() if engine is not None else None,
+        "engine_best_k": engine.draft_k if engine is not None else None,
         "reason": _reason(mean_tau, mean_tau_pld, above_floor, champion is not None, champion_tau, beats_champion,
                           mean_engine_tau),
     }
@@ -143,6 +152,8 @@ def register_draft(
     if gated is not None:
         floor = decision["reason"].split(";")[0]
         decision["reason"] = f"{floor}; {gated.reason}"
+    if engine is not None:
+        decision["reason"] += f"; engine gate {'passed' if engine.passed else 'refused'}: {engine.reason}"
     gate_tags = {f"gate.{key}": str(value) for key, value in decision.items() if key != "run_id"}
     if gated is not None:
         decision["gate"] = gated.to_dict()
@@ -262,7 +273,9 @@ def champion_exports(client: MlflowClient, name: str, alias: str, dst: str | Pat
             mlflow.artifacts.download_artifacts(run_id=champion.run_id, artifact_path=artifact.path,
                                                 dst_path=str(root), tracking_uri=client.tracking_uri)
         exports[fmt] = str(root / fmt)
+    best_k = champion.tags.get(BEST_K_TAG)
     return {"version": int(champion.version), "exports": exports, "arch": champion.tags.get("specdraft.arch", ""),
+            "best_k": int(best_k) if best_k and best_k.isdigit() else None,  # the engine's fastest K, when measured
             "recipe": champion.tags.get("specdraft.recipe", ""), "target": champion.tags.get("specdraft.target", "")}
 
 

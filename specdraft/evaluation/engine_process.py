@@ -58,7 +58,8 @@ def _llm(request: EngineRequest, settings: EngineSettings, draft: dict[str, str]
     if settings.enforce_eager is not None:
         kwargs["enforce_eager"] = settings.enforce_eager
     if draft is not None:
-        kwargs["speculative_config"] = {**draft, "num_speculative_tokens": settings.speculative_tokens}
+        # a drafter's own K (the sweep's ``num_speculative_tokens``) wins over the settings'
+        kwargs["speculative_config"] = {"num_speculative_tokens": settings.speculative_tokens, **draft}
     if settings.tensor_parallel_size == 1:
         kwargs["distributed_executor_backend"] = "uni"
     return LLM(model=request.target, tokenizer=request.target, dtype=dtype, max_model_len=settings.max_model_len,
