@@ -134,17 +134,18 @@ def sweep_summary(sweep: dict[str, Any]) -> list[str]:
     """The sweep as lines: one row per K (each drafter's acceptance, tokens/s and speedup), vanilla's tokens/s, each
     drafter's best K and the draft's cost model with the acceptance it needs."""
     drafters = [d for d in DRAFTERS if d in sweep]
-    head = "  K " + "".join(f"| {d}: acceptance  tok/s  speedup  load " for d in drafters)
+    cell = "| {:<6}{:>11} {:>7} {:>7} {:>5} "
     lines = [f"  engine by K (vanilla {_f(sweep['tokens_per_s_vanilla'], '.1f')} tokens/s, load "
-             f"{_f(sweep['load_1m_vanilla'])}):", head]
+             f"{_f(sweep['load_1m_vanilla'])}):",
+             "  K " + "".join(cell.format(d, "acceptance", "tok/s", "speedup", "load") for d in drafters).rstrip()]
     for k in sweep["k"]:
         cells = []
         for d in drafters:
             r = sweep[d].get(str(k))
-            cells.append("| " + ("not served at this K".ljust(35) if r is None else
-                                 f"{_f(r['acceptance_length']):>13} {_f(r['tokens_per_s'], '.1f'):>6} "
-                                 f"{_f(r['speedup']):>8} {_f(r['load_1m']):>5} "))
-        lines.append(f"  {k} " + "".join(cells))
+            cells.append(cell.format("", "not served", "", "", "") if r is None else
+                         cell.format("", _f(r["acceptance_length"]), _f(r["tokens_per_s"], ".1f"), _f(r["speedup"]),
+                                     _f(r["load_1m"])))
+        lines.append(f"  {k} " + "".join(cells).rstrip())
     best = ", ".join(f"{d} K={sweep['best_k'][d]} ({_f(sweep['best_speedup'][d])}x)" for d in drafters)
     lines.append(f"  fastest: {best}")
     cost = sweep["cost"].get("draft")

@@ -111,6 +111,8 @@ def test_the_sweep_reports_each_drafters_fastest_k_and_the_drafts_cost_model():
     assert cost["for_ngram"]["tau"] == pytest.approx(1.25 * 2.2)
     text = "\n".join(sweep_summary(sweep))
     assert "engine by K (vanilla 10.0 tokens/s, load 1.00):" in text
+    rows = [line.split() for line in text.splitlines() if line.startswith("  2 |")]
+    assert rows == [["2", "|", "2.00", "9.1", "0.91", "0.50", "|", "1.75", "12.5", "1.25", "0.50"]], text
     assert "fastest: draft K=2 (0.91x), ngram K=2 (1.25x)" in text
     assert "c 0.325, v 1.550; at K=2 the draft has τ 2.00, needs τ 2.86 (α " in text and "too weak" in text
     assert best_of(sweep) == {"draft": {"k": 2, "speedup": pytest.approx(2 / 2.2)},
