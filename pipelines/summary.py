@@ -306,7 +306,8 @@ def summarize(name: str, result: dict[str, Any], place: Place, report: dict[str,
     if (result.get("drift") or {}).get("alarm"):
         headline += "; ALARM: the champion's tau on the new window dropped"
     return RunSummary(name=name, headline=f"{tau}; {headline}", stages=stage_lines(result), datasets=datasets,
-                      notes=notes(datasets, evaluated.engine_warnings, ((report or {}).get("engine") or {}).get("sweep")),
+                      notes=notes(datasets, evaluated.engine_warnings,
+                                  ((report or {}).get("engine") or {}).get("sweep")),
                       decision=decision, champion=champion, exports=exports,
                       serve=dict(registered.serve), place=place, fresh=fresh_rows(result, registered))
 

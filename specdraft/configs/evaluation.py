@@ -19,8 +19,9 @@ CPU_KVCACHE_GIB = 1  # vLLM's KV cache on a CPU host, GiB: the engine measuremen
 class EngineSettings:
     name: Literal["none", "vllm"] = "none"  # measure served acceptance too: vllm (the draft exported, then served)
     speculative_tokens: int = 3  # K: draft tokens per step (vLLM drafts chains); our decoder is compared at this K
-    # the K the engine is timed at, with the draft and with vLLM's ngram (``ngram``): each K one engine start and one
-    # timed pass over the eval prompts per drafter; the fastest is the serve command's K and the gate's (docs/evaluation.md)
+    # the K the engine is timed at, with the draft and with vLLM's ngram (``ngram``): each K one engine start and
+    # one timed pass over the eval prompts per drafter; the fastest is the serve commands' K and the gate's
+    # (docs/evaluation.md, "K chosen by the engine")
     sweep_k: tuple[int, ...] = (1, 2, 3, 4, 5)
     ngram: bool = True  # vLLM's own ngram prompt lookup timed at each K too: the gate's floor in the engine
     dtype: str = "auto"  # auto: float32 on CPU, the target's dtype on GPU | float32 | bfloat16 | float16

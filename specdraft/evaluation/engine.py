@@ -143,7 +143,8 @@ def engine_report(target: str | Path, draft: str | Path, question_files: list[st
 
 def sweep_ks(engine: EngineSettings, max_k: int | None = None) -> dict[str, list[int]]:
     """The K each drafter is served at: the draft at every ``engine.measured_k`` up to ``max_k`` (a block draft's
-    block size - 1; None: no bound) — its ``speculative_tokens`` always —, vLLM's ngram at every one (``engine.ngram``)."""
+    block size - 1; None: no bound) — its ``speculative_tokens`` always —, vLLM's ngram at every one
+    (``engine.ngram``)."""
     draft = [k for k in engine.measured_k if max_k is None or k <= max_k or k == engine.speculative_tokens]
     return {"draft": draft, **({"ngram": list(engine.measured_k)} if engine.ngram else {})}
 

@@ -167,8 +167,8 @@ def test_the_engine_speedup_stands_beside_its_acceptance_in_summary_and_report(t
     sweep = {"best_k": {"draft": 2, "ngram": 5}, "best_speedup": {"draft": 0.74, "ngram": 1.15},
              "draft": {}, "ngram": {}, "cost": {"draft": cost}}
     swept = render_text(summarize("toy", result, PLACE, {**EVAL_REPORT, "engine": {"sweep": sweep}}))
-    note = " ".join(line.strip().removeprefix("note: ") for line in swept.split("note: engine fastest")[1].split("\n\n")[0]
-                    .splitlines())
+    noted = swept.split("note: engine fastest")[1].split("\n\n")[0]
+    note = " ".join(line.strip().removeprefix("note: ") for line in noted.splitlines())
     assert note.startswith(": draft K=2 (0.74x), vLLM ngram K=5 (1.15x); cost model (speedup ≈ τ / (v + K·c)): c "
                            "0.170, v 1.000; at K=2 the draft has τ 1.50, needs τ 1.74 (α 0.58) for a speedup of 1.30x,"
                            " n/a for ngram's; too weak"), note
