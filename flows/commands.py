@@ -186,13 +186,13 @@ def export(args: argparse.Namespace) -> int:
     from specdraft.models import read_draft_config
 
     cfg, sections = command_config(args)
-    target, recipe = args.target, ""
+    target, recipe, k = args.target, "", cfg.speculative_tokens  # K: as set, else a version's fastest in the engine
     with tempfile.TemporaryDirectory(prefix="specdraft-export-") as tmp:
         draft = args.draft
         if args.model_uri:
             from mlflow.tracking import MlflowClient
 
-            from pipelines.registry import download_draft
+            from pipelines.registry import BEST_K_TAG, download_draft
             from pipelines.tracking import check_tracking
 
             check_tracking(sections["tracking"], lookup=True)  # answers, and holds a registry (no new mlflow.db)
@@ -204,6 +204,7 @@ def export(args: argparse.Namespace) -> int:
                 return 1
             draft, target = str(local), target or version.tags.get("specdraft.target")
             recipe = version.tags.get("specdraft.recipe", "")  # the flow tags the recipe that trained it
+            k = k or (int(version.tags[BEST_K_TAG]) if version.tags.get(BEST_K_TAG, "").isdigit() else None)
             print(f"{args.model_uri}: {version.name} v{version.version} (run {version.run_id})")
         if not target or not Path(target).is_dir():
             print(f"specdraft export: the target directory {target!r} is not here: pass --target DIR (the model the "
@@ -212,7 +213,7 @@ def export(args: argparse.Namespace) -> int:
         fmt = args.format if args.format != "auto" else (formats_for(read_draft_config(draft)) or ("vllm",))[0]
         try:
             out = export_draft(draft, fmt, args.out, target=target, dtype=cfg.dtype,
-                               speculative_tokens=cfg.speculative_tokens, verifier=cfg.verifier,
+                               speculative_tokens=k, verifier=cfg.verifier,
                                overwrite=args.overwrite)
         except (ExportError, FileNotFoundError) as err:
             print(f"specdraft export: cannot export: {err}", file=sys.stderr)
@@ -220,7 +221,7 @@ def export(args: argparse.Namespace) -> int:
         config = read_draft_config(draft)
     # the recipe as trained (a registered version's tag); a bare draft directory: the draft as the engines see it
     print(f"exported {recipe or variant(config)} draft as {fmt}: {out}")
-    for engine, command in serve_commands({fmt: str(Path(out).resolve())}, target, cfg.speculative_tokens).items():
+    for engine, command in serve_commands({fmt: str(Path(out).resolve())}, target, k).items():
         print(f"serve with {engine}:\n  {command}")
     if export_layout(fmt, out).plugin:
         print("  (vLLM finds this architecture through specdraft's plugin: install specdraft beside vLLM, e.g. "

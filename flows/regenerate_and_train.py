@@ -176,7 +176,8 @@ def eval_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained) -> Eva
 
 @_stage_task("register")
 def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, evaluated: Evaluated) -> Registered:
-    from pipelines.registry import champion_exports, log_exports, register_draft
+    from pipelines.registry import BEST_K_TAG, champion_exports, log_exports, register_draft
+    from specdraft.freshness.engine_gate import engine_verdict
     from specdraft.export import serve_commands
     from specdraft.freshness.promotion import Measures
 
@@ -195,18 +196,21 @@ def register_stage(cfg: RunConfig, run, prepared: Prepared, trained: Trained, ev
     tags = {"specdraft.arch": exported.arch, "specdraft.recipe": cfg.train.recipe, "specdraft.target": prepared.target,
             "specdraft.target_id": prepared.target_id}
     measures = Measures(tau=evaluated.mean_tau, floor=evaluated.mean_tau_pld, engine_tau=evaluated.mean_engine_tau)
+    best_k = (evaluated.engine_best.get("draft") or {}).get("k")  # the engine's fastest K: the serve commands'
+    tags.update({BEST_K_TAG: str(best_k)} if best_k else {})
     decision = register_draft(run.client, run_id=run.run_id, draft_dir=trained.draft,
                               model_name=cfg.register.model_name, alias=cfg.register.alias,
                               eval_key=evaluated.eval_key, measures=measures, taus=evaluated.tau,
                               train_key=trained.key, evaluate_champion=evaluate_champion,
                               tags=tags, gate=freshness.window_gate(cfg, run, prepared, trained, evaluated),
-                              champion_unusable=freshness.champion_unusable(cfg, run, get_run_logger()))
+                              champion_unusable=freshness.champion_unusable(cfg, run, get_run_logger()),
+                              engine=engine_verdict(evaluated.engine_best))
     log_exports(run.client, decision["run_id"], exported.exports)
     champion = champion_exports(run.client, cfg.register.model_name, cfg.register.alias,
                                 Path(cfg.workdir) / "export" / "champion",
                                 local={decision["version"]: exported.exports})
     serve = serve_commands(champion.get("exports", {}), champion.get("target") or prepared.target,
-                           cfg.register.serving.speculative_tokens)
+                           cfg.register.serving.speculative_tokens or champion.get("best_k"))
     # the served draft made the champion when it is ours (a rerun completes a killed hand-off), else said
     handoff = freshness.settle_handoff(cfg, prepared, trained, exported.exports, decision, champion.get("version"),
                                        run, get_run_logger())

@@ -92,7 +92,8 @@ def hand_off(cfg: RunConfig, target: str, draft: str, exports: dict[str, str],
         from specdraft.freshness.monitor import record_promotion
 
         record_promotion(monitor_state(cfg), decision.get("mean_engine_tau"), decision["version"])
-    serve = serve_commands(stable_exports(root), target, cfg.register.serving.speculative_tokens)
+    serve = serve_commands(stable_exports(root), target,  # K: as set, else the draft's fastest in the engine
+                           cfg.register.serving.speculative_tokens or decision.get("engine_best_k"))
     restart = ("restart the server to load it (vLLM loads its draft at start): "
                + (serve.get("vllm") or f"point the server's draft at {current}/<format>"))
     return {"handoff": str(current), "restart": restart, "serve": serve}
@@ -153,7 +154,8 @@ def _hand_off_registered(cfg: RunConfig, parent: MlflowLogger | NullRun | None, 
     version, draft = found
     exported = champion_exports(parent.client, cfg.register.model_name, cfg.register.alias,
                                 Path(cfg.workdir) / "export" / "champion")
-    decision = {"version": int(version.version), "model_name": cfg.register.model_name}
+    decision = {"version": int(version.version), "model_name": cfg.register.model_name,
+                "engine_best_k": exported.get("best_k")}
     return {**hand_off(cfg, exported.get("target") or target, str(draft), exported.get("exports", {}), decision),
             "version": int(version.version)}
 

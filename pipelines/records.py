@@ -103,6 +103,9 @@ class Evaluated(Record):
     # the report show it beside engine_tau
     engine_speedup: dict[str, float] = field(default_factory=dict)
     engine_warnings: list[str] = field(default_factory=list)  # engine vs our decoder gaps above engine.max_gap
+    # "draft" / "ngram" -> {"k": the fastest K in the engine, "speedup": there} (the report's engine.sweep;
+    # specdraft.freshness.engine_gate.best_of); empty: no engine measured it
+    engine_best: dict[str, dict[str, Any]] = field(default_factory=dict)
     lossless_mismatches: int = 0
     wall_s: float = 0.0
     skipped: bool = False
@@ -150,6 +153,8 @@ class Registered(Record):
     champion_recipe: str = ""  # the recipe that trained it (its specdraft.recipe tag; "": registered without one)
     serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
     gate: dict[str, Any] = field(default_factory=dict)  # specdraft.freshness.gate.GateDecision.to_dict() (gate.enabled)
+    engine_gate: dict[str, Any] | None = None  # specdraft.freshness.engine_gate.EngineVerdict.to_dict(); None: no engine
+    engine_best_k: int | None = None  # the draft's fastest K in the engine: the serve commands' unless set
     handoff: str = ""  # <exports>/current when this version was handed off to serving now
     restart: str = ""  # what a server needs to do to serve what was handed off
     served_version: int | None = None  # the version <exports>/current serves after this run (None: none, or off)

@@ -28,7 +28,10 @@ from mlflow.entities import RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from specdraft.freshness.engine_gate import EngineVerdict
 from specdraft.freshness.promotion import Champion, Measure, Measures, decide_promotion
+
+BEST_K_TAG = "specdraft.best_k"  # a version's fastest K in the engine (its eval's sweep): its serve commands' K
 
 EXPORT_DIR = "export"  # artifact folder of the version's run: export/<format>/{config.json,model.safetensors}
 
@@ -67,7 +70,7 @@ def register_draft(
     client: MlflowClient, *, run_id: str, draft_dir: str | Path, model_name: str, alias: str, eval_key: str,
     measures: Measures, taus: dict[str, float], train_key: str = "", evaluate_champion: Callable[[str], Any] | None = None,
     tags: dict[str, str] | None = None, gate: Callable[[float | None, str | None], Any] | None = None,
-    champion_unusable: str = "",
+    champion_unusable: str = "", engine: EngineVerdict | None = None,
 ) -> dict[str, Any]:
     """Register ``draft_dir`` (logged into ``run_id``), apply the promotion decision
     (``specdraft.freshness.promotion.decide_promotion``) and move ``alias`` when it promotes; ``tags`` go on the
@@ -86,6 +89,10 @@ def register_draft(
 
     ``champion_unusable``: why the champion cannot be loaded ("" when it can; ``ChampionUnusable``, also raised by
     ``evaluate_champion`` or ``gate``): it cannot be compared, so the draft is judged against the floor alone.
+
+    ``engine``: the engine rule's verdict (``specdraft.freshness.engine_gate.engine_verdict``; None: no engine
+    measured the draft): a draft it refuses is not promoted whatever the rest says, and the reason ends with its
+    numbers (``decide_promotion``).
 
     Idempotent per ``train_key``: a draft already registered (a rerun of finished work) is
     not registered twice. The decision names the version's run (``run_id``).
@@ -106,7 +113,7 @@ def register_draft(
     except ChampionUnusable as err:  # found when it was downloaded to be measured
         unusable, champion_tau, gated = str(err), None, None
     decided = decide_promotion(measures, None if champion is None else Champion(value=champion_tau,
-                                                                                 unusable=unusable), gated)
+                                                                                 unusable=unusable), gated, engine)
     if decided.promote:
         client.set_registered_model_alias(model_name, alias, version.version)
     decision = {
@@ -114,7 +121,9 @@ def register_draft(
         "champion_version": int(champion.version) if champion is not None else None, "champion_mean_tau": champion_tau,
         "compared_by": decided.compared_by, "mean_engine_tau": measures.engine_tau,
         "mean_tau_pld": measures.floor, "tau_over_pld": measures.tau / measures.floor if measures.floor else None,
-        "above_floor": decided.above_floor, "promoted": decided.promote, "alias": alias, "reason": decided.reason,
+        "above_floor": decided.above_floor, "promoted": decided.promote, "alias": alias,
+        "engine_gate": engine.to_dict() if engine is not None else None,
+        "engine_best_k": engine.draft_k if engine is not None else None, "reason": decided.reason,
     }
     gate_tags = {f"gate.{key}": str(value) for key, value in decision.items() if key != "run_id"}
     if gated is not None:
@@ -237,7 +246,9 @@ def champion_exports(client: MlflowClient, name: str, alias: str, dst: str | Pat
             mlflow.artifacts.download_artifacts(run_id=champion.run_id, artifact_path=artifact.path,
                                                 dst_path=str(root), tracking_uri=client.tracking_uri)
         exports[fmt] = str(root / fmt)
+    best_k = champion.tags.get(BEST_K_TAG)
     return {"version": int(champion.version), "exports": exports, "arch": champion.tags.get("specdraft.arch", ""),
+            "best_k": int(best_k) if best_k and best_k.isdigit() else None,  # the engine's fastest K, when measured
             "recipe": champion.tags.get("specdraft.recipe", ""), "target": champion.tags.get("specdraft.target", "")}
 
 

@@ -14,7 +14,7 @@ Feature Uncertainty", Table 6: fixed ShareGPT answers instead of regenerated one
   conversation that ends in user turns keeps what precedes them (the dropped turns are counted); one with no
   answer at all is a counted reject, ``no_answer``;
 * ``mixed`` — the target regenerates a ``share`` of the conversations and the rest ship as above. A row is
-  regenerated when ``draw(seed, prompt digest) < share``: a uniform draw fixed by the row's prompt and the seed,
+  regenerated when ``share_draw(seed, prompt digest) < share``: a uniform draw fixed by the row's prompt and the seed,
   so a rerun, a grown prompt set or another batch order picks the same rows, and about ``share`` of them.
 
 A shipped row is written in the conversation schema regenerate writes (``pipelines/conversations.py``), with the
@@ -38,7 +38,7 @@ PART_ROWS = 4096  # shipped conversations per Parquet part
 NO_ANSWER = "no_answer"
 
 
-def draw(seed: int, digest: str) -> float:
+def share_draw(seed: int, digest: str) -> float:
     """A uniform number in [0, 1) fixed by ``seed`` and a row's prompt ``digest``."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{digest}".encode()).digest()[:8], "big") / 2**64
 
@@ -49,7 +49,7 @@ def regenerates(messages: list[dict[str, str]], cfg: RegenerateConfig) -> bool:
         return True
     if cfg.mode == "shipped":
         return False
-    return draw(cfg.seed, prompt_digest(messages)) < cfg.share
+    return share_draw(cfg.seed, prompt_digest(messages)) < cfg.share
 
 
 def shipped_messages(messages: list[dict[str, str]]) -> tuple[list[dict[str, str]], int] | None:

@@ -41,6 +41,7 @@ from specdraft import __version__ as CODE_VERSION
 from specdraft import files, jsonl
 from specdraft.config import ConfigError, config_hash, to_dict
 from specdraft.configs.features import FeaturesConfig
+from specdraft.freshness.engine_gate import best_of
 from specdraft.plan import aux_layers_setting
 from specdraft.export import FORMATS, ExportError, export_draft, formats_for, variant
 from specdraft.models import read_draft_config
@@ -279,7 +280,7 @@ def evaluate_draft(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
                        mean_tau_pld=sum(floors.values()) / len(floors) if floors else None,
                        engine_tau=engine_tau, engine_speedup=engine_speedup,
                        mean_engine_tau=sum(engine_tau.values()) / len(engine_tau) if engine_tau else None,
-                       engine_warnings=list(engine.get("warnings") or []),
+                       engine_warnings=list(engine.get("warnings") or []), engine_best=best_of(engine.get("sweep")),
                        lossless_mismatches=sum(d.get("lossless_mismatches") or 0 for d in report["datasets"].values()),
                        wall_s=time.perf_counter() - started)
     _finish(out, _done(record))

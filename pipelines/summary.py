@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.records import Dumped, Evaluated, Prepared, Regenerated, Registered, Trained
+from specdraft.evaluation.engine_sweep import sweep_note
 
 MLFLOW_UI = "http://127.0.0.1:5000"  # where ``mlflow ui`` serves by default
 WIDTH = 110  # columns of the text summary's prose
@@ -157,11 +158,13 @@ def dataset_lines(evaluated: Evaluated, report: dict[str, Any] | None) -> list[D
             for name in names]
 
 
-def notes(datasets: list[DatasetLine], engine_warnings: list[str] | None = None) -> list[str]:
+def notes(datasets: list[DatasetLine], engine_warnings: list[str] | None = None,
+          sweep: dict[str, Any] | None = None) -> list[str]:
     """What a bare number would hide: a speedup below 1 (why), an engine that accepts other than we measured
     (``engine_warnings``: the engine report's gaps above ``eval.settings.engine.max_gap``, our decoder counted
-    at the engine's K on the engine's prompts)."""
-    out = []
+    at the engine's K on the engine's prompts), and the engine's fastest K with the draft's cost model (``sweep``:
+    the eval report's ``engine.sweep``; ``specdraft.evaluation.engine_sweep``)."""
+    out = [sweep_note(sweep)] if sweep else []
     for d in datasets:
         if d.tau is None:
             out.append(f"{d.dataset}: no tau (no speculative round ran: are the questions empty?)")
@@ -315,7 +318,9 @@ def summarize_run(name: str, result: dict[str, Any], place: Place, report: dict[
     if (result.get("drift") or {}).get("alarm"):
         headline += "; ALARM: the champion's tau on the new window dropped"
     return RunSummary(name=name, headline=f"{tau}; {headline}", stages=stage_lines(result), datasets=datasets,
-                      notes=notes(datasets, evaluated.engine_warnings), decision=decision, champion=champion, exports=exports,
+                      notes=notes(datasets, evaluated.engine_warnings,
+                                  ((report or {}).get("engine") or {}).get("sweep")),
+                      decision=decision, champion=champion, exports=exports,
                       serve=dict(registered.serve), place=place, fresh=fresh_rows(result, registered))
 
 

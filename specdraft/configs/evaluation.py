@@ -18,7 +18,12 @@ CPU_KVCACHE_GIB = 1  # vLLM's KV cache on a CPU host, GiB: the engine measuremen
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EngineSettings:
     name: Literal["none", "vllm"] = "none"  # measure served acceptance too: vllm (the draft exported, then served)
-    speculative_tokens: int = 3  # K: draft tokens per step (vLLM drafts chains)
+    speculative_tokens: int = 3  # K: draft tokens per step (vLLM drafts chains); our decoder is compared at this K
+    # the K the engine is timed at, with the draft and with vLLM's ngram (``ngram``): each K one engine start and
+    # one timed pass over the eval prompts per drafter; the fastest is the serve commands' K and the gate's
+    # (docs/evaluation.md, "K chosen by the engine")
+    sweep_k: tuple[int, ...] = (1, 2, 3, 4, 5)
+    ngram: bool = True  # vLLM's own ngram prompt lookup timed at each K too: the gate's floor in the engine
     dtype: str = "auto"  # auto: float32 on CPU, the target's dtype on GPU | float32 | bfloat16 | float16
     max_model_len: int | None = None  # the engine's context (prompt + answer); None: the target's positions
     tensor_parallel_size: int = 1  # GPUs the engine spreads the target over
@@ -33,6 +38,8 @@ class EngineSettings:
             raise ConfigError(f"name: must be 'none' or 'vllm', got {self.name!r}")
         if self.speculative_tokens < 1:
             raise ConfigError(f"speculative_tokens={self.speculative_tokens}: must be >= 1")
+        if not self.sweep_k or any(k < 1 for k in self.sweep_k) or len(set(self.sweep_k)) != len(self.sweep_k):
+            raise ConfigError(f"sweep_k={list(self.sweep_k)}: distinct K >= 1, at least one")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len={self.max_model_len}: must be >= 2 (or null: the target's)")
         if self.tensor_parallel_size < 1:
@@ -47,6 +54,11 @@ class EngineSettings:
     @property
     def enabled(self) -> bool:
         return self.name != "none"
+
+    @property
+    def measured_k(self) -> tuple[int, ...]:
+        """Every K the engine is timed at: ``sweep_k`` and ``speculative_tokens`` (our decoder's), ascending."""
+        return tuple(sorted({*self.sweep_k, self.speculative_tokens}))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

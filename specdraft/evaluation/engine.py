@@ -12,7 +12,8 @@ Settings (``specdraft.configs.evaluation.EngineSettings``, ``eval.engine`` in a 
 
 vLLM's own ``ngram`` prompt lookup is one more drafter of a request (``ngram_drafter``: our prompt-lookup floor's
 n-gram range, ``specdraft.decoding.prompt_lookup``), reported by ``engine_comparison.engine_only``: the floor in
-the engine.
+the engine. The draft and ngram are each served at every K of ``engine.sweep_k`` in the same run, K by K after the
+target alone (``engine_sweep``: the table, each one's fastest K and the draft's cost model, the report's ``sweep``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from specdraft.configs.decode import PromptLookupConfig
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.engine_comparison import compare
 from specdraft.evaluation.engine_records import EngineRequest, EngineRun
+from specdraft.evaluation.engine_sweep import sweep_name, sweep_report, sweep_summary
 from specdraft.evaluation.models import Models, load_models
 from specdraft.evaluation.questions import load_question_sets
 from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
@@ -123,15 +125,28 @@ def engine_report(target: str | Path, draft: str | Path, question_files: list[st
     questions = load_question_sets(question_files, settings.max_questions, allow_empty=settings.allow_empty)
     with tempfile.TemporaryDirectory(prefix="specdraft-engine-export-") as tmp:
         out = export_draft(draft, fmt, Path(tmp) / fmt, target=target, speculative_tokens=engine.speculative_tokens)
+        ks = sweep_ks(engine, config.block_size - 1 if config.drafts_blocks else None)
+        served = {"model": str(out), "method": export_layout(fmt, out).method}
+        drafts = {sweep_name(drafter, k): {**(served if drafter == "draft" else ngram_drafter(settings.pld)),
+                                           "num_speculative_tokens": k}
+                  for k in engine.measured_k for drafter in ks if k in ks[drafter]}  # interleaved: K by K
         decode = settings.decode
-        request = EngineRequest(target=str(Path(target).resolve()),
-                                drafts={"draft": {"model": str(out), "method": export_layout(fmt, out).method}},
+        request = EngineRequest(target=str(Path(target).resolve()), drafts=drafts,
                                 questions=questions, settings=asdict(engine), temperature=decode.temperature,
                                 top_p=decode.top_p, top_k=decode.top_k, max_new_tokens=decode.max_new_tokens,
                                 seed=settings.seed, system_prompt=settings.system_prompt)
         run = measure_engine(request, engine, log, progress)
     models = models if models is not None else load_models(target, draft, settings)
-    return {"format": fmt, **compare(run, "draft", models, settings.decode, engine, progress)}
+    compared = compare(run, sweep_name("draft", engine.speculative_tokens), models, settings.decode, engine, progress)
+    return {"format": fmt, **compared, "sweep": sweep_report(run, ks, compared["greedy"])}
+
+
+def sweep_ks(engine: EngineSettings, max_k: int | None = None) -> dict[str, list[int]]:
+    """The K each drafter is served at: the draft at every ``engine.measured_k`` up to ``max_k`` (a block draft's
+    block size - 1; None: no bound) — its ``speculative_tokens`` always —, vLLM's ngram at every one
+    (``engine.ngram``)."""
+    draft = [k for k in engine.measured_k if max_k is None or k <= max_k or k == engine.speculative_tokens]
+    return {"draft": draft, **({"ngram": list(engine.measured_k)} if engine.ngram else {})}
 
 
 def engine_summary(report: dict[str, Any]) -> str:
@@ -147,5 +162,6 @@ def engine_summary(report: dict[str, Any]) -> str:
                      f"[{pos}], {fmt(d['tokens_per_s'], '.1f')} tokens/s vs {fmt(d['tokens_per_s_vanilla'], '.1f')} "
                      f"without the draft (engine speedup {fmt(d['speedup'], '.2f')}, both timed in this run, load "
                      f"{fmt(d.get('load_1m'), '.2f')} / {fmt(d.get('load_1m_vanilla'), '.2f')} without)")
+    lines += sweep_summary(report["sweep"]) if report.get("sweep") else []
     lines += [f"  warning: {w}" for w in report["warnings"]]
     return "\n".join(lines)

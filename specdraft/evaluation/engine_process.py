@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import json
+from contextlib import contextmanager
 import os
 import sys
 import time
@@ -52,13 +53,37 @@ CHUNK = 4  # prompts per generate call: a progress line can follow any call
 
 
 def _llm(request: EngineRequest, settings: EngineSettings, draft: dict[str, str] | None):
+    with _llvmlite_hidden():
+        return _start(request, settings, draft)
+
+
+LLVMLITE_FFI = "llvmlite.binding.ffi"
+
+
+@contextmanager
+def _llvmlite_hidden():
+    """vLLM 0.32's worker start scans every loaded module's namespace (``triton_utils.dispatcher._rebind_kernels``)
+    and fails on llvmlite's library wrapper (``llvmlite.binding.ffi.lib``: ``vars()`` of it is no dict) once numba
+    is loaded — which vLLM's ngram proposer does: every engine started after an ngram engine in this process failed
+    (``AttributeError: '_lib_fn_wrapper' object has no attribute 'get'``). That module is out of ``sys.modules``
+    while an engine starts (the modules holding it keep their reference) and back after."""
+    module = sys.modules.pop(LLVMLITE_FFI, None)
+    try:
+        yield
+    finally:
+        if module is not None:
+            sys.modules[LLVMLITE_FFI] = module
+
+
+def _start(request: EngineRequest, settings: EngineSettings, draft: dict[str, str] | None):
     cpu = not cuda_host()
     dtype = settings.dtype if settings.dtype != "auto" else ("float32" if cpu else "auto")
     kwargs = cpu_engine_args(settings.cpu_kvcache_gib) if cpu else {}  # as the printed serve commands
     if settings.enforce_eager is not None:
         kwargs["enforce_eager"] = settings.enforce_eager
     if draft is not None:
-        kwargs["speculative_config"] = {**draft, "num_speculative_tokens": settings.speculative_tokens}
+        # a drafter's own K (the sweep's ``num_speculative_tokens``) wins over the settings'
+        kwargs["speculative_config"] = {"num_speculative_tokens": settings.speculative_tokens, **draft}
     if settings.tensor_parallel_size == 1:
         kwargs["distributed_executor_backend"] = "uni"
     return LLM(model=request.target, tokenizer=request.target, dtype=dtype, max_model_len=settings.max_model_len,

@@ -9,6 +9,10 @@ calls the gate and moves the alias). A draft is promoted only when
   slice and the regression set), else on the eval sets. No champion yet, or one that cannot be loaded (its draft
   gone or incomplete: it cannot be served either), leaves the floor alone to judge.
 
+With a serving engine configured, the engine rule (``engine_gate.engine_verdict``: faster than no draft and than
+the engine's own ``ngram``, each at its fastest K) must pass too: a draft it refuses is not promoted whatever the
+rest says, and its reason ends the decision's.
+
 Which measure compares drafts is decided here once (``choose_measure``): the serving engine's acceptance length
 when the evaluation measured one — the engine is what serves the draft — else our decoder's tau. The register
 stage, the gate and the offline drift check all ask it.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specdraft.freshness.engine_gate import EngineVerdict
 from specdraft.freshness.gate import GateDecision
 
 
@@ -90,11 +95,23 @@ class Promotion:
         return "; ".join(self.reasons)
 
 
-def decide_promotion(measures: Measures, champion: Champion | None,
-                     gate: GateDecision | None = None) -> Promotion:
+def decide_promotion(measures: Measures, champion: Champion | None, gate: GateDecision | None = None,
+                     engine: EngineVerdict | None = None) -> Promotion:
     """Promote the candidate with ``measures`` over ``champion`` (None: there is none yet)? ``gate``: the
     promotion gate's verdict, when it ran (it replaces the comparison on the eval sets); it is not asked below
-    the floor or with an unusable champion, and is ignored there."""
+    the floor or with an unusable champion, and is ignored there. ``engine``: the engine rule's verdict (None: no
+    engine measured the draft), which must pass as well."""
+    decided = _decide(measures, champion, gate)
+    if engine is None:
+        return decided
+    return Promotion(promote=decided.promote and engine.passed, above_floor=decided.above_floor,
+                     compared_by=decided.compared_by,
+                     reasons=[*decided.reasons, f"engine gate {'passed' if engine.passed else 'refused'}: "
+                                                f"{engine.reason}"])
+
+
+def _decide(measures: Measures, champion: Champion | None, gate: GateDecision | None) -> Promotion:
+    """The floor, the champion and the gate's decision (``decide_promotion`` without the engine rule)."""
     measure, above = measures.measure, measures.above_floor
     decided = dict(above_floor=above, compared_by=measure.name)
     if above is False:

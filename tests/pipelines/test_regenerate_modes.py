@@ -12,7 +12,7 @@ import pytest
 from pipelines.configs import RegenerateConfig, RunConfig
 from pipelines.conversations import check_messages, prompt_digest, read_conversations
 from pipelines.regenerate import regenerate
-from pipelines.shipped import draw, plan_rows, regenerates
+from pipelines.shipped import plan_rows, regenerates, share_draw
 from specdraft.config import ConfigError, from_dict
 from tests.pipelines.test_regenerate import MAX_NEW, dataset_rows, target_dir, write_prompts  # noqa: F401
 
@@ -48,7 +48,7 @@ def test_mixed_regenerates_about_share_of_the_rows_fixed_by_seed_and_prompt():
     other = {**row, "messages": [row["messages"][0], {"role": "assistant", "content": "else"}]}
     cfg = RegenerateConfig(mode="mixed", share=0.5)
     assert regenerates(row["messages"], cfg) == regenerates(other["messages"], cfg)
-    assert draw(0, prompt_digest(row["messages"])) == draw(0, prompt_digest(other["messages"]))
+    assert share_draw(0, prompt_digest(row["messages"])) == share_draw(0, prompt_digest(other["messages"]))
 
 
 def test_shipped_rows_keep_their_answers_and_a_row_without_one_is_a_counted_reject():

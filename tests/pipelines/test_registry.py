@@ -36,12 +36,14 @@ def store(mlflow_store, request):
     return (*mlflow_store, f"gate-{request.node.name}")  # a registered model per test
 
 
-def register(store, mean_tau, mean_tau_pld, train_key, evaluate_champion=None, mean_engine_tau=None, key=KEY):
+def register(store, mean_tau, mean_tau_pld, train_key, evaluate_champion=None, mean_engine_tau=None, key=KEY,
+             engine=None, tags=None):
     client, experiment, draft, name = store
     run_id = client.create_run(experiment).info.run_id
     decision = register_draft(client, run_id=run_id, draft_dir=draft, model_name=name, alias=ALIAS, eval_key=key,
                               measures=Measures(tau=mean_tau, floor=mean_tau_pld, engine_tau=mean_engine_tau),
-                              taus={"toy": mean_tau}, train_key=train_key, evaluate_champion=evaluate_champion)
+                              taus={"toy": mean_tau}, train_key=train_key, evaluate_champion=evaluate_champion,
+                              engine=engine, tags=tags)
     return decision, run_id
 
 
@@ -132,6 +134,34 @@ def test_with_an_engine_the_gate_compares_the_engines_acceptance(store):
     assert calls == [f"models:/{store[3]}/3"] and decision["promoted"] and decision["champion_mean_tau"] == 2.4
     tags = client.get_model_version(store[3], "3").tags
     assert tags["mean_tau.other"] == "2.600000" and tags["mean_engine_tau.other"] == "2.400000"
+
+
+def test_with_an_engine_a_draft_slower_than_none_or_than_ngram_is_never_promoted(store, tmp_path):
+    """Issue 40's run: our decoder's τ beat the floor and there was no champion, yet vLLM served the draft slower
+    than no draft and than its own ngram — refused, the numbers in the reason; a faster one is promoted and its
+    fastest K is kept on the version for its serve commands."""
+    from pipelines.registry import BEST_K_TAG, champion_exports
+    from specdraft.freshness.engine_gate import engine_verdict
+
+    def verdict(draft, k=2, ngram=1.15):
+        return engine_verdict({"draft": {"k": k, "speedup": draft}, "ngram": {"k": 5, "speedup": ngram}})
+
+    client = store[0]
+    decision, _ = register(store, mean_tau=1.51, mean_tau_pld=1.49, train_key="a", engine=verdict(0.84))
+    assert not decision["promoted"] and champion_version(store) is None and decision["above_floor"] is True
+    assert decision["reason"].endswith("engine gate refused: engine speedup 0.840x at K=2 vs 1 without a draft "
+                                       "(needs > 1): FAIL; vs vLLM's ngram 1.150x at K=5 (needs >): FAIL")
+    assert decision["engine_gate"]["draft_speedup"] == 0.84 and decision["engine_best_k"] == 2
+    decision, _ = register(store, mean_tau=1.51, mean_tau_pld=1.49, train_key="b", engine=verdict(1.12))
+    assert not decision["promoted"] and "(needs > 1): pass; vs vLLM's ngram 1.150x" in decision["reason"]
+    decision, _ = register(store, mean_tau=1.51, mean_tau_pld=1.49, train_key="c", engine=verdict(1.31, k=4),
+                           tags={BEST_K_TAG: "4"})
+    assert decision["promoted"] and champion_version(store) == "3" and "engine gate passed" in decision["reason"]
+    assert client.get_model_version(store[3], "3").tags["gate.promoted"] == "True"
+    assert champion_exports(client, store[3], ALIAS, tmp_path, local={3: {}})["best_k"] == 4
+    # the floor still refuses first: the engine's verdict does not override it
+    decision, _ = register(store, mean_tau=1.4, mean_tau_pld=1.49, train_key="d", engine=verdict(1.5))
+    assert not decision["promoted"] and champion_version(store) == "3"
 
 
 def test_the_window_gate_refuses_a_candidate_that_regresses_and_promotes_a_good_one(store):

@@ -139,10 +139,17 @@ def test_export_command(world, tmp_path, capsys):
 
     # issue 44: a beagle3 champion is exported as the beagle3 draft it is (its architecture is beagle); one
     # registered without the recipe tag (before the flow tagged it) is named by the draft as the engines see it
-    for name, tags in (("b3", {"specdraft.recipe": "beagle3"}), ("untagged", {})):
+    # issue 40: the serve command's K is the version's fastest in the engine (its eval's sweep, the flow's
+    # specdraft.best_k tag) unless --speculative-tokens says another; untagged: the default 3
+    for name, tags, k in (("b3", {"specdraft.recipe": "beagle3", "specdraft.best_k": "2"}, 2), ("untagged", {}, 3)):
         run_id = client.create_run(client.get_experiment_by_name("exp").experiment_id).info.run_id
         register_draft(client, run_id=run_id, draft_dir=drafts["beagle3"], model_name=name, alias="champion",
                        eval_key="e", measures=Measures(tau=1.0), taus={}, tags={"specdraft.target": str(target), **tags})
         assert main(["export", "--model-uri", f"models:/{name}@champion", "--tracking-uri", uri,
                      "--out", str(tmp_path / name)]) == 0
-        assert f"exported beagle3 draft as vllm: {tmp_path / name}" in capsys.readouterr().out  # arch: beagle
+        printed = capsys.readouterr().out
+        assert f"exported beagle3 draft as vllm: {tmp_path / name}" in printed  # arch: beagle
+        assert f'"num_speculative_tokens": {k}' in printed, printed
+    assert main(["export", "--model-uri", "models:/b3@champion", "--tracking-uri", uri, "--out", str(tmp_path / "b3k"),
+                 "--speculative-tokens", "4"]) == 0
+    assert '"num_speculative_tokens": 4' in capsys.readouterr().out

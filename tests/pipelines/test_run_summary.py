@@ -161,6 +161,18 @@ def test_the_engine_speedup_stands_beside_its_acceptance_in_summary_and_report(t
     html = render_report(summary, training=[], eval_report=EVAL_REPORT, history=[])
     assert ('<th>engine</th><th>engine speedup</th>' in html
             and '<td class="num">1.15</td><td class="num">0.74</td></tr>' in html)
+    # with the engine's K sweep in the report: one note, each drafter's fastest K and the draft's cost model
+    cost = {"c": 0.17, "v": 1.0, "k": 2, "tau": 1.5, "target_speedup": 1.3,
+            "for_target": {"speedup": 1.3, "tau": 1.742, "alpha": 0.58, "reachable": True}, "for_ngram": None}
+    sweep = {"best_k": {"draft": 2, "ngram": 5}, "best_speedup": {"draft": 0.74, "ngram": 1.15},
+             "draft": {}, "ngram": {}, "cost": {"draft": cost}}
+    swept = render_text(summarize_run("toy", result, PLACE, {**EVAL_REPORT, "engine": {"sweep": sweep}}))
+    noted = swept.split("note: engine fastest")[1].split("\n\n")[0]
+    note = " ".join(line.strip().removeprefix("note: ") for line in noted.splitlines())
+    assert note.startswith(": draft K=2 (0.74x), vLLM ngram K=5 (1.15x); cost model (speedup ≈ τ / (v + K·c)): c "
+                           "0.170, v 1.000; at K=2 the draft has τ 1.50, needs τ 1.74 (α 0.58) for a speedup of 1.30x,"
+                           " n/a for ngram's; too weak"), note
+    assert "engine fastest" not in text  # no sweep in the report: no note
     # no engine measured: neither column, in either
     plain = summarize_run("toy", records(tmp_path), PLACE, EVAL_REPORT)
     assert "engine" not in render_text(plain).split("\n\n")[2] and "dataset" in render_text(plain).split("\n\n")[2]

@@ -132,7 +132,8 @@ def test_records_are_frozen_pickle_and_give_the_flow_dicts():
         (Evaluated(key="k", eval_key="e", report="r", tau={"toy": 2.0}, mean_tau=2.0, tau_pld={"toy": 1.6},
                    tau_over_pld={"toy": 1.25}, mean_tau_pld=1.6, lossless_mismatches=0, wall_s=4.0),
          ["key", "eval_key", "report", "tau", "mean_tau", "tau_pld", "tau_over_pld", "mean_tau_pld", "engine_tau",
-          "mean_engine_tau", "engine_speedup", "engine_warnings", "lossless_mismatches", "wall_s", "skipped"]),
+          "mean_engine_tau", "engine_speedup", "engine_warnings", "engine_best", "lossless_mismatches", "wall_s",
+          "skipped"]),
         (Exported(key="k", arch="eagle3", exports={"sglang": "x"}, note="", wall_s=0.5),
          ["key", "arch", "exports", "note", "wall_s", "skipped"]),
     ]

@@ -116,7 +116,9 @@ def test_vllm_serves_the_recipe_as_trained(recipe, target, drafts, served, targe
 def test_eval_with_the_engine_prints_its_acceptance_beside_ours(target, drafts, tmp_path, capsys):
     """``specdraft eval --engine vllm``: the draft exported for vLLM and served on the same questions. With no
     ``engine.max_model_len``: the engine's context is the toy target's 1,024 positions (its
-    ``max_position_embeddings``), not a default above them that vLLM refuses after our decoder's evaluation ran."""
+    ``max_position_embeddings``), not a default above them that vLLM refuses after our decoder's evaluation ran.
+    The draft and vLLM's ngram are served at K = 2 and 3 in the same run (``engine.sweep_k``; the default sweeps
+    1..5): the table, each one's fastest K and the draft's cost model are printed and in the report."""
     import json
 
     from flows.cli import main
@@ -125,13 +127,14 @@ def test_eval_with_the_engine_prints_its_acceptance_beside_ours(target, drafts, 
     out = tmp_path / "report.json"
     assert main(["eval", "--target", str(target), "--draft", str(drafts["beagle"]), "--questions", str(QUESTIONS),
                  "--out", str(out), "--mode", "chain", "--engine", "vllm", "max_questions=4",
-                 "decode.gamma=3", f"decode.max_new_tokens={MAX_NEW}"]) == 0
+                 "decode.gamma=3", f"decode.max_new_tokens={MAX_NEW}", "engine.sweep_k=[2,3]"]) == 0
     printed = capsys.readouterr().out
     engine = json.loads(out.read_text())["engine"]
     # the engine says its progress (vanilla, with the draft, ours on its prompts: each to its last prompt), and
     # vLLM's own lines are in engine.log, named once, not on the console
     n = engine["overall"]["prompts"]
-    for label in ("engine vanilla", "engine draft", "engine: ours on its prompts"):
+    for label in ("engine vanilla", "engine draft@k2", "engine ngram@k2", "engine draft@k3", "engine ngram@k3",
+                  "engine: ours on its prompts"):
         assert f"[specdraft] {label} {n}/{n} prompts tok/s " in printed, (label, printed)
     assert printed.count(f"[specdraft] engine: vLLM's own output goes to {tmp_path / 'engine.log'}") == 1
     assert "INFO" in (tmp_path / "engine.log").read_text() and "INFO" not in printed, printed
@@ -142,6 +145,19 @@ def test_eval_with_the_engine_prints_its_acceptance_beside_ours(target, drafts, 
     assert abs(row["gap"]) <= 0.03 and row["same_answer_as_ours"] == row["prompts"]
     assert (f"toy_questions: acceptance length {row['acceptance_length']:.3f} vs ours {row['tau_ours']:.3f}"
             in printed), printed
+    sweep = engine["sweep"]
+    assert sweep["k"] == [2, 3] and sorted(sweep["draft"]) == sorted(sweep["ngram"]) == ["2", "3"]
+    assert sweep["draft"]["3"]["acceptance_length"] == row["acceptance_length"]  # K=3 is the row compared with ours
+    for drafter in ("draft", "ngram"):
+        speeds = {int(k): r["tokens_per_s"] for k, r in sweep[drafter].items()}
+        assert all(speeds.values()) and sweep["best_k"][drafter] == max(speeds, key=speeds.get), sweep
+        assert sweep[drafter]["2"]["engine_lossless"] == sweep[drafter]["2"]["prompts"]  # greedy: as the target
+    cost = sweep["cost"]["draft"]
+    assert cost["c"] is not None and cost["v"] is not None and cost["k"] == sweep["best_k"]["draft"], cost
+    assert cost["for_target"]["tau"] == pytest.approx(1.3 * (cost["v"] + cost["k"] * cost["c"]))
+    best = sweep["best_k"]
+    assert f"fastest: draft K={best['draft']} " in printed and f"ngram K={best['ngram']} " in printed, printed
+    assert f"cost model (speedup ≈ τ / (v + K·c)): c {cost['c']:.3f}, v {cost['v']:.3f}" in printed, printed
 
 
 def test_eval_with_the_engine_samples_too(target, drafts, tmp_path, capsys):
@@ -158,7 +174,7 @@ def test_eval_with_the_engine_samples_too(target, drafts, tmp_path, capsys):
     assert main(["eval", "--target", str(target), "--draft", str(drafts["beagle3"]), "--questions", str(QUESTIONS),
                  "--out", str(out), "--mode", "chain", "--engine", "vllm", "--quiet", "max_questions=4",
                  "decode.gamma=3", f"decode.max_new_tokens={MAX_NEW}", "decode.temperature=1.0",
-                 "engine.max_model_len=512"]) == 0
+                 "engine.max_model_len=512", "engine.sweep_k=[3]", "engine.ngram=false"]) == 0
     engine = json.loads(out.read_text())["engine"]
     row = engine["datasets"]["toy_questions"]
     assert engine["greedy"] is False and engine["speculative_tokens"] == 3 and row["prompts"] >= 4
