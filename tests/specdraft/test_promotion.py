@@ -75,3 +75,24 @@ def test_the_gate_replaces_the_eval_set_comparison_above_the_floor_only():
         "no champion yet: nothing to protect")
     assert not decide_promotion(Measures(tau=1.2, floor=1.3), champion, passed).promote  # below the floor
     assert decide_promotion(Measures(tau=1.4, floor=1.3), Champion(unusable="gone"), refused).promote  # unusable
+
+
+@pytest.mark.parametrize(("draft", "ngram", "champion_value", "promote"), [
+    (1.20, 1.15, 1.40, True),    # faster than both, beats the champion
+    (1.15, 1.15, 1.40, False),   # ties ngram: refused however well it beats the champion
+    (1.20, 1.15, 1.60, False),   # the engine passes, the champion holds
+    (0.95, None, 1.40, False),   # slower than no draft, ngram not measured
+    (1.01, None, 1.40, True),    # above 1, ngram not measured: judged against 1 alone
+])
+def test_the_engine_rule_must_pass_beside_the_floor_and_the_champion(draft, ngram, champion_value, promote):
+    from specdraft.freshness.engine_gate import engine_verdict
+
+    best = {"draft": {"k": 2, "speedup": draft}, **({"ngram": {"k": 4, "speedup": ngram}} if ngram else {})}
+    engine = engine_verdict(best)
+    measures = Measures(tau=1.9, floor=1.6, engine_tau=1.5)
+    without = decide_promotion(measures, Champion(value=champion_value))
+    d = decide_promotion(measures, Champion(value=champion_value), engine=engine)
+    assert d.promote is promote and d.promote is (without.promote and engine.passed)
+    assert d.reasons[:-1] == without.reasons  # the engine's reason ends the decision's
+    assert d.reasons[-1] == f"engine gate {'passed' if engine.passed else 'refused'}: {engine.reason}"
+    assert decide_promotion(measures, Champion(value=champion_value), engine=None) == without
