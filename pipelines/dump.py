@@ -168,6 +168,7 @@ class ZarrShardDatasink(Datasink):
         self.fault_at_shard = fault_at_shard
         self.written: list[dict[str, Any]] = []
         self.manifest: dict[str, Any] | None = None
+        self.leftovers: list[Any] = []  # dead writers' temporary shards found at the end (``finish``)
 
     def write(self, blocks, ctx) -> list[dict[str, Any]]:
         from ray.data.block import BlockAccessor
@@ -205,6 +206,11 @@ class ZarrShardDatasink(Datasink):
         missing = sorted(set(range(self.header["num_shards"])) - {r["index"] for r in shards})
         if missing:
             raise store.StoreError(f"{self.out}: shards {missing[:10]} were not written; not writing a manifest")
+        # every shard is final now: a temporary left is a writer's that died mid-shard (its node lost while Ray
+        # retried the shard elsewhere), of this store's own naming; removed and counted
+        self.leftovers = store.list_shard_dirs(self.out)[1]
+        for path in self.leftovers:
+            location.remove(path)
         self.manifest = store.make_manifest(header=self.header, shards=shards)
         store.write_manifest(self.out, self.manifest)
 
@@ -323,5 +329,6 @@ def dump_features(
         sink.finish([])
     summary = store.dump_summary(sink.manifest, sink.written, len(kept), time.perf_counter() - started)
     summary["ingest"] = ingested
+    summary["dead_writer_temporaries_removed"] = len(sink.leftovers)
     location.write_text(location.join(out, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
     return summary
