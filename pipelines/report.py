@@ -1,5 +1,5 @@
 """The one-page report of a ``regenerate-and-train`` run (docs/first-run.md, "The run report"): a self-contained HTML
-file — the run summary's rows (``pipelines.summary``) and four plots embedded as PNG data — written to the
+file — the run summary's rows (``pipelines.summary``; the stages' rates beside their limits) and four plots embedded as PNG data — written to the
 workdir and logged to the run's MLflow parent run as ``report.html``.
 
 The plots (``pipelines.plots``): the training curves per stage with the stage boundaries marked (Beagle §4.2's
@@ -57,6 +57,26 @@ def _stages(s: RunSummary) -> str:
         f"<td>{escape(st.note or ('done by an earlier run' if st.status == 'skipped' else ''))}</td></tr>"
         for st in s.stages)
     return f"<table><tr><th>stage</th><th>status</th><th>seconds</th><th></th></tr>{rows}</table>"
+
+
+def _rates(s: RunSummary) -> str:
+    """Each throughput stage's tokens/s beside the limit the machine's matmul sets (``pipelines.rates``)."""
+    if not s.rates:
+        return ""
+    head = "".join(f"<th>{h}</th>" for h in ["stage", "tokens", "wall s", "tokens/s", "limit tokens/s", "ratio",
+                                             "load during it", "how the limit was computed"])
+    rows = ""
+    for line in s.rates:
+        r, note = line.rate, f" ({escape(line.note)})" if line.note else ""
+        if r is None:
+            rows += f'<tr class="skipped"><td>{line.stage}{note}</td><td colspan="7">{escape(line.why)}</td></tr>'
+            continue
+        rows += (f"<tr><td>{line.stage}{note}</td><td class=\"num\">{r.tokens}</td>"
+                 f"<td class=\"num\">{r.wall_s:.1f}</td><td class=\"num\">{r.tokens_per_s:.1f}</td>"
+                 f"<td class=\"num\">{r.limit_tokens_per_s:.1f}</td>"
+                 f"<td class=\"num\">{r.ratio:.3f}</td>{_num(r.load_1m)}<td>{escape(r.how)}</td></tr>")
+    return (f"<h2>Stage rates</h2><table><tr>{head}</tr>{rows}</table><p class=\"caption\">limit: the matmul FLOP/s "
+            "measured in this run over the stage's FLOPs per token; ratio: tokens/s over the limit.</p>")
 
 
 def _datasets(s: RunSummary) -> str:
@@ -126,6 +146,7 @@ def render_report(s: RunSummary, *, training: list[dict[str, Any]], eval_report:
                           "" if s.datasets else "no eval set has a tau")
     gate, offline = _versions_and_drift(history, drift)
     return _page(s, generated, f"""<div class="grid"><div><h2>Stages</h2>{_stages(s)}</div><div><h2>Eval sets</h2>{_datasets(s)}</div></div>
+{_rates(s)}
 <h2>Champion gate</h2>{_rows(register, {label for label, _ in register if label.startswith("serve")})}
 <h2>Where the results are</h2>{_rows(s.where(), {"workdir", "report", "browse", "open"})}
 <h2>Training curves</h2>{curves}

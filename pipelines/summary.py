@@ -5,6 +5,8 @@ Built from the stage records the flow returns (``pipelines.records``, as dicts) 
 so ``specdraft run`` prints and the flow-run log holds the same text (the flow renders it once). It says:
 * each stage done or skipped and its time — a skipped stage shows no seconds: the time in its ``DONE``
   file is the earlier run's, not this one's;
+* regenerate's, the dump's and training's tokens/s beside the limit the machine's matmul sets and their ratio,
+  with the load during the stage and how the limit was computed (``pipelines.rates``; a skipped stage: no rate);
 * τ per eval set beside the prompt-lookup floor τ_pld ("Evaluation and the prompt-lookup floor"), the
   serving engine's acceptance length and its speedup when they were measured (``Evaluated.engine_tau``,
   ``engine_speedup``: its tokens/s with the draft over its own without; a gap to our decoder at the engine's K
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.rates import RateLine, rate_lines, rate_text
 from pipelines.records import Dumped, Evaluated, Prepared, Regenerated, Registered, Trained
 from specdraft.evaluation.engine_sweep import sweep_note
 
@@ -88,6 +91,7 @@ class RunSummary:
     serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
     place: Place
     fresh: list[tuple[str, str]] = field(default_factory=list)  # (label, text): traffic window, monitor, gate, hand-off
+    rates: list[RateLine] = field(default_factory=list)  # regenerate, features, train: rate beside the limit
 
     def where(self) -> list[tuple[str, str]]:
         """(label, text) rows saying where the results are."""
@@ -321,7 +325,8 @@ def summarize_run(name: str, result: dict[str, Any], place: Place, report: dict[
                       notes=notes(datasets, evaluated.engine_warnings,
                                   ((report or {}).get("engine") or {}).get("sweep")),
                       decision=decision, champion=champion, exports=exports,
-                      serve=dict(registered.serve), place=place, fresh=fresh_rows(result, registered))
+                      serve=dict(registered.serve), place=place, fresh=fresh_rows(result, registered),
+                      rates=rate_lines(result))
 
 
 def render_text(s: RunSummary) -> str:
@@ -332,6 +337,7 @@ def render_text(s: RunSummary) -> str:
         seconds = f"{st.seconds:8.1f}" if st.seconds is not None else f"{'-':>8}"
         note = st.note or ("done by an earlier run with the same inputs" if st.status == "skipped" else "")
         out.append(f"{st.stage:<12} {st.status:<8} {seconds}  {note}".rstrip())
+    out += rate_text(s.rates, WIDTH)
     engine = any(d.engine is not None for d in s.datasets)
     load = any(d.load is not None for d in s.datasets)
     out += ["", f"{'dataset':<20} {'tau':>6} {'floor':>6} {'tau/floor':>9} {'speedup':>8}"

@@ -98,6 +98,45 @@ def test_summary_says_what_happened_and_where(tmp_path):
     assert lines[0] == "== specdraft run 'toy': mean tau 2.65 vs floor 1.37; v3 promoted to champion =="
 
 
+def test_summary_and_report_show_each_stages_rate_beside_its_limit(tmp_path):
+    """Issue 41 item 4: per throughput stage its tokens, wall s, tokens/s, limit tokens/s, ratio and the load during
+    it, with how the limit was computed; a stage finished by an earlier run says so instead of a rate; a stage whose
+    limit this run did not measure says that."""
+    from pipelines.report import render_report
+
+    result = records(tmp_path)  # regenerate ran now (12.3 s); features and train were done by an earlier run
+    flops, per_token, tokens = 3.03e11, 2 * 134_515_008, 6110
+    result["rates"] = {"run": "now", "matmul": {"cpu/bfloat16/2/2048x576x1536": {
+        "device": "cpu", "dtype": "bfloat16", "threads": 2, "shape": [2048, 576, 1536], "flops": flops,
+        "seconds": 1.0, "load_1m": 9.87, "run": "now"}}, "stages": {"regenerate/r": {
+            "tokens": tokens, "flops_per_token": per_token, "reference": "cpu/bfloat16/2/2048x576x1536", "load_1m": 11.25,
+            "counted": "2 x 134.5M target matmul params per generated token (prompt tokens not counted)"}}}
+    rate, limit = tokens / 12.3, flops / per_token  # 496.7 tokens/s against 1126.3
+    summary = summarize_run("toy", result, PLACE, EVAL_REPORT)
+    text = render_text(summary)
+    assert re.search(r"^rate\s+tokens\s+wall s\s+tokens/s\s+limit/s\s+ratio\s+load\s+\(limit/s: this run's matmul",
+                     text, re.M), text
+    assert re.search(rf"^regenerate\s+{tokens}\s+12\.3\s+{rate:.1f}\s+{limit:.1f}\s+{rate / limit:.3f}\s+11\.25"
+                     r"\s+toy_prompts\.jsonl$", text, re.M), text
+    assert f"{rate:.1f}" == "496.7" and f"{limit:.1f}" == "1126.3" and f"{rate / limit:.3f}" == "0.441"
+    flat = " ".join(text.split())
+    assert ("limit regenerate: 2 x 134.5M target matmul params per generated token (prompt tokens not counted) at "
+            "303.0 GFLOP/s (bfloat16 2048x576x1536 matmul, 2 threads, measured in this run at load 9.9)") in flat
+    assert re.search(r"^features\s+skipped: done by an earlier run \(its time is that run's, no rate\)"
+                     r"\s+toy_prompts\.jsonl$", text, re.M)
+    assert re.search(r"^train\s+skipped: done by an earlier run", text, re.M)
+    html = render_report(summary, training=[], eval_report=None, history=[])
+    assert ("<th>tokens/s</th><th>limit tokens/s</th><th>ratio</th><th>load during it</th>"
+            "<th>how the limit was computed</th>") in html
+    assert (f'<td class="num">{rate:.1f}</td><td class="num">{limit:.1f}</td><td class="num">{rate / limit:.3f}</td>'
+            '<td class="num">11.25</td>') in html
+    # the rates of another run (or none): the stage that ran now says its limit was not measured in this run
+    result["rates"] = {}
+    text = render_text(summarize_run("toy", result, PLACE, EVAL_REPORT))
+    assert re.search(r"^regenerate\s+limit not measured in this run\s+toy_prompts\.jsonl$", text, re.M), text
+    assert "limit regenerate:" not in text and "1126.3" not in text
+
+
 def test_summary_engine_column_tracking_server_and_the_runs_that_register_nothing(tmp_path):
     close = render_text(summarize_run("toy", records(tmp_path, engine={"toy": 2.62}), PLACE, EVAL_REPORT))
     assert re.search(r"^toy\s+2\.65\s+1\.37\s+1\.93\s+0\.17\s+2\.62\s+-$", close, re.M) and "warning" not in close
