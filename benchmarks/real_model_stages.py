@@ -1,22 +1,22 @@
-"""Per-stage measurement of the real-model run (issue 32, item 3): ``configs/smollm2.yaml``'s stages against the
-CPU's limit.
+"""Per-stage measurement of the real-model run (issue 32, item 3; issue 41, item 4): ``configs/smollm2.yaml``'s
+stages against the machine's limit.
 
 Two parts, one JSON:
 
-* ``machine``: this host's matmul FLOP/s in fp32 and bf16 at the stages' thread count — a loop of
-  (tokens, d) @ (d, 8d/3)-shaped products, the target's MLP shape (d=576, 1536) — and the target's own
-  prefill tokens/s (logits and hidden states, as the dump runs it) in fp32 and bf16: whether bf16 pays on
-  this CPU (``lscpu`` flags avx512_bf16 / amx are recorded).
-* ``stages``: read from a finished run's workdir (each stage's ``DONE`` record): wall time, tokens, tokens/s,
-  and the CPU limit ``FLOPs per token x tokens / FLOP/s`` at the stage's dtype — a forward costs about
-  2 x parameters per token, a training step 3 x that over the draft's parameters times the positions it
-  unrolls — and ``limit_s / wall_s``, how close the stage came to it.
+* ``stages``: a run's own rates — each stage's tokens, wall s, tokens/s, the limit tokens/s it is held against and
+  their ratio, the load during the stage and how the limit was computed — as the run summary shows them
+  (``pipelines.rates.rate_lines`` over the stages' ``DONE`` records and the run's ``rates.json``: the matmul
+  FLOP/s measured *in that run*, ``specdraft.limits``). With ``--run CONFIG`` this script runs the flow itself
+  first (``specdraft run``, load sampled throughout); with ``--workdir`` alone it reads a finished run's. A stage
+  the last run skipped has no rate there: its time is an earlier run's.
+* ``machine``: this host's matmul FLOP/s in fp32 and bf16 at the stages' thread count and on 1 thread
+  (``specdraft.limits.measure_matmul``, the target's MLP shape) and the target's own prefill tokens/s (logits and
+  hidden states, as the dump runs it): whether bf16 pays on this CPU (``lscpu`` flags avx512_bf16 / amx are
+  recorded). Measured after the run, under its own load: context, never the denominator of a stage's ratio.
 
-The host is shared: the load average is sampled during the machine measurement and recorded; a run's own load is
-what its log says (pass ``--load`` with the figures you watched).
-
-Usage: ``python -m benchmarks.real_model_stages OUT.json --target targets/smollm2 --workdir runs-smollm2``
-(``--workdir`` optional: without it only the machine is measured).
+Usage, on a quiet machine: ``python -m benchmarks.real_model_stages OUT.json --target targets/smollm2 --workdir
+runs-smollm2 --run configs/smollm2.yaml [key=value ...]`` (without ``--run``: the finished run in ``--workdir``;
+without ``--workdir``: the machine only).
 """
 
 from __future__ import annotations
@@ -25,13 +25,17 @@ import argparse
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.host import LoadSampler, write_result
+from benchmarks.host import write_result
+from pipelines.rates import rate_lines
+from specdraft import limits
+from specdraft.limits import LoadSampler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -43,20 +47,6 @@ def cpu_flags() -> list[str]:
     except OSError:
         return []
     return sorted(set(re.findall(r"\b(avx512_bf16|avx512f|amx_\w+)\b", text)))
-
-
-def matmul_flops(dtype: torch.dtype, threads: int, *, m: int = 2048, k: int = 576, n: int = 1536,
-                 seconds: float = 3.0) -> float:
-    """FLOP/s of a (m, k) @ (k, n) product repeated for ``seconds`` with ``threads`` torch threads."""
-    torch.set_num_threads(threads)
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)  # (m, k), (k, n)
-    for _ in range(3):
-        a @ b  # warm the kernels
-    count, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        a @ b  # (m, n)
-        count += 1
-    return 2 * m * k * n * count / (time.perf_counter() - started)
 
 
 def prefill_rate(target: str, dtype: torch.dtype, threads: int, *, batch: int = 4, length: int = 256,
@@ -81,78 +71,65 @@ def prefill_rate(target: str, dtype: torch.dtype, threads: int, *, batch: int = 
 
 
 def measure_machine(target: str | None, threads: int) -> dict[str, Any]:
+    """The matmul (``specdraft.limits``, the target's MLP shape) in fp32 and bf16 at ``threads`` and 1 thread, and
+    the target's prefill, with the load while they ran."""
+    shape = limits.mlp_shape(target, "cpu") if target else None
     with LoadSampler(every=1.0) as load:
-        flops = {name: round(matmul_flops(dt, threads) / 1e9, 1) for name, dt in DTYPES.items()}
-        flops_1 = {name: round(matmul_flops(dt, 1) / 1e9, 1) for name, dt in DTYPES.items()}
+        flops = {n: round(limits.measure_matmul("cpu", n, threads, shape=shape, seconds=3.0).flops / 1e9, 1)
+                 for n in DTYPES}
+        flops_1 = {n: round(limits.measure_matmul("cpu", n, 1, shape=shape, seconds=3.0).flops / 1e9, 1)
+                   for n in DTYPES}
         prefill = {name: prefill_rate(target, dt, threads) for name, dt in DTYPES.items()} if target else {}
-    return {"cpu_flags": cpu_flags(), "threads": threads,
-            "matmul_gflops": flops, "matmul_gflops_1_thread": flops_1,
-            "matmul_shape": [2048, 576, 1536], "prefill": prefill, "load": load.summary()}
+    return {"cpu_flags": cpu_flags(), "threads": threads, "matmul_gflops": flops, "matmul_gflops_1_thread": flops_1,
+            "matmul_shape": list(shape or limits.CPU_SHAPE), "prefill": prefill, "load": load.summary(),
+            "note": "measured after the run: context, not the denominator of any stage's ratio (the run's own "
+                    "rates.json holds those)"}
 
 
-def _done(workdir: Path, stage: str) -> dict[str, Any] | None:
-    """The newest ``DONE`` record of ``stage`` in a run's workdir (None: the stage has not finished)."""
-    files = sorted((workdir / stage).glob("*/DONE"), key=lambda f: f.stat().st_mtime)
-    return json.loads(files[-1].read_text()) if files else None
+def _done(workdir: Path, stage: str) -> list[dict[str, Any]]:
+    """The ``DONE`` records of ``stage`` in a run's workdir, oldest first."""
+    return [json.loads(f.read_text()) for f in sorted((workdir / stage).glob("*/DONE"), key=lambda f: f.stat().st_mtime)]
 
 
-def draft_parameters(draft: Path) -> dict[str, int]:
-    """The draft's parameters that cost FLOPs per token (every 2-D weight but the token embedding), trained or not."""
-    from safetensors import safe_open
-
-    counts = {"matmul": 0, "embedding": 0}
-    with safe_open(str(draft / "model.safetensors"), "pt") as f:
-        for name in f.keys():
-            shape = f.get_slice(name).get_shape()
-            if len(shape) == 2:
-                n = shape[0] * shape[1]
-                counts["embedding" if "embed" in name else "matmul"] += n
-    return counts
+def run_flow(config: str, workdir: Path, overrides: list[str]) -> dict[str, Any]:
+    """``specdraft run`` on ``config`` into ``workdir``: its wall time, exit code and the load while it ran."""
+    command = [sys.executable, "-m", "flows.cli", "run", "--config", config, f"workdir={workdir}", *overrides]
+    started = time.perf_counter()
+    with LoadSampler(every=10.0) as load:
+        code = subprocess.run(command, check=False).returncode
+    return {"command": " ".join(command[1:]), "returncode": code, "wall_s": round(time.perf_counter() - started, 1),
+            "load": load.summary()}
 
 
-def limit(flops_per_token: float, tokens: float, flops: float, wall_s: float) -> dict[str, Any]:
-    """The CPU limit of ``tokens`` at ``flops_per_token`` on ``flops`` FLOP/s, and how close ``wall_s`` came to it."""
-    limit_s = flops_per_token * tokens / flops
-    return {"flops_per_token": round(flops_per_token), "tokens": int(tokens), "limit_s": round(limit_s, 1),
-            "limit_tokens_per_s": round(tokens / limit_s, 1), "limit_over_wall": round(limit_s / wall_s, 3)}
-
-
-def stage_rows(workdir: Path, target_params: int, gflops: dict[str, float], dump_dtype: str, train_dtype: str,
-               val_fraction: float, epochs: int) -> dict[str, Any]:
-    """Per stage: wall, tokens, tokens/s from the stage's own record, and the CPU limit beside them."""
-    rows: dict[str, Any] = {}
-    if (reg := _done(workdir, "regenerate")) is not None:
-        s = reg["summary"]
-        tokens = s["prompt_tokens"] + s["tokens_generated"]  # prefill + one forward per generated token
-        rows["regenerate"] = {"wall_s": round(reg["wall_s"], 1), "generated_tokens": s["tokens_generated"],
-                              "prompt_tokens": s["prompt_tokens"], "generate_s": s["generate_s"],
-                              "generated_tokens_per_s": s["generate_tokens_per_s"],
-                              "cpu_limit_fp32": limit(2 * target_params, tokens, gflops["float32"] * 1e9, s["generate_s"]),
-                              "note": "vLLM's engine computes on 1 of the 2 cores (it reserves the other); decoding "
-                                      "is memory-bound: the FLOP limit is a floor it cannot reach"}
-    if (dump := _done(workdir, "features")) is not None:
-        s = dump["summary"]
-        rows["dump"] = {"wall_s": round(dump["wall_s"], 1), "tokens": s["tokens"], "tokens_per_s": s["tokens_per_s"],
-                        "actor_tokens_per_s": s["features_tokens_per_s"], "bytes_per_token": s["bytes_per_token"],
-                        "dtype": dump_dtype,
-                        "cpu_limit": limit(2 * target_params, s["tokens"], gflops[dump_dtype] * 1e9, dump["wall_s"])}
-    if (train := _done(workdir, "train")) is not None and dump is not None:
-        params = draft_parameters(Path(train["draft"]))
-        tokens = dump["summary"]["tokens"] * (1 - val_fraction) * epochs  # every position runs the draft
-        metrics = [json.loads(line) for line in Path(train["metrics_file"]).read_text().splitlines() if line.strip()]
-        rates = [m["tokens_per_s"] for m in metrics if "tokens_per_s" in m]
-        rows["train"] = {"wall_s": round(train["wall_s"], 1), "epochs": epochs, "positions": int(tokens),
-                         "loss_tokens_per_s_logged": round(sum(rates) / len(rates), 1) if rates else None,
-                         "positions_per_s": round(tokens / train["wall_s"], 1), "draft_parameters": params,
-                         "dtype": train_dtype,
-                         "cpu_limit": limit(6 * params["matmul"], tokens, gflops[train_dtype] * 1e9, train["wall_s"])}
-    if (ev := _done(workdir, "eval")) is not None:
-        report = json.loads(Path(ev["report"]).read_text())
+def stage_rows(workdir: Path) -> dict[str, Any]:
+    """The rates of the last run in ``workdir``, as its summary shows them, with each throughput stage's own counts,
+    and the eval and export records."""
+    rates_file = workdir / limits.FILE
+    rates = json.loads(rates_file.read_text()) if rates_file.is_file() else {}
+    regenerated, dumped, trained = _done(workdir, "regenerate"), _done(workdir, "features"), _done(workdir, "train")
+    rows: dict[str, Any] = {"rates_run": rates.get("run"), "matmul": rates.get("matmul", {}), "rates": []}
+    if trained:
+        result = {"regenerate": regenerated, "features": dumped, "train": trained[-1], "rates": rates}
+        for line in rate_lines(result):
+            r = line.rate
+            rows["rates"].append({"stage": line.stage, "file": line.note, "why": line.why} if r is None else {
+                "stage": line.stage, "file": line.note, "tokens": r.tokens, "wall_s": round(r.wall_s, 1),
+                "tokens_per_s": round(r.tokens_per_s, 1), "limit_tokens_per_s": round(r.limit_tokens_per_s, 1),
+                "ratio": round(r.ratio, 4), "load_1m": r.load_1m, "how": r.how})
+    if regenerated:
+        s = regenerated[-1]["summary"]
+        rows["regenerate"] = {k: s.get(k) for k in ("tokens_generated", "prompt_tokens", "generate_s",
+                                                     "generate_tokens_per_s", "tokens_per_s")}
+    if dumped:
+        s = dumped[-1]["summary"]
+        rows["dump"] = {k: s.get(k) for k in ("tokens", "tokens_written", "tokens_per_s", "features_tokens_per_s",
+                                               "bytes_per_token")}
+    if (ev := _done(workdir, "eval")):
+        ev = ev[-1]
         rows["eval"] = {"wall_s": round(ev["wall_s"], 1), "tau": ev["tau"], "tau_pld": ev["tau_pld"],
-                        "engine_tau": ev["engine_tau"], "lossless_mismatches": ev["lossless_mismatches"],
-                        "report_keys": sorted(report)}
-    if (exp := _done(workdir, "export")) is not None:
-        rows["export"] = {"wall_s": round(exp["wall_s"], 1), "exports": sorted(exp["exports"])}
+                        "engine_tau": ev["engine_tau"], "lossless_mismatches": ev["lossless_mismatches"]}
+    if (exp := _done(workdir, "export")):
+        rows["export"] = {"wall_s": round(exp[-1]["wall_s"], 1), "exports": sorted(exp[-1]["exports"])}
     return rows
 
 
@@ -160,24 +137,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="JSON result path")
     parser.add_argument("--target", default="targets/smollm2")
-    parser.add_argument("--workdir", default=None, help="a finished run's workdir (its stages' DONE records)")
+    parser.add_argument("--workdir", default=None, help="the run's workdir (its stages' DONE records, rates.json)")
+    parser.add_argument("--run", default=None, metavar="CONFIG", help="run the flow on CONFIG into --workdir first")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of --run's config")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dump-dtype", default="bfloat16", choices=sorted(DTYPES))
-    parser.add_argument("--train-dtype", default="bfloat16", choices=sorted(DTYPES))
-    parser.add_argument("--epochs", type=int, default=2, help="the run's train.epochs")
-    parser.add_argument("--val-fraction", type=float, default=0.05)
-    parser.add_argument("--load", default="", help="the load average the run itself ran under (text)")
     args = parser.parse_args(argv)
+    if args.run and not args.workdir:
+        parser.error("--run needs --workdir (the run's own, named by the caller)")
 
-    machine = measure_machine(args.target, args.threads)
-    result: dict[str, Any] = {"benchmark": "real_model_stages", "machine": machine}  # its speed; write_result: the host
+    result: dict[str, Any] = {"benchmark": "real_model_stages"}
+    if args.run:
+        result["run"] = run_flow(args.run, Path(args.workdir), args.overrides)
+        write_result(args.out, result)
     if args.workdir:
-        params = machine["prefill"]["float32"]["parameters"] if machine["prefill"] else 0
-        result["stages"] = stage_rows(Path(args.workdir), params, machine["matmul_gflops"], args.dump_dtype,
-                                      args.train_dtype, args.val_fraction, args.epochs)
-        result["run_load"] = args.load
+        result["stages"] = stage_rows(Path(args.workdir))
+        write_result(args.out, result)
+    result["machine"] = measure_machine(args.target, args.threads)  # after the run: its load is not the run's
     print(write_result(args.out, result).read_text())
-    return 0
+    return 0 if result.get("run", {}).get("returncode", 0) == 0 else 1
 
 
 if __name__ == "__main__":

@@ -102,3 +102,27 @@ def test_rate_lines_do_the_arithmetic_and_say_what_was_skipped(tmp_path):
     assert lines[2].rate is None and lines[2].why.startswith("skipped: done by an earlier run")
     # a record of another run's rates: nothing is rated
     assert all(x.rate is None for x in rates.rate_lines({**result, "rates": {}}))
+
+
+def test_the_stage_benchmark_reads_the_runs_own_rates(tmp_path):
+    """``benchmarks/real_model_stages.py`` shows a finished run's rates as its summary does (one implementation): a
+    stage the last run did not record (an earlier run's DONE) has no rate."""
+    from benchmarks.real_model_stages import stage_rows
+
+    cfg = RunConfig(workdir=str(tmp_path / "work"))
+    target, regenerated, dumped, trained = toy_run(tmp_path)
+    run = rates.start_run(cfg.workdir)
+    for stage, record in (("regenerate", regenerated), ("train", trained)):  # the dump: done by an earlier run
+        rates.after_stage(cfg, run, stage, record, target, {"load_1m_mean": 2.5})
+        (tmp_path / "work" / stage / record.key).mkdir(parents=True)
+        (tmp_path / "work" / stage / record.key / "DONE").write_text(json.dumps(record.to_dict()))
+    (tmp_path / "work" / "features" / "f1").mkdir(parents=True)
+    (tmp_path / "work" / "features" / "f1" / "DONE").write_text(json.dumps(dumped.to_dict()))
+    rows = stage_rows(tmp_path / "work")
+    assert rows["rates_run"] == run
+    by_stage = {r["stage"]: r for r in rows["rates"]}
+    flops = rows["matmul"]["cpu/float32/1/2048x16x32"]["flops"]
+    assert by_stage["regenerate"]["tokens_per_s"] == round(500 / 20.0, 1)
+    assert by_stage["regenerate"]["limit_tokens_per_s"] == round(flops / (2 * TARGET_PARAMS), 1)
+    assert by_stage["train"]["ratio"] == round((2800 / 40.0) / (flops / (6 * DRAFT_PARAMS * 7 / 3)), 4)
+    assert by_stage["features"] == {"stage": "features", "file": "chat.jsonl", "why": "limit not measured in this run"}
