@@ -1,7 +1,7 @@
 """Each throughput stage's rate beside the machine's limit, for the run summary and the report (issue 41, item 4;
-docs/commands.md "Stage rates"). The limit itself — FLOPs per token, the matmul measured in this run, the ratio —
-is ``specdraft.limits``; this module says, per stage, what its tokens are, which setting it ran at, and what the
-FLOPs per token count.
+docs/first-run.md "What a run says", the rates). The limit itself — FLOPs per token, the matmul measured in this
+run, the ratio — is ``specdraft.limits``; this module says, per stage, what its tokens are, which setting it ran
+at, and what the FLOPs per token count.
 
 While a run goes: ``start_run`` opens the run's ``rates.json`` (``specdraft.limits.RunReferences``; an earlier
 run's is replaced), the flow's stage wrapper samples the load average during each stage and hands it to

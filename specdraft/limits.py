@@ -1,5 +1,5 @@
-"""A stage's speed limit on this machine, and how close the stage came to it (issue 41, item 4; docs/commands.md
-"Stage rates").
+"""A stage's speed limit on this machine, and how close the stage came to it (issue 41, item 4; docs/first-run.md
+"What a run says", the rates).
 
 The limit of a stage is ``matmul FLOP/s / FLOPs per token``:
 

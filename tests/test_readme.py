@@ -150,6 +150,7 @@ TEXT_BLOCKS = {
     "handoff   v12": "the summary's hand-off lines",
     "drift     champion": "the summary's offline drift line",
     "warm      started from": "the summary's warm-start line",
+    "rate            tokens": "the summary's stage rates against their limits",
     ".../ShareGPT_V3_unfiltered_cleaned_split.json: record": "the reject a JSON array cut off mid-record gives",
     "# the head: the driver's node": "a Ray cluster by hand (several machines; tests/flows/test_cluster_flow.py "
                                      "starts the same in-process)",

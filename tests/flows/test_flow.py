@@ -105,6 +105,15 @@ def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target,
     assert Path(second["report"]).parent == root / "work" / "reports"
     assert f"report    {second['report']}" in second["summary"]
     assert {"report.html", "summary.txt"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    # the rates (issue 41 item 4): training ran in this run, rated against the matmul measured in it; the stages it
+    # skipped have none (their time is the first run's)
+    rates = second["rates"]
+    assert list(rates["stages"]) == [f"train/{second['train']['key']}"] and len(rates["matmul"]) == 1
+    row = re.search(r"^train\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+$", second["summary"], re.M)
+    assert row and int(row[1]) == second["train"]["metrics"]["state_tokens"] > 0, second["summary"]
+    assert float(row[3]) == pytest.approx(int(row[1]) / second["train"]["wall_s"], abs=0.06)
+    assert re.search(r"^regenerate\s+skipped: done by an earlier run", second["summary"], re.M)
+    assert "limit train: 6 x" in second["summary"] and "measured in this run" in " ".join(second["summary"].split())
 
     # 3. identical rerun, through the CLI: every stage skipped (no seconds: the earlier run's are not this one's),
     # nothing registered twice, and the register run records what it found
@@ -113,6 +122,7 @@ def test_flow_fails_cleanly_resumes_skips_and_reuses(local_ray, tiny_toy_target,
     printed = capsys.readouterr().out
     assert re.search(r"^train\s+skipped\s+-\s+done by an earlier run", printed, re.M), printed
     assert re.search(r"^eval\s+skipped\s+-\s+done by an earlier run", printed, re.M), printed
+    assert re.search(r"^train\s+skipped: done by an earlier run", printed, re.M) and "limit train:" not in printed
     assert "was registered by an earlier run (same trained draft)" in " ".join(printed.split())
     assert len(client.search_model_versions("name='flow-test-draft'")) == 1
     third_parent = re.search(r"^mlflow\s+run (\w+) ", printed, re.M).group(1)
