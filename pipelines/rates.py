@@ -16,7 +16,8 @@ MLP (once per run for each) and records the stage's tokens and FLOPs per token. 
   (``metrics.state_positions``), else its loss tokens (``metrics.state_tokens``: the draft also runs on the
   positions without loss, so this rate is a floor) — ``6 x`` the draft's matmul parameters ``x`` its sub-steps
   per step (the mean over metrics.jsonl's steps of the ``loss_step<i>`` a step logged: 1 for a one-step stage, k
-  for a training-time test over k steps).
+  for a training-time test over k steps); a training resumed from an earlier try's checkpoint counts the share
+  of the tokens its steps logged in this run.
 
 A skipped stage (finished by an earlier run) shows no rate: its time is that run's.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,28 +76,37 @@ def stage_setting(cfg: RunConfig, stage: str, record: Any) -> tuple[str, str, in
     return said.get("device", device), said.get("dtype", dtype), int(said.get("threads", threads))
 
 
-def logged_substeps(metrics_file: str | Path) -> tuple[float, int]:
-    """The mean sub-steps per training step (its ``loss_step<i>`` keys) over metrics.jsonl, and the steps read."""
-    counts = []
+def logged_steps(metrics_file: str | Path, since: float = 0.0) -> tuple[float, int, int]:
+    """Over metrics.jsonl's training steps: the mean sub-steps per step (its ``loss_step<i>`` keys), the steps read,
+    and how many of them were logged at or after ``since`` (a time.time(): this run's, when training resumed from a
+    checkpoint an earlier try left)."""
+    counts, now = [], 0
     path = Path(metrics_file)
     for line in path.read_text().splitlines() if path.is_file() else []:
         row = json.loads(line) if line.strip() else {}
         if row.get("kind") == "metrics" and "loss" in row:
             counts.append(sum(1 for k in row if k.startswith("loss_step")) or 1)
-    return (sum(counts) / len(counts) if counts else 1.0), len(counts)
+            now += row.get("time", since) >= since
+    return (sum(counts) / len(counts) if counts else 1.0), len(counts), now
 
 
-def stage_work(stage: str, record: Any, target: str) -> tuple[int, float, str]:
-    """(tokens, FLOPs per token, what they count) of a finished stage."""
+def stage_work(stage: str, record: Any, target: str, started: float = 0.0) -> tuple[int, float, str]:
+    """(tokens, FLOPs per token, what they count) of a stage finished now that started at ``started``
+    (time.time())."""
     if stage == "train":
         params = limits.matmul_parameters(record.draft)
-        unroll, steps = logged_substeps(record.metrics_file)
+        unroll, steps, now = logged_steps(record.metrics_file, started)
         # the positions the draft ran on when the loop counts them, else its loss tokens (a floor of the positions)
         counted = "state_positions" if "state_positions" in record.metrics else "state_tokens"
-        return (int(record.metrics.get(counted, 0)), limits.train_flops(params, unroll),
+        tokens = int(record.metrics.get(counted, 0))
+        said = ("position trained" if counted == "state_positions"
+                else "loss token trained (positions without loss not counted)")
+        if steps and now < steps:  # resumed: the steps an earlier try ran are not this run's time
+            tokens = round(tokens * now / steps)
+            said += f"; resumed: {now} of {steps} steps ran now, their share of the tokens counted"
+        return (tokens, limits.train_flops(params, unroll),
                 f"6 x {params / 1e6:.2f}M draft matmul params x {unroll:.2f} sub-steps (mean of {steps} steps) per "
-                + ("position trained" if counted == "state_positions" else "loss token trained (positions without "
-                                                                           "loss not counted)"))
+                + said)
     params = limits.matmul_parameters(target)
     if stage == "regenerate":
         tokens, what = record.summary.get("tokens_generated", 0), "generated token (prompt tokens not counted)"
@@ -115,7 +126,7 @@ def after_stage(cfg: RunConfig, run: str, stage: str, record: Any, target: str, 
     if stage not in RATE_STAGES or getattr(record, "skipped", False):
         return
     refs = limits.RunReferences(cfg.workdir, run)
-    tokens, flops_per_token, counted = stage_work(stage, record, target)
+    tokens, flops_per_token, counted = stage_work(stage, record, target, time.time() - record.wall_s)
     device, dtype, threads = stage_setting(cfg, stage, record)
     reference = refs.matmul(device, dtype, threads, limits.mlp_shape(target, device))
     refs.record_stage(record_key(stage, record), {

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,6 +71,17 @@ def test_after_stage_records_tokens_flops_and_this_runs_matmul(tmp_path):
     assert s["train/t1"]["flops_per_token"] == pytest.approx(6 * DRAFT_PARAMS * 7 / 3)
     assert "2.33 sub-steps (mean of 3 steps)" in s["train/t1"]["counted"]
     assert s["train/t1"]["load_1m"] == 3.5 and s["train/t1"]["reference"] == "cpu/float32/1/2048x16x32"
+    # a training resumed from an earlier try's checkpoint: the share of the tokens its steps logged in this run
+    resumed = tmp_path / "train" / "resumed.jsonl"
+    rows = [json.loads(line) for line in Path(trained.metrics_file).read_text().splitlines()]
+    now = time.time()
+    rows[1]["time"], rows[2]["time"], rows[3]["time"] = now - 3600, now - 5, now - 1  # step 1 before this try
+    resumed.write_text("\n".join(map(json.dumps, rows)) + "\n")
+    again = Trained(**{**trained.to_dict(), "key": "t2", "metrics_file": str(resumed)})
+    rates.after_stage(cfg, run, "train", again, target, load)
+    entry = rates.read_run(cfg.workdir, run)["stages"]["train/t2"]
+    assert entry["tokens"] == round(2800 * 2 / 3) and "resumed: 2 of 3 steps ran now" in entry["counted"]
+    assert entry["flops_per_token"] == pytest.approx(6 * DRAFT_PARAMS * 7 / 3)  # all steps' sub-steps still
     # another setting is measured on its own: bf16 training on 2 threads
     bf16 = from_dict(RunConfig, {"workdir": cfg.workdir,
                                  "train": {"precision": "bf16", "scaling": {"cpus_per_worker": 2}}})
