@@ -20,7 +20,8 @@ and every page of ``docs/`` must be in ``PAGES`` — a new block or page fails
   commands name (``q.jsonl``, ``a.parquet``, ``b.jsonl``) are written into the working directory, and a file
   whose content a comment gives (``#   eval.yaml:  {...}``) is written with that content;
 * servers get a free port (``--port``; the README's 4200 becomes it) and are waited for, and a command the
-  README runs in the foreground until stopped (``mlflow ui``) is started, asked a question and stopped;
+  README runs in the foreground until stopped (``mlflow ui``) is started (with one worker process: it is asked one
+  question), asked a question and stopped;
 * ``prefect deployment run`` is followed to its end (the flow run must be COMPLETED);
 * "Serve the champion": the export of the champion is run, then the vLLM command it printed is started verbatim
   (its own CPU settings, nothing added to its environment; ``--port`` appended, as vLLM takes it) and must answer a
@@ -82,6 +83,7 @@ class Rule:
     health: str = ""  # server: the path that answers once it is up
     check: str = ""  # server: a path whose answer must contain ``expect``
     expect: str = ""
+    env: tuple[tuple[str, str], ...] = ()  # server: set in its environment only (a size the test needs, said why)
 
     @property
     def chained(self) -> bool:
@@ -126,8 +128,10 @@ RULES = [
     Rule("prefect server start", "background", health="/api/health"),
     Rule("prefect worker start", "background"),
     Rule("prefect ", "slow"),
+    # one request is asked of it: one uvicorn worker process, not the default four (each imports the MLflow server:
+    # about 22 s of CPU saved, measured), through MLflow's own variable for its --workers option
     Rule("mlflow ui", "server", health="/health", check="/api/2.0/mlflow/experiments/search?max_results=50",
-         expect="specdraft-toy"),
+         expect="specdraft-toy", env=(("MLFLOW_WORKERS", "1"),)),
     Rule("vllm serve TARGET --host 127.0.0.1 --speculative-config '{\"method\": \"dflash\"", "skip",
          "a second vLLM server (minutes on a 2-core machine): vLLM serving a DFlash draft is "
          "tests/serving/test_vllm_engine.py's; the champion's printed vllm serve command runs here"),
@@ -286,9 +290,9 @@ class Session:
         assert crash is None, f"`{text}` succeeded but its output looks like a crash ({crash[0]!r}):\n{output[-6000:]}"
         return output
 
-    def start(self, text: str, name: str) -> tuple[subprocess.Popen, Path]:
+    def start(self, text: str, name: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
         log = self.cwd / f".readme-{name}.log"
-        proc = start(["bash", "-c", f"exec {text}"], dict(self.env), log, self.cwd)
+        proc = start(["bash", "-c", f"exec {text}"], {**self.env, **(env or {})}, log, self.cwd)
         self.background.append(proc)
         return proc, log
 
@@ -328,7 +332,7 @@ class Session:
                 wait_http(f"http://127.0.0.1:{self.ports['prefect']}{rule.health}", proc, log, timeout=600)
         elif rule.action == "server":
             port = str(free_port())
-            proc, log = self.start(f"{text} --port {port}", text.split()[0])
+            proc, log = self.start(f"{text} --port {port}", text.split()[0], dict(rule.env))
             try:
                 wait_http(f"http://127.0.0.1:{port}{rule.health or '/health'}", proc, log, timeout=600)
                 if rule.check:

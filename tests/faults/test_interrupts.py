@@ -31,6 +31,9 @@ def train_argv(store: Path, target: Path, out: Path, *extra: str) -> list[str]:
 
 @pytest.mark.slow  # a real training run on one Ray Train worker
 def test_a_corrupt_chunk_in_a_ray_train_worker_is_one_line_with_the_path_of_the_full_log(tiny_toy_target, tmp_path):
+    """A truncated chunk read in the Ray Train worker (the error crosses the worker boundary): exit 1 and one line
+    naming store, shard, array and chunk (``docs/guarantees.md``'s ``corrupt-chunk`` and ``ray-worker-failure``
+    cases: one run, as the user's terminal shows it), not the worker's traceback."""
     root = toy_store(tmp_path / "store", tiny_toy_target)
     chunk = root / "shard-00000.zarr/hidden/c/0/0"
     chunk.write_bytes(chunk.read_bytes()[:-7])
@@ -40,6 +43,8 @@ def test_a_corrupt_chunk_in_a_ray_train_worker_is_one_line_with_the_path_of_the_
     assert "Traceback" not in result.stderr + result.stdout, result.stderr[-3000:]  # today: ~65 lines of them
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("specdraft train: store error: corrupt feature store "), result.stderr[-3000:]
+    for part in (str(root), "shard-00000.zarr", "array hidden", "chunk c/0/0"):
+        assert part in line, (part, line)
     log = Path(line.rsplit("(full log: ", 1)[1].rstrip(")"))
     assert log.is_file() and "Traceback" in log.read_text() and "shard-00000.zarr" in log.read_text()
 

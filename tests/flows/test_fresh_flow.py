@@ -96,14 +96,17 @@ def test_two_nights_on_traffic(local_ray, tiny_toy_target, tmp_path):
     # the offline drift series drawn in the report
     html = Path(second["report"]).read_text()
     assert html.split("<h2>Offline drift</h2>")[1].lstrip().startswith('<img src="data:image/png;base64,')
-    # a night killed during its hand-off (issue 44 item 5): current/ is not the champion. Its rerun (here a new
-    # training input: init_from=champion names the version promoted before the kill) ends with current/ serving the
-    # champion — this night's draft, or the champion's downloaded from the registry — and no `served` warning
+    # a night killed during its hand-off (issue 44 item 5): current/ is not the champion. Its rerun ends with
+    # current/ serving the champion — this night's draft (already registered: the rerun completes its hand-off), or
+    # the champion's downloaded from the registry — and no `served` warning. The rerun is night 2's run again, its
+    # warm start named by the directory night 2 started from (init_from=champion would name the version night 2
+    # promoted: a new training input, a third training and its evaluations that this check does not need)
     import shutil
 
     shutil.rmtree(current.parent / "current")
-    rerun = regenerate_and_train(config=config, overrides=args + ["train.seed=1", "train.init_from=champion",
-                                                                  "train.init_min_coverage=0.0", "monitor.offline=true"])
+    night2 = ["train.seed=1", f"train.init_from={plan['init_from']}", "train.init_min_coverage=0.0", "monitor.offline=true"]
+    rerun = regenerate_and_train(config=config, overrides=args + night2)
+    assert rerun["train"]["skipped"] and rerun["train"]["draft"] == second["train"]["draft"]
     assert rerun["register"]["served_note"] == ""
     champion = rerun["register"]["serving_champion"]
     assert json.loads((current / "handoff.json").read_text())["version"] == champion == rerun["register"]["served_version"]
