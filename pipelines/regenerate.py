@@ -41,6 +41,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -166,9 +167,10 @@ class VLLMReplica(Replica):
     def __init__(self, target: Target, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool,
                  log: str):
         output_to_file(log)  # before vLLM starts: its engine core and resource tracker inherit it
+        super().__init__(cfg, out_dir, max_model_len)
+        os.environ.update(vllm_environment(self.cfg))  # read by the engine it starts and that engine's workers
         from vllm import LLM
 
-        super().__init__(cfg, out_dir, max_model_len)
         self.tokenizer = load_tokenizer(target, trust_remote_code=self.cfg.trust_remote_code)
         try:
             generation_config = GenerationConfig.from_pretrained(target.path)
@@ -232,6 +234,11 @@ def vllm_engine_settings(cfg: RegenerateConfig, max_model_len: int, use_gpu: boo
     return {"max_model_len": max_model_len, "trust_remote_code": cfg.trust_remote_code,
             "dtype": dtype_name(resolve_dtype(cfg.dtype, device)), "generation_config": "vllm",
             "disable_log_stats": True, **cfg.vllm_engine_kwargs}
+
+
+def vllm_environment(cfg: RegenerateConfig) -> dict[str, str]:
+    """What a vllm replica adds to its environment before its engine starts: ``cfg.vllm_env``, as text."""
+    return {key: str(value) for key, value in cfg.vllm_env.items()}
 
 
 def vllm_gpus(cfg: RegenerateConfig) -> int:

@@ -34,9 +34,10 @@ from pipelines.generation import (
     stop_token_ids,
     vllm_answer_fn,
 )
-from pipelines.regenerate import regenerate, vllm_batch_size, vllm_engine_settings, vllm_gpus
-from pipelines.configs import RegenerateConfig
+from pipelines.regenerate import regenerate, vllm_batch_size, vllm_engine_settings, vllm_environment, vllm_gpus
+from pipelines.configs import RegenerateConfig, RunConfig
 from pipelines.conversations import done_ids
+from specdraft.config import ConfigError, from_dict
 from specdraft.store import location
 from specdraft.targets.loading import load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
@@ -309,6 +310,19 @@ def test_vllm_engine_settings_and_the_gpus_a_replica_asks_for():
                                 use_gpu=False)["dtype"] == "bfloat16"  # engine kwargs win
     assert vllm_gpus(RegenerateConfig()) == 1 and vllm_gpus(cfg) == 2
     assert vllm_gpus(RegenerateConfig(vllm_engine_kwargs={"tensor_parallel_size": 2, "pipeline_parallel_size": 2})) == 4
+
+
+def test_vllm_env_sets_vllms_own_variables_as_text_and_names_any_other():
+    """``regenerate.vllm_env``: vLLM's own variables (a YAML number as text: the environment holds strings), none by
+    default; any other name is a ConfigError naming the key."""
+    assert vllm_environment(RegenerateConfig()) == {}
+    cfg = from_dict(RunConfig, {"regenerate": {"vllm_env": {"VLLM_CPU_NUM_OF_RESERVED_CPU": 0,
+                                                             "VLLM_CPU_OMP_THREADS_BIND": "0-1"}}}).regenerate
+    assert vllm_environment(cfg) == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    for bad in ("OMP_NUM_THREADS", "vllm_cpu_kvcache_space", "VLLM"):
+        with pytest.raises(ConfigError) as err:
+            from_dict(RunConfig, {"regenerate": {"vllm_env": {"VLLM_CPU_KVCACHE_SPACE": 1, bad: "1"}}})
+        assert str(err.value).startswith("regenerate") and f"vllm_env.{bad}: only vLLM's own" in str(err.value)
 
 
 def test_vllm_batches_give_every_replica_work_and_hold_at_most_a_chunk():
