@@ -84,6 +84,7 @@ def _generation_identity(target: Target, cfg: RegenerateConfig) -> dict[str, Any
     ``specdraft.targets.identity.target_fingerprint``) record which target wrote them."""
     keys = ("backend", "temperature", "top_p", "max_new_tokens", "seed", "max_model_len")
     keys += ("mode", "share") if cfg.mode != "target" else ()  # (directories written before the modes resume)
+    keys += ("dtype",) if cfg.dtype != "auto" else ()  # bf16's greedy answers are not fp32's: no mixing in one dir
     settings = {k: getattr(cfg, k) for k in keys}
     return {"target": target_id(target), "target_fingerprint": target_fingerprint(target), "settings": settings,
             "hash": config_hash(settings)}

@@ -325,6 +325,26 @@ def test_vllm_env_sets_vllms_own_variables_as_text_and_names_any_other():
         assert str(err.value).startswith("regenerate") and f"vllm_env.{bad}: only vLLM's own" in str(err.value)
 
 
+def test_a_dtype_other_than_auto_joins_the_resume_guard(target_dir, tmp_path):
+    """bf16's greedy answers are not fp32's: a directory answered in one dtype refuses another; ``auto`` keeps the
+    identity of directories written before the dtype joined it; where vLLM computes (``vllm_env``) is not in it."""
+    from pipelines.regenerate import _claim_out_dir, _generation_identity
+    from specdraft.targets import Target
+
+    def claim(out, **settings):
+        _claim_out_dir(tmp_path / out, _generation_identity(Target.of(target_dir), RegenerateConfig(**settings)))
+
+    auto = _generation_identity(Target.of(target_dir), RegenerateConfig())["settings"]
+    assert sorted(auto) == sorted(("backend", "temperature", "top_p", "max_new_tokens", "seed", "max_model_len"))
+    claim("auto")
+    claim("auto", vllm_env={"VLLM_CPU_OMP_THREADS_BIND": "0-1"})
+    claim("bf16", dtype="bfloat16")
+    claim("bf16", dtype="bfloat16")
+    for out, dtype in (("auto", "bfloat16"), ("auto", "float32"), ("bf16", "auto"), ("bf16", "float16")):
+        with pytest.raises(ValueError, match="another target/config"):
+            claim(out, dtype=dtype)
+
+
 def test_vllm_batches_give_every_replica_work_and_hold_at_most_a_chunk():
     assert vllm_batch_size(6, RegenerateConfig(vllm_chunk_size=4)) == 4  # one replica: chunks of 4
     assert vllm_batch_size(2000, RegenerateConfig(concurrency=8)) == 250  # 8 batches for 8 engines, not 1
