@@ -398,6 +398,7 @@ def _summary(cfg: RegenerateConfig, identity: dict[str, Any], out_dir: Path | st
         "mode": cfg.mode,
         "share": cfg.share,
         "backend": cfg.backend,
+        "dtype": cfg.vllm_engine_kwargs.get("dtype", cfg.dtype) if cfg.backend == "vllm" else cfg.dtype,  # as set
         "target": identity["target"],
         "target_fingerprint": identity["target_fingerprint"],
         "out_dir": str(out_dir),

@@ -270,7 +270,8 @@ def test_regenerate_resumes_without_duplicates_or_gaps_and_is_deterministic(
     second = regenerate(target_dir, inputs, resumed, RegenerateConfig(**cfg, concurrency=2))
     assert second["rows_skipped"] == 4 and second["rows_in"] == 6 and second["rows_out"] == 6
     assert second["rows_total"] == 10 and len(parts(resumed)) == 4
-    assert second["tokens_generated"] > 0 and second["tokens_per_s"] > 0
+    assert second["tokens_generated"] > 0 and second["tokens_per_s"] > 0 and second["dtype"] == "auto"
+    assert second["generate_tokens_per_s"] == pytest.approx(second["tokens_generated"] / second["generate_s"], rel=1e-2)
     assert "[specdraft] regenerate 6/6 conversations tok/s " in capsys.readouterr().err  # progress lines
     third = regenerate(target_dir, inputs, resumed, RegenerateConfig(**cfg))
     assert third["rows_in"] == 0 and third["rows_skipped"] == 10 and len(parts(resumed)) == 4
