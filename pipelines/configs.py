@@ -156,6 +156,10 @@ class RegenerateConfig:
     # on CPU kv_cache_memory_bytes, else vLLM reserves a share of the machine's memory, and enforce_eager)
     vllm_engine_kwargs: dict[str, Any] = field(default_factory=dict)
     vllm_chunk_size: int = 4096  # conversations per vllm replica batch (= per part) at most; fewer if replicas would idle
+    # environment variables a vllm replica sets before its engine starts (vLLM's own, VLLM_*): on CPU the cores it
+    # computes on (VLLM_CPU_OMP_THREADS_BIND, e.g. 0-1) and those it keeps for its scheduler
+    # (VLLM_CPU_NUM_OF_RESERVED_CPU; by default one of the node's cores: docs/commands.md "Regeneration backends")
+    vllm_env: dict[str, str | int] = field(default_factory=dict)
     ingest: IngestConfig = field(default_factory=IngestConfig)
     allow_empty: bool = False  # prompts that ingest to no conversation: an error (exit 2) unless true
 
@@ -171,6 +175,10 @@ class RegenerateConfig:
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p={self.top_p}: must be in (0, 1]")
         _at_least_one(self, "max_new_tokens", "batch_size", "concurrency")
+        for key in self.vllm_env:
+            if not key.startswith("VLLM_"):
+                raise ConfigError(f"vllm_env.{key}: only vLLM's own environment variables (VLLM_*, e.g. "
+                                  "VLLM_CPU_OMP_THREADS_BIND) are set for its engine")
         check_attn_implementation(self.attn_implementation)
         spread_gpus(self.num_gpus, "num_gpus")  # a fraction or a whole number
 

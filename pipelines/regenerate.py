@@ -41,6 +41,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -83,6 +84,7 @@ def _generation_identity(target: Target, cfg: RegenerateConfig) -> dict[str, Any
     ``specdraft.targets.identity.target_fingerprint``) record which target wrote them."""
     keys = ("backend", "temperature", "top_p", "max_new_tokens", "seed", "max_model_len")
     keys += ("mode", "share") if cfg.mode != "target" else ()  # (directories written before the modes resume)
+    keys += ("dtype",) if cfg.dtype != "auto" else ()  # bf16's greedy answers are not fp32's: no mixing in one dir
     settings = {k: getattr(cfg, k) for k in keys}
     return {"target": target_id(target), "target_fingerprint": target_fingerprint(target), "settings": settings,
             "hash": config_hash(settings)}
@@ -166,9 +168,10 @@ class VLLMReplica(Replica):
     def __init__(self, target: Target, cfg: dict[str, Any], out_dir: str, max_model_len: int, use_gpu: bool,
                  log: str):
         output_to_file(log)  # before vLLM starts: its engine core and resource tracker inherit it
+        super().__init__(cfg, out_dir, max_model_len)
+        os.environ.update(vllm_environment(self.cfg))  # read by the engine it starts and that engine's workers
         from vllm import LLM
 
-        super().__init__(cfg, out_dir, max_model_len)
         self.tokenizer = load_tokenizer(target, trust_remote_code=self.cfg.trust_remote_code)
         try:
             generation_config = GenerationConfig.from_pretrained(target.path)
@@ -232,6 +235,11 @@ def vllm_engine_settings(cfg: RegenerateConfig, max_model_len: int, use_gpu: boo
     return {"max_model_len": max_model_len, "trust_remote_code": cfg.trust_remote_code,
             "dtype": dtype_name(resolve_dtype(cfg.dtype, device)), "generation_config": "vllm",
             "disable_log_stats": True, **cfg.vllm_engine_kwargs}
+
+
+def vllm_environment(cfg: RegenerateConfig) -> dict[str, str]:
+    """What a vllm replica adds to its environment before its engine starts: ``cfg.vllm_env``, as text."""
+    return {key: str(value) for key, value in cfg.vllm_env.items()}
 
 
 def vllm_gpus(cfg: RegenerateConfig) -> int:
@@ -390,6 +398,7 @@ def _summary(cfg: RegenerateConfig, identity: dict[str, Any], out_dir: Path | st
         "mode": cfg.mode,
         "share": cfg.share,
         "backend": cfg.backend,
+        "dtype": cfg.vllm_engine_kwargs.get("dtype", cfg.dtype) if cfg.backend == "vllm" else cfg.dtype,  # as set
         "target": identity["target"],
         "target_fingerprint": identity["target_fingerprint"],
         "out_dir": str(out_dir),

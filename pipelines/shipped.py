@@ -111,8 +111,10 @@ def write_shipped(out_dir: Path | str, rows: list[dict[str, Any]]) -> int:
 
 def mode_settings(cfg: RegenerateConfig) -> dict[str, Any]:
     """``cfg`` as a stage key hashes it: without ``mode`` and ``share`` in ``target`` mode, so the keys (and
-    output directories) written before the modes existed still match."""
+    output directories) written before the modes existed still match, and never ``vllm_env`` (where the engine
+    computes, not what it answers; the keys written before it existed match too)."""
     settings = to_dict(cfg)
+    settings.pop("vllm_env")
     if cfg.mode == "target":
         settings.pop("mode")
         settings.pop("share")

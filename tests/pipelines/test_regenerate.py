@@ -34,9 +34,10 @@ from pipelines.generation import (
     stop_token_ids,
     vllm_answer_fn,
 )
-from pipelines.regenerate import regenerate, vllm_batch_size, vllm_engine_settings, vllm_gpus
-from pipelines.configs import RegenerateConfig
+from pipelines.regenerate import regenerate, vllm_batch_size, vllm_engine_settings, vllm_environment, vllm_gpus
+from pipelines.configs import RegenerateConfig, RunConfig
 from pipelines.conversations import done_ids
+from specdraft.config import ConfigError, from_dict
 from specdraft.store import location
 from specdraft.targets.loading import load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
@@ -269,7 +270,8 @@ def test_regenerate_resumes_without_duplicates_or_gaps_and_is_deterministic(
     second = regenerate(target_dir, inputs, resumed, RegenerateConfig(**cfg, concurrency=2))
     assert second["rows_skipped"] == 4 and second["rows_in"] == 6 and second["rows_out"] == 6
     assert second["rows_total"] == 10 and len(parts(resumed)) == 4
-    assert second["tokens_generated"] > 0 and second["tokens_per_s"] > 0
+    assert second["tokens_generated"] > 0 and second["tokens_per_s"] > 0 and second["dtype"] == "auto"
+    assert second["generate_tokens_per_s"] == pytest.approx(second["tokens_generated"] / second["generate_s"], rel=1e-2)
     assert "[specdraft] regenerate 6/6 conversations tok/s " in capsys.readouterr().err  # progress lines
     third = regenerate(target_dir, inputs, resumed, RegenerateConfig(**cfg))
     assert third["rows_in"] == 0 and third["rows_skipped"] == 10 and len(parts(resumed)) == 4
@@ -309,6 +311,39 @@ def test_vllm_engine_settings_and_the_gpus_a_replica_asks_for():
                                 use_gpu=False)["dtype"] == "bfloat16"  # engine kwargs win
     assert vllm_gpus(RegenerateConfig()) == 1 and vllm_gpus(cfg) == 2
     assert vllm_gpus(RegenerateConfig(vllm_engine_kwargs={"tensor_parallel_size": 2, "pipeline_parallel_size": 2})) == 4
+
+
+def test_vllm_env_sets_vllms_own_variables_as_text_and_names_any_other():
+    """``regenerate.vllm_env``: vLLM's own variables (a YAML number as text: the environment holds strings), none by
+    default; any other name is a ConfigError naming the key."""
+    assert vllm_environment(RegenerateConfig()) == {}
+    cfg = from_dict(RunConfig, {"regenerate": {"vllm_env": {"VLLM_CPU_NUM_OF_RESERVED_CPU": 0,
+                                                             "VLLM_CPU_OMP_THREADS_BIND": "0-1"}}}).regenerate
+    assert vllm_environment(cfg) == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    for bad in ("OMP_NUM_THREADS", "vllm_cpu_kvcache_space", "VLLM"):
+        with pytest.raises(ConfigError) as err:
+            from_dict(RunConfig, {"regenerate": {"vllm_env": {"VLLM_CPU_KVCACHE_SPACE": 1, bad: "1"}}})
+        assert str(err.value).startswith("regenerate") and f"vllm_env.{bad}: only vLLM's own" in str(err.value)
+
+
+def test_a_dtype_other_than_auto_joins_the_resume_guard(target_dir, tmp_path):
+    """bf16's greedy answers are not fp32's: a directory answered in one dtype refuses another; ``auto`` keeps the
+    identity of directories written before the dtype joined it; where vLLM computes (``vllm_env``) is not in it."""
+    from pipelines.regenerate import _claim_out_dir, _generation_identity
+    from specdraft.targets import Target
+
+    def claim(out, **settings):
+        _claim_out_dir(tmp_path / out, _generation_identity(Target.of(target_dir), RegenerateConfig(**settings)))
+
+    auto = _generation_identity(Target.of(target_dir), RegenerateConfig())["settings"]
+    assert sorted(auto) == sorted(("backend", "temperature", "top_p", "max_new_tokens", "seed", "max_model_len"))
+    claim("auto")
+    claim("auto", vllm_env={"VLLM_CPU_OMP_THREADS_BIND": "0-1"})
+    claim("bf16", dtype="bfloat16")
+    claim("bf16", dtype="bfloat16")
+    for out, dtype in (("auto", "bfloat16"), ("auto", "float32"), ("bf16", "auto"), ("bf16", "float16")):
+        with pytest.raises(ValueError, match="another target/config"):
+            claim(out, dtype=dtype)
 
 
 def test_vllm_batches_give_every_replica_work_and_hold_at_most_a_chunk():

@@ -102,7 +102,10 @@ def test_the_mode_joins_the_stage_key_only_when_it_is_not_target():
 
     target = mode_settings(RegenerateConfig())
     assert "mode" not in target and "share" not in target  # the keys written before the modes still match
-    assert target == {k: v for k, v in to_dict(RegenerateConfig()).items() if k not in ("mode", "share")}
+    assert target == {k: v for k, v in to_dict(RegenerateConfig()).items() if k not in ("mode", "share", "vllm_env")}
+    bound = RegenerateConfig(vllm_env={"VLLM_CPU_OMP_THREADS_BIND": "0-1"})  # the cores, not the answers
+    assert config_hash(mode_settings(bound)) == config_hash(target)
+    assert config_hash(mode_settings(RegenerateConfig(dtype="bfloat16"))) != config_hash(target)
     keys = {config_hash(mode_settings(RegenerateConfig(**c))) for c in (
         {}, {"mode": "shipped"}, {"mode": "mixed", "share": 0.25}, {"mode": "mixed", "share": 0.5})}
     assert len(keys) == 4
