@@ -72,8 +72,10 @@ def stage_setting(cfg: RunConfig, stage: str, record: Any) -> tuple[str, str, in
         else:
             f = cfg.features
             dtype, threads = f.dtype, (f.torch_threads or f.cpus_per_actor) * f.num_actors
-        dtype, threads = dtype_name(resolve_dtype(dtype, device)), _threads(threads)
-    return said.get("device", device), said.get("dtype", dtype), int(said.get("threads", threads))
+        threads = _threads(threads)
+    device = said.get("device", device)
+    dtype = dtype_name(resolve_dtype(said.get("dtype", dtype), device))  # a record's "auto" as the stage resolved it
+    return device, dtype, int(said.get("threads", threads))
 
 
 def logged_steps(metrics_file: str | Path, since: float = 0.0) -> tuple[float, int, int]:

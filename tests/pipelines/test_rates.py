@@ -139,3 +139,15 @@ def test_the_stage_benchmark_reads_the_runs_own_rates(tmp_path):
     assert by_stage["regenerate"]["limit_tokens_per_s"] == round(flops / (2 * TARGET_PARAMS), 1)
     assert by_stage["train"]["ratio"] == round((2800 / 40.0) / (flops / (6 * DRAFT_PARAMS * 7 / 3)), 4)
     assert by_stage["features"] == {"stage": "features", "file": "chat.jsonl", "why": "limit not measured in this run"}
+
+
+def test_a_stage_record_saying_auto_is_held_at_the_dtype_auto_resolves_to(tmp_path):
+    """The regenerate stage's summary says its dtype as set (``auto``, ``bfloat16``): the limit uses the dtype the
+    stage computed in, never the word ``auto``; a record without a dtype falls back to the run's settings."""
+    from types import SimpleNamespace
+
+    cfg = RunConfig(workdir=str(tmp_path / "work"))
+    expected = "bfloat16" if torch.cuda.is_available() else "float32"
+    for said, dtype in (({"dtype": "auto"}, expected), ({"dtype": "bfloat16"}, "bfloat16"), ({}, expected)):
+        record = SimpleNamespace(summary={**said, "threads": 1})
+        assert rates.stage_setting(cfg, "regenerate", record)[1:] == (dtype, 1)
