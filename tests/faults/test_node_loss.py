@@ -4,21 +4,21 @@ retries the lost node's tasks, and the pool works on with the actors it has) or 
 restarted: ``pipelines.cluster.ACTOR_POOL``) and its rerun — the flow's retry of the stage — resumes; both were seen
 here, depending on what the node held when it went. Either way it ends with the store an uninterrupted dump
 writes — complete shards kept, not rewritten; every sample once; the same arrays — checked as
-``tests/pipelines/test_dump.py`` checks a dump killed on one node."""
+``tests/pipelines/test_dump.py`` checks a dump killed on one node (``tests/dump_checks.py``)."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from pipelines.configs import DumpConfig
 from pipelines.dump import dump_features
 from specdraft import store
 from tests.conftest import connect_local_ray, worker_pythonpath
-from tests.pipelines.test_dump import SHARDS, conversations, per_sample
+from tests.dump_checks import assert_resumed_like, complete_shards
+from tests.pipelines.test_dump import SHARDS, conversations
 from tests.ray_nodes import ray_nodes
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_a_worker_node_lost_during_the_dump_resumes_with_nothing_lost_or_twice(n
     while not store.list_shard_dirs(out)[0] if out.exists() else True:
         assert worker.is_alive() and time.monotonic() < deadline, "the dump ended before a node could be lost"
         time.sleep(0.2)
-    kept = {i: p.stat().st_ino for i, p in store.list_shard_dirs(out)[0].items()}  # complete before the loss
+    kept = complete_shards(out)  # complete before the loss
     assert len(kept) < SHARDS
     nodes["kill"](next(iter(nodes["nodes"])))
     nodes["add"]()  # the replacement node, as an autoscaler adds one
@@ -70,15 +70,4 @@ def test_a_worker_node_lost_during_the_dump_resumes_with_nothing_lost_or_twice(n
         summary = dump_features(tiny_toy_target, rows, out, CFG, progress=False)
     else:  # Ray retried the lost node's tasks; the pool went on with the actors it had
         print("the dump went on without the lost node")
-    assert summary["shards_kept"] + summary["shards_written"] == SHARDS
-    assert {k: summary[k] for k in ("rows_out", "tokens", "rejected")} == {
-        k: reference[k] for k in ("rows_out", "tokens", "rejected")}
-    after, temps = store.list_shard_dirs(out)
-    assert sorted(after) == list(range(SHARDS)) and temps == []
-    assert all(after[i].stat().st_ino == ino for i, ino in kept.items())  # kept, not rewritten
-    assert store.validate(out).ok
-    got, want = per_sample(out), per_sample(reference_dir)
-    assert sorted(got) == sorted(want)  # no duplicates, no gaps
-    for sid in want:
-        for name in want[sid]:
-            np.testing.assert_array_equal(got[sid][name], want[sid][name], err_msg=f"{sid}/{name}")
+    assert_resumed_like(out, summary, reference_dir, reference, kept)
