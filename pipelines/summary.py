@@ -4,7 +4,7 @@
 Built from the stage records the flow returns (``pipelines.records``, as dicts) and the eval report,
 so ``specdraft run`` prints and the flow-run log holds the same text (the flow renders it once). It says:
 * each stage done or skipped and its time — a skipped stage shows no seconds: the time in its ``DONE``
-  file is the earlier run's, not this one's;
+  file is the earlier run's, not this one's; and which Ray node ran which part of it (``placement_rows``);
 * τ per eval set beside the prompt-lookup floor τ_pld ("Evaluation and the prompt-lookup floor"), the
   serving engine's acceptance length and its speedup when they were measured (``Evaluated.engine_tau``,
   ``engine_speedup``: its tokens/s with the draft over its own without; a gap to our decoder at the engine's K
@@ -88,6 +88,7 @@ class RunSummary:
     serve: dict[str, str] = field(default_factory=dict)  # engine -> command serving the champion
     place: Place
     fresh: list[tuple[str, str]] = field(default_factory=list)  # (label, text): traffic window, monitor, gate, hand-off
+    placement: list[tuple[str, str]] = field(default_factory=list)  # (stage, which node ran which part)
 
     def where(self) -> list[tuple[str, str]]:
         """(label, text) rows saying where the results are."""
@@ -137,6 +138,31 @@ def stage_lines(result: dict[str, Any]) -> list[StageLine]:
                            seconds=registered.wall_s if registered.registered else None,
                            note="" if registered.registered else registered.reason))
     return lines
+
+
+def _on_nodes(nodes: list[dict[str, Any]]) -> str:
+    """``pipelines.nodes.by_node``'s entries as text: each node's id (short), address and parts."""
+    def parts(entry: dict[str, Any]) -> str:
+        return ", ".join(f"{unit} {', '.join(map(str, v))}" if isinstance(v, list) else f"{v} {unit}"
+                         for unit, v in entry.items() if unit not in ("node", "ip"))
+    return "; ".join(f"{n['node'][:12]} ({n['ip']}) {parts(n)}" for n in nodes)
+
+
+def placement_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """(stage, text): which Ray node ran which part of each distributed stage, from the records (the
+    ``nodes`` of a summary or record, ``pipelines.nodes``); a stage that recorded none (not run on Ray, or
+    finished by an earlier run before nodes were recorded) has no row; a skipped stage's is the earlier run's."""
+    rows = []
+    for r in map(Regenerated.from_dict, result["regenerate"]):
+        if r.summary.get("nodes"):
+            rows.append(("regenerate", f"{r.prompt.rsplit('/', 1)[-1]}: {_on_nodes(r.summary['nodes'])}"))
+    for d, r in zip(map(Dumped.from_dict, result["features"]), result["regenerate"]):
+        if d.summary.get("nodes"):
+            rows.append(("features", f"{r['prompt'].rsplit('/', 1)[-1]}: {_on_nodes(d.summary['nodes'])}"))
+    for stage, record in (("train", Trained.from_dict(result["train"])), ("eval", Evaluated.from_dict(result["eval"]))):
+        if record.nodes:
+            rows.append((stage, _on_nodes(record.nodes) + (" (an earlier run)" if record.skipped else "")))
+    return rows
 
 
 def mode_note(summary: dict[str, Any]) -> str:
@@ -321,7 +347,8 @@ def summarize_run(name: str, result: dict[str, Any], place: Place, report: dict[
                       notes=notes(datasets, evaluated.engine_warnings,
                                   ((report or {}).get("engine") or {}).get("sweep")),
                       decision=decision, champion=champion, exports=exports,
-                      serve=dict(registered.serve), place=place, fresh=fresh_rows(result, registered))
+                      serve=dict(registered.serve), place=place, fresh=fresh_rows(result, registered),
+                      placement=placement_rows(result))
 
 
 def render_text(s: RunSummary) -> str:
@@ -332,6 +359,10 @@ def render_text(s: RunSummary) -> str:
         seconds = f"{st.seconds:8.1f}" if st.seconds is not None else f"{'-':>8}"
         note = st.note or ("done by an earlier run with the same inputs" if st.status == "skipped" else "")
         out.append(f"{st.stage:<12} {st.status:<8} {seconds}  {note}".rstrip())
+    if s.placement:
+        out += ["", "placement (the Ray node that ran each part: id, address, parts)"]
+        out += [textwrap.fill(text, WIDTH, initial_indent=f"{stage:<12} ", subsequent_indent=" " * 13)
+                for stage, text in s.placement]
     engine = any(d.engine is not None for d in s.datasets)
     load = any(d.load is not None for d in s.datasets)
     out += ["", f"{'dataset':<20} {'tau':>6} {'floor':>6} {'tau/floor':>9} {'speedup':>8}"
