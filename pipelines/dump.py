@@ -187,6 +187,8 @@ class ZarrShardDatasink(Datasink):
             group = location.open_group(location.join(self.out, name), "w")
             group.create_array("input_ids", data=np.asarray(row["input_ids"], np.int32))
             raise InjectedFault(f"injected fault while writing shard {index}")
+        if (done := self.already_written(index, meta["plan_digest"])) is not None:
+            return {**done, "node": meta.get("node")}
         names = [*store.TOKEN_ARRAYS, "offsets", *(n for n in ("hidden_scale", *store.AUX_ARRAYS) if n in row)]
         arrays = {name: np.asarray(row[name]) for name in names}
         arrays["sample_ids"] = np.asarray(meta["sample_ids"], dtype=str)
@@ -199,6 +201,19 @@ class ZarrShardDatasink(Datasink):
                              "write_cpu_s": round(time.process_time() - c0, 4)}
         record["node"] = meta.get("node")  # the prefill actor's (``finish`` takes it out of the record)
         return record
+
+    def already_written(self, index: int, plan_digest: str) -> dict[str, Any] | None:
+        """The record of shard ``index`` when it is already complete with this plan: a write Ray ran again after its
+        node was lost (the task's result lost with the node, the shard final already) keeps the shard, not rewrites
+        it (found by ``tests/faults/test_node_loss.py``). At the start of a dump only kept shards are complete, and
+        those are not written again, so this finds only this dump's own."""
+        try:
+            record = store.read_shard_record(location.join(self.out, store.shard_name(index)))
+        except store.StoreError:
+            return None
+        same = (record.get("plan_digest") == plan_digest and record.get("features_hash") == self.header["features_hash"]
+                and record.get("target_id") == self.header["target_id"])
+        return record if same else None
 
     def on_write_complete(self, write_result) -> None:
         self.finish([r for returns in write_result.write_returns for r in (returns or [])])

@@ -215,6 +215,21 @@ def test_killed_dump_resumes_to_the_same_store(toy_store, tmp_path):
         dump_features(target, rows, out, FeaturesConfig(samples_per_shard=4, topk=5), progress=False)
 
 
+def test_a_write_ray_runs_again_keeps_the_shard_its_first_attempt_finished(toy_store):
+    """Ray re-runs a write whose node was lost after the shard was final (its result lost with the node): the
+    writer returns the shard's record and leaves it as it is; another plan's shard, or none, is written."""
+    from pipelines.dump import ZarrShardDatasink
+
+    _, out, _ = toy_store
+    manifest = store.read_manifest(out)
+    sink = ZarrShardDatasink(out, manifest, CFG, kept=[])
+    shard = store.list_shard_dirs(out)[0][2]
+    record, inode = store.read_shard_record(shard), shard.stat().st_ino
+    again = sink.write_row({"meta": json.dumps({"index": 2, "plan_digest": record["plan_digest"], "node": None})})
+    assert again == {**record, "node": None} and shard.stat().st_ino == inode  # kept, not rewritten
+    assert sink.already_written(2, "another plan") is None and sink.already_written(SHARDS, record["plan_digest"]) is None
+
+
 @pytest.mark.slow  # restarts Ray (its workers need the endpoint), two dumps
 def test_killed_dump_to_s3_resumes_to_the_same_store(toy_store, s3_bucket, s3_ray):
     """At an object-store URL (a real S3 server on 127.0.0.1): no rename, so the dead writer's keys sit
