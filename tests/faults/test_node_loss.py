@@ -174,19 +174,22 @@ def test_a_worker_node_lost_during_training_resumes_from_the_last_checkpoint(nod
     assert lost not in {n["node"] for n in placed} and len(placed) == 2, placed
 
 
+QUESTIONS = 6
+
+
 @pytest.fixture(scope="module")
 def questions(tmp_path_factory) -> list[Path]:
-    """Ten one-turn questions: enough that a node is lost while some are still to answer."""
-    path = tmp_path_factory.mktemp("questions") / "ten.jsonl"
-    path.write_text("".join(json.dumps({"question_id": i, "category": "ten", "turns": [
+    """Six one-turn questions: enough that a node is lost while some are still to answer."""
+    path = tmp_path_factory.mktemp("questions") / "six.jsonl"
+    path.write_text("".join(json.dumps({"question_id": i, "category": "six", "turns": [
         next(m["content"] for m in c if m["role"] == "user")]}) + "\n"
-        for i, c in enumerate(generate_conversations(10, 13))))
+        for i, c in enumerate(generate_conversations(QUESTIONS, 13))))
     return [path]
 
 
 def test_a_worker_node_lost_during_eval_answers_every_question_once(nodes, models, questions, capsys):
     target, draft = models
-    settings = EvalSettings(decode=DecodeConfig(mode="tree", depth=3, topk=4, total_tokens=12, max_new_tokens=20),
+    settings = EvalSettings(decode=DecodeConfig(mode="tree", depth=3, topk=4, total_tokens=12, max_new_tokens=12),
                             seed=3, warmup=False)
     ray_cfg = RayEvalConfig(replicas=2, num_cpus=2)  # one replica per worker node
     reference = evaluate_with_ray(target, draft, questions, settings, ray_cfg, progress=False)
@@ -196,7 +199,7 @@ def test_a_worker_node_lost_during_eval_answers_every_question_once(nodes, model
 
     def answered_one() -> bool:
         printed.append(capsys.readouterr().out)
-        return re.search(r"eval [1-9]\d*/10 ", "".join(printed)) is not None
+        return re.search(rf"eval [1-9]\d*/{QUESTIONS} ", "".join(printed)) is not None
 
     wait_for(answered_one, thread, "a node could be lost mid-eval")
     lose_a_worker_node(nodes)
@@ -210,5 +213,5 @@ def test_a_worker_node_lost_during_eval_answers_every_question_once(nodes, model
     else:
         print("the eval went on without the lost node")
     assert sorted(r["index"] for r in report["records"]) == sorted(r["index"] for r in reference["records"])
-    assert len(reference["records"]) == 10 and sum(n["questions"] for n in report["nodes"]) == 10  # each once
+    assert len(reference["records"]) == QUESTIONS == sum(n["questions"] for n in report["nodes"])  # each once
     assert without_timings(report) == without_timings(reference)  # every count the same (nodes: how it ran)
