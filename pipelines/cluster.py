@@ -56,6 +56,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from pipelines.head import ray_wait, watch_head
+
 # logger name -> message prefixes known to be harmless (why: see the module docstring)
 KNOWN_HARMLESS: dict[str, tuple[str, ...]] = {
     "ray.train.v2._internal.execution.controller.placement_group_cleaner": (
@@ -264,9 +266,12 @@ def connect_ray(address: str | None = None, num_cpus: float | None = None,
         return
     hook = setup_local_worker if local else setup_cluster_worker
     bind_local_cluster_to_loopback(local)
+    wait_s = None if local else ray_wait()  # the head's loss: our line, before Ray's own ending (pipelines.head)
     ours = {k: v for k, v in {**TRAIN_ENV, **(TRAIN_ENV_LOCAL if local else {})}.items() if k not in os.environ}
     # a local run starts its own cluster ("local"): with None, Ray joins the last `ray start` cluster on the host
     # (/tmp/ray/ray_current_cluster), someone else's cluster, without a word
     ray.init(address="local" if local else address, num_cpus=num_cpus if local else None, include_dashboard=False,
              ignore_reinit_error=True, **({"dashboard_host": LOOPBACK} if local else {}),
              runtime_env={"worker_process_setup_hook": hook, "env_vars": {**ours, **(env_vars or {})}}, **kwargs)
+    if wait_s is not None:
+        watch_head(address or os.environ["RAY_ADDRESS"], wait_s)

@@ -48,6 +48,7 @@ from ray.data import ActorPoolStrategy, Datasink
 from pipelines.cluster import ACTOR_POOL, connect_ray
 from pipelines.configs import DumpConfig, for_dump
 from pipelines.ingest import load_conversations, write_rejects
+from pipelines.nodes import by_node, this_node
 from specdraft import store
 from specdraft.progress import ProgressLines
 from specdraft.chat import tokenize_conversations
@@ -140,6 +141,7 @@ class PrefillActor:
                                        gpus=spread_gpus(cfg.gpus_per_actor) if use_gpu else 1,
                                        attn_implementation=cfg.attn_implementation)
         self.placement = describe_placement(self.model)  # recorded in every shard it writes
+        self.node = this_node()  # the summary's placement: which node computed which shard
         self.pad_id = self.model.config.pad_token_id or 0
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -151,7 +153,7 @@ class PrefillActor:
         arrays = encode_features(features, self.cfg.hidden_codec, len(self.aux_layers))
         meta = json.loads(str(batch["meta"][0]))
         meta["nonfinite_tokens"] = nonfinite_tokens(arrays, self.cfg.hidden_codec)
-        meta["placement"] = self.placement
+        meta["placement"], meta["node"] = self.placement, self.node
         meta["timings"].update(features_s=features_s, actor_s=time.perf_counter() - started,
                                actor_cpu_s=time.process_time() - cpu)
         return {**{k: np.asarray([v]) for k, v in arrays.items()}, "index": batch["index"],  # (1, ...)
@@ -169,6 +171,7 @@ class ZarrShardDatasink(Datasink):
         self.written: list[dict[str, Any]] = []
         self.manifest: dict[str, Any] | None = None
         self.leftovers: list[Any] = []  # dead writers' temporary shards found at the end (``finish``)
+        self.nodes: list[dict[str, Any]] = []  # the shards this run wrote, by the node that computed them
 
     def write(self, blocks, ctx) -> list[dict[str, Any]]:
         from ray.data.block import BlockAccessor
@@ -184,6 +187,8 @@ class ZarrShardDatasink(Datasink):
             group = location.open_group(location.join(self.out, name), "w")
             group.create_array("input_ids", data=np.asarray(row["input_ids"], np.int32))
             raise InjectedFault(f"injected fault while writing shard {index}")
+        if (done := self.already_written(index, meta["plan_digest"])) is not None:
+            return {**done, "node": meta.get("node")}
         names = [*store.TOKEN_ARRAYS, "offsets", *(n for n in ("hidden_scale", *store.AUX_ARRAYS) if n in row)]
         arrays = {name: np.asarray(row[name]) for name in names}
         arrays["sample_ids"] = np.asarray(meta["sample_ids"], dtype=str)
@@ -194,13 +199,29 @@ class ZarrShardDatasink(Datasink):
         # write timings reach the manifest (this run's records) but not the shard's own attributes
         record["timings"] = {**record["timings"], "write_s": round(time.perf_counter() - t0, 4),
                              "write_cpu_s": round(time.process_time() - c0, 4)}
+        record["node"] = meta.get("node")  # the prefill actor's (``finish`` takes it out of the record)
         return record
+
+    def already_written(self, index: int, plan_digest: str) -> dict[str, Any] | None:
+        """The record of shard ``index`` when it is already complete with this plan: a write Ray ran again after its
+        node was lost (the task's result lost with the node, the shard final already) keeps the shard, not rewrites
+        it (found by ``tests/faults/test_node_loss.py``). At the start of a dump only kept shards are complete, and
+        those are not written again, so this finds only this dump's own."""
+        try:
+            record = store.read_shard_record(location.join(self.out, store.shard_name(index)))
+        except store.StoreError:
+            return None
+        same = (record.get("plan_digest") == plan_digest and record.get("features_hash") == self.header["features_hash"]
+                and record.get("target_id") == self.header["target_id"])
+        return record if same else None
 
     def on_write_complete(self, write_result) -> None:
         self.finish([r for returns in write_result.write_returns for r in (returns or [])])
 
     def finish(self, written: list[dict[str, Any]]) -> None:
         """Write ``manifest.json`` from kept + newly written shard records (driver side)."""
+        placed = [(r.pop("node", None), r["index"]) for r in written]  # not a manifest field
+        self.nodes = by_node({**node, "shards": [index]} for node, index in placed if node)
         self.written = written
         shards = self.kept + self.written
         missing = sorted(set(range(self.header["num_shards"])) - {r["index"] for r in shards})
@@ -330,5 +351,6 @@ def dump_features(
     summary = store.dump_summary(sink.manifest, sink.written, len(kept), time.perf_counter() - started)
     summary["ingest"] = ingested
     summary["dead_writer_temporaries_removed"] = len(sink.leftovers)
+    summary["nodes"] = sink.nodes  # which Ray node computed which of the shards written now (kept: none)
     location.write_text(location.join(out, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
     return summary

@@ -42,6 +42,7 @@ import torch
 
 from pipelines.cluster import ACTOR_POOL, connect_ray
 from pipelines.configs import RayEvalConfig
+from pipelines.nodes import by_node, this_node
 from specdraft.config import ConfigError, from_dict, to_dict
 from specdraft.configs.evaluation import EvalSettings
 from specdraft.evaluation.baselines import baselines_dir, open_baselines
@@ -68,6 +69,7 @@ class EvalReplica:
             torch.set_num_threads(max(1, round(num_cpus)))
         self.models = load_models(target, draft, self.settings)  # over the replica's settings.gpus GPUs
         self.placement = json.dumps(describe_placement(self.models.target))
+        self.node = this_node()  # the report's placement: which node answered which questions
         if self.settings.warmup:
             warmup(self.models, self.settings)
 
@@ -76,11 +78,13 @@ class EvalReplica:
         for row in batch.to_pylist():
             records = evaluate_question(self.models, json.loads(row["question"]), self.settings,
                                         json.loads(row["cached"]))
-            out.append({"index": row["index"], "records": json.dumps(records), "placement": self.placement})
+            out.append({"index": row["index"], "records": json.dumps(records), "placement": self.placement,
+                        **self.node})
         return pa.Table.from_pylist(out, schema=REPLICA_SCHEMA)
 
 
-REPLICA_SCHEMA = pa.schema([("index", pa.int64()), ("records", pa.string()), ("placement", pa.string())])
+REPLICA_SCHEMA = pa.schema([("index", pa.int64()), ("records", pa.string()), ("placement", pa.string()),
+                            ("node", pa.string()), ("ip", pa.string())])
 
 
 def _replicas(cfg: RayEvalConfig, settings: EvalSettings, use_gpu: bool, questions: int) -> int:
@@ -136,6 +140,7 @@ def evaluate_with_ray(
     bars, context.enable_progress_bars = context.enable_progress_bars, False
     records: list[dict[str, Any]] = []
     placements: set[str] = set()
+    answered: list[dict[str, Any]] = []  # per question: the node that answered it
     try:
         lines = ProgressLines("eval", len(rows), f"questions ({replicas} Ray replicas)", enabled=progress)
         if progress:  # the replicas load target + draft before the first question: said before they start
@@ -146,6 +151,7 @@ def evaluate_with_ray(
                 done = json.loads(row["records"])
                 records += done
                 placements.add(row["placement"])
+                answered.append({"node": row["node"], "ip": row["ip"], "questions": 1})
                 lines.update(1, decoded_tokens(done))
     finally:
         context.enable_progress_bars = bars
@@ -154,7 +160,7 @@ def evaluate_with_ray(
              "placement": [json.loads(p) for p in sorted(placements)],  # one entry per distinct replica placement
              "baselines": cache.summary()}
     return {**build_report(records, settings_dict(settings, **extra)), "questions_skipped": skipped,
-            "question_kinds": kinds}
+            "question_kinds": kinds, "nodes": by_node(answered)}
 
 
 def evaluate(

@@ -12,13 +12,18 @@ and are not checked here (the store's own client says what is wrong with one).
 
 ``check_reachable``: an ``address`` nobody answers at is one line (``ConfigError``, exit 2) within seconds, not
 Ray's minutes of reconnecting.
+
+Placement: each distributed stage records which Ray node ran which part of it (``this_node`` in the actor or
+worker, ``by_node`` on the driver) in its summary and ``DONE`` record, under ``nodes`` (docs/cluster.md).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from specdraft.config import ConfigError
@@ -34,7 +39,7 @@ def cluster_address(address: str | None) -> str | None:
     return address or os.environ.get("RAY_ADDRESS") or None
 
 
-def _host_port(address: str) -> tuple[str, int] | None:
+def host_port(address: str) -> tuple[str, int] | None:
     """The GCS (or Ray Client) host and port of ``address``: ``host:port``, ``ray://host:port`` or ``auto`` (the
     cluster this machine last started, as Ray finds it); None for ``auto`` when there is none."""
     if address.startswith("ray://"):
@@ -56,7 +61,7 @@ def _host_port(address: str) -> tuple[str, int] | None:
 
 def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """Something answers at ``address``'s host and port within ``timeout_s``, else one ``ConfigError`` line."""
-    where = _host_port(address)
+    where = host_port(address)
     if where is None:
         raise ConfigError(f"ray.address={address}: no running Ray cluster found on this machine — start one "
                           "(ray start --head) or give its address (host:6379, ray://host:10001)")
@@ -142,3 +147,48 @@ def check_paths_on_nodes(paths: dict[str, tuple[str | None, str]], timeout_s: fl
 def _name(node: dict[str, Any]) -> str:
     """A node as a user finds it in ``ray status`` / ``ray list nodes``: its id (short) and address."""
     return f"{node['NodeID'][:12]} ({node.get('NodeManagerAddress', '?')})"
+
+
+def this_node() -> dict[str, str]:
+    """The Ray node this process runs on: ``{"node": its id, "ip": its address}`` (what ``ray list nodes`` shows)."""
+    import ray
+
+    return {"node": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address()}
+
+
+def by_node(parts: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The parts a stage's actors or workers ran (``{**this_node(), unit: a count or a list}``), one entry per
+    node with its units summed (counts) or joined and sorted (lists), nodes sorted by id: the stage's placement."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        entry = nodes.setdefault(part["node"], {"node": part["node"], "ip": part["ip"]})
+        for unit, value in part.items():
+            if unit not in ("node", "ip"):
+                entry[unit] = sorted(entry.get(unit, []) + value) if isinstance(value, list) else entry.get(unit, 0) + value
+    return [nodes[n] for n in sorted(nodes)]
+
+
+RANKS_FILE = "nodes.json"  # a training run's: Ray Train's result keeps only the last checkpoint's metrics
+
+
+def record_ranks(rank: int, out: str | Path) -> None:
+    """Which Ray node ran which ranks of a Ray Train worker group (``by_node``; a restarted group's, after a
+    failure), written by rank 0 to ``out``/``RANKS_FILE`` (``ranks_on_nodes`` reads it on the driver). Collective
+    when ``torch.distributed`` is initialised: every rank calls it."""
+    import torch.distributed as dist
+
+    from specdraft import files
+
+    mine = {**this_node(), "ranks": [rank]}
+    gathered: list[dict[str, Any] | None] = [mine]
+    if dist.is_available() and dist.is_initialized():
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+    if rank == 0:
+        files.write_text(Path(out) / RANKS_FILE, json.dumps(by_node(gathered)))
+
+
+def ranks_on_nodes(out: str | Path) -> list[dict[str, Any]]:
+    """``record_ranks``' placement of the run in ``out`` (none written: [])."""
+    path = Path(out) / RANKS_FILE
+    return json.loads(path.read_text()) if path.is_file() else []

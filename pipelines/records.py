@@ -80,6 +80,7 @@ class Trained(Record):
     metrics: dict[str, Any]  # the final held-out metrics
     metrics_file: str  # metrics.jsonl: params, then every logged step
     wall_s: float
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # the Ray node of each rank (pipelines.nodes.by_node)
     skipped: bool = False
 
 
@@ -108,6 +109,7 @@ class Evaluated(Record):
     engine_best: dict[str, dict[str, Any]] = field(default_factory=dict)
     lossless_mismatches: int = 0
     wall_s: float = 0.0
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # questions per Ray node (eval.use_ray; else empty)
     skipped: bool = False
 
 

@@ -60,6 +60,7 @@ from pipelines.conversations import SCHEMA, done_prompts, drop_answers, prompt_d
 from pipelines.configs import RegenerateConfig
 from pipelines.generation import hf_answer_fn, regenerate_rows, stop_token_ids, vllm_answer_fn
 from pipelines.ingest import ingest, write_rejects
+from pipelines.nodes import by_node, this_node
 from pipelines.shipped import NO_ANSWER, Plan, plan_rows, write_shipped
 from specdraft.config import ConfigError, config_hash, from_dict, to_dict
 from specdraft.progress import ProgressLines
@@ -129,12 +130,13 @@ class Replica:
         self.cfg = from_dict(RegenerateConfig, cfg)
         self.out_dir = location.as_location(out_dir)
         self.max_model_len = max_model_len
+        self.node = this_node()  # the summary's placement: which node answered which conversations
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = batch.to_pylist()
         out, stats = regenerate_rows(rows, self.tokenizer, self.answer, self.cfg, self.max_model_len)
         write_part(self.out_dir, rows, out)
-        return _stats_table(len(rows), len(out), stats)
+        return _stats_table(len(rows), len(out), {**stats, **self.node})
 
 
 class HFReplica(Replica):
@@ -185,7 +187,8 @@ class VLLMReplica(Replica):
 STATS_SCHEMA = pa.schema(
     [(k, pa.int64()) for k in ("rows_in", "rows_out", "files", "turns", "truncated_turns", "empty_answers",
                                 "tokens", "prompt_tokens", "cut_turns")]
-    + [("generate_s", pa.float64()), ("too_long_ids", pa.list_(pa.string()))]
+    + [("generate_s", pa.float64()), ("too_long_ids", pa.list_(pa.string())), ("node", pa.string()),
+       ("ip", pa.string())]
 )
 
 
@@ -296,6 +299,7 @@ def _answer_pending(target: Target, pending: list[dict[str, Any]], out_dir: Path
     totals = {"rows_in": 0, "rows_out": 0, "files": 0, "turns": 0, "truncated_turns": 0, "empty_answers": 0,
               "tokens": 0, "prompt_tokens": 0, "cut_turns": 0, "generate_s": 0.0}
     too_long: list[str] = []
+    totals["nodes"] = []  # which Ray node answered how many of them (``pipelines.nodes.by_node``)
     if not pending:  # (shipped mode, or all done: no target, no Ray)
         return totals, too_long
     max_model_len = _model_len(target, cfg)
@@ -303,14 +307,17 @@ def _answer_pending(target: Target, pending: list[dict[str, Any]], out_dir: Path
     connect_ray(cfg.ray_address)
     context = ray.data.DataContext.get_current()
     bars, context.enable_progress_bars = context.enable_progress_bars, False
+    parts = []
     try:
         for stats in BACKENDS[cfg.backend](target, pending, out_dir, cfg, max_model_len):
             too_long += stats.pop("too_long_ids")
-            for key in totals:
+            parts.append({"node": stats["node"], "ip": stats["ip"], "conversations": stats["rows_in"]})
+            for key in totals.keys() - {"nodes"}:
                 totals[key] += stats[key]
             lines.update(stats["rows_in"], stats["tokens"])
     finally:
         context.enable_progress_bars = bars
+    totals["nodes"] = by_node(parts)
     return totals, too_long
 
 
@@ -434,4 +441,5 @@ def _summary(cfg: RegenerateConfig, identity: dict[str, Any], out_dir: Path | st
         "tokens_per_s": round(totals["tokens"] / run_s, 2) if totals["tokens"] else 0.0,
         "generate_tokens_per_s": round(totals["tokens"] / totals["generate_s"], 2) if totals["tokens"] else 0.0,
         "ingest": ingest_summary,
+        "nodes": totals["nodes"],  # which Ray node answered how many conversations (none: nothing answered here)
     }

@@ -236,7 +236,8 @@ def train(cfg: RunConfig, prepared: Prepared, stores: list[Dumped] | list[Regene
     summary = run_training(train_cfg, [s.store for s in stores if isinstance(s, Dumped)], prepared.target, out,
                            tracking=tracking, ray_address=cfg.ray.address, fail_at_step=fail_at_step)
     record = Trained(key=key, draft=summary["draft"], metrics=summary["metrics"],
-                     metrics_file=str(out / "metrics.jsonl"), wall_s=time.perf_counter() - started)
+                     metrics_file=str(out / "metrics.jsonl"), wall_s=time.perf_counter() - started,
+                     nodes=summary["nodes"])
     _finish(out, _done(record))
     return record
 
@@ -282,7 +283,7 @@ def evaluate_draft(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
                        mean_engine_tau=sum(engine_tau.values()) / len(engine_tau) if engine_tau else None,
                        engine_warnings=list(engine.get("warnings") or []), engine_best=best_of(engine.get("sweep")),
                        lossless_mismatches=sum(d.get("lossless_mismatches") or 0 for d in report["datasets"].values()),
-                       wall_s=time.perf_counter() - started)
+                       wall_s=time.perf_counter() - started, nodes=report.get("nodes") or [])
     _finish(out, _done(record))
     return record
 

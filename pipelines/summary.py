@@ -4,7 +4,7 @@
 Built from the stage records the flow returns (``pipelines.records``, as dicts) and the eval report,
 so ``specdraft run`` prints and the flow-run log holds the same text (the flow renders it once). It says:
 * each stage done or skipped and its time — a skipped stage shows no seconds: the time in its ``DONE``
-  file is the earlier run's, not this one's;
+  file is the earlier run's, not this one's; and which Ray node ran which part of it (``placement_rows``);
 * regenerate's, the dump's and training's tokens/s beside the limit the machine's matmul sets and their ratio,
   with the load during the stage and how the limit was computed (``pipelines.rates``; a skipped stage: no rate);
 * τ per eval set beside the prompt-lookup floor τ_pld ("Evaluation and the prompt-lookup floor"), the
@@ -92,6 +92,7 @@ class RunSummary:
     place: Place
     fresh: list[tuple[str, str]] = field(default_factory=list)  # (label, text): traffic window, monitor, gate, hand-off
     rates: list[RateLine] = field(default_factory=list)  # regenerate, features, train: rate beside the limit
+    placement: list[tuple[str, str]] = field(default_factory=list)  # (stage, which node ran which part)
 
     def where(self) -> list[tuple[str, str]]:
         """(label, text) rows saying where the results are."""
@@ -141,6 +142,31 @@ def stage_lines(result: dict[str, Any]) -> list[StageLine]:
                            seconds=registered.wall_s if registered.registered else None,
                            note="" if registered.registered else registered.reason))
     return lines
+
+
+def _on_nodes(nodes: list[dict[str, Any]]) -> str:
+    """``pipelines.nodes.by_node``'s entries as text: each node's id (short), address and parts."""
+    def parts(entry: dict[str, Any]) -> str:
+        return ", ".join(f"{unit} {', '.join(map(str, v))}" if isinstance(v, list) else f"{v} {unit}"
+                         for unit, v in entry.items() if unit not in ("node", "ip"))
+    return "; ".join(f"{n['node'][:12]} ({n['ip']}) {parts(n)}" for n in nodes)
+
+
+def placement_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """(stage, text): which Ray node ran which part of each distributed stage, from the records (the
+    ``nodes`` of a summary or record, ``pipelines.nodes``); a stage that recorded none (not run on Ray, or
+    finished by an earlier run before nodes were recorded) has no row; a skipped stage's is the earlier run's."""
+    rows = []
+    for r in map(Regenerated.from_dict, result["regenerate"]):
+        if r.summary.get("nodes"):
+            rows.append(("regenerate", f"{r.prompt.rsplit('/', 1)[-1]}: {_on_nodes(r.summary['nodes'])}"))
+    for d, r in zip(map(Dumped.from_dict, result["features"]), result["regenerate"]):
+        if d.summary.get("nodes"):
+            rows.append(("features", f"{r['prompt'].rsplit('/', 1)[-1]}: {_on_nodes(d.summary['nodes'])}"))
+    for stage, record in (("train", Trained.from_dict(result["train"])), ("eval", Evaluated.from_dict(result["eval"]))):
+        if record.nodes:
+            rows.append((stage, _on_nodes(record.nodes) + (" (an earlier run)" if record.skipped else "")))
+    return rows
 
 
 def mode_note(summary: dict[str, Any]) -> str:
@@ -326,7 +352,7 @@ def summarize_run(name: str, result: dict[str, Any], place: Place, report: dict[
                                   ((report or {}).get("engine") or {}).get("sweep")),
                       decision=decision, champion=champion, exports=exports,
                       serve=dict(registered.serve), place=place, fresh=fresh_rows(result, registered),
-                      rates=rate_lines(result))
+                      rates=rate_lines(result), placement=placement_rows(result))
 
 
 def render_text(s: RunSummary) -> str:
@@ -338,6 +364,10 @@ def render_text(s: RunSummary) -> str:
         note = st.note or ("done by an earlier run with the same inputs" if st.status == "skipped" else "")
         out.append(f"{st.stage:<12} {st.status:<8} {seconds}  {note}".rstrip())
     out += rate_text(s.rates, WIDTH)
+    if s.placement:
+        out += ["", "placement (the Ray node that ran each part: id, address, parts)"]
+        out += [textwrap.fill(text, WIDTH, initial_indent=f"{stage:<12} ", subsequent_indent=" " * 13)
+                for stage, text in s.placement]
     engine = any(d.engine is not None for d in s.datasets)
     load = any(d.load is not None for d in s.datasets)
     out += ["", f"{'dataset':<20} {'tau':>6} {'floor':>6} {'tau/floor':>9} {'speedup':>8}"

@@ -28,6 +28,7 @@ import torch
 from pipelines.cluster import connect_ray
 from pipelines.configs import ClusterTrainConfig, on_cluster
 from pipelines.ingest import load_conversations
+from pipelines.nodes import ranks_on_nodes, record_ranks
 from specdraft.config import ConfigError, from_dict, to_dict
 from specdraft.loggers import JsonlLogger, MultiLogger, NullLogger
 from specdraft.models import save_draft
@@ -99,6 +100,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     run.fit(cfg.sim_depth, cfg.val_max_batches, hooks=RunHooks(step=reports.step, epoch_metrics=reports.skipped,
                                                                epoch_end=reports.epoch_end))
     weights = trainer.draft_state_dict()  # every rank: gathered in full, held by rank 0
+    record_ranks(rank, job.out)  # every rank: which Ray node ran which ranks, written by rank 0 beside the draft
     if rank == 0:
         save_draft(unwrap(trainer.draft), Path(job.out) / DRAFT_DIR, weights=weights)
         trainer.logger.close()
@@ -221,16 +223,9 @@ def feature_plan(cfg: TrainConfig, stores: list[str], target: Target | str | Pat
     return plan_features(cfg, stores, target, out, conversations=lambda: online_conversations(cfg, target)[0])
 
 
-def run_training(
-    cfg: TrainConfig | ClusterTrainConfig,
-    stores: list[str | Path],
-    target: Target | str | Path,
-    out: str | Path,
-    *,
-    tracking: dict[str, str] | None = None,
-    ray_address: str | None = None,
-    fail_at_step: int | None = None,
-) -> dict[str, Any]:
+def run_training(cfg: TrainConfig | ClusterTrainConfig, stores: list[str | Path], target: Target | str | Path,
+                 out: str | Path, *, tracking: dict[str, str] | None = None, ray_address: str | None = None,
+                 fail_at_step: int | None = None) -> dict[str, Any]:
     """Run (or resume) a training job; returns the draft path and the final metrics.
 
     ``stores``: the feature stores (``cfg.features == "offline"``): local directories or object-store
@@ -292,7 +287,7 @@ def run_training(
     draft_dir = out / DRAFT_DIR
     if not (draft_dir / "model.safetensors").is_file():
         raise RuntimeError(f"training finished without writing {draft_dir}")
-    summary = {"draft": str(draft_dir), "metrics": dict(result.metrics or {}),
+    summary = {"draft": str(draft_dir), "metrics": dict(result.metrics or {}), "nodes": ranks_on_nodes(out),
                "checkpoint": result.checkpoint.path if result.checkpoint else None}
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary

@@ -20,10 +20,10 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch (ray_constant
 
 @contextmanager
 def ray_nodes(root: Path, workers: int = 2, cpus: float = 1, head_cpus: float | None = None,
-              env_vars: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
+              env_vars: dict[str, str] | None = None, connect: bool = True) -> Iterator[dict[str, Any]]:
     """A head (in this working directory) and ``workers`` worker nodes, each in ``root/node-<i>``, ``cpus`` CPUs
     each (the head: ``head_cpus``, default ``cpus``; 0: no task of the run there); this driver connected through
-    ``connect_ray`` (its workers get ``env_vars``). Yields ``address``,
+    ``connect_ray`` (its workers get ``env_vars``) unless not ``connect`` (a driver of its own). Yields ``address``,
     ``cluster``, ``head`` (its node id), ``nodes``: worker node id -> its working directory (every node added),
     ``add()``: one more worker node, ``kill(node id)``: a worker node lost."""
     import ray
@@ -62,8 +62,9 @@ def ray_nodes(root: Path, workers: int = 2, cpus: float = 1, head_cpus: float | 
         head = cluster.head_node.node_id
         for _ in range(workers):
             add_worker()
-        connect_ray(cluster.address, env_vars=env_vars, log_to_driver=False)
-        ray_constants.ENABLE_RAY_CLUSTER = False  # connect_ray set it for a cluster by address
+        if connect:
+            connect_ray(cluster.address, env_vars=env_vars, log_to_driver=False)
+            ray_constants.ENABLE_RAY_CLUSTER = False  # connect_ray set it for a cluster by address
         yield {"address": cluster.address, "cluster": cluster, "head": head, "nodes": nodes, "add": add_worker,
                "kill": kill_worker}
     finally:

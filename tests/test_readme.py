@@ -156,6 +156,7 @@ TEXT_BLOCKS = {
     "warm      started from": "the summary's warm-start line",
     "rate            tokens": "the summary's stage rates against their limits",
     ".../ShareGPT_V3_unfiltered_cleaned_split.json: record": "the reject a JSON array cut off mid-record gives",
+    "placement (the Ray node": "the summary's placement rows",
     "# the head: the driver's node": "a Ray cluster by hand (several machines; tests/flows/test_cluster_flow.py "
                                      "starts the same in-process)",
 }

@@ -135,7 +135,7 @@ RUN: dict[str, Callable[[Path], list[str]]] = {
     "tracking-unreachable": tracking_unreachable, "model-uri-without-registry": model_uri_without_registry,
     "handoff-not-ours": handoff_not_ours,
 }
-BY_ITS_TEST = {"wrong-target", "corrupt-chunk", "ctrl-c", "ray-worker-failure",  # a training run or Ray
+BY_ITS_TEST = {"wrong-target", "corrupt-chunk", "ctrl-c", "ray-worker-failure", "head-lost",  # a training run or Ray
                "tracking-silent",  # seconds of waiting on a silent server: its own test waits them once
                "config-disagrees-with-weights", "corrupt-parquet", "pickle-target", "empty-input",
                "questions-in-no-format"}  # a model or draft built first

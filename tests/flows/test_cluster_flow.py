@@ -3,7 +3,10 @@ driver's node) and two worker nodes of 2 CPUs, each in its own working directory
 as an HTTP server on 127.0.0.1 whose artifacts go to the S3 server (moto) on 127.0.0.1. The run regenerates and
 dumps with two replicas, trains with two DDP workers (gloo; 2 CPUs each: one per node) and evaluates with two
 replicas; each stage's actors are found in Ray's actor table with their node (``placement``), and every stage
-ran on both worker nodes. The champion is registered, its exports logged beside it, on S3.
+ran on both worker nodes. Each stage's own output says which node ran which part (``recorded_placement``: the
+``nodes`` of its ``DONE`` record, ``pipelines.nodes``): worker nodes only, the parts adding up to the stage's
+counts, one training rank per node — and the run's summary prints it. The champion is registered, its exports
+logged beside it, on S3.
 """
 
 from __future__ import annotations
@@ -85,6 +88,18 @@ def placement() -> dict[str, set[str]]:
     return dict(found)
 
 
+def recorded_placement(workdir: Path) -> dict[str, dict[str, dict]]:
+    """Stage -> node id -> its parts, as the stages' ``DONE`` records say (regenerate and features: their
+    summaries' ``nodes``; train and eval: the record's), with the record's counts under ``"record"``."""
+    found: dict[str, dict[str, dict]] = {}
+    for stage in ("regenerate", "features", "train", "eval"):
+        for done in sorted((workdir / stage).glob("*/DONE")):
+            record = json.loads(done.read_text())
+            nodes = record["summary"]["nodes"] if "summary" in record else record["nodes"]
+            found[stage] = {n["node"]: n for n in nodes} | {"record": record}
+    return found
+
+
 def test_specdraft_run_spreads_every_stage_over_both_worker_nodes(tiny_toy_target, run_files, mlflow_server,
                                                                    s3_server, tmp_path_factory, capsys, request):
     import ray
@@ -113,6 +128,25 @@ def test_specdraft_run_spreads_every_stage_over_both_worker_nodes(tiny_toy_targe
             print(json.dumps({stage: sorted(n[:12] for n in nodes) for stage, nodes in where.items()}))
             for stage in STAGES.values():
                 assert where.get(stage) == workers, (stage, where)
+            recorded = recorded_placement(root / "work")
+            print(json.dumps({s: {n[:12]: p for n, p in by.items() if n != "record"} for s, by in recorded.items()}))
+            ips = {n: v["NodeManagerAddress"] for n, v in ((n["NodeID"], n) for n in ray.nodes())}
+            for stage, by in recorded.items():
+                record = by.pop("record")
+                assert by and set(by) <= workers, (stage, by)  # worker nodes only, never the head
+                assert all(part["ip"] == ips[node] for node, part in by.items()), (stage, by)
+                parts = {unit: sorted(x for p in by.values() for x in (p[unit] if isinstance(p[unit], list)
+                                                                       else [p[unit]]))
+                         for unit in {u for p in by.values() for u in p} - {"node", "ip"}}
+                if stage == "regenerate":
+                    assert sum(parts["conversations"]) == record["summary"]["rows_in"] > 0, parts  # each once
+                elif stage == "features":
+                    assert parts["shards"] == list(range(record["summary"]["shards_written"])), parts
+                elif stage == "train":  # one rank per node, both nodes
+                    assert set(by) == workers and parts["ranks"] == [0, 1], by
+                else:
+                    assert sum(parts["questions"]) == 3, parts  # every question once
+            assert "placement (the Ray node that ran each part" in out.out, out.out[-3000:]
     finally:
         if was_up:
             connect_local_ray(request)

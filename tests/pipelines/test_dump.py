@@ -29,6 +29,7 @@ from specdraft.toy.build import build_toy_target
 from specdraft.configs.toy import ToyTargetConfig
 from specdraft.toy.conversations import generate_conversations
 from specdraft.toy.tokenizer import train_tokenizer
+from tests.dump_checks import assert_resumed_like, complete_shards
 from tests.tiny_models import FAMILIES, TINY
 
 TOY = ToyTargetConfig(num_conversations=200, vocab_size=300, hidden_size=32, num_layers=2, num_heads=2,
@@ -188,18 +189,6 @@ def test_raw_arrays_follow_the_schema(dumped):
 # --- resume ---------------------------------------------------------------------------------
 
 
-def per_sample(out: Path | str) -> dict[str, dict[str, np.ndarray]]:
-    samples = {}
-    for record in store.read_manifest(out)["shards"]:
-        group = store.location.open_group(store.location.join(out, record["name"]), "r")
-        arrays = {name: a[...] for name, a in group.arrays()}
-        off = arrays["offsets"]
-        for j, sid in enumerate(arrays["sample_ids"].tolist()):
-            assert sid not in samples, f"{sid} written twice"
-            samples[sid] = {k: v[off[j] : off[j + 1]] for k, v in arrays.items() if k not in ("offsets", "sample_ids")}
-    return samples
-
-
 def test_killed_dump_resumes_to_the_same_store(toy_store, tmp_path):
     target, reference_dir, reference = toy_store
     rows = conversations()
@@ -211,25 +200,34 @@ def test_killed_dump_resumes_to_the_same_store(toy_store, tmp_path):
     assert any(t.name.startswith(".shard-00003.zarr.tmp-") for t in temps)
     with pytest.raises(StoreError, match="incomplete"):
         FeatureDataset(out)
-    inodes = {i: p.stat().st_ino for i, p in finals.items()}
+    kept = complete_shards(out)
+    assert kept.keys() == finals.keys()
 
     summary = dump_features(target, rows, out, CFG, progress=False)
-    assert summary["shards_kept"] >= len(finals) and summary["shards_kept"] + summary["shards_written"] == SHARDS
-    assert {k: summary[k] for k in ("rows_out", "tokens", "rejected")} == {k: reference[k] for k in ("rows_out", "tokens", "rejected")}
-    after, temps = store.list_shard_dirs(out)
-    assert sorted(after) == list(range(SHARDS)) and temps == []
-    assert all(after[i].stat().st_ino == ino for i, ino in inodes.items())  # kept, not rewritten
-    assert store.validate(out).ok
-    got, want = per_sample(out), per_sample(reference_dir)
-    assert sorted(got) == sorted(want)  # no duplicates, no gaps
-    for sid in want:
-        for name in want[sid]:
-            np.testing.assert_array_equal(got[sid][name], want[sid][name], err_msg=f"{sid}/{name}")
+    assert reference["shards"] == SHARDS and summary["shards_kept"] >= len(kept)
+    # the placement: the shards written now (not the kept ones), each by the one local node
+    assert [sorted(n["shards"]) for n in summary["nodes"]] == [sorted(set(range(SHARDS)) - set(kept))]
+    assert_resumed_like(out, summary, reference_dir, reference, kept)
 
     again = dump_features(target, rows, out, CFG, progress=False)  # complete: nothing to do
     assert again["shards_written"] == 0 and again["shards_kept"] == SHARDS and again["tokens"] == reference["tokens"]
     with pytest.raises(StoreError, match="another dump"):
         dump_features(target, rows, out, FeaturesConfig(samples_per_shard=4, topk=5), progress=False)
+
+
+def test_a_write_ray_runs_again_keeps_the_shard_its_first_attempt_finished(toy_store):
+    """Ray re-runs a write whose node was lost after the shard was final (its result lost with the node): the
+    writer returns the shard's record and leaves it as it is; another plan's shard, or none, is written."""
+    from pipelines.dump import ZarrShardDatasink
+
+    _, out, _ = toy_store
+    manifest = store.read_manifest(out)
+    sink = ZarrShardDatasink(out, manifest, CFG, kept=[])
+    shard = store.list_shard_dirs(out)[0][2]
+    record, inode = store.read_shard_record(shard), shard.stat().st_ino
+    again = sink.write_row({"meta": json.dumps({"index": 2, "plan_digest": record["plan_digest"], "node": None})})
+    assert again == {**record, "node": None} and shard.stat().st_ino == inode  # kept, not rewritten
+    assert sink.already_written(2, "another plan") is None and sink.already_written(SHARDS, record["plan_digest"]) is None
 
 
 @pytest.mark.slow  # restarts Ray (its workers need the endpoint), two dumps
@@ -246,25 +244,12 @@ def test_killed_dump_to_s3_resumes_to_the_same_store(toy_store, s3_bucket, s3_ra
         store.read_shard_record(finals[3])
     with pytest.raises(StoreError, match="incomplete"):
         FeatureDataset(out)
-    complete = {}
-    for index, shard in finals.items():
-        try:
-            complete[index] = store.read_shard_record(shard)["written_at"]
-        except StoreError:
-            pass
+    complete = complete_shards(out)  # shard 3's keys without its record are not complete
+    assert 3 not in complete and len(complete) < len(finals)
 
     summary = dump_features(target, rows, out, CFG, progress=False)
-    assert summary["shards_kept"] == len(complete) and summary["shards_kept"] + summary["shards_written"] == SHARDS
-    assert {k: summary[k] for k in ("rows_out", "tokens", "rejected")} == {k: reference[k] for k in ("rows_out", "tokens", "rejected")}
-    after, _ = store.list_shard_dirs(out)
-    assert sorted(after) == list(range(SHARDS))
-    assert {i: store.read_shard_record(after[i])["written_at"] for i in complete} == complete  # kept, not rewritten
-    assert store.validate(out).ok
-    got, want = per_sample(out), per_sample(reference_dir)
-    assert sorted(got) == sorted(want)  # no duplicates, no gaps
-    for sid in want:
-        for name in want[sid]:
-            np.testing.assert_array_equal(got[sid][name], want[sid][name], err_msg=f"{sid}/{name}")
+    assert summary["shards_kept"] == len(complete)
+    assert_resumed_like(out, summary, reference_dir, reference, complete)
 
 
 # --- CLI and lossy codec -----------------------------------------------------------------------

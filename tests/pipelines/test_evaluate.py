@@ -26,7 +26,7 @@ from tests.eval_records import check_tau, records_of
 TIMING = {"wall_s", "draft_s", "verify_s", "baseline_wall_s", "tokens_per_s", "baseline_tokens_per_s", "speedup",
           "stage_wall_s", "ray", "wall_s_pld", "draft_s_pld", "verify_s_pld", "tokens_per_s_pld", "speedup_pld",
           "workers", "baselines", "baseline_changed", "pld_changed",
-          "load_1m", "load_1m_max"}  # how it ran: not what it found
+          "load_1m", "load_1m_max", "nodes"}  # how it ran: not what it found
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,8 @@ def test_ray_path_equals_single_process(local_ray, one_thread, models, question_
                       ray_cfg=RayEvalConfig(replicas=2, num_cpus=1), progress=False)
     assert json.loads((tmp_path / "ray.json").read_text()) == json.loads(json.dumps(remote))
     assert remote["settings"]["ray"]["replicas"] == 2
+    questions = sum(len(f.read_text().splitlines()) for f in question_files)
+    assert sum(n["questions"] for n in remote["nodes"]) == questions and "nodes" not in local  # each once, by a node
     assert without_timings(remote) == without_timings(local)
     turns = sum(len(json.loads(line)["turns"]) for f in question_files for line in f.read_text().splitlines())
     assert len(local["records"]) == turns and set(local["datasets"]) == {"alpha", "beta"}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from pipelines.nodes import READ, WRITE, WRITE_FILE, check_paths_on_nodes, check_reachable
+from pipelines.nodes import READ, WRITE, WRITE_FILE, by_node, check_paths_on_nodes, check_reachable
 from specdraft.config import ConfigError
 from tests.conftest import connect_local_ray, worker_pythonpath
 from tests.ray_nodes import ray_nodes
@@ -28,6 +28,14 @@ def nodes(tmp_path_factory, request):
         yield up
     if was_up:
         connect_local_ray(request)
+
+
+def test_by_node_sums_counts_and_joins_parts_per_node():
+    parts = [{"node": "b", "ip": "10.0.0.2", "shards": [4], "rows": 2}, {"node": "a", "ip": "10.0.0.1", "shards": [3]},
+             {"node": "b", "ip": "10.0.0.2", "shards": [1], "rows": 5}, {"node": "a", "ip": "10.0.0.1", "shards": [0]}]
+    assert by_node(parts) == [{"node": "a", "ip": "10.0.0.1", "shards": [0, 3]},
+                              {"node": "b", "ip": "10.0.0.2", "shards": [1, 4], "rows": 7}]
+    assert by_node([]) == []
 
 
 def free_port() -> int:

@@ -272,9 +272,11 @@ def test_regenerate_resumes_without_duplicates_or_gaps_and_is_deterministic(
     assert second["rows_total"] == 10 and len(parts(resumed)) == 4
     assert second["tokens_generated"] > 0 and second["tokens_per_s"] > 0 and second["dtype"] == "auto"
     assert second["generate_tokens_per_s"] == pytest.approx(second["tokens_generated"] / second["generate_s"], rel=1e-2)
+    # the placement: the 6 answered now, by the one local node (the skipped ones by none)
+    assert [(n["node"], n["conversations"]) for n in second["nodes"]] == [(ray.get_runtime_context().get_node_id(), 6)]
     assert "[specdraft] regenerate 6/6 conversations tok/s " in capsys.readouterr().err  # progress lines
     third = regenerate(target_dir, inputs, resumed, RegenerateConfig(**cfg))
-    assert third["rows_in"] == 0 and third["rows_skipped"] == 10 and len(parts(resumed)) == 4
+    assert third["rows_in"] == 0 and third["rows_skipped"] == 10 and len(parts(resumed)) == 4 and third["nodes"] == []
 
     got = read_conversations(resumed)
     assert sorted(r["id"] for r in got) == sorted(f"prompts:{i}" for i in range(10))  # no dups, no gaps

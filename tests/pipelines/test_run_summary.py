@@ -56,6 +56,24 @@ PLACE = Place(workdir="/w", report="/w/reports/night.html", tracking_uri="sqlite
               experiment_id="4", run_id="abc123")
 
 
+A, B = "a" * 56, "b" * 56  # two Ray node ids
+
+
+def test_summary_says_which_node_ran_which_part_of_each_stage(tmp_path):
+    """The stages' placement (``nodes`` of the regenerate and dump summaries, the train and eval records) is one
+    row per stage; a stage without one (run before nodes were recorded, or not on Ray) has none."""
+    result = records(tmp_path)
+    result["regenerate"][0]["summary"]["nodes"] = [{"node": A, "ip": "10.0.0.1", "conversations": 9},
+                                                   {"node": B, "ip": "10.0.0.2", "conversations": 7}]
+    result["train"]["nodes"] = [{"node": A, "ip": "10.0.0.1", "ranks": [0]}, {"node": B, "ip": "10.0.0.2", "ranks": [1]}]
+    text = render_text(summarize_run("toy", result, PLACE, EVAL_REPORT))
+    block = " ".join(text.split("placement (")[1].split("\n\n")[0].split())  # prose is wrapped
+    assert block == ("the Ray node that ran each part: id, address, parts) regenerate toy_prompts.jsonl: aaaaaaaaaaaa "
+                     "(10.0.0.1) 9 conversations; bbbbbbbbbbbb (10.0.0.2) 7 conversations train aaaaaaaaaaaa "
+                     "(10.0.0.1) ranks 0; bbbbbbbbbbbb (10.0.0.2) ranks 1 (an earlier run)"), block  # features, eval: none
+    assert "placement" not in render_text(summarize_run("toy", records(tmp_path), PLACE, EVAL_REPORT))
+
+
 def test_summary_says_what_happened_and_where(tmp_path):
     text = render_text(summarize_run("toy", records(tmp_path), PLACE, EVAL_REPORT))
     lines = text.splitlines()
