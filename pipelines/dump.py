@@ -147,13 +147,15 @@ class PrefillActor:
         started, cpu = time.perf_counter(), time.process_time()
         offsets = np.asarray(batch["offsets"][0], np.int64)
         seqs = np.split(np.asarray(batch["input_ids"][0], np.int32), offsets[1:-1]) if len(offsets) > 1 else []
-        features, features_s = sequence_features(self.model, seqs, self.cfg, self.aux_layers, self.pad_id)
+        features, timings = sequence_features(self.model, seqs, self.cfg, self.aux_layers, self.pad_id)
+        t0 = time.perf_counter()
         arrays = encode_features(features, self.cfg.hidden_codec, len(self.aux_layers))
+        t1 = time.perf_counter()
         meta = json.loads(str(batch["meta"][0]))
         meta["nonfinite_tokens"] = nonfinite_tokens(arrays, self.cfg.hidden_codec)
         meta["placement"] = self.placement
-        meta["timings"].update(features_s=features_s, actor_s=time.perf_counter() - started,
-                               actor_cpu_s=time.process_time() - cpu)
+        meta["timings"].update(timings, encode_s=t1 - t0, check_s=time.perf_counter() - t1,
+                               actor_s=time.perf_counter() - started, actor_cpu_s=time.process_time() - cpu)
         return {**{k: np.asarray([v]) for k, v in arrays.items()}, "index": batch["index"],  # (1, ...)
                 "input_ids": batch["input_ids"], "loss_mask": batch["loss_mask"], "offsets": batch["offsets"],
                 "meta": np.asarray([json.dumps(meta)])}
@@ -292,7 +294,7 @@ def dump_features(
     ``out`` made from another target is refused (``TargetMismatch`` naming the store and both
     fingerprints) unless ``overwrite``, before Ray starts.
     """
-    started = time.perf_counter()
+    started, started_at, connect_s = time.perf_counter(), time.time(), 0.0
     cfg = for_dump(cfg)  # a core FeaturesConfig: the actors' defaults
     target, out = Target.of(target), location.as_location(out)  # the target checked here, once
     if not overwrite:
@@ -308,7 +310,9 @@ def dump_features(
     todo = [row for row in plan if row["index"] not in done]
     sink = ZarrShardDatasink(out, header, cfg, kept, fault_at_shard)
     if todo:
+        connect_s = time.perf_counter()
         connect_ray()  # RAY_ADDRESS, or a local cluster
+        connect_s = time.perf_counter() - connect_s
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
         ray.data.DataContext.get_current().enable_progress_bars = progress
         ds = ray.data.from_items(todo, override_num_blocks=len(todo))
@@ -330,5 +334,8 @@ def dump_features(
     summary = store.dump_summary(sink.manifest, sink.written, len(kept), time.perf_counter() - started)
     summary["ingest"] = ingested
     summary["dead_writer_temporaries_removed"] = len(sink.leftovers)
+    # the start's cost: Ray's connection, and the first shard written (actor start, model load, its first shard)
+    summary["phases_s"].update(ray_connect_s=round(connect_s, 3), first_shard_s=round(
+        min(r["written_at"] for r in sink.written) - started_at, 3) if sink.written else None)
     location.write_text(location.join(out, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
     return summary

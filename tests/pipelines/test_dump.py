@@ -134,6 +134,14 @@ def test_summary_accounts_for_every_row(dumped):
     assert s["truncated"] >= 1 and s["nonfinite_tokens"] == 0
     assert s["shards"] == SHARDS and s["shards_written"] == SHARDS and s["tokens_per_s"] > 0
     assert s["bytes_per_token_reference"] == 2 * store.read_manifest(out)["d"] + 6 * 10 + 5
+    # where the time went: every step's seconds summed over the shards, the start's cost, the batches' padding
+    phases = s["phases_s"]
+    steps = ("tokenize_s", "pad_s", "forward_s", "topk_s", "copy_s", "encode_s", "check_s", "actor_s", "write_s")
+    assert all(phases[k] >= 0 for k in steps) and phases["forward_s"] > 0
+    assert phases["features_s"] == pytest.approx(phases["forward_s"] + phases["topk_s"], abs=1e-2)
+    assert phases["actor_s"] >= phases["features_s"] + phases["encode_s"]
+    assert 0 < phases["first_shard_s"] <= s["wall_s"] and 0 <= phases["ray_connect_s"] < s["wall_s"]
+    assert 0 < s["padding_efficiency"] <= 1
     report = store.validate(out)
     assert report.ok, report.problems
     assert report.num_tokens == s["tokens"]
