@@ -111,19 +111,21 @@ def parameter_count(target: Target | str | Path) -> int:
 
 def actor_memory(target: Target, cfg: DumpConfig, use_gpu: bool) -> int:
     """The memory (bytes) a ``PrefillActor`` asks Ray for: its process (``PROCESS_BYTES``) and, on CPU, the target's
-    weights at the inference dtype plus one prefill batch's peak — ``cfg.batch_tokens`` positions of full logits
-    (B, T, V) and of the decoder's states (every layer's when auxiliary layers are stored) in that dtype. On GPU the
-    weights and the batch are GPU memory, which Ray's ``num_gpus`` accounts for. SmolLM2-135M, fp32, EAGLE-3 layers:
-    0.75 + 0.50 (weights) + 1.50 (logits, V = 49,152) + 0.55 (31 layers' states) = 3.3 GiB, against the 2.6 GiB
-    Ray measured per actor on average (batches are rarely full)."""
+    weights at the inference dtype plus one prefill batch's peak — ``cfg.batch_tokens`` positions of the decoder's
+    states (every layer's when auxiliary layers are stored) in that dtype, and one ``logits_chunk`` block of logits
+    (chunk, V) in that dtype and its float32 copy (``features.prefill_features``: the lm_head runs on the valid
+    rows, a chunk at a time). On GPU the weights and the batch are GPU memory, which Ray's ``num_gpus`` accounts
+    for. SmolLM2-135M, fp32, EAGLE-3 layers, 8,192-token batches: 0.75 + 0.50 (weights) + 0.55 (31 layers'
+    states) + 0.75 (2,048 x 49,152 logits, twice) = 2.6 GiB."""
     if use_gpu:
         return PROCESS_BYTES
     width = torch.finfo(resolve_dtype(cfg.dtype, "cpu")).bits // 8
     config = load_target_config(target, cfg.trust_remote_code)
     text = getattr(config, "text_config", None) or config
     layers = text.num_hidden_layers + 1 if cfg.aux_layers else 2
-    batch = cfg.batch_tokens * (text.vocab_size + layers * text.hidden_size)
-    return PROCESS_BYTES + (parameter_count(target) + batch) * width
+    chunk = min(cfg.logits_chunk, cfg.batch_tokens) * text.vocab_size  # (chunk, V)
+    return PROCESS_BYTES + (parameter_count(target) + cfg.batch_tokens * layers * text.hidden_size + chunk) * width \
+        + 4 * chunk
 
 
 class PrefillActor:

@@ -334,7 +334,8 @@ def test_manifest_records_the_attention_kernel_and_placement(toy_store):
 
 def test_a_prefill_actor_asks_ray_for_the_memory_it_uses(targets):
     """``actor_memory``: the process, the weights (their parameters counted from the safetensors headers, here
-    checked against the loaded model) and one full prefill batch's logits and states, at the inference dtype."""
+    checked against the loaded model) and one full prefill batch's states at the inference dtype, with one
+    ``logits_chunk`` block of logits (chunk, V) at that dtype and in float32 (never more rows than a batch)."""
     from pipelines.dump import PROCESS_BYTES, actor_memory, parameter_count
     from specdraft.targets.loading import load_target_config, load_target_model
 
@@ -343,12 +344,15 @@ def test_a_prefill_actor_asks_ray_for_the_memory_it_uses(targets):
     assert parameter_count(target) == params
     config = load_target_config(target)
     v, d, n = config.vocab_size, config.hidden_size, config.num_hidden_layers
-    cfg = DumpConfig(batch_tokens=512)
-    assert actor_memory(target, cfg, use_gpu=False) == PROCESS_BYTES + 4 * (params + 512 * (v + 2 * d))
-    eagle3 = DumpConfig(batch_tokens=512, aux_layers="eagle3")  # every layer's states kept
-    assert actor_memory(target, eagle3, use_gpu=False) == PROCESS_BYTES + 4 * (params + 512 * (v + (n + 1) * d))
-    half = DumpConfig(batch_tokens=512, dtype="bfloat16")
-    assert actor_memory(target, half, use_gpu=False) == PROCESS_BYTES + 2 * (params + 512 * (v + 2 * d))
+    cfg = DumpConfig(batch_tokens=512, logits_chunk=128)
+    assert actor_memory(target, cfg, use_gpu=False) == PROCESS_BYTES + 4 * (params + 512 * 2 * d + 128 * v) + 4 * 128 * v
+    eagle3 = DumpConfig(batch_tokens=512, logits_chunk=128, aux_layers="eagle3")  # every layer's states kept
+    assert (actor_memory(target, eagle3, use_gpu=False)
+            == PROCESS_BYTES + 4 * (params + 512 * (n + 1) * d + 128 * v) + 4 * 128 * v)
+    half = DumpConfig(batch_tokens=512, logits_chunk=128, dtype="bfloat16")
+    assert actor_memory(target, half, use_gpu=False) == PROCESS_BYTES + 2 * (params + 512 * 2 * d + 128 * v) + 4 * 128 * v
+    small = DumpConfig(batch_tokens=64, logits_chunk=2048)  # a chunk never holds more rows than a batch
+    assert actor_memory(target, small, use_gpu=False) == PROCESS_BYTES + 4 * (params + 64 * 2 * d + 64 * v) + 4 * 64 * v
     assert actor_memory(target, cfg, use_gpu=True) == PROCESS_BYTES  # weights and batch in GPU memory
 
 
