@@ -14,8 +14,16 @@ Wall-clock rates depend on what else the host runs (its load average is recorded
 time per token of each step (process CPU time: tokenize task, prefill actor, writer; and the
 pure forward) is the comparison that survives a shared machine.
 
+With ``--target`` a real target is dumped instead (``--prompts``: a prompt set's name or a file, ingested single-turn
+as ``configs/smollm2.yaml`` does; the first ``--conversations`` rows), and ``reference_prefill`` — the target's own
+prefill as ``benchmarks/real_model_stages.py`` measures it (4 x 256 random tokens, hidden states and logits) in the
+dump's dtype — is measured before and after the dump in this process: ``dump_vs_reference_prefill`` is the whole
+dump's tokens/s over it (issue 41: >= 0.7). The dump's summary carries its ``phases_s``.
+
 Usage (from a checkout with the package installed, ``pip install -e .``):
-``python benchmarks/dump.py OUT.json [--conversations 384 --hidden 512 ...]``.
+``python -m benchmarks.dump OUT.json [--conversations 384 --hidden 512 ...]``; SmolLM2 as ``configs/smollm2.yaml``
+dumps it: ``python -m benchmarks.dump OUT.json --target targets/smollm2 --prompts sharegpt --conversations 120
+max_length=1024 aux_layers=eagle3 dtype=bfloat16 cpus_per_actor=1 torch_threads=2 [batch_tokens=...]``.
 """
 
 from __future__ import annotations
@@ -29,11 +37,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.host import write_result
+from benchmarks.host import LoadSampler, write_result
+from benchmarks.real_model_stages import prefill_rate
+from pipelines.configs import DumpConfig
 from pipelines.dump import dump_features
 from specdraft.chat import render_with_loss_mask
 from specdraft.features import pad_sequences, prefill_batches
 from specdraft.configs.features import FeaturesConfig
+from specdraft.placement import resolve_dtype
 from specdraft.store import plan_shards, read_manifest
 from specdraft.targets.loading import load_target_model, load_tokenizer
 from specdraft.toy.conversations import generate_conversations
@@ -65,11 +76,28 @@ def long_conversations(n: int, turns_per_conversation: int, seed: int) -> list[d
     return rows
 
 
+def real_prompts(prompts: str, n: int) -> list[dict]:
+    """The first ``n`` conversations of a prompt set (or file), ingested single-turn and short as
+    ``configs/smollm2.yaml``'s ``regenerate.ingest`` keeps them."""
+    from pipelines.configs import IngestConfig
+    from pipelines.ingest import ingest
+    from specdraft.packaged import resolve_prompt_inputs
+
+    rows, _ = ingest(resolve_prompt_inputs([prompts]), IngestConfig(max_turns=1, max_chars=4000))
+    return rows[:n]
+
+
+def reference_prefill(target: Path, cfg: FeaturesConfig, threads: int) -> dict:
+    """The target's prefill as ``benchmarks/real_model_stages.py`` measures it, in the dump's dtype."""
+    dtype = resolve_dtype(cfg.dtype, "cpu")
+    return {**prefill_rate(str(target), dtype, threads), "dtype": str(dtype).removeprefix("torch.")}
+
+
 @torch.no_grad()
 def time_prefill(target: Path, rows: list[dict], cfg: FeaturesConfig, threads: int) -> dict:
     """Pure prefill throughput on the dump's own batches (same tokens, same grouping)."""
     torch.set_num_threads(threads)
-    tokenizer, model = load_tokenizer(target), load_target_model(target)
+    tokenizer, model = load_tokenizer(target), load_target_model(target, resolve_dtype(cfg.dtype, "cpu"))
     plan, _ = plan_shards(rows, cfg.samples_per_shard)
     batches = []
     for shard in plan:
@@ -117,35 +145,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (prefill and actor)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="FeaturesConfig overrides")
-    args = parser.parse_args(argv)
+    parser.add_argument("--target", default=None, help="a real target directory (default: a random Llama)")
+    parser.add_argument("--prompts", default="sharegpt", help="with --target: a prompt set's name or a file")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="DumpConfig overrides")
+    args = parser.parse_intermixed_args(argv)  # the overrides may follow the options
 
     import ray
 
     from specdraft.config import load
 
-    cfg = load(FeaturesConfig, None, ["samples_per_shard=64", "max_length=1024", "batch_tokens=8192",
-                                      f"torch_threads={args.threads}", *args.overrides])
+    cfg = load(DumpConfig, None, ["samples_per_shard=64", "max_length=1024", "batch_tokens=8192",
+                                  f"torch_threads={args.threads}", *args.overrides])
     with tempfile.TemporaryDirectory(prefix="bench-dump-") as tmp:
         tmp = Path(tmp)
-        target = build_target(tmp / "target", args.hidden, args.layers, args.vocab)
-        rows = long_conversations(args.conversations, args.turns, seed=1)
+        if args.target:
+            target, rows = Path(args.target), real_prompts(args.prompts, args.conversations)
+        else:
+            target = build_target(tmp / "target", args.hidden, args.layers, args.vocab)
+            rows = long_conversations(args.conversations, args.turns, seed=1)
+        reference = [reference_prefill(target, cfg, args.threads)] if args.target else []
         prefill = time_prefill(target, rows, cfg, args.threads)
         ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING",
                  runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
-        summary = dump_features(target, rows, tmp / "store", cfg, progress=False)
+        with LoadSampler(every=2.0) as load_avg:
+            summary = dump_features(target, rows, tmp / "store", cfg, progress=False)
         shard_records = read_manifest(tmp / "store")["shards"]
         ray.shutdown()
         prefill_after = time_prefill(target, rows, cfg, args.threads)  # the host's load drifts: bracket the dump
+        reference += [reference_prefill(target, cfg, args.threads)] if args.target else []
     steady = steady_throughput(shard_records)
     prefill_tps = (prefill["tokens_per_s"] + prefill_after["tokens_per_s"]) / 2
     prefill_cpu = min(prefill["cpu_ms_per_token"], prefill_after["cpu_ms_per_token"])
     dump_cpu = cpu_ms_per_token(shard_records)
     result = {
         "benchmark": "dump",
-        "model": {"arch": "llama", "hidden": args.hidden, "layers": args.layers, "vocab": args.vocab},
+        "model": ({"target": str(args.target), "prompts": args.prompts} if args.target else
+                  {"arch": "llama", "hidden": args.hidden, "layers": args.layers, "vocab": args.vocab}),
         "features": {k: getattr(cfg, k) for k in ("topk", "hidden_codec", "compression", "samples_per_shard",
-                                                   "batch_tokens", "max_length")},
+                                                   "batch_tokens", "max_length", "dtype", "aux_layers",
+                                                   "logits_chunk", "cpus_per_actor", "torch_threads")},
+        "dump_load": load_avg.summary(),
         "prefill": {"before": prefill, "after": prefill_after, "tokens_per_s": round(prefill_tps, 1),
                     "cpu_ms_per_token": prefill_cpu},
         "dump": {**summary, "steady_tokens_per_s": steady, "cpu_ms_per_token": dump_cpu},
@@ -156,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_time_ratio": round(dump_cpu["total"] / prefill_cpu, 3),  # robust to the host's load
         },
         "bytes_per_token": summary["bytes_per_token"],
+        **({"reference_prefill": reference, "dump_vs_reference_prefill": round(
+            summary["tokens_per_s"] / (sum(r["tokens_per_s"] for r in reference) / len(reference)), 3)}
+           if reference else {}),
         "bytes_per_token_reference": summary["bytes_per_token_reference"],
         "host": {"threads": args.threads},  # write_result adds the host's facts
     }

@@ -77,7 +77,8 @@ def time_shard(model, seqs: list[np.ndarray], shard: dict[str, np.ndarray], attr
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         for rep in range(reps + 1):  # rep 0 warms up
             _, fwd_s = timed(device, forward)
-            (feats, prefill_s), feat_s = timed(device, features)
+            (feats, phases), feat_s = timed(device, features)
+            prefill_s = phases["features_s"]
             arrays, enc_s = timed(device, lambda: encode_features(feats, cfg.hidden_codec, len(aux_layers)))
             arrays.update(shard)
             store = Path(tmp) / f"rep{rep}"

@@ -112,19 +112,21 @@ def parameter_count(target: Target | str | Path) -> int:
 
 def actor_memory(target: Target, cfg: DumpConfig, use_gpu: bool) -> int:
     """The memory (bytes) a ``PrefillActor`` asks Ray for: its process (``PROCESS_BYTES``) and, on CPU, the target's
-    weights at the inference dtype plus one prefill batch's peak — ``cfg.batch_tokens`` positions of full logits
-    (B, T, V) and of the decoder's states (every layer's when auxiliary layers are stored) in that dtype. On GPU the
-    weights and the batch are GPU memory, which Ray's ``num_gpus`` accounts for. SmolLM2-135M, fp32, EAGLE-3 layers:
-    0.75 + 0.50 (weights) + 1.50 (logits, V = 49,152) + 0.55 (31 layers' states) = 3.3 GiB, against the 2.6 GiB
-    Ray measured per actor on average (batches are rarely full)."""
+    weights at the inference dtype plus one prefill batch's peak — ``cfg.batch_tokens`` positions of the decoder's
+    states (every layer's when auxiliary layers are stored) in that dtype, and one ``logits_chunk`` block of logits
+    (chunk, V) in that dtype and its float32 copy (``features.prefill_features``: the lm_head runs on the valid
+    rows, a chunk at a time). On GPU the weights and the batch are GPU memory, which Ray's ``num_gpus`` accounts
+    for. SmolLM2-135M, fp32, EAGLE-3 layers, 8,192-token batches: 0.75 + 0.50 (weights) + 0.55 (31 layers'
+    states) + 0.75 (2,048 x 49,152 logits, twice) = 2.6 GiB."""
     if use_gpu:
         return PROCESS_BYTES
     width = torch.finfo(resolve_dtype(cfg.dtype, "cpu")).bits // 8
     config = load_target_config(target, cfg.trust_remote_code)
     text = getattr(config, "text_config", None) or config
     layers = text.num_hidden_layers + 1 if cfg.aux_layers else 2
-    batch = cfg.batch_tokens * (text.vocab_size + layers * text.hidden_size)
-    return PROCESS_BYTES + (parameter_count(target) + batch) * width
+    chunk = min(cfg.logits_chunk, cfg.batch_tokens) * text.vocab_size  # (chunk, V)
+    return PROCESS_BYTES + (parameter_count(target) + cfg.batch_tokens * layers * text.hidden_size + chunk) * width \
+        + 4 * chunk
 
 
 class PrefillActor:
@@ -149,13 +151,15 @@ class PrefillActor:
         started, cpu = time.perf_counter(), time.process_time()
         offsets = np.asarray(batch["offsets"][0], np.int64)
         seqs = np.split(np.asarray(batch["input_ids"][0], np.int32), offsets[1:-1]) if len(offsets) > 1 else []
-        features, features_s = sequence_features(self.model, seqs, self.cfg, self.aux_layers, self.pad_id)
+        features, timings = sequence_features(self.model, seqs, self.cfg, self.aux_layers, self.pad_id)
+        t0 = time.perf_counter()
         arrays = encode_features(features, self.cfg.hidden_codec, len(self.aux_layers))
+        t1 = time.perf_counter()
         meta = json.loads(str(batch["meta"][0]))
         meta["nonfinite_tokens"] = nonfinite_tokens(arrays, self.cfg.hidden_codec)
         meta["placement"], meta["node"] = self.placement, self.node
-        meta["timings"].update(features_s=features_s, actor_s=time.perf_counter() - started,
-                               actor_cpu_s=time.process_time() - cpu)
+        meta["timings"].update(timings, encode_s=t1 - t0, check_s=time.perf_counter() - t1,
+                               actor_s=time.perf_counter() - started, actor_cpu_s=time.process_time() - cpu)
         return {**{k: np.asarray([v]) for k, v in arrays.items()}, "index": batch["index"],  # (1, ...)
                 "input_ids": batch["input_ids"], "loss_mask": batch["loss_mask"], "offsets": batch["offsets"],
                 "meta": np.asarray([json.dumps(meta)])}
@@ -313,7 +317,7 @@ def dump_features(
     ``out`` made from another target is refused (``TargetMismatch`` naming the store and both
     fingerprints) unless ``overwrite``, before Ray starts.
     """
-    started = time.perf_counter()
+    started, started_at, connect_s = time.perf_counter(), time.time(), 0.0
     cfg = for_dump(cfg)  # a core FeaturesConfig: the actors' defaults
     target, out = Target.of(target), location.as_location(out)  # the target checked here, once
     if not overwrite:
@@ -329,7 +333,9 @@ def dump_features(
     todo = [row for row in plan if row["index"] not in done]
     sink = ZarrShardDatasink(out, header, cfg, kept, fault_at_shard)
     if todo:
+        connect_s = time.perf_counter()
         connect_ray()  # RAY_ADDRESS, or a local cluster
+        connect_s = time.perf_counter() - connect_s
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
         ray.data.DataContext.get_current().enable_progress_bars = progress
         ds = ray.data.from_items(todo, override_num_blocks=len(todo))
@@ -352,5 +358,8 @@ def dump_features(
     summary["ingest"] = ingested
     summary["dead_writer_temporaries_removed"] = len(sink.leftovers)
     summary["nodes"] = sink.nodes  # which Ray node computed which of the shards written now (kept: none)
+    # the start's cost: Ray's connection, and the first shard written (actor start, model load, its first shard)
+    summary["phases_s"].update(ray_connect_s=round(connect_s, 3), first_shard_s=round(
+        min(r["written_at"] for r in sink.written) - started_at, 3) if sink.written else None)
     location.write_text(location.join(out, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
     return summary

@@ -49,7 +49,7 @@ from specdraft.store import ZARR_VERSION, decode_hidden, encode_hidden, plan_dig
 from specdraft.targets import Target
 from specdraft.targets.identity import target_fingerprint, target_id
 from specdraft.targets.loading import load_target_config
-from specdraft.targets.states import target_features
+from specdraft.targets.states import target_hidden, target_logits
 
 AUX_CONVENTION = "hf_hidden_states_index: state entering decoder layer i; 0 = embeddings"
 NONFINITE_CHUNK = 4096  # tokens decoded at a time when counting non-finite stored values
@@ -203,31 +203,45 @@ def prefill_features(
     topk: int,
     chunk: int = 2048,
     aux_layers: list[int] | tuple[int, ...] = (),
+    timings: dict[str, float] | None = None,
 ) -> TokenFeatures:
     """The per-token features of the valid positions of one padded prefill batch.
 
     ``hidden`` (M, d) in the model's dtype, ``topk_ids`` (M, K) int64, ``topk_logits`` (M, K)
     float32, ``logsumexp`` (M,) float32 of the full logit row and the auxiliary states (M, L*d) of
     ``aux_layers`` (M, 0 without), the M valid rows concatenated row by row (each sequence's tokens
-    in order). Top-K and logsumexp are taken in float32, ``chunk`` rows at a time (a (chunk, V)
-    float32 block). On the model's output device.
+    in order). The decoder runs once over the batch (``target_hidden``); the lm_head runs on the valid rows
+    only, ``chunk`` rows at a time (``target_logits``), each (chunk, V) block's top-K and logsumexp taken in
+    float32 — no (B, T, V) logits, none for padding. On the model's output device. ``timings``: seconds
+    added under ``forward_s`` (the decoder) and ``topk_s`` (lm_head, top-K, logsumexp).
     """
-    # (B, T, d), (B, T, V), (B, T, L*d) | None on the lm_head's device
-    hidden, logits, aux = target_features(model, input_ids, attention_mask, aux_layers)
+    t0 = time.perf_counter()
+    hidden, aux = target_hidden(model, input_ids, attention_mask, aux_layers)  # (B, T, d), (B, T, L*d) | None
     valid = attention_mask.to(hidden.device).bool()  # (B, T)
-    h, lg = hidden[valid], logits[valid]  # (M, d), (M, V): rows concatenated in order
+    h = hidden[valid]  # (M, d): rows concatenated in order
     aux = aux[valid] if aux is not None else h.new_zeros(h.shape[0], 0)  # (M, L*d)
+    t1 = _synchronized(h, timings)
     lse, top_v, top_i = [], [], []
-    for lo in range(0, lg.shape[0], chunk):
-        part = lg[lo : lo + chunk].float()  # (m, V)
+    for lo in range(0, h.shape[0], chunk):
+        part = target_logits(model, h[lo : lo + chunk]).float()  # (m, V)
         lse.append(torch.logsumexp(part, dim=-1))  # (m,)
         top = part.topk(topk, dim=-1)
         top_v.append(top.values)  # (m, K)
         top_i.append(top.indices)  # (m, K)
+    if timings is not None:
+        timings["forward_s"] = timings.get("forward_s", 0.0) + t1 - t0
+        timings["topk_s"] = timings.get("topk_s", 0.0) + _synchronized(h, timings) - t1
     if not lse:  # no valid position
-        empty = lg.new_zeros((0, topk), dtype=torch.float32)  # (0, K)
-        return TokenFeatures(h, empty.long(), empty, lg.new_zeros(0, dtype=torch.float32), aux)
+        empty = h.new_zeros((0, topk), dtype=torch.float32)  # (0, K)
+        return TokenFeatures(h, empty.long(), empty, h.new_zeros(0, dtype=torch.float32), aux)
     return TokenFeatures(h, torch.cat(top_i), torch.cat(top_v), torch.cat(lse), aux)
+
+
+def _synchronized(tensor: torch.Tensor, timings: dict[str, float] | None) -> float:
+    """``time.perf_counter()`` once ``tensor``'s GPU has finished its queued work (when timing at all)."""
+    if timings is not None and tensor.device.type == "cuda":
+        torch.cuda.synchronize(tensor.device)
+    return time.perf_counter()
 
 
 @torch.no_grad()
@@ -237,25 +251,32 @@ def sequence_features(
     cfg: FeaturesConfig,
     aux_layers: list[int],
     pad_id: int,
-) -> tuple[TokenFeatures, float]:
+) -> tuple[TokenFeatures, dict[str, float]]:
     """``seqs``' features on the CPU (concatenated in their order), prefilled in length-grouped padded
-    batches (``prefill_batches`` under ``cfg.batch_tokens``), and the seconds spent in prefill + top-K +
-    logsumexp (excluding padding and copies)."""
+    batches (``prefill_batches`` under ``cfg.batch_tokens``), and where the time went: ``features_s``
+    (prefill + top-K + logsumexp, excluding padding and copies) split into ``forward_s`` (the decoder) and
+    ``topk_s`` (lm_head, top-K, logsumexp), ``pad_s`` and ``copy_s`` (the batches' padding; the
+    features' copy to the host and their concatenation), and ``padded_tokens`` (the batches' B x T)."""
     per_seq: list[TokenFeatures | None] = [None] * len(seqs)
-    prefill_s = 0.0
+    timings = {"forward_s": 0.0, "topk_s": 0.0, "pad_s": 0.0, "copy_s": 0.0, "padded_tokens": 0}
     for group in prefill_batches([len(s) for s in seqs], cfg.batch_tokens, cfg.max_batch_size):
-        ids, att = pad_sequences([seqs[i] for i in group], pad_id)  # (B, T), (B, T)
         t0 = time.perf_counter()
-        features = prefill_features(model, ids, att, cfg.topk, cfg.logits_chunk, aux_layers)  # on the lm_head's device
-        if features.hidden.device.type == "cuda":
-            torch.cuda.synchronize(features.hidden.device)  # the last GPU of a spread target finishes last
-        prefill_s += time.perf_counter() - t0
+        ids, att = pad_sequences([seqs[i] for i in group], pad_id)  # (B, T), (B, T)
+        timings["pad_s"] += time.perf_counter() - t0
+        timings["padded_tokens"] += ids.numel()
+        features = prefill_features(model, ids, att, cfg.topk, cfg.logits_chunk, aux_layers, timings)  # lm_head's device
+        t0 = time.perf_counter()
         for i, piece in zip(group, features.cpu().split([len(seqs[i]) for i in group])):
             per_seq[i] = piece
+        timings["copy_s"] += time.perf_counter() - t0
+    timings["features_s"] = timings["forward_s"] + timings["topk_s"]
     if not seqs:
         d = model.config.hidden_size
-        return TokenFeatures.empty(d, cfg.topk, d * len(aux_layers)), prefill_s
-    return TokenFeatures.cat(per_seq), prefill_s
+        return TokenFeatures.empty(d, cfg.topk, d * len(aux_layers)), timings
+    t0 = time.perf_counter()
+    features = TokenFeatures.cat(per_seq)
+    timings["copy_s"] += time.perf_counter() - t0
+    return features, timings
 
 
 # --- as stored ---------------------------------------------------------------------------------------

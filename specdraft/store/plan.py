@@ -95,10 +95,18 @@ def shard_attrs(header: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def dump_summary(manifest: dict[str, Any], written: list[dict[str, Any]], kept: int, wall_s: float) -> dict[str, Any]:
-    """Rows in/out/rejected, tokens, tokens/s of this run, bytes/token vs 2d(1+L)+6K+5 (L aux layers)."""
+    """Rows in/out/rejected, tokens, tokens/s of this run, bytes/token vs 2d(1+L)+6K+5 (L aux layers), and
+    ``phases_s``: the written shards' timings summed (seconds of each step, on whichever worker ran it — steps of
+    different shards overlap, so they add up to more than ``wall_s`` when the pipeline is full) with
+    ``padding_efficiency``, the stored tokens over the prefill batches' padded B x T."""
     totals = manifest["totals"]
     new_tokens = sum(r["num_tokens"] for r in written)
     features_s = sum(r["timings"]["features_s"] for r in written)
+    phases: dict[str, float] = {}
+    for record in written:
+        for key, value in record["timings"].items():
+            phases[key] = phases.get(key, 0) + value
+    padded = phases.pop("padded_tokens", 0)
     return {
         "rows_in": manifest["input"]["rows"],
         "duplicate_ids": manifest["input"]["duplicate_ids"],
@@ -115,6 +123,8 @@ def dump_summary(manifest: dict[str, Any], written: list[dict[str, Any]], kept: 
         "wall_s": round(wall_s, 3),
         "tokens_per_s": round(new_tokens / wall_s, 1) if wall_s > 0 else None,
         "features_tokens_per_s": round(new_tokens / features_s, 1) if features_s > 0 else None,  # actor: prefill + top-K + lse
+        "phases_s": {k: round(v, 3) for k, v in sorted(phases.items())},
+        "padding_efficiency": round(new_tokens / padded, 3) if padded else None,
         "bytes": totals["bytes"],
         "bytes_per_token": None if totals["bytes_per_token"] is None else round(totals["bytes_per_token"], 2),
         "bytes_per_token_reference": totals["bytes_per_token_reference"],

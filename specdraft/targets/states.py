@@ -46,12 +46,26 @@ def target_features(
     aux_layers: list[int] | tuple[int, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Last hidden state ``(B, T, d)``, logits ``(B, T, V)`` and, with ``aux_layers``, the auxiliary
-    states ``(B, T, L*d)`` (``aux_states``; else None) of one prefill.
+    states ``(B, T, L*d)`` (``aux_states``; else None) of one prefill: ``target_hidden`` then
+    ``target_logits`` of its hidden, so the returned hidden is exactly what produced the logits.
+    Padded positions (``attention_mask`` 0) get zero states (hence zero logits)."""
+    hidden, aux = target_hidden(model, input_ids, attention_mask, aux_layers)
+    return hidden, target_logits(model, hidden), aux
 
-    Runs the decoder stack once and applies the lm_head to its ``last_hidden_state`` so the
-    returned hidden is exactly what produced the logits. Padded positions (``attention_mask``
-    0) get zero states (hence zero logits); valid positions of a left-padded row equal
-    those of the same row unpadded. Inputs may live anywhere; all outputs are on the model's
+
+@torch.no_grad()
+def target_hidden(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    aux_layers: list[int] | tuple[int, ...] = (),
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Last hidden state ``(B, T, d)`` (after the final norm: what the lm_head consumes) and, with
+    ``aux_layers``, the auxiliary states ``(B, T, L*d)`` (``aux_states``; else None) of one prefill —
+    the decoder stack once, no lm_head (``target_logits`` applies it, to the rows a caller keeps).
+
+    Padded positions (``attention_mask`` 0) get zero states; valid positions of a left-padded row
+    equal those of the same row unpadded. Inputs may live anywhere; all outputs are on the model's
     ``output_device`` (a target spread over GPUs: the last one).
     """
     if input_ids.dim() != 2:
@@ -64,8 +78,7 @@ def target_features(
             f"input_ids {tuple(input_ids.shape)}"
         )
     decoder = model.get_decoder()
-    lm_head = model.get_output_embeddings()
-    if decoder is model or lm_head is None:
+    if decoder is model or model.get_output_embeddings() is None:
         raise ValueError(f"{type(model).__name__} has no separate decoder and lm_head")
 
     device = input_device(model)  # a target spread over GPUs starts at its embedding's GPU
@@ -81,11 +94,18 @@ def target_features(
     valid = attention_mask.to(hidden.device, torch.bool)[..., None]  # (B, T, 1)
     zero = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
     hidden = torch.where(valid, hidden, zero)  # (B, T, d)
-    logits = lm_head(hidden)  # (B, T, V)
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    if cap:
-        logits = torch.tanh(logits / cap) * cap  # (B, T, V)
     aux = None
     if aux_layers:
         aux = torch.where(valid, aux_states(out.hidden_states, aux_layers, home), zero)  # (B, T, L*d)
-    return hidden, logits, aux
+    return hidden, aux
+
+
+@torch.no_grad()
+def target_logits(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's logits ``(..., V)`` of last hidden states ``(..., d)`` (``target_hidden``'s): its lm_head and,
+    where the model has one, its final logit soft-capping."""
+    logits = model.get_output_embeddings()(hidden)  # (..., V)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap  # (..., V)
+    return logits

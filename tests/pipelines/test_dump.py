@@ -135,6 +135,14 @@ def test_summary_accounts_for_every_row(dumped):
     assert s["truncated"] >= 1 and s["nonfinite_tokens"] == 0
     assert s["shards"] == SHARDS and s["shards_written"] == SHARDS and s["tokens_per_s"] > 0
     assert s["bytes_per_token_reference"] == 2 * store.read_manifest(out)["d"] + 6 * 10 + 5
+    # where the time went: every step's seconds summed over the shards, the start's cost, the batches' padding
+    phases = s["phases_s"]
+    steps = ("tokenize_s", "pad_s", "forward_s", "topk_s", "copy_s", "encode_s", "check_s", "actor_s", "write_s")
+    assert all(phases[k] >= 0 for k in steps) and phases["forward_s"] > 0
+    assert phases["features_s"] == pytest.approx(phases["forward_s"] + phases["topk_s"], abs=1e-2)
+    assert phases["actor_s"] >= phases["features_s"] + phases["encode_s"]
+    assert 0 < phases["first_shard_s"] <= s["wall_s"] and 0 <= phases["ray_connect_s"] < s["wall_s"]
+    assert 0 < s["padding_efficiency"] <= 1
     report = store.validate(out)
     assert report.ok, report.problems
     assert report.num_tokens == s["tokens"]
@@ -311,7 +319,8 @@ def test_manifest_records_the_attention_kernel_and_placement(toy_store):
 
 def test_a_prefill_actor_asks_ray_for_the_memory_it_uses(targets):
     """``actor_memory``: the process, the weights (their parameters counted from the safetensors headers, here
-    checked against the loaded model) and one full prefill batch's logits and states, at the inference dtype."""
+    checked against the loaded model) and one full prefill batch's states at the inference dtype, with one
+    ``logits_chunk`` block of logits (chunk, V) at that dtype and in float32 (never more rows than a batch)."""
     from pipelines.dump import PROCESS_BYTES, actor_memory, parameter_count
     from specdraft.targets.loading import load_target_config, load_target_model
 
@@ -320,12 +329,15 @@ def test_a_prefill_actor_asks_ray_for_the_memory_it_uses(targets):
     assert parameter_count(target) == params
     config = load_target_config(target)
     v, d, n = config.vocab_size, config.hidden_size, config.num_hidden_layers
-    cfg = DumpConfig(batch_tokens=512)
-    assert actor_memory(target, cfg, use_gpu=False) == PROCESS_BYTES + 4 * (params + 512 * (v + 2 * d))
-    eagle3 = DumpConfig(batch_tokens=512, aux_layers="eagle3")  # every layer's states kept
-    assert actor_memory(target, eagle3, use_gpu=False) == PROCESS_BYTES + 4 * (params + 512 * (v + (n + 1) * d))
-    half = DumpConfig(batch_tokens=512, dtype="bfloat16")
-    assert actor_memory(target, half, use_gpu=False) == PROCESS_BYTES + 2 * (params + 512 * (v + 2 * d))
+    cfg = DumpConfig(batch_tokens=512, logits_chunk=128)
+    assert actor_memory(target, cfg, use_gpu=False) == PROCESS_BYTES + 4 * (params + 512 * 2 * d + 128 * v) + 4 * 128 * v
+    eagle3 = DumpConfig(batch_tokens=512, logits_chunk=128, aux_layers="eagle3")  # every layer's states kept
+    assert (actor_memory(target, eagle3, use_gpu=False)
+            == PROCESS_BYTES + 4 * (params + 512 * (n + 1) * d + 128 * v) + 4 * 128 * v)
+    half = DumpConfig(batch_tokens=512, logits_chunk=128, dtype="bfloat16")
+    assert actor_memory(target, half, use_gpu=False) == PROCESS_BYTES + 2 * (params + 512 * 2 * d + 128 * v) + 4 * 128 * v
+    small = DumpConfig(batch_tokens=64, logits_chunk=2048)  # a chunk never holds more rows than a batch
+    assert actor_memory(target, small, use_gpu=False) == PROCESS_BYTES + 4 * (params + 64 * 2 * d + 64 * v) + 4 * 64 * v
     assert actor_memory(target, cfg, use_gpu=True) == PROCESS_BYTES  # weights and batch in GPU memory
 
 
