@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.host import CpuMeter, LoadSampler
+from benchmarks.host import CpuMeter
+from specdraft.limits import LoadSampler
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("target", "shipped", "mixed")

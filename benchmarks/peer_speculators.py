@@ -48,7 +48,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.host import LoadSampler, write_result
+from benchmarks.host import write_result
+from specdraft.limits import LoadSampler
 from benchmarks.real_model import (ROOT, add_inputs, find_store, number, question_counts, settings_of,
                                    store_facts, target_facts, write_question_sets)
 

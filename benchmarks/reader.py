@@ -282,7 +282,7 @@ def integrity_rates(shards: list[dict[str, np.ndarray]], d: int, max_tokens: int
     cost that path's check had, measured the same way, and its tokens per CPU second beside this reader's."""
     import warnings
 
-    from benchmarks.host import LoadSampler
+    from specdraft.limits import LoadSampler
     from specdraft.store import StoreWarning
 
     names = ("verified", "unverified", "verified_zarr", "unverified_zarr")

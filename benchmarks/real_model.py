@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.host import LoadSampler, write_result
+from benchmarks.host import write_result
+from specdraft.limits import LoadSampler
 from benchmarks.recipe_training import SHARED, train_in_fresh_process
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.host import LoadSampler, write_result
+from benchmarks.host import write_result
+from specdraft.limits import LoadSampler
 from benchmarks.recipe_training import SHARED, train_config, train_in_fresh_process
 from benchmarks.speculative import decode_eval, engine_acceptance
 from benchmarks.toy_data import build_store, question_overlap, write_mt_bench, write_toy_questions
