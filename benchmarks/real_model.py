@@ -167,19 +167,26 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def train_all(args: argparse.Namespace, store: Path, target: Path, work: Path,
-              results: dict[str, Any], trained_one: Any = lambda: None) -> dict[str, Any]:
-    """Every recipe on ``store`` for ``args.steps`` optimizer steps (``steps // epochs`` batches an epoch), into
-    ``results``; ``trained_one()`` after each."""
+def shared_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``benchmarks.recipe_training``'s settings every draft of a run shares: ``args.steps`` optimizer steps over
+    ``args.epochs`` (``steps // epochs`` batches an epoch), the project's optimizer unless ``args.lr``."""
     from specdraft.configs.train import OptimConfig
-    from specdraft.configs.recipes import RECIPES as KNOWN
 
     optim = OptimConfig()
-    shared = {k: None for k in SHARED} | {
+    return {k: None for k in SHARED} | {
         "threads": args.threads, "seed": args.seed, "epochs": args.epochs, "max_tokens": args.max_tokens,
         "lr": args.lr or optim.lr, "warmup": None, "schedule": optim.schedule, "min_lr_ratio": optim.min_lr_ratio,
         "sim_depth": 5, "val_fraction": 0.05, "epoch_batches": args.steps // args.epochs,
         "precision": args.precision}
+
+
+def train_all(args: argparse.Namespace, store: Path, target: Path, work: Path,
+              results: dict[str, Any], trained_one: Any = lambda: None) -> dict[str, Any]:
+    """Every recipe on ``store`` for ``args.steps`` optimizer steps (``steps // epochs`` batches an epoch), into
+    ``results``; ``trained_one()`` after each."""
+    from specdraft.configs.recipes import RECIPES as KNOWN
+
+    shared = shared_settings(args)
     for recipe in args.recipes:
         if recipe not in KNOWN or args.epochs < len(KNOWN[recipe].stages):
             raise SystemExit(f"{recipe}: unknown, or more stages than --epochs {args.epochs}")

@@ -292,6 +292,18 @@ def warm_rows(train_dir: Path | None) -> list[tuple[str, str]]:
     return []
 
 
+def vocab_rows(train_dir: Path | None) -> list[tuple[str, str]]:
+    """The vocab line of a run that chose a fresh draft vocabulary (``draft_vocab.json``): its size and the share of
+    the training data's predicted tokens it covers (a kept one is the warm line's); none for a draft over the
+    target's whole vocabulary."""
+    vocab = _read(train_dir / "draft_vocab.json" if train_dir else None)
+    if not vocab or vocab.get("init_from"):
+        return []
+    of = f" of {vocab['vocab_size']}" if vocab.get("vocab_size") else ""
+    return [("vocab", f"draft vocabulary: {vocab['size']}{of} target tokens (train.draft_vocab_size), covering "
+                      f"{vocab['coverage']:.1%} of the {vocab['counted_tokens']} predicted tokens of the training data")]
+
+
 def fresh_rows(result: dict[str, Any], registered: Registered | None) -> list[tuple[str, str]]:
     """The traffic window, the served monitor (an alarm first), the gate's comparisons and the hand-off."""
     rows = traffic_rows(result["prepare"])
@@ -312,7 +324,8 @@ def fresh_rows(result: dict[str, Any], registered: Registered | None) -> list[tu
                                    handoff.get("served_note", ""))
     if result.get("warm"):  # train.init_from=champion and the champion could not be loaded
         rows.append(("warm", f"warning: {result['warm']}"))
-    rows += warm_rows(Path(result["train"]["draft"]).parent if result.get("train") else None)
+    train_dir = Path(result["train"]["draft"]).parent if result.get("train") else None
+    rows += vocab_rows(train_dir) + warm_rows(train_dir)
     for c in (registered.gate or {}).get("comparisons", []):
         values = (f"candidate {_f(c['candidate'], 4)} vs champion {_f(c['champion'], 4)}"
                   + (f" ({c['change']:+.1%}, bound {c['bound']:+.1%})" if c["change"] is not None else ""))

@@ -25,9 +25,9 @@ from typing import Any
 from specdraft import files
 from specdraft.configs.draft import Arch
 from specdraft.configs.features import EAGLE3
-from specdraft.configs.recipes import Recipe, recipe_named
+from specdraft.configs.recipes import recipe_named
 from specdraft.configs.stages import StageConfig
-from specdraft.configs.train import TrainConfig, resolve_stages
+from specdraft.configs.train import TrainConfig, own_vocab_of, reads_eagle3_of, resolve_stages
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,13 +79,13 @@ def build_plan(cfg: TrainConfig, *, aux_layers: list[int] | tuple[int, ...] = ()
     schedule (``train.warm_epochs``)."""
     recipe = recipe_named(cfg.recipe)
     arch, stages = resolve_stages(cfg, warm=warm)
-    eagle3 = _reads_eagle3(cfg, recipe)
+    eagle3 = reads_eagle3_of(cfg, recipe)
     shape = None if arch != "dflash" else DraftShape(
         num_layers=cfg.draft_layers or recipe.draft_layers, block_size=cfg.block_size,
         mask_token_id=cfg.mask_token_id, block_self_attention=recipe.block_self_attention)
     return RunPlan(recipe=cfg.recipe, arch=arch, stages=tuple(stages),
                    epoch_offsets=tuple(sum(s.epochs for s in stages[:i]) for i in range(len(stages))),
-                   eagle3_features=eagle3, own_vocab=_own_vocab(cfg, recipe, arch, eagle3), draft_shape=shape,
+                   eagle3_features=eagle3, own_vocab=own_vocab_of(cfg, recipe, arch, eagle3), draft_shape=shape,
                    aux_layers=tuple(int(i) for i in aux_layers),
                    vocab=None if vocab is None else tuple(int(i) for i in vocab), start="warm" if warm else "fresh")
 
@@ -137,24 +137,10 @@ def draft_arch(cfg: TrainConfig) -> Arch:
 def reads_eagle3_features(cfg: TrainConfig) -> bool:
     """Whether the draft reads auxiliary target layers (and, unless ``own_vocab`` says otherwise, predicts
     over a draft vocabulary)."""
-    return _reads_eagle3(cfg, recipe_named(cfg.recipe))
+    return reads_eagle3_of(cfg, recipe_named(cfg.recipe))
 
 
 def has_own_vocab(cfg: TrainConfig) -> bool:
     """Whether the draft predicts over a draft vocabulary with its own head."""
     recipe = recipe_named(cfg.recipe)
-    return _own_vocab(cfg, recipe, cfg.arch or recipe.arch, _reads_eagle3(cfg, recipe))
-
-
-def _reads_eagle3(cfg: TrainConfig, recipe: Recipe) -> bool:
-    return cfg.arch in ("eagle3", "dflash") or recipe.eagle3_features
-
-
-def _own_vocab(cfg: TrainConfig, recipe: Recipe, arch: Arch, eagle3: bool) -> bool:
-    """An EAGLE-3 draft always; else ``train.draft_vocab`` when set, the recipe's when it says, else as its
-    features (a draft reading the EAGLE-3 features predicts over a draft vocabulary)."""
-    if arch == "eagle3":
-        return True
-    if cfg.draft_vocab is not None:
-        return cfg.draft_vocab
-    return eagle3 if recipe.own_vocab is None else recipe.own_vocab
+    return own_vocab_of(cfg, recipe, cfg.arch or recipe.arch, reads_eagle3_of(cfg, recipe))

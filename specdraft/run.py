@@ -368,8 +368,8 @@ def feature_plan(
                                        "vocabulary and fresh weights"}
         print(f"[specdraft] no warm start: {warm['warm_start_fallback']}", flush=True)
     ids = select_vocab(counts, cfg.draft_vocab_size)
-    record = {"size": ids.numel(), "coverage": coverage(counts, ids), "counted_tokens": int(counts.sum()),
-              "target_ids": ids.tolist(), **warm}
+    record = {"size": ids.numel(), "vocab_size": vocab_size, "coverage": coverage(counts, ids),
+              "counted_tokens": int(counts.sum()), "target_ids": ids.tolist(), **warm}
     path.write_text(json.dumps(record))
     print(f"[specdraft] draft vocabulary: {ids.numel()} of {vocab_size} target tokens, covering "
           f"{record['coverage']:.2%} of {record['counted_tokens']} predicted tokens", flush=True)

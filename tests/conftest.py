@@ -168,9 +168,10 @@ TOY_DRAFT_AUX = [0, 1, 2]  # the shipped toy target's states entering each layer
 
 @pytest.fixture(scope="session")
 def toy_drafts(shipped_toy_target, tmp_path_factory):
-    """``toy_drafts(recipe)``: a draft of the shipped toy target trained briefly with ``recipe`` (in-memory
-    features of 320 toy conversations, the recipe's own stages through ``build_run``; DFlash with 2 layers,
-    blocks of 8 and 64 anchors per sequence, to stay cheap), trained once per test run — the first worker to
+    """``toy_drafts(recipe, vocab=None)``: a draft of the shipped toy target trained briefly with ``recipe``
+    (in-memory features of 320 toy conversations, the recipe's own stages through ``build_run``; DFlash with 2
+    layers, blocks of 8 and 64 anchors per sequence, to stay cheap; ``vocab``: ``train.draft_vocab_size``, the
+    draft vocabulary of an EAGLE-3 recipe, None the default), trained once per test run — the first worker to
     ask for a recipe trains it, the others wait for it (``built_once``). Each recipe takes about a minute
     on 2 cores; the features are computed once per worker, when the first draft it trains needs them."""
     samples: list = []
@@ -189,7 +190,7 @@ def toy_drafts(shipped_toy_target, tmp_path_factory):
             random.Random(0).shuffle(samples)
         return samples[32:], samples[:32]  # train, held out
 
-    def train(recipe: str, out: Path) -> None:
+    def train(recipe: str, vocab: int | None, out: Path) -> None:
         import math
         import shutil
         from dataclasses import replace
@@ -204,6 +205,8 @@ def toy_drafts(shipped_toy_target, tmp_path_factory):
         if recipe == "dflash":  # DFlash Eq. 4: gamma = 4 for blocks of 8
             stage = replace(RECIPES[recipe].stages[0], anchors=64, step_decay=math.exp(-1 / 4))
             block = dict(draft_layers=2, block_size=8, stages=[stage])
+        if vocab is not None:
+            block["draft_vocab_size"] = vocab
         cfg = TrainConfig(recipe=recipe, epochs=max(3, stages), min_steps=0, seed=0,  # the total, split over the stages
                           optim=OptimConfig(lr=2e-3, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1), **block)
         trained = train_on_samples(shipped_toy_target, cfg, *features(), aux_layers=TOY_DRAFT_AUX)
@@ -212,7 +215,11 @@ def toy_drafts(shipped_toy_target, tmp_path_factory):
         save_draft(trained.run.draft, partial)
         partial.rename(out)  # a draft directory that exists is a complete one
 
-    return lambda recipe: built_once(tmp_path_factory, f"toy-draft-{recipe}", lambda out: train(recipe, out), "draft")
+    def draft(recipe: str, vocab: int | None = None) -> Path:
+        name = f"toy-draft-{recipe}" + (f"-v{vocab}" if vocab else "")
+        return built_once(tmp_path_factory, name, lambda out: train(recipe, vocab, out), "draft")
+
+    return draft
 
 
 @pytest.fixture(scope="session")

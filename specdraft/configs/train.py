@@ -15,7 +15,7 @@ from specdraft.configs.draft import DEFAULT_BLOCK_SIZE, Arch
 from specdraft.configs.features import FeaturesConfig
 from specdraft.configs.reader import ReaderConfig
 from specdraft.configs.stages import StageConfig
-from specdraft.configs.recipes import RECIPES, recipe_named
+from specdraft.configs.recipes import RECIPES, Recipe, recipe_named
 
 DEFAULT_DRAFT_VOCAB = 32000
 
@@ -112,11 +112,50 @@ class TrainConfig:
             raise ConfigError(f"draft_layers={self.draft_layers}: must be >= 1")
         if not 0.0 <= self.init_min_coverage <= 1.0:
             raise ConfigError(f"init_min_coverage={self.init_min_coverage}: must be between 0 and 1")
+        if self.draft_vocab_size < 1:
+            raise ConfigError(f"draft_vocab_size={self.draft_vocab_size}: must be >= 1")
+        _check_draft_vocab(self)
         resolve_stages(self, warm=True)  # the epoch counts against the recipe's stages, then the warm start's
 
     def resolved(self) -> tuple[Arch, list[StageConfig]]:
         """(draft architecture, stage schedule): ``resolve_stages``."""
         return resolve_stages(self)
+
+
+def reads_eagle3_of(cfg: TrainConfig, recipe: Recipe) -> bool:
+    """Whether ``cfg`` (of ``recipe``, its row) trains a draft reading auxiliary target layers."""
+    return cfg.arch in ("eagle3", "dflash") or recipe.eagle3_features
+
+
+def own_vocab_of(cfg: TrainConfig, recipe: Recipe, arch: Arch, eagle3: bool) -> bool:
+    """An EAGLE-3 draft always; else ``train.draft_vocab`` when set, the recipe's when it says, else as its
+    features (a draft reading the EAGLE-3 features predicts over a draft vocabulary)."""
+    if arch == "eagle3":
+        return True
+    if cfg.draft_vocab is not None:
+        return cfg.draft_vocab
+    return eagle3 if recipe.own_vocab is None else recipe.own_vocab
+
+
+def _check_draft_vocab(cfg: TrainConfig) -> None:
+    """A draft vocabulary (its own head) only where a draft carries one and vLLM serves it: the drafts that read
+    the EAGLE-3 features (vLLM serves a reduced head on its EAGLE-3 path only, through ``d2t``; an EAGLE-1/2 or a
+    Beagle draft over the last hidden state shares the target's lm_head there)."""
+    recipe = recipe_named(cfg.recipe)
+    arch = cfg.arch or recipe.arch
+    eagle3 = reads_eagle3_of(cfg, recipe)
+    if not own_vocab_of(cfg, recipe, arch, eagle3):
+        return
+    if eagle3 and arch == "eagle":
+        raise ConfigError(f"arch={arch!r}: an EAGLE-1/2 draft reads the target's last hidden state with its lm_head; "
+                          f"recipe {cfg.recipe!r} reads the EAGLE-3 features with a draft vocabulary: arch eagle3")
+    if eagle3:
+        return
+    raise ConfigError(
+        f"draft_vocab={cfg.draft_vocab}: recipe {cfg.recipe!r} trains a draft (arch {arch!r}) over the target's last "
+        "hidden state, which predicts with the target's lm_head; a draft vocabulary needs a recipe that reads the "
+        "EAGLE-3 features — vLLM serves a reduced head only on its EAGLE-3 path — (beagle3, eagle3, eagle3-hass for "
+        "HASS's training), or leave draft_vocab unset")
 
 
 WARM_SHARE = 0.25  # a warm start's default epochs: this share of each stage's fresh epochs (the goal: a warm night <= 40 %

@@ -105,7 +105,8 @@ def cost_model(rows: dict[int, dict[str, Any]], k: int | None, ngram_speedup: fl
 
 def sweep_report(run: EngineRun, ks: dict[str, list[int]], greedy: bool) -> dict[str, Any]:
     """The sweep of ``run``: per drafter in ``ks`` (name -> the K it was served at; ``sweep_name``) and per K the
-    engine's numbers (``engine_only``), its best K, and the draft's cost model; vanilla's tokens/s and load."""
+    engine's numbers (``engine_only``), its best K, and each drafter's cost model (every draft's beside ngram's
+    best speedup: several drafts may share a run, ``benchmarks/draft_vocab.py``); vanilla's tokens/s and load."""
     from specdraft.evaluation.engine_comparison import engine_only  # torch: only where a run is read
     out: dict[str, Any] = {"k": sorted({k for v in ks.values() for k in v}), "best_k": {}, "best_speedup": {}}
     vanilla = None
@@ -121,7 +122,7 @@ def sweep_report(run: EngineRun, ks: dict[str, list[int]], greedy: bool) -> dict
     out["tokens_per_s_vanilla"] = vanilla["tokens_per_s_vanilla"] if vanilla else None
     out["load_1m_vanilla"] = vanilla["load_1m_vanilla"] if vanilla else None
     out["cost"] = {drafter: cost_model({int(k): r for k, r in out[drafter].items()}, out["best_k"][drafter],
-                                       out["best_speedup"].get("ngram") if drafter == "draft" else None)
+                                       out["best_speedup"].get("ngram") if drafter != "ngram" else None)
                    for drafter in ks}
     return out
 

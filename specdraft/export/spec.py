@@ -163,6 +163,12 @@ def refuse_unservable(config: DraftConfig, fmt: str) -> None:
             "position 0); the engines' EAGLE layer has neither, so its exported weights would not reproduce its "
             "logits. Retrain it with this version (recipes eagle / hass) to export it"
         )
+    if config.own_vocab and not config.aux_layers:
+        raise ExportError(
+            f"this {config.arch} draft has its own head over a draft vocabulary of {config.draft_vocab_size} tokens but "
+            "reads the target's last hidden state; vLLM serves a draft vocabulary only on its EAGLE-3 path (through "
+            "d2t), where the draft reads the EAGLE-3 features. Retrain it with recipe beagle3 or eagle3"
+        )
     if fmt not in formats_for(config):
         engines = " (only vLLM serves Beagle drafts, through specdraft's plugin)" if config.arch == "beagle" else ""
         raise ExportError(

@@ -368,6 +368,24 @@ def test_summary_shows_the_alarm_the_gate_and_the_hand_off(tmp_path):
     assert f"warm      warning: {result['warm']}" in text.splitlines()
 
 
+def test_summary_says_the_draft_vocabularys_size_and_coverage_of_the_training_tokens(tmp_path):
+    result = records(tmp_path)
+    result["train"]["draft"] = str(tmp_path / "train" / "draft")
+    (tmp_path / "train").mkdir()
+    vocab = tmp_path / "train" / "draft_vocab.json"  # specdraft.run.feature_plan's record of a fresh vocabulary
+    vocab.write_text(json.dumps({"size": 192, "vocab_size": 768, "coverage": 0.9731, "counted_tokens": 5000,
+                                 "target_ids": list(range(192))}))
+    text = render_text(summarize_run("toy", result, PLACE, EVAL_REPORT))
+    assert ("vocab     draft vocabulary: 192 of 768 target tokens (train.draft_vocab_size), covering 97.3% of the "
+            "5000 predicted tokens of the training data") in " ".join(text.split("\n          "))
+    kept = {"size": 192, "coverage": 0.95, "counted_tokens": 4000, "target_ids": [], "init_from": "/w/champion"}
+    vocab.write_text(json.dumps(kept))  # a warm start's kept vocabulary: the warm line says its coverage, once
+    text = render_text(summarize_run("toy", result, PLACE, EVAL_REPORT))
+    assert "draft vocabulary:" not in text and "covering 95.0% of the new predicted tokens" in " ".join(text.split())
+    vocab.unlink()  # a draft over the target's whole vocabulary writes none
+    assert "vocab " not in render_text(summarize_run("toy", result, PLACE, EVAL_REPORT))
+
+
 def test_summary_shows_the_offline_drift_check(tmp_path):
     result = records(tmp_path)
     result["drift"] = {"alarm": True, "message": "champion v3 on this window's held-out slice: tau 2.100, at "

@@ -252,6 +252,8 @@ def test_online_feature_plan_resolves_the_aux_layers_and_counts_the_vocabulary(t
     assert layers == [0, 1] and ids == select_vocab(counts, 32).tolist()
     record = json.loads((tmp_path / "draft_vocab.json").read_text())
     assert record["target_ids"] == ids and record["counted_tokens"] == counts.sum() > 0
+    assert record["size"] == 32 and record["vocab_size"] == 320  # what the summary's vocab line says
+    assert record["coverage"] == pytest.approx(counts[ids].sum() / counts.sum()) and 0 < record["coverage"] < 1
     (tmp_path / "draft_vocab.json").write_text(json.dumps({**record, "target_ids": list(range(32))}))
     assert feature_plan(cfg, [], tiny_toy_target, tmp_path) == ([0, 1], list(range(32)))  # resumed: kept
 

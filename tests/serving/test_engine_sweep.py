@@ -119,6 +119,20 @@ def test_the_sweep_reports_each_drafters_fastest_k_and_the_drafts_cost_model():
                               "ngram": {"k": 2, "speedup": pytest.approx(1.25)}}
 
 
+def test_several_drafts_in_one_sweep_each_get_their_cost_model_beside_ngram():
+    """``benchmarks/draft_vocab.py`` serves one draft per vocabulary size in one run: each is judged against the
+    same ngram, as the one draft of an eval run is."""
+    timings = {sweep_name("draft", 1): (2.5, 4), sweep_name("draft", 2): (2.2, 8),
+               sweep_name("ngram", 1): (1.9, 4), sweep_name("ngram", 2): (1.6, 6)}
+    one = sweep_report(_run(timings), {"draft": [1, 2], "ngram": [1, 2]}, greedy=True)
+    both = sweep_report(_run({**timings, sweep_name("v4k", 1): (2.0, 4), sweep_name("v4k", 2): (2.0, 8)}),
+                        {"draft": [1, 2], "v4k": [1, 2], "ngram": [1, 2]}, greedy=True)
+    assert both["cost"]["draft"] == one["cost"]["draft"] and both["best_k"]["v4k"] == 1  # a tie: the smaller K
+    cost = both["cost"]["v4k"]  # τ / speedup: 1.5 at K=1, 2.0 at K=2: c = 0.5, v = 1.0
+    assert cost["c"] == pytest.approx(0.5) and cost["v"] == pytest.approx(1.0)
+    assert cost["for_ngram"]["tau"] == pytest.approx(1.25 * 1.5) and both["cost"]["ngram"]["for_ngram"] is None
+
+
 def test_a_cost_model_from_one_k_says_it_was_not_fitted():
     run = _run({sweep_name("draft", 3): (1.0, 8)})
     sweep = sweep_report(run, {"draft": [3]}, greedy=True)

@@ -426,6 +426,10 @@ def test_beagle_drafts_export_for_vllm_only_and_legacy_drafts_are_refused_clearl
     assert {"layers.0.query_norm.weight", "layers.0.state_norm.weight", "layers.0.self_attn.q_proj.weight",
             "layers.0.post_attention_layernorm.weight"} <= set(tensors) and not any("embed" in k for k in tensors)
     assert '"method": "eagle"' in serve_commands({"vllm": str(out)}, str(toy3), 3)["vllm"]
+    own = save_draft(build_draft(draft_config_from_target(tcfg, "beagle", target_id=tid, draft_vocab_size=DRAFT_VOCAB),
+                                 heads.embed, heads.lm_head, vocab=torch.arange(DRAFT_VOCAB)), tmp_path / "beagle-own")
+    with pytest.raises(ExportError, match="own head over a draft vocabulary of .* only on its EAGLE-3 path"):
+        export_draft(own, "vllm", tmp_path / "vllm-own", target=toy3)  # its plugin class shares the target's head
     cross = save_draft(build_draft(draft_config_from_target(tcfg, "dflash", target_id=tid, aux_layers=AUX,
                                                             block_self_attention=False), heads.embed, heads.lm_head),
                        tmp_path / "beagle-dflash")

@@ -59,6 +59,31 @@ def test_a_config_with_its_own_stages_under_an_unknown_name_gets_the_one_fallbac
         TrainConfig(recipe="mine")  # an unknown name without stages
 
 
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_a_draft_vocabulary_is_refused_where_no_engine_serves_one(recipe):
+    """vLLM serves a reduced head only on its EAGLE-3 path (``d2t``): a draft over the target's last hidden state
+    (eagle, hass, beagle, beagle-early, beagle-topk) shares the target's lm_head there, so asking it for a draft
+    vocabulary is refused when the settings are built, naming the key; the EAGLE-3-feature recipes take one."""
+    eagle3 = RECIPES[recipe].eagle3_features
+    assert has_own_vocab(TrainConfig(recipe=recipe, draft_vocab=False)) == (RECIPES[recipe].arch == "eagle3")
+    if eagle3:
+        assert has_own_vocab(TrainConfig(recipe=recipe, draft_vocab=True, draft_vocab_size=4096))
+    else:
+        with pytest.raises(ConfigError, match=rf"^draft_vocab=True: recipe '{recipe}' .*beagle3, eagle3, eagle3-hass"):
+            TrainConfig(recipe=recipe, draft_vocab=True)
+        assert not has_own_vocab(TrainConfig(recipe=recipe))  # its default: the target's head
+    with pytest.raises(ConfigError, match="^draft_vocab_size=0: must be >= 1"):
+        TrainConfig(recipe=recipe, draft_vocab_size=0)
+    assert TrainConfig(recipe=recipe, draft_vocab_size=1).draft_vocab_size == 1
+
+
+def test_an_eagle_arch_over_the_eagle3_features_is_refused_naming_the_arch():
+    with pytest.raises(ConfigError, match="^arch='eagle': .*recipe 'eagle3-hass' reads the EAGLE-3 features"):
+        TrainConfig(recipe="eagle3-hass", arch="eagle")
+    assert TrainConfig(recipe="eagle3-hass", arch="eagle3").arch == "eagle3"
+    assert not has_own_vocab(TrainConfig(recipe="beagle3", arch="eagle", draft_vocab=False))  # no head asked: no refusal
+
+
 def test_the_eagle3_aux_layer_default_is_decided_by_the_plan_alone():
     assert aux_layers_setting(TrainConfig(recipe="eagle3"), None) == "eagle3"
     assert aux_layers_setting(TrainConfig(recipe="beagle3"), [1, 2]) == [1, 2]  # a given setting wins
