@@ -128,7 +128,8 @@ def ttt_steps(draft, batch, stage, chunk: int = 1024) -> dict[str, Any]:
     for j in order:
         backward[j] = round(marks[j] - prev, 4)
         prev = marks[j]
-    return {"forward_s": [round(x, 4) for x in forward[1:-1]], "prepare_s": round(forward[0], 4),
+    return {"prepare_and_step1_forward_s": round(forward[0], 4),
+            "forward_s_steps_2_on": [round(x, 4) for x in forward[1:-1]],
             "backward_s": round(b1 - b0, 4), "backward_until_state_grad_s": backward,
             "backward_after_first_state_s": round(b1 - prev, 4)}
 
