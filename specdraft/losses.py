@@ -21,8 +21,9 @@ materialised formulas (``soft_ce``/``topk_ce``, kept as the reference).
 The target side is prepared once per batch (``HeadTargets``). With the target's own frozen head
 (Beagle, EAGLE) the loss needs only d-wide vectors per row: sum_x P(x) z_x = (W^T P)·h, so
 ``m_ce = W^T P`` and ``m_topk = sum_k P_k W_{x_k}`` replace the (rows x vocab) target
-distribution. With a trainable draft head (EAGLE-3) the teacher logits are recomputed per chunk
-from the stored hidden state (their normaliser and top-K are prepared once).
+distribution. With a trainable draft head (EAGLE-3) the teacher's distribution over the draft
+vocabulary is prepared once per batch too (with its normaliser and top-K), kept for every sub-step
+while it fits ``TEACHER_P_BYTES``, else recomputed per chunk from the stored hidden state.
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ class HeadTargets:
 
     ``top1`` is always set (output-vocabulary ids). Shared frozen head: ``m_ce`` (N, d) and, for the
     top-K loss, ``m_topk`` (N, d) + ``topk_mass`` (N,). Own head: ``teacher_h`` (N, d_t),
-    ``teacher_w`` (Vd, d_t) and ``teacher_lse`` (N,), plus ``topk_ids``/``topk_logp`` (N, K).
+    ``teacher_w`` (Vd, d_t) and ``teacher_lse`` (N,), plus ``topk_ids``/``topk_logp`` (N, K), and
+    ``teacher_p`` (N, Vd) fp32 — the teacher's distribution, softmax(teacher_h teacher_w^T), kept from
+    ``prepare`` when it fits a budget (``TEACHER_P_BYTES``) so that no sub-step computes it again; None:
+    each chunk recomputes it from ``teacher_h`` (the same values).
     """
 
     top1: torch.Tensor
@@ -83,18 +87,45 @@ class HeadTargets:
     teacher_lse: torch.Tensor | None = None
     topk_ids: torch.Tensor | None = None
     topk_logp: torch.Tensor | None = None
+    teacher_p: torch.Tensor | None = None
 
     @property
     def shared(self) -> bool:
         return self.teacher_w is None
 
-    def rows(self, index: torch.Tensor) -> "HeadTargets":
-        """The targets of rows ``index`` (M,)."""
+    def rows(self, index: torch.Tensor | slice) -> "HeadTargets":
+        """The targets of rows ``index`` (M,) or of a slice of rows: views of a slice, or of a run of consecutive
+        rows when there is a ``teacher_p`` (its (M, Vd) rows are not copied then), else copies."""
+        if isinstance(index, torch.Tensor) and self.teacher_p is not None:
+            index = _as_slice(index)
         picked = {}
         for f in fields(self):
             value = getattr(self, f.name)
             picked[f.name] = value if value is None or f.name == "teacher_w" else value[index]
         return HeadTargets(**picked)
+
+
+def _as_slice(index: torch.Tensor) -> torch.Tensor | slice:
+    """``index`` (M,) as a slice when it is a run of consecutive ascending rows, else as it is."""
+    n = index.numel()
+    if n and int(index[-1]) - int(index[0]) + 1 == n and bool((index[1:] > index[:-1]).all()):
+        return slice(int(index[0]), int(index[0]) + n)
+    return index
+
+
+TEACHER_P_BYTES = 1 << 30  # the most a batch's teacher distributions (N x Vd fp32) may take to be kept, not recomputed
+
+
+def teacher_probs(teacher_h: torch.Tensor, teacher_w: torch.Tensor, teacher_lse: torch.Tensor) -> torch.Tensor:
+    """The teacher's distribution over the output vocabulary (n, Vd) fp32 from its rows' hidden states (n, d_t)."""
+    zt = (teacher_h.to(teacher_w.dtype) @ teacher_w.T).float()  # (n, Vd) teacher logits
+    return torch.exp(zt - teacher_lse[:, None])
+
+
+def _rowdot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """sum_v x[n, v] * y[n, v] for fp32 rows (n, V) -> (n,), in fp32 (never autocast) and without an (n, V) product."""
+    with torch.autocast(x.device.type, enabled=False):
+        return torch.bmm(x[:, None, :], y[:, :, None])[:, 0, 0]
 
 
 def _chunk_terms(hc: torch.Tensor, weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, t: HeadTargets,
@@ -103,33 +134,50 @@ def _chunk_terms(hc: torch.Tensor, weight: torch.Tensor, a: torch.Tensor, b: tor
 
     Returns (ce (n,), topk (n,), draft argmax (n,), g (n, V), lin): ``g`` is d loss / d logits (with
     the shared frozen head, beyond the terms linear in h, which are ``lin`` (n, d); else ``lin`` is None).
+    The (n, V) work is done in place in the one fp32 logits buffer, which becomes ``g``: each extra (n, V)
+    temporary is a fresh allocation (page faults) and a pass over memory, and these passes, not the
+    products, were most of the head's time on a CPU (SmolLM2's 32k x 576 head).
     """
-    z = (hc @ weight.T).float()  # (n, V)
+    z = (hc @ weight.T).float()  # (n, V) logits: becomes the draft's distribution, then g, in place
     zmax, top = z.max(dim=-1)  # (n,)
-    p = torch.exp(z - zmax[:, None])  # (n, V), normalised in place below: one exp pass
+    tk = torch.zeros_like(zmax)  # (n,)
+    if not t.shared:  # the terms that read the logits themselves, before they are overwritten
+        target_p = t.teacher_p if t.teacher_p is not None else teacher_probs(t.teacher_h, t.teacher_w, t.teacher_lse)
+        p_dot_z = _rowdot(target_p, z)  # (n,): sum_x P(x) z_x
+        z_topk = z.gather(-1, t.topk_ids) if use_topk else None  # (n, K)
+    p = z.sub_(zmax[:, None]).exp_()  # (n, V) unnormalised: one exp pass
     total = p.sum(-1)  # (n,)
     lse = zmax + total.log()  # (n,)
-    p.div_(total[:, None])  # the draft's distribution
-    tk = torch.zeros_like(lse)  # (n,)
     if t.shared:
         hf = hc.float()
         ce = lse - (t.m_ce * hf).sum(-1)
         lin = a * t.m_ce  # (n, d): d/dh of -(a * m_ce . h)
-        mass = 0.0
+        coef = a
         if use_topk:
             tk = t.topk_mass * lse - (t.m_topk * hf).sum(-1)
             lin = lin + b * t.m_topk
-            mass = b * t.topk_mass[:, None]
-        return ce, tk, top, p.mul_(a + mass), lin  # p is not needed after
-    zt = (t.teacher_h.to(t.teacher_w.dtype) @ t.teacher_w.T).float()  # (n, V) teacher logits
-    target_p = torch.exp(zt - t.teacher_lse[:, None])  # (n, V)
-    ce = lse - (target_p * z).sum(-1)
-    g = a * (p - target_p)  # (n, V)
+            coef = a + b * t.topk_mass[:, None]
+        return ce, tk, top, p.mul_(coef / total[:, None]), lin  # coef * softmax
+    ce = lse - p_dot_z
+    coef = a
     if use_topk:
         pk = t.topk_logp.float().exp()  # (n, K)
-        tk = pk.sum(-1) * lse - (pk * z.gather(-1, t.topk_ids)).sum(-1)
-        g = g + b * (pk.sum(-1, keepdim=True) * p - torch.zeros_like(p).scatter_add_(-1, t.topk_ids, pk))
+        tk = pk.sum(-1) * lse - (pk * z_topk).sum(-1)
+        coef = a + b * pk.sum(-1, keepdim=True)
+    g = p.mul_(coef / total[:, None]).addcmul_(target_p, a, value=-1.0)  # a (q - P) + b (sum_k P_k) q
+    if use_topk:
+        g.scatter_add_(-1, t.topk_ids, -(b * pk))  # - b P_k at the top-K ids
     return ce, tk, top, g, None
+
+
+def _low(g: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``g`` (n, V) in the dtype its products with the head run in (the autocast dtype when autocast is on, else
+    the head's), cast once for both products (the input and weight gradients) instead of once in each."""
+    g = g.to(weight.dtype)
+    kind = g.device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return g.to(torch.get_autocast_dtype(kind))
+    return g
 
 
 class _HeadLoss(torch.autograd.Function):
@@ -157,7 +205,8 @@ class _HeadLoss(torch.autograd.Function):
             hi = lo + hc.shape[0]
             ce[lo:hi], tk[lo:hi], top, g, lin = _chunk_terms(hc, weight, a, b, t, use_topk)
             correct[lo:hi] = top == t.top1
-            grad_h[lo:hi] = (g.to(weight.dtype) @ weight).float() - (0.0 if lin is None else lin)
+            g = _low(g, weight)  # (n, V)
+            grad_h[lo:hi] = (g @ weight).float() - (0.0 if lin is None else lin)
             if now_w:
                 grad_w += g.T @ hc.float()  # (V, d)
         loss = (ce_coef.float() * ce).sum() + ((topk_coef.float() * tk).sum() if use_topk else 0.0)
@@ -177,7 +226,7 @@ class _HeadLoss(torch.autograd.Function):
             h, weight, ce_coef, topk_coef = inputs
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # (V, d)
             for _, hc, a, b, t in _chunks(h, weight, ce_coef, topk_coef, ctx.targets, ctx.chunk):
-                g = _chunk_terms(hc, weight, a, b, t, ctx.use_topk)[3]  # (n, V)
+                g = _low(_chunk_terms(hc, weight, a, b, t, ctx.use_topk)[3], weight)  # (n, V)
                 grad_w += g.T @ hc.float()
         gw = (grad_loss * grad_w) if ctx.want_w else None
         return gh, gw, None, None, None, None, None
@@ -188,7 +237,7 @@ def _chunks(h, weight, ce_coef, topk_coef, targets: HeadTargets, chunk: int):
     for lo in range(0, h.shape[0], chunk):
         hi = min(h.shape[0], lo + chunk)
         yield (lo, h[lo:hi].to(weight.dtype), ce_coef[lo:hi].float()[:, None], topk_coef[lo:hi].float()[:, None],
-               targets.rows(torch.arange(lo, hi, device=h.device)))
+               targets.rows(slice(lo, hi)))
 
 
 def head_loss(

@@ -47,7 +47,7 @@ import torch
 from specdraft import masks
 from specdraft.configs.stages import CHAINED, LossWeights, StageConfig
 from specdraft.batch import Batch
-from specdraft.losses import HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
+from specdraft.losses import TEACHER_P_BYTES, HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
 from specdraft.models.layers import Chain
 
 
@@ -120,6 +120,8 @@ def prepare_targets(core, batch: Batch, weights: LossWeights, chunk: int = 1024)
     stored = batch.topk_ids is not None
     topk_ids = torch.zeros(n, k, dtype=torch.long, device=h_true.device) if (want_topk and (own or not stored)) else None
     topk_logp = torch.zeros(n, k, dtype=torch.float32, device=h_true.device) if topk_ids is not None else None
+    keep_p = own and n * w_t.shape[0] * 4 <= TEACHER_P_BYTES  # the teacher's distribution, for every sub-step
+    teacher_p = torch.empty(n, w_t.shape[0], dtype=torch.float32, device=h_true.device) if keep_p else None
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
         zt = (h_true[lo:hi] @ w_t.T).float()  # (n, Vd)
@@ -130,6 +132,8 @@ def prepare_targets(core, batch: Batch, weights: LossWeights, chunk: int = 1024)
             topk_ids[lo:hi, : top.indices.shape[1]] = top.indices
             topk_logp[lo:hi, : top.values.shape[1]] = top.values - lse[lo:hi, None]
         if own:
+            if keep_p:
+                torch.exp(zt - lse[lo:hi, None], out=teacher_p[lo:hi])  # (n, Vd): losses.teacher_probs's values
             continue
         p = torch.exp(zt - lse[lo:hi, None])  # (n, V)
         m_ce[lo:hi] = (p.to(w_t.dtype) @ w_t).float()
@@ -144,7 +148,7 @@ def prepare_targets(core, batch: Batch, weights: LossWeights, chunk: int = 1024)
     trainable = scored.clone()
     if own:
         head = HeadTargets(top1=top1, teacher_h=h_true, teacher_w=w_t, teacher_lse=lse,
-                           topk_ids=topk_ids, topk_logp=topk_logp)
+                           topk_ids=topk_ids, topk_logp=topk_logp, teacher_p=teacher_p)
         if stored:  # the target's own top-1 over its whole vocabulary must be one the draft can emit
             emittable = heads.t2d[batch.topk_ids[rows][:, 0]]  # (N,)
             trainable[rows] = emittable
@@ -278,19 +282,31 @@ def substeps(
     # each sub-step on its own (its graph is gone after), so they hand each sub-step a fresh chain of
     # its queries' states, encoded anew.
     chain = Chain(t, recompute=stage.recompute)
+    defer = defers_head_grad(core, stage)
     for st in stage_steps(stage, t, offset, ids.device):
         q = st.query_index
         assert len(chain.states) == st.extras, "a sub-step reads states no earlier sub-step wrote"
         extras = chain if stage.kind == "ttt" else chain.read(q)
         h_hat = draft(ids, pos, features, q, st.cutoff, extras)  # (B, Q, d)
         live = st.cutoff >= 1 if core.config.needs_root_state else None
-        # a chain kept for one backward (ttt) keeps no per-step weight gradient of a trainable head
         loss, parts, correct, scored, trained = score(core, batch, targets, q, h_hat, stage.loss, chunk, live,
-                                                      defer_weight_grad=stage.kind == "ttt")
+                                                      defer_weight_grad=defer)
         yield SubStep(st.index, st.weight, q, h_hat, loss, parts, correct, scored, trained)
         if stage.kind in CHAINED:
             fed = h_hat if stage.kind == "ttt" else h_hat.detach()
             chain.add(fed, q)  # (B, Q, d) at q
+
+
+HEAD_GRAD_BYTES = 1 << 30  # the most a ttt chain's forwards may keep of (V, d) fp32 head weight gradients
+
+
+def defers_head_grad(core, stage: StageConfig) -> bool:
+    """Whether a ttt chain's sub-steps leave a trainable head's weight gradient to the backward (``losses.head_loss``):
+    kept from each forward, k of them are k (V, d) fp32 buffers until the one backward; deferred, each chunk's
+    logits are computed twice. Deferred when the k buffers would pass ``HEAD_GRAD_BYTES`` (an 8B draft's head,
+    32k x 4096: 7 x 0.5 GB); kept below it (SmolLM2's, 32k x 576: 7 x 74 MB, for a quarter of the head's FLOPs)."""
+    weight = core.heads.weight
+    return stage.kind == "ttt" and weight.requires_grad and stage.steps * weight.numel() * 4 > HEAD_GRAD_BYTES
 
 
 def block_substep(draft, batch: Batch, features: torch.Tensor, blocks: masks.Blocks, stage: StageConfig,

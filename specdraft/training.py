@@ -97,7 +97,11 @@ def trainable(draft) -> list[torch.nn.Parameter]:
 
 def make_optimizer(draft, cfg: OptimConfig) -> torch.optim.Optimizer:
     params = trainable(draft)
-    fused = all(p.is_cuda for p in params) or None
+    # one fused kernel per step on CUDA, and on the CPU for plain (unsharded) tensors: torch's CPU default is a
+    # loop of ~7 ops per tensor, measured at a third of a beagle3 early-stage step at SmolLM2's shape (23M
+    # parameters, 1,024 tokens; benchmarks/train_rate.py)
+    plain_cpu = all(p.device.type == "cpu" and not hasattr(p, "device_mesh") for p in params)
+    fused = all(p.is_cuda for p in params) or plain_cpu or None
     return torch.optim.AdamW(
         params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused
     )

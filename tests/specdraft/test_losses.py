@@ -51,20 +51,23 @@ def test_shared_frozen_head_matches_reference(chunk):
     assert torch.equal(correct, (h @ w.T).argmax(-1) == zt.argmax(-1))
 
 
-def teacher_targets(teacher_h):
+def teacher_targets(teacher_h, kept=False):
+    """The own-head targets; ``kept``: with the teacher's distribution prepared (``teacher_p``), not recomputed."""
     teacher_w = torch.randn(V, D, generator=torch.Generator().manual_seed(2)) / D**0.5
     zt = teacher_h @ teacher_w.T
     top = torch.log_softmax(zt, -1).topk(K, dim=-1)
     targets = HeadTargets(top1=zt.argmax(-1), teacher_h=teacher_h, teacher_w=teacher_w,
-                          teacher_lse=torch.logsumexp(zt, -1), topk_ids=top.indices, topk_logp=top.values)
+                          teacher_lse=torch.logsumexp(zt, -1), topk_ids=top.indices, topk_logp=top.values,
+                          teacher_p=torch.softmax(zt, -1) if kept else None)
     return targets, teacher_w, top
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["teacher-recomputed", "teacher-kept"])
 @pytest.mark.parametrize("defer", [False, True], ids=["weight-grad-forward", "weight-grad-deferred"])
 @pytest.mark.parametrize("chunk", [3, 1024])
-def test_trainable_head_with_teacher_rows_matches_reference(chunk, defer):
+def test_trainable_head_with_teacher_rows_matches_reference(chunk, defer, kept):
     h, w, teacher_h, a, b = data(1)
-    targets, teacher_w, top = teacher_targets(teacher_h)
+    targets, teacher_w, top = teacher_targets(teacher_h, kept)
     h1, w1 = h.clone().requires_grad_(), w.clone().requires_grad_()
     loss, ce, tk, _ = head_loss(h1, w1, targets, a, b, chunk, defer_weight_grad=defer)
     (2.0 * loss).backward()
@@ -122,3 +125,14 @@ def test_no_rows_still_reaches_a_trainable_head():
     loss, *_ = head_loss(torch.zeros(0, D, requires_grad=True), w, targets, torch.zeros(0), torch.zeros(0))
     loss.backward()
     assert w.grad is not None and float(w.grad.abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("index", [[4, 5, 6, 7], [2, 5, 6, 30], [9]], ids=["run", "gaps", "one"])
+def test_rows_of_kept_teacher_targets_are_those_rows(index):
+    """``HeadTargets.rows``: the rows asked for, whether they are a run (views, ``teacher_p`` not copied) or not."""
+    targets, _, _ = teacher_targets(data(1)[2], kept=True)
+    picked = targets.rows(torch.tensor(index))
+    assert torch.equal(picked.teacher_p, targets.teacher_p[index]) and torch.equal(picked.top1, targets.top1[index])
+    assert torch.equal(picked.teacher_h, targets.teacher_h[index]) and picked.teacher_w is targets.teacher_w
+    is_view = picked.teacher_p.untyped_storage().data_ptr() == targets.teacher_p.untyped_storage().data_ptr()
+    assert is_view == (index != [2, 5, 6, 30])

@@ -243,6 +243,27 @@ def test_ttt_differs_from_detached_alignment_in_gradients_only():
     assert (grads["align"][1] - grads["ttt"][1]).abs().max() > 1e-6
 
 
+def test_ttt_head_weight_gradient_kept_or_deferred_is_the_same(monkeypatch):
+    """A ttt chain computes its trainable head's weight gradient in the forward while the k (V, d) buffers fit
+    ``HEAD_GRAD_BYTES``, in the backward past it: the same loss and gradients either way."""
+    import specdraft.objectives as objectives
+
+    batch = make_batch(with_topk=True, aux=True)
+    stage = stage_for("eagle3", "ttt")
+    out = {}
+    for budget in (1 << 30, 0):
+        monkeypatch.setattr(objectives, "HEAD_GRAD_BYTES", budget)
+        draft = make_draft("eagle3")
+        assert objectives.defers_head_grad(draft, stage) == (budget == 0)
+        out[budget] = train_batch(draft, batch, stage)["loss"], {n: p.grad for n, p in draft.named_parameters()}
+    assert out[0][0] == pytest.approx(out[1 << 30][0], rel=1e-6)
+    for name, grad in out[0][1].items():
+        kept = out[1 << 30][1][name]
+        assert (grad is None) == (kept is None), name
+        assert grad is None or (grad - kept).abs().max() <= 1e-5 * max(1.0, float(kept.abs().max())), name
+    assert not objectives.defers_head_grad(draft, stage_for("eagle3", "align"))  # each step back-propagated alone
+
+
 def test_late_stage_trains_each_window_position_once_with_linear_weights():
     draft = make_draft("beagle")
     batch = make_batch()
