@@ -3,7 +3,7 @@
 SmolLM2-135M-shaped drafts (d=576, 9 query / 3 KV heads of 64, MLP 1536, vocabulary 49,152, draft vocabulary
 32,000, three auxiliary layers), random weights and synthetic features, every position trained, under bf16
 autocast (fp32 master weights, frozen heads in bf16) as ``configs/smollm2.yaml`` trains. Per round, interleaved:
-the bf16 matmul FLOP/s (``real_model_stages.matmul_flops``, the target's MLP shape) and one training step of each
+the bf16 matmul FLOP/s (``specdraft.limits.measure_matmul``, the target's MLP shape) and one training step of each
 recipe stage (``objectives.train_batch`` + AdamW step), so load changes hit both alike. Per recipe stage:
 
 * ``tokens_per_s``: trained positions per second (median over the rounds);
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.host import LoadSampler, write_result
-from benchmarks.real_model_stages import matmul_flops
+from benchmarks.host import write_result
+from specdraft.limits import LoadSampler, measure_matmul
 
 SMOLLM2 = dict(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64, intermediate_size=1536,
                vocab_size=49152, rms_norm_eps=1e-5, max_position_embeddings=8192,
@@ -159,9 +159,10 @@ def measure(args) -> dict[str, Any]:
     positions = args.batch * args.seq
     times: dict[str, list[list[float]]] = {r: [] for r in args.recipes}
     gflops: list[float] = []
+    # the matmul: specdraft.limits' CPU shape, (2048, 576, 1536), SmolLM2's MLP
     with LoadSampler(every=1.0) as load:
         for _ in range(args.rounds):
-            gflops.append(matmul_flops(torch.bfloat16, args.threads, seconds=args.matmul_s) / 1e9)
+            gflops.append(measure_matmul("cpu", "bfloat16", args.threads, seconds=args.matmul_s).flops / 1e9)
             for recipe, (draft, stages, optimizer, batch) in setups.items():
                 times[recipe].append([step(draft, optimizer, batch, s, args.chunk) for s in stages])
         ttt = {}
