@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.host import LoadSampler, write_result
+from benchmarks.host import write_result
+from specdraft.limits import LoadSampler
 from benchmarks.real_model import (add_inputs, find_store, settings_of, shared_settings, store_facts, target_facts,
                                    write_question_sets)
 
