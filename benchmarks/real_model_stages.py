@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", default=None, metavar="CONFIG", help="run the flow on CONFIG into --workdir first")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of --run's config")
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     if args.run and not args.workdir:
         parser.error("--run needs --workdir (the run's own, named by the caller)")
 
