@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specdraft.configs.features import FeaturesConfig
 from specdraft.features import prefill_batches, prefill_features, sequence_features
 from specdraft.targets import states
+from tests.specdraft.test_target import padded_batch
 from tests.tiny_models import TINY
 
 VOCAB = 97
@@ -25,15 +26,7 @@ def model():
 
 
 def padded(lengths: list[int], side: str) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    width = max(lengths)
-    ids = torch.zeros(len(lengths), width, dtype=torch.long)  # (B, T)
-    mask = torch.zeros(len(lengths), width, dtype=torch.long)  # (B, T)
-    for row, n in enumerate(lengths):
-        cols = slice(0, n) if side == "right" else slice(width - n, width)
-        ids[row, cols] = torch.randint(1, VOCAB, (n,), generator=g)
-        mask[row, cols] = 1
-    return ids, mask
+    return padded_batch(lengths, side, seed=1, vocab=VOCAB)
 
 
 @pytest.mark.parametrize("side", ["right", "left"])

@@ -299,14 +299,15 @@ def llama_dir(tmp_path_factory):
     return path
 
 
-def padded_batch(lengths: list[int], side: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_batch(lengths: list[int], side: str, seed: int = 0, vocab: int = VOCAB) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids in [1, vocab) of ``lengths``, padded with 0 on ``side``, and their attention mask."""
     g = torch.Generator().manual_seed(seed)
     width = max(lengths)
     ids = torch.zeros(len(lengths), width, dtype=torch.long)  # (B, T)
     mask = torch.zeros(len(lengths), width, dtype=torch.long)  # (B, T)
     for i, n in enumerate(lengths):
         cols = slice(0, n) if side == "right" else slice(width - n, width)
-        ids[i, cols] = torch.randint(1, VOCAB, (n,), generator=g)
+        ids[i, cols] = torch.randint(1, vocab, (n,), generator=g)
         mask[i, cols] = 1
     return ids, mask
 
