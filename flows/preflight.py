@@ -169,6 +169,7 @@ def check_cluster(cfg: Any) -> None:
     init_from = cfg.train.init_from if cfg.train.init_from != "champion" else ""
     check_paths_on_nodes({
         "workdir": (cfg.workdir, WRITE),
+        "store_root": (cfg.store_root, WRITE),  # an object-store URL: not a node path, not checked there
         "target.path": (cfg.target.path, READ),
         "train.init_from": (init_from, READ),
         "tracking.uri": (uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else "", WRITE_FILE),

@@ -277,6 +277,9 @@ class FaultSection:
 class RunConfig:
     name: str = "specdraft"
     workdir: str = "runs"
+    # where the dump writes the run's feature stores, <store_root>/<key>: a directory or an object-store URL
+    # (s3://bucket/prefix: every node writes and reads the same stores); "" = <workdir>/features (docs/cluster.md)
+    store_root: str = ""
     target: TargetSection = field(default_factory=TargetSection)
     data: DataSection = field(default_factory=DataSection)
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)

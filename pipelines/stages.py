@@ -46,6 +46,7 @@ from specdraft.plan import aux_layers_setting
 from specdraft.export import FORMATS, ExportError, export_draft, formats_for, variant
 from specdraft.models import read_draft_config
 from specdraft.packaged import resolve_prompt_inputs
+from specdraft.store import location
 from specdraft.freshness.record import RegressionCounts, TrafficFiles, TrafficRecord
 from specdraft.targets import Target
 from specdraft.targets.identity import target_id
@@ -196,7 +197,8 @@ def run_features(cfg: RunConfig) -> FeaturesConfig:
 
 
 def dump_file(cfg: RunConfig, prepared: Prepared, regenerated: Regenerated) -> Dumped:
-    """Dump one regenerated prompt file to its own feature store (``run_features``)."""
+    """Dump one regenerated prompt file to its own feature store (``run_features``) at ``store_location``; the
+    stage's ``DONE`` record is ``<workdir>/features/<key>/DONE`` wherever the store is."""
     features = run_features(cfg)
     key = stage_key(prepared.target_id, regenerated.key, features)
     out = Path(cfg.workdir) / "features" / key
@@ -205,10 +207,17 @@ def dump_file(cfg: RunConfig, prepared: Prepared, regenerated: Regenerated) -> D
     ensure_ray(cfg)
     started = time.perf_counter()
     rows = read_conversations([regenerated.conversations])
-    summary = dump_features(prepared.target, rows, out, features, progress=False)
-    record = Dumped(key=key, store=str(out), summary=summary, wall_s=time.perf_counter() - started)
+    at = store_location(cfg, key)
+    summary = dump_features(prepared.target, rows, at, features, progress=False)
+    record = Dumped(key=key, store=str(at), summary=summary, wall_s=time.perf_counter() - started)
     _finish(out, _done(record))
     return record
+
+
+def store_location(cfg: RunConfig, key: str) -> str | Path:
+    """The feature store of dump ``key``: ``<store_root>/<key>`` (a directory or an object-store URL), or, with no
+    ``store_root``, ``<workdir>/features/<key>`` (the stage's own directory, its ``DONE`` record beside the store)."""
+    return location.join(cfg.store_root, key) if cfg.store_root else Path(cfg.workdir) / "features" / key
 
 
 def train_config(cfg: RunConfig, stores: list[Dumped] | list[Regenerated]) -> ClusterTrainConfig:

@@ -106,3 +106,7 @@ def test_specdraft_run_refuses_them_before_any_work(nodes, tmp_path, capsys):
     assert main(["run", f"ray.address={nodes['address']}", "workdir=" + str(tmp_path / "w2"),
                  "tracking.uri=sqlite:///mlflow.db"]) == 2
     assert "tracking.uri=mlflow.db: a relative path" in capsys.readouterr().err
+    # a relative store_root: each node would write the run's feature stores in a directory of its own
+    assert main(["run", f"ray.address={nodes['address']}", "workdir=" + str(tmp_path / "w3"), f"store_root=st-{port}",
+                 "tracking.uri=sqlite:///" + str(tmp_path / "mlflow.db")]) == 2
+    assert f"store_root=st-{port}: a relative path" in capsys.readouterr().err and not Path(f"st-{port}").exists()
