@@ -46,7 +46,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -55,22 +54,14 @@ import httpx
 
 from benchmarks.drift import domain_chats
 from benchmarks.host import write_result
-from benchmarks.processes import free_port, start, stop, wait_http
+from benchmarks.processes import PREFECT, prefect_deployment
 
 ROOT = Path(__file__).resolve().parents[1]
-PREFECT = [sys.executable, "-m", "prefect"]
 DAYS = ("2026-11-24", "2026-11-25", "2026-11-26", "2026-11-27")
 # the summary's labels of the decisions (pipelines.summary: fresh_rows, render_text)
 LABELS = ("register", "champion", "traffic", "warning", "monitor", "ALARM", "drift", "retrain", "warm", "gate",
           "handoff", "rollback", "restart")
 TAG_PREFIXES = ("retrain.", "gate.", "offline.", "served.", "specdraft.summary", "specdraft.stage")
-
-
-def prefect(args: list[str], env: dict[str, str], timeout: int = 300) -> str:
-    out = subprocess.run(PREFECT + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"prefect {' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return out.stdout
 
 
 def write_day(traffic: Path, day: str, chats: list[list[dict[str, str]]], created: int) -> None:
@@ -279,13 +270,7 @@ def main() -> None:
          "traffic": f"{n} chats of {args.domain_b}"},
     ]
 
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
     mlflow_uri = f"sqlite:///{work / 'mlflow.db'}"
-    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(work / "prefect"),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PWD": str(ROOT),
-           "PYTHONUNBUFFERED": "1", "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
-           "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true"}
     experiment, model = "nightly-days", "nightly-days-draft"
     base = [
         f"workdir={runs}", "name=nightly-days", "data.prompts=", f"data.traffic.path={traffic}",
@@ -304,14 +289,8 @@ def main() -> None:
         "host": {"loadavg_at_start": os.getloadavg()},  # write_result adds the host's facts
         "nights": []}
     t_all = time.perf_counter()
-    server = start(PREFECT + ["server", "start", "--host", "127.0.0.1", "--port", str(port)], env,
-                   work / "server.log", ROOT)
-    worker = None
-    try:
-        wait_http(f"{api}/health", server, work / "server.log", timeout=180)
-        prefect(["work-pool", "create", "specdraft-process", "--type", "process", "--overwrite"], env)
-        prefect(["--no-prompt", "deploy", "--all"], env)
-        worker = start(PREFECT + ["worker", "start", "--pool", "specdraft-process"], env, work / "worker.log", ROOT)
+    # the server, the deployment and the worker (their logs in work/prefect), stopped when the nights end
+    with prefect_deployment(work / "prefect", dict(os.environ), ROOT) as (api, env):
         for i in range(args.nights):
             if i == 3:  # day 4: chosen by night 3's outcome (see the docstring)
                 refused = result["nights"][2]["outcome"] != "promoted"
@@ -333,10 +312,6 @@ def main() -> None:
             result["nights"].append(record)
             if record.get("state") != "COMPLETED":
                 break
-    finally:
-        if worker is not None:
-            stop(worker)
-        stop(server)
     result["registry"] = registry(client, model)
     result["total_s"] = round(time.perf_counter() - t_all, 1)
     write(result, Path(args.out))

@@ -40,9 +40,10 @@ the thread expects, so it warns (a known harmless line) and keeps monitoring.
 ``KNOWN_HARMLESS`` (and ``KNOWN_HARMLESS_LOCAL``, local clusters only) list such messages per
 logger; ``quiet_known_warnings`` drops exactly those records at their logger — in the driver and,
 as the cluster's ``worker_process_setup_hook``, in every Ray worker process — so nothing else those
-loggers say is hidden. On a local cluster the hook also points the workers' state-API client at
-their own cluster (``RAY_ADDRESS``): with several local Ray instances on one machine (parallel CI
-jobs) its auto-detection fails and kills the cleaner's monitor thread with a traceback.
+loggers say is hidden. The hook also points the workers' state-API client at their own cluster
+(``RAY_ADDRESS``): with several Ray instances on one machine (parallel CI jobs, or a cluster's node beside
+another cluster) its auto-detection fails and kills the cleaner's monitor thread with a traceback, or joins the
+latest instance started — another cluster — and warns about it every second.
 """
 
 from __future__ import annotations
@@ -229,9 +230,14 @@ def setup_local_worker() -> None:
 
 
 def setup_cluster_worker() -> None:
-    """``worker_process_setup_hook`` on a cluster given by address."""
+    """``worker_process_setup_hook`` on a cluster given by address: quiet, and the state API is this cluster's (a
+    cluster's node may share its machine with other Ray instances: the cluster test's nodes did, and the cleaner's
+    auto-detection joined the latest one started)."""
+    import ray
+
     quiet_known_warnings()
     guard_cleaner_queries()
+    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
 
 
 LOOPBACK = "127.0.0.1"

@@ -159,6 +159,8 @@ TEXT_BLOCKS = {
     "placement (the Ray node": "the summary's placement rows",
     "# the head: the driver's node": "a Ray cluster by hand (several machines; tests/flows/test_cluster_flow.py "
                                      "starts the same in-process)",
+    "# the deployment on a cluster": "the Prefect deployment run against a Ray cluster (tests/flows/"
+                                     "test_cluster_flow.py runs it)",
 }
 
 
