@@ -3,8 +3,9 @@ two worker nodes of 2 CPUs, each in its own working directory (``tests/ray_nodes
 127.0.0.1 whose artifacts go to the S3 server (moto) on 127.0.0.1; a Prefect server and a process worker on
 127.0.0.1 (``benchmarks.processes.prefect_deployment``: the repository's ``prefect.yaml`` deployed as
 docs/operations.md does it). ``prefect deployment run regenerate-and-train/nightly`` with parameters pointing at the
-cluster (``ray.address``) runs the flow in the worker's flow-run process, a driver of its own on the cluster; it
-regenerates and dumps with two replicas, trains with two DDP workers (gloo; 2 CPUs each: one per node) and
+cluster (``ray.address``) runs the flow in the worker's flow-run process, a driver of its own on the cluster, with
+the feature stores in a bucket of the S3 server (``store_root``: each store valid there, only its ``DONE`` record in
+the workdir); it regenerates and dumps with two replicas, trains with two DDP workers (gloo; 2 CPUs each: one per node) and
 evaluates with two replicas. The flow run must complete; each stage's actors are found in Ray's actor table with
 their node (``placement``), and every stage ran on both worker nodes. Each stage's own output says which node ran
 which part (``recorded_placement``: the ``nodes`` of its ``DONE`` record, ``pipelines.nodes``): worker nodes only,
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.processes import flow_run_end, flow_run_summary, free_port, prefect, prefect_deployment
+from specdraft.store import validate
 from tests.conftest import connect_local_ray, s3_variables, worker_pythonpath
 from tests.flows.test_flow import overrides, run_files  # noqa: F401 (a fixture)
 from tests.ray_nodes import ray_nodes
@@ -113,6 +115,7 @@ def test_the_nightly_deployment_spreads_every_stage_over_both_worker_nodes(
     # credentials (the mlflow_server fixture set them), this tree first on the path, DDP over the loopback
     monkeypatch.setenv("PYTHONPATH", worker_pythonpath())
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    fsspec.filesystem("s3", skip_instance_cache=True).mkdir("stores-cluster")
     started = time.monotonic()
     try:
         # this test's driver only reads Ray's actor table; the flow run's process is the run's driver
@@ -128,7 +131,7 @@ def test_the_nightly_deployment_spreads_every_stage_over_both_worker_nodes(
                 *args, f"ray.address={up['address']}", f"tracking.uri={mlflow_server}",
                 "tracking.experiment=cluster-test", "regenerate.concurrency=2", "features.num_actors=2",
                 "train.scaling.num_workers=2", "train.scaling.cpus_per_worker=2", "eval.use_ray=true",
-                "eval.replicas=2"]}
+                "eval.replicas=2", "store_root=s3://stores-cluster/runs"]}  # the feature stores on S3
             out = prefect(["deployment", "run", "regenerate-and-train/nightly", "--params", json.dumps(params)],
                           env, ROOT)
             flow_run = next(line.split()[-1] for line in out.splitlines() if "UUID" in line)
@@ -137,6 +140,10 @@ def test_the_nightly_deployment_spreads_every_stage_over_both_worker_nodes(
             assert state["type"] == "COMPLETED", (state["name"], worker_log.read_text()[-6000:])
             summary = flow_run_summary(api, flow_run)
             assert_placement(up, root / "work")
+            for done in (root / "work" / "features").glob("*/DONE"):  # each store on S3, its record in the workdir
+                url = json.loads(done.read_text())["store"]
+                assert url == f"s3://stores-cluster/runs/{done.parent.name}" and validate(url).ok, url
+                assert [p.name for p in done.parent.iterdir()] == ["DONE"]
             assert "placement (the Ray node that ran each part" in summary, summary[-3000:]
     finally:
         if was_up:
