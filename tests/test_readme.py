@@ -84,6 +84,8 @@ class Rule:
     check: str = ""  # server: a path whose answer must contain ``expect``
     expect: str = ""
     env: tuple[tuple[str, str], ...] = ()  # server: set in its environment only (a size the test needs, said why)
+    reused: tuple[str, ...] = ()  # prefect deployment run: the stages its flow run finds done by the pages' earlier
+    fresh: tuple[str, ...] = ()  # commands (MLflow child runs tagged skipped), and those it runs itself
 
     @property
     def chained(self) -> bool:
@@ -127,6 +129,13 @@ RULES = [
     Rule("export ", "env"),  # sets the session's environment, as in a terminal
     Rule("prefect server start", "background", health="/api/health"),
     Rule("prefect worker start", "background"),
+    # the deployment's runs find what the pages' earlier runs made (same inputs, same stage keys): the toy default
+    # after the README's main job, the hass training of commands.md's `specdraft run` example (evaluated anew:
+    # that example evaluated as a chain, the deployment's config as a tree)
+    Rule("prefect deployment run regenerate-and-train/nightly --watch", "slow",
+         reused=("regenerate", "features", "train", "eval")),
+    Rule("prefect deployment run regenerate-and-train/nightly --params", "slow",
+         reused=("regenerate", "features", "train"), fresh=("eval",)),
     Rule("prefect ", "slow"),
     # one request is asked of it: one uvicorn worker process, not the default four (each imports the MLflow server:
     # about 22 s of CPU saved, measured), through MLflow's own variable for its --workers option
@@ -346,7 +355,7 @@ class Session:
                 dflash_draft(Path(self.places["TARGET"]), self.cwd / "runs" / "dflash" / "draft")
             output = self.run(text)
             if text.startswith("prefect deployment run"):  # with --watch too: the state, the server's log
-                follow_flow_run(self, output)
+                follow_flow_run(self, output, rule)
             if rule.action == "serve":
                 self.serve(output)
 
@@ -504,8 +513,9 @@ def test_readme_command(command: Command, session: Session):
     session.execute(command)
 
 
-def follow_flow_run(session: Session, output: str, timeout: float = 3600) -> None:
-    """Wait for the flow run ``prefect deployment run`` created; it must end COMPLETED."""
+def follow_flow_run(session: Session, output: str, rule: Rule, timeout: float = 3600) -> None:
+    """Wait for the flow run ``prefect deployment run`` created; it must end COMPLETED (and reuse and run the
+    stages ``rule`` names)."""
     flow_run = next(line.split()[-1] for line in output.splitlines() if "UUID" in line)
     api = f"http://127.0.0.1:{session.ports['prefect']}/api"
     deadline = time.time() + timeout
@@ -520,14 +530,15 @@ def follow_flow_run(session: Session, output: str, timeout: float = 3600) -> Non
     telemetry = [line for line in (session.cwd / ".readme-server.log").read_text().splitlines()
                  if "prefect.server.services.telemetry" in line]  # an ERROR without internet unless turned off
     assert not telemetry, "the Prefect server tried to send telemetry:\n" + "\n".join(telemetry[:5])
-    check_flow_run_outputs(session, api, flow_run)
+    check_flow_run_outputs(session, api, flow_run, rule)
 
 
-def check_flow_run_outputs(session: Session, api: str, flow_run: str) -> None:
+def check_flow_run_outputs(session: Session, api: str, flow_run: str, rule: Rule) -> None:
     """What a deployment's flow run leaves: one parent MLflow run tagged with the flow run, a child run per stage
-    (a stage reused from an earlier run too, tagged skipped), and the run summary — tau beside the floor, the
-    MLflow run and how to browse it — in the flow run's logs (the Prefect UI) and the worker's output. The docs'
-    deployment is the suite's one deployment (its checks were ``tests/flows/test_deployment.py``'s, on a second)."""
+    (a stage reused from an earlier run too, tagged skipped: those of ``rule.reused``, not those of ``rule.fresh``),
+    and the run summary — tau beside the floor, the MLflow run and how to browse it — in the flow run's logs (the
+    Prefect UI) and the worker's output. The docs' deployment is the suite's one deployment (its checks were
+    ``tests/flows/test_deployment.py``'s, on a second)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{session.cwd / 'mlflow.db'}")  # the deployment's default tracking URI
@@ -537,6 +548,9 @@ def check_flow_run_outputs(session: Session, api: str, flow_run: str) -> None:
     children = client.search_runs(experiments, filter_string=f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'")
     stages = {r.data.tags.get("specdraft.stage") for r in children}
     assert {"prepare", "regenerate", "features", "train", "eval", "register"} <= stages, stages
+    skipped = {(r.data.tags["specdraft.stage"], r.data.tags.get("skipped")) for r in children}
+    for stage, done_before in [(s, "True") for s in rule.reused] + [(s, "False") for s in rule.fresh]:
+        assert {flag for name, flag in skipped if name == stage} == {done_before}, (stage, sorted(skipped))
     # the flow run's process ships its logs in batches and flushes the last ones as it exits, after its state is
     # COMPLETED: the summary may reach the API a few seconds after the state
     deadline = time.time() + 120
