@@ -22,7 +22,8 @@ and every page of ``docs/`` must be in ``PAGES`` — a new block or page fails
 * servers get a free port (``--port``; the README's 4200 becomes it) and are waited for, and a command the
   README runs in the foreground until stopped (``mlflow ui``) is started (with one worker process: it is asked one
   question), asked a question and stopped;
-* ``prefect deployment run`` is followed to its end (the flow run must be COMPLETED);
+* ``prefect deployment run`` is followed to its end (the flow run must be COMPLETED, its stages reused from the
+  pages' earlier runs and run anew as its rule says);
 * "Serve the champion": the export of the champion is run, then the vLLM command it printed is started verbatim
   (its own CPU settings, nothing added to its environment; ``--port`` appended, as vLLM takes it) and must answer a
   chat request (issue 44);
@@ -46,7 +47,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -278,7 +278,6 @@ class Session:
     background: list[subprocess.Popen] = field(default_factory=list)
     ports: dict[str, str] = field(default_factory=dict)
     done: set[Command] = field(default_factory=set)  # the commands run in this session
-    start_ray: Callable[[], object] = lambda: None  # the session's Ray (``local_ray``), started when first needed
 
     def expand(self, command: Command) -> str:
         """The command with the placeholders replaced, the README's Prefect port made this session's."""
@@ -401,17 +400,19 @@ class Session:
         write_inputs(self.cwd)
 
     def make_stores(self) -> None:
-        """S1 and S2: two feature stores of the toy target, made as the README makes stores (``specdraft dump``'s
-        own ``main``), both in this process on the session's Ray: not two more processes and clusters to start."""
-        from flows.cli import main
+        """S1 and S2: two feature stores of the toy target, of the conversations of ``a.parquet`` and ``b.jsonl``,
+        with the dump's default settings (fp16 features, top-10, no aux layers) and its target record, computed in
+        this process without Ray (``benchmarks.toy_data.build_store``): Ray and the dump's actors started for them
+        cost 60 % of the train example's time (measured); ``specdraft dump`` itself is the pages' next two
+        commands (and ``tests/pipelines/test_dump.py``'s)."""
+        from benchmarks.toy_data import build_store
 
-        for name, prompts in (("S1", "a.parquet"), ("S2", "b.jsonl")):
+        convs = readme_conversations()
+        halves = {"S1": convs[:12], "S2": convs[12:]}  # a.parquet's, b.jsonl's
+        for seed, (name, convs) in enumerate(halves.items(), start=1):  # the seed names the sample ids: distinct
             out = self.cwd.parent / "inputs" / name
-            if not out.is_dir():
-                self.start_ray()
-                argv = ["dump", "--target", self.places["T"], "--prompts", str(self.cwd / prompts), "--out", str(out),
-                        "--quiet"]
-                assert main(argv) == 0, f"specdraft {' '.join(argv)} failed"
+            build_store(out, Path(self.places["T"]), len(convs), seed, max_length=2048, topk=10, samples_per_shard=64,
+                        aux_layers=[], chats=[c["messages"] for c in convs])
             self.places[name] = str(out)
 
 
@@ -423,7 +424,7 @@ def sandbox_files() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory, request):
+def session(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("readme") / "specdraft"
     for name in sandbox_files():
         (cwd / name).parent.mkdir(parents=True, exist_ok=True)
@@ -431,8 +432,7 @@ def session(tmp_path_factory, request):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS"))}
     env.update(PYTHONPATH=str(cwd), PREFECT_HOME=str(cwd / ".prefect"), PYTHONUNBUFFERED="1", PWD=str(cwd))
     env.pop("DO_NOT_TRACK", None)  # the README's own lines say what telemetry does
-    s = Session(cwd=cwd, env=env, ports={"prefect": str(free_port())},
-                start_ray=lambda: request.getfixturevalue("local_ray"))
+    s = Session(cwd=cwd, env=env, ports={"prefect": str(free_port())})
     yield s
     for proc in reversed(s.background):
         stop(proc)
@@ -472,12 +472,19 @@ def random_draft(target: Path, out: Path) -> Path:
     return save_draft(build_draft(config, heads.embed, heads.lm_head), out)
 
 
+def readme_conversations() -> list[dict]:
+    """The 24 toy conversations of ``a.parquet`` (the first 12) and ``b.jsonl`` (the others)."""
+    from specdraft.toy.conversations import generate_conversations
+
+    return [{"id": f"c{i}", "source": "readme", "messages": m} for i, m in enumerate(generate_conversations(24, 3))]
+
+
 def write_inputs(cwd: Path) -> None:
     """The files the README's examples name, in the working directory: conversations and questions."""
     from pipelines.conversations import write_conversations
-    from specdraft.toy.conversations import generate_conversations, generate_prompts
+    from specdraft.toy.conversations import generate_prompts
 
-    convs = [{"id": f"c{i}", "source": "readme", "messages": m} for i, m in enumerate(generate_conversations(24, 3))]
+    convs = readme_conversations()
     write_conversations(cwd / "a.parquet", convs[:12])
     (cwd / "b.jsonl").write_text("".join(json.dumps({"id": c["id"], "messages": c["messages"]}) + "\n"
                                          for c in convs[12:]))
