@@ -16,9 +16,10 @@ and every page of ``docs/`` must be in ``PAGES`` — a new block or page fails
 ``test_every_readme_block_is_accounted_for`` until it is placed.
 
 * placeholders are real, tiny paths: ``T``/``TARGET`` the toy target (the prebuilt one, 3 layers, so
-  ``aux_layers=eagle3`` has its layers), ``D`` a draft of it, ``S1``/``S2`` stores dumped from it; files the
-  commands name (``q.jsonl``, ``a.parquet``, ``b.jsonl``) are written into the working directory, and a file
-  whose content a comment gives (``#   eval.yaml:  {...}``) is written with that content;
+  ``aux_layers=eagle3`` has its layers), ``D`` a draft of it, ``S1``/``S2`` feature stores of it (the dump's
+  features, computed in the test's process: ``Session.make_stores``); files the commands name (``q.jsonl``,
+  ``a.parquet``, ``b.jsonl``) are written into the working directory, and a file whose content a comment gives
+  (``#   eval.yaml:  {...}``) is written with that content;
 * servers get a free port (``--port``; the README's 4200 becomes it) and are waited for, and a command the
   README runs in the foreground until stopped (``mlflow ui``) is started (with one worker process: it is asked one
   question), asked a question and stopped;
