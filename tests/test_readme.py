@@ -16,13 +16,15 @@ and every page of ``docs/`` must be in ``PAGES`` — a new block or page fails
 ``test_every_readme_block_is_accounted_for`` until it is placed.
 
 * placeholders are real, tiny paths: ``T``/``TARGET`` the toy target (the prebuilt one, 3 layers, so
-  ``aux_layers=eagle3`` has its layers), ``D`` a draft of it, ``S1``/``S2`` stores dumped from it; files the
-  commands name (``q.jsonl``, ``a.parquet``, ``b.jsonl``) are written into the working directory, and a file
-  whose content a comment gives (``#   eval.yaml:  {...}``) is written with that content;
+  ``aux_layers=eagle3`` has its layers), ``D`` a draft of it, ``S1``/``S2`` feature stores of it (the dump's
+  features, computed in the test's process: ``Session.make_stores``); files the commands name (``q.jsonl``,
+  ``a.parquet``, ``b.jsonl``) are written into the working directory, and a file whose content a comment gives
+  (``#   eval.yaml:  {...}``) is written with that content;
 * servers get a free port (``--port``; the README's 4200 becomes it) and are waited for, and a command the
   README runs in the foreground until stopped (``mlflow ui``) is started (with one worker process: it is asked one
   question), asked a question and stopped;
-* ``prefect deployment run`` is followed to its end (the flow run must be COMPLETED);
+* ``prefect deployment run`` is followed to its end (the flow run must be COMPLETED, its stages reused from the
+  pages' earlier runs and run anew as its rule says);
 * "Serve the champion": the export of the champion is run, then the vLLM command it printed is started verbatim
   (its own CPU settings, nothing added to its environment; ``--port`` appended, as vLLM takes it) and must answer a
   chat request (issue 44);
@@ -46,7 +48,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +85,8 @@ class Rule:
     check: str = ""  # server: a path whose answer must contain ``expect``
     expect: str = ""
     env: tuple[tuple[str, str], ...] = ()  # server: set in its environment only (a size the test needs, said why)
+    reused: tuple[str, ...] = ()  # prefect deployment run: the stages its flow run finds done by the pages' earlier
+    fresh: tuple[str, ...] = ()  # commands (MLflow child runs tagged skipped), and those it runs itself
 
     @property
     def chained(self) -> bool:
@@ -127,6 +130,13 @@ RULES = [
     Rule("export ", "env"),  # sets the session's environment, as in a terminal
     Rule("prefect server start", "background", health="/api/health"),
     Rule("prefect worker start", "background"),
+    # the deployment's runs find what the pages' earlier runs made (same inputs, same stage keys): the toy default
+    # after the README's main job, the hass training of commands.md's `specdraft run` example (evaluated anew:
+    # that example evaluated as a chain, the deployment's config as a tree)
+    Rule("prefect deployment run regenerate-and-train/nightly --watch", "slow",
+         reused=("regenerate", "features", "train", "eval")),
+    Rule("prefect deployment run regenerate-and-train/nightly --params", "slow",
+         reused=("regenerate", "features", "train"), fresh=("eval",)),
     Rule("prefect ", "slow"),
     # one request is asked of it: one uvicorn worker process, not the default four (each imports the MLflow server:
     # about 22 s of CPU saved, measured), through MLflow's own variable for its --workers option
@@ -271,7 +281,6 @@ class Session:
     background: list[subprocess.Popen] = field(default_factory=list)
     ports: dict[str, str] = field(default_factory=dict)
     done: set[Command] = field(default_factory=set)  # the commands run in this session
-    start_ray: Callable[[], object] = lambda: None  # the session's Ray (``local_ray``), started when first needed
 
     def expand(self, command: Command) -> str:
         """The command with the placeholders replaced, the README's Prefect port made this session's."""
@@ -348,7 +357,7 @@ class Session:
                 dflash_draft(Path(self.places["TARGET"]), self.cwd / "runs" / "dflash" / "draft")
             output = self.run(text)
             if text.startswith("prefect deployment run"):  # with --watch too: the state, the server's log
-                follow_flow_run(self, output)
+                follow_flow_run(self, output, rule)
             if rule.action == "serve":
                 self.serve(output)
 
@@ -394,17 +403,19 @@ class Session:
         write_inputs(self.cwd)
 
     def make_stores(self) -> None:
-        """S1 and S2: two feature stores of the toy target, made as the README makes stores (``specdraft dump``'s
-        own ``main``), both in this process on the session's Ray: not two more processes and clusters to start."""
-        from flows.cli import main
+        """S1 and S2: two feature stores of the toy target, of the conversations of ``a.parquet`` and ``b.jsonl``,
+        with the dump's default settings (fp16 features, top-10, no aux layers) and its target record, computed in
+        this process without Ray (``benchmarks.toy_data.build_store``): Ray and the dump's actors started for them
+        cost 60 % of the train example's time (measured); ``specdraft dump`` itself is the pages' next two
+        commands (and ``tests/pipelines/test_dump.py``'s)."""
+        from benchmarks.toy_data import build_store
 
-        for name, prompts in (("S1", "a.parquet"), ("S2", "b.jsonl")):
+        convs = readme_conversations()
+        halves = {"S1": convs[:12], "S2": convs[12:]}  # a.parquet's, b.jsonl's
+        for seed, (name, convs) in enumerate(halves.items(), start=1):  # the seed names the sample ids: distinct
             out = self.cwd.parent / "inputs" / name
-            if not out.is_dir():
-                self.start_ray()
-                argv = ["dump", "--target", self.places["T"], "--prompts", str(self.cwd / prompts), "--out", str(out),
-                        "--quiet"]
-                assert main(argv) == 0, f"specdraft {' '.join(argv)} failed"
+            build_store(out, Path(self.places["T"]), len(convs), seed, max_length=2048, topk=10, samples_per_shard=64,
+                        aux_layers=[], chats=[c["messages"] for c in convs])
             self.places[name] = str(out)
 
 
@@ -416,7 +427,7 @@ def sandbox_files() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory, request):
+def session(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("readme") / "specdraft"
     for name in sandbox_files():
         (cwd / name).parent.mkdir(parents=True, exist_ok=True)
@@ -424,8 +435,7 @@ def session(tmp_path_factory, request):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "RAY_ADDRESS"))}
     env.update(PYTHONPATH=str(cwd), PREFECT_HOME=str(cwd / ".prefect"), PYTHONUNBUFFERED="1", PWD=str(cwd))
     env.pop("DO_NOT_TRACK", None)  # the README's own lines say what telemetry does
-    s = Session(cwd=cwd, env=env, ports={"prefect": str(free_port())},
-                start_ray=lambda: request.getfixturevalue("local_ray"))
+    s = Session(cwd=cwd, env=env, ports={"prefect": str(free_port())})
     yield s
     for proc in reversed(s.background):
         stop(proc)
@@ -465,12 +475,19 @@ def random_draft(target: Path, out: Path) -> Path:
     return save_draft(build_draft(config, heads.embed, heads.lm_head), out)
 
 
+def readme_conversations() -> list[dict]:
+    """The 24 toy conversations of ``a.parquet`` (the first 12) and ``b.jsonl`` (the others)."""
+    from specdraft.toy.conversations import generate_conversations
+
+    return [{"id": f"c{i}", "source": "readme", "messages": m} for i, m in enumerate(generate_conversations(24, 3))]
+
+
 def write_inputs(cwd: Path) -> None:
     """The files the README's examples name, in the working directory: conversations and questions."""
     from pipelines.conversations import write_conversations
-    from specdraft.toy.conversations import generate_conversations, generate_prompts
+    from specdraft.toy.conversations import generate_prompts
 
-    convs = [{"id": f"c{i}", "source": "readme", "messages": m} for i, m in enumerate(generate_conversations(24, 3))]
+    convs = readme_conversations()
     write_conversations(cwd / "a.parquet", convs[:12])
     (cwd / "b.jsonl").write_text("".join(json.dumps({"id": c["id"], "messages": c["messages"]}) + "\n"
                                          for c in convs[12:]))
@@ -506,8 +523,9 @@ def test_readme_command(command: Command, session: Session):
     session.execute(command)
 
 
-def follow_flow_run(session: Session, output: str, timeout: float = 3600) -> None:
-    """Wait for the flow run ``prefect deployment run`` created; it must end COMPLETED."""
+def follow_flow_run(session: Session, output: str, rule: Rule, timeout: float = 3600) -> None:
+    """Wait for the flow run ``prefect deployment run`` created; it must end COMPLETED (and reuse and run the
+    stages ``rule`` names)."""
     flow_run = next(line.split()[-1] for line in output.splitlines() if "UUID" in line)
     api = f"http://127.0.0.1:{session.ports['prefect']}/api"
     deadline = time.time() + timeout
@@ -522,14 +540,15 @@ def follow_flow_run(session: Session, output: str, timeout: float = 3600) -> Non
     telemetry = [line for line in (session.cwd / ".readme-server.log").read_text().splitlines()
                  if "prefect.server.services.telemetry" in line]  # an ERROR without internet unless turned off
     assert not telemetry, "the Prefect server tried to send telemetry:\n" + "\n".join(telemetry[:5])
-    check_flow_run_outputs(session, api, flow_run)
+    check_flow_run_outputs(session, api, flow_run, rule)
 
 
-def check_flow_run_outputs(session: Session, api: str, flow_run: str) -> None:
+def check_flow_run_outputs(session: Session, api: str, flow_run: str, rule: Rule) -> None:
     """What a deployment's flow run leaves: one parent MLflow run tagged with the flow run, a child run per stage
-    (a stage reused from an earlier run too, tagged skipped), and the run summary — tau beside the floor, the
-    MLflow run and how to browse it — in the flow run's logs (the Prefect UI) and the worker's output. The docs'
-    deployment is the suite's one deployment (its checks were ``tests/flows/test_deployment.py``'s, on a second)."""
+    (a stage reused from an earlier run too, tagged skipped: those of ``rule.reused``, not those of ``rule.fresh``),
+    and the run summary — tau beside the floor, the MLflow run and how to browse it — in the flow run's logs (the
+    Prefect UI) and the worker's output. The docs' deployment is the suite's one deployment (its checks were
+    ``tests/flows/test_deployment.py``'s, on a second)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{session.cwd / 'mlflow.db'}")  # the deployment's default tracking URI
@@ -539,6 +558,9 @@ def check_flow_run_outputs(session: Session, api: str, flow_run: str) -> None:
     children = client.search_runs(experiments, filter_string=f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'")
     stages = {r.data.tags.get("specdraft.stage") for r in children}
     assert {"prepare", "regenerate", "features", "train", "eval", "register"} <= stages, stages
+    skipped = {(r.data.tags["specdraft.stage"], r.data.tags.get("skipped")) for r in children}
+    for stage, done_before in [(s, "True") for s in rule.reused] + [(s, "False") for s in rule.fresh]:
+        assert {flag for name, flag in skipped if name == stage} == {done_before}, (stage, sorted(skipped))
     # the flow run's process ships its logs in batches and flushes the last ones as it exits, after its state is
     # COMPLETED: the summary may reach the API a few seconds after the state
     deadline = time.time() + 120

@@ -20,9 +20,9 @@ pytestmark = pytest.mark.slow
 
 
 def write_day(root: Path, day: str, seed: int, served: int = 0) -> None:
-    """48 toy prompts; the first ``served`` carry a logged answer of the served model; one malformed line."""
+    """24 toy prompts; the first ``served`` carry a logged answer of the served model; one malformed line."""
     lines = []
-    for i, messages in enumerate(generate_prompts(48, seed=seed)):
+    for i, messages in enumerate(generate_prompts(24, seed=seed)):
         row = {"messages": messages, "created": 1764201600 + i}
         if i < served:
             row["response"] = {"model": "toy", "choices": [{"message": {"role": "assistant",
