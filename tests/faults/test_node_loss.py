@@ -24,7 +24,6 @@ import re
 import threading
 import time
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -188,28 +187,12 @@ def questions(tmp_path_factory) -> list[Path]:
     return [path]
 
 
-def uninterrupted(target: Path, draft: Path, questions: list[Path], settings: EvalSettings, threads: int) -> dict:
-    """The uninterrupted report, computed in this process on a Ray replica's thread count: Ray's replicas give the
-    single-process report, timings aside (``tests/pipelines/test_evaluate.py::test_ray_path_equals_single_process``),
-    so no Ray evaluation of its own is needed for it."""
-    import torch
-
-    from specdraft.evaluation.run import run_eval
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:  # one worker: this process (workers is how it ran, not what it found: without_timings drops it)
-        return run_eval(target, draft, questions, replace(settings, workers=1), progress=False)
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_a_worker_node_lost_during_eval_answers_every_question_once(nodes, models, questions, capsys):
     target, draft = models
     settings = EvalSettings(decode=DecodeConfig(mode="tree", depth=3, topk=4, total_tokens=12, max_new_tokens=12),
                             seed=3, warmup=False)
     ray_cfg = RayEvalConfig(replicas=2, num_cpus=2)  # one replica per worker node
-    reference = uninterrupted(target, draft, questions, settings, threads=2)  # a replica's threads: its num_cpus
+    reference = evaluate_with_ray(target, draft, questions, settings, ray_cfg, progress=False)
     capsys.readouterr()
     thread, results = in_background(lambda: evaluate_with_ray(target, draft, questions, settings, ray_cfg))
     printed: list[str] = []
