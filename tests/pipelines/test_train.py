@@ -1,5 +1,8 @@
-"""Ray Train job: learning on a toy store, FSDP == DDP == accumulation, DDP/FSDP gradient sync and
-sharding, resume after a failure (two FSDP workers; one worker: tests/faults/test_results.py).
+"""Ray Train job on a toy store: learning, FSDP == DDP == accumulation, resume after a failure (two FSDP
+workers; one worker: tests/faults/test_results.py), EAGLE-3 and DFlash on a store with aux layers, a store read
+from S3. Gradient sync and sharding inside the workers: tests/pipelines/test_train_sync.py; online features:
+tests/pipelines/test_train_online.py (split from this module so that ``--dist loadfile`` can balance the
+two workers: one file is one unit of scheduling).
 
 Reference runs that are not about workers run in Ray Train's local mode (``scaling.num_workers=0``:
 the same training loop in the test's process), saving a worker group's start-up each."""
@@ -7,7 +10,6 @@ the same training loop in the test's process), saving a worker group's start-up 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,10 +21,8 @@ from mlflow.tracking import MlflowClient
 
 from pipelines.tracking import MlflowLogger
 from pipelines.train import run_training
-from specdraft.batch import Batch
 from specdraft.features import compute_features, sample_arrays
 from specdraft.models import build_draft, draft_config_from_target, load_draft
-from specdraft.configs.draft import DraftConfig
 from specdraft.configs.stages import LossWeights, StageConfig
 from pipelines.configs import ClusterTrainConfig, ScalingSection
 from specdraft.run import validate_draft
@@ -229,213 +229,6 @@ def test_eagle3_recipe_trains_on_a_store_dumped_with_aux_layers(local_ray, tiny_
     assert len(rows) >= 4 and all(np.isfinite(r["loss"]) for r in rows) and "acc_step3" in rows[-1]
 
 
-
-def test_online_feature_plan_resolves_the_aux_layers_and_counts_the_vocabulary(tiny_toy_target, tmp_path):
-    """On the driver, no Ray: train.online.aux_layers resolved as the dump resolves it (eagle3 does not fit a
-    2-layer target: the error names the setting), the draft vocabulary counted from the tokenized
-    conversations, written to out/draft_vocab.json and reused from there on resume."""
-    from pipelines.conversations import write_conversations
-    from specdraft.configs.features import FeaturesConfig
-    from pipelines.train import feature_plan, online_conversations
-    from specdraft.vocab import select_vocab
-
-    rows = [{"id": f"c{i:03d}", "source": "toy", "messages": m} for i, m in enumerate(generate_conversations(12, 2))]
-    conversations = write_conversations(tmp_path / "conversations.parquet", rows)
-    cfg = small_config(recipe="eagle3", epochs=[1], features="online", conversations=[str(conversations)],
-                       draft_vocab_size=32,
-                       online=FeaturesConfig(max_length=96, aux_layers="eagle3"))
-    with pytest.raises(ValueError, match=r"train.online.aux_layers='eagle3'.*N=2 layers"):
-        feature_plan(cfg, [], tiny_toy_target, tmp_path)
-    cfg = replace(cfg, online=replace(cfg.online, aux_layers=[0, 1]))
-    layers, ids = feature_plan(cfg, [], tiny_toy_target, tmp_path)
-    counts = online_conversations(cfg, tiny_toy_target)[0].predicted_token_counts(320)
-    assert layers == [0, 1] and ids == select_vocab(counts, 32).tolist()
-    record = json.loads((tmp_path / "draft_vocab.json").read_text())
-    assert record["target_ids"] == ids and record["counted_tokens"] == counts.sum() > 0
-    assert record["size"] == 32 and record["vocab_size"] == 320  # what the summary's vocab line says
-    assert record["coverage"] == pytest.approx(counts[ids].sum() / counts.sum()) and 0 < record["coverage"] < 1
-    (tmp_path / "draft_vocab.json").write_text(json.dumps({**record, "target_ids": list(range(32))}))
-    assert feature_plan(cfg, [], tiny_toy_target, tmp_path) == ([0, 1], list(range(32)))  # resumed: kept
-
-# -- gradient sync and sharding inside real Ray Train workers (gloo), on tiny drafts without a target --
-TV, TD = 53, 32
-
-
-def tiny_draft(arch: str):
-    """The same draft on every rank and call: random frozen heads; eagle3 with its own 41-token head; dflash a
-    2-layer block draft (blocks of 4) with the target's head."""
-    torch.manual_seed(0)
-    own, block = arch == "eagle3", arch == "dflash"
-    cfg = DraftConfig(arch=arch, vocab_size=TV, hidden_size=TD, num_attention_heads=2, num_key_value_heads=1,
-                      head_dim=16, intermediate_size=64, aux_layers=[1, 2] if own or block else [],
-                      draft_vocab_size=41 if own else None,
-                      **(dict(num_layers=2, block_size=4, mask_token_id=0) if block else {}))
-    g = torch.Generator().manual_seed(1)
-    vocab = torch.randperm(TV, generator=g)[:41].sort().values if own else None
-    embed, lm_head = torch.randn(TV, TD, generator=g), torch.randn(TV, TD, generator=g) / TD**0.5
-    return build_draft(cfg, embed=embed, lm_head=lm_head, vocab=vocab)
-
-
-def tiny_batch(seed: int) -> Batch:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(TV, (2, 12), generator=g)
-    loss_mask = torch.rand(2, 12, generator=g) > 0.2
-    loss_mask[:, :2] = False
-    return Batch(ids, torch.randn(2, 12, TD, generator=g), loss_mask, torch.ones(2, 12, dtype=torch.bool),
-                 aux_hidden=torch.randn(2, 12, 2 * TD, generator=g))
-
-
-def named_grads(model) -> dict[str, torch.Tensor]:
-    """Full gradients by parameter name (gathered from FSDP2 shards); collective under FSDP2."""
-    out = {}
-    for name, p in model.named_parameters():
-        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-        out[name.removeprefix("module.")] = grad.detach().clone()
-    return out
-
-
-def rank_mean(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    import torch.distributed as dist
-
-    out = {}
-    for name, g in grads.items():
-        g = g.clone()
-        dist.all_reduce(g)
-        out[name] = g / dist.get_world_size()
-    return out
-
-
-def same_on_every_rank(x: torch.Tensor) -> bool:
-    import torch.distributed as dist
-
-    both = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(both, x.contiguous())
-    return all(torch.equal(both[0], b) for b in both[1:])
-
-
-def sync_worker(config: dict) -> None:
-    """Each rank trains two batches of its own (grad_accum 2) through ``distribute``; asserts raise."""
-    import ray.train
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    from torch.distributed.tensor import DTensor
-
-    from specdraft.parallel import distribute, gathered
-    from specdraft.acceptance import simulated_acceptance
-    from specdraft.models.heads import FROZEN
-    from specdraft.objectives import train_batch
-    from specdraft.training import Trainer, clip_gradients
-    from specdraft.configs.train import OptimConfig
-
-    torch.set_num_threads(1)
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    batches = [tiny_batch(100 * rank + i) for i in range(2)]  # different data on every rank
-
-    # DDP: the all-reduces of the accumulation group all happen inside the last sync context
-    align = StageConfig(kind="align", steps=2, noise_std=0.0, loss=LossWeights(ce=1.0, vloss=1.0))
-    model, sync = distribute(tiny_draft("eagle"), "ddp", world, "cpu")
-    local = tiny_draft("eagle")  # the same weights, never synchronised
-    reduced, entered = [0], []
-
-    def counting_hook(state, bucket):
-        reduced[0] += 1
-        return allreduce_hook(state, bucket)
-
-    model.register_comm_hook(None, counting_hook)
-
-    def recording_sync(enabled):
-        entered.append((enabled, reduced[0]))
-        return sync(enabled)
-
-    train_batch(model, batches[0], align, scale=0.5, grad_sync=recording_sync, sync_last=False)
-    train_batch(local, batches[0], align, scale=0.5)
-    first = named_grads(model)
-    for name, g in named_grads(local).items():
-        assert torch.allclose(first[name], g, atol=1e-7), f"DDP synchronised {name} before the last sub-step"
-    assert not same_on_every_rank(first["fc.weight"]), "ranks saw different data: their local grads must differ"
-    train_batch(model, batches[1], align, scale=0.5, grad_sync=recording_sync, sync_last=True)
-    train_batch(local, batches[1], align, scale=0.5)
-    synced, mean = named_grads(model), rank_mean(named_grads(local))
-    for name, g in mean.items():
-        assert torch.allclose(synced[name], g, atol=1e-6), f"DDP {name} != the ranks' mean accumulated gradient"
-        assert same_on_every_rank(synced[name]), name
-    assert entered == [(False, 0), (False, 0), (False, 0), (True, 0)] and reduced[0] >= 1, (entered, reduced)
-
-    # FSDP2 on an EAGLE-3 draft (own head, used outside the forward) with ttt: frozen buffers stay whole
-    ttt = StageConfig(kind="ttt", steps=3, step_decay=0.8, noise_std=0.0, loss=LossWeights(ce=1.0, topk=1.0))
-    model, sync = distribute(tiny_draft("eagle3"), "fsdp", world, "cpu")
-    local = tiny_draft("eagle3")
-    params = dict(model.named_parameters())
-    assert params.keys() == dict(local.named_parameters()).keys() and "heads.lm_head.weight" in params
-    assert all(isinstance(p, DTensor) for p in params.values()), "every trainable weight is sharded"
-    assert not any(name.split(".")[-1] in FROZEN for name in params), "a frozen target tensor became a parameter"
-    for name, buf in model.named_buffers():
-        assert not isinstance(buf, DTensor) and buf.shape == local.get_buffer(name).shape, name
-    assert model.heads.embed_weight.shape == (TV, TD)
-    with gathered(model):  # drafting outside the forward sees the full weights
-        a, b = simulated_acceptance(model, batches[0], 3), simulated_acceptance(local, batches[0], 3)
-    assert torch.equal(a.accepted, b.accepted) and torch.equal(a.reached, b.reached)
-    assert all(isinstance(p, DTensor) for p in model.parameters()), "resharded after gathering"
-    sd = Trainer(model, [ttt], OptimConfig(), 1).draft_state_dict()  # collective; full tensors on rank 0
-    if rank == 0:
-        assert sd.keys() == local.state_dict().keys()
-        assert all(torch.equal(sd[k], v) for k, v in local.state_dict().items())
-    else:
-        assert not sd
-
-    train_batch(model, batches[0], ttt, scale=0.5, grad_sync=sync, sync_last=False)
-    assert all(p.grad is None for p in model.parameters()), "FSDP reduced gradients before the last sub-step"
-    train_batch(model, batches[1], ttt, scale=0.5, grad_sync=sync, sync_last=True)
-    for batch in batches:
-        train_batch(local, batch, ttt, scale=0.5)
-    synced, mean = named_grads(model), rank_mean(named_grads(local))
-    for name, g in mean.items():
-        assert torch.allclose(synced[name], g, atol=1e-6), f"FSDP {name} != the ranks' mean accumulated gradient"
-    # clipping sharded gradients: the global norm, and every shard scaled by the same factor
-    norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in mean.values()]))
-    got = clip_gradients(list(model.parameters()), float(norm) / 2)
-    assert not isinstance(got, DTensor) and torch.allclose(got, norm, rtol=1e-5), (got, norm)
-    clipped = named_grads(model)
-    for name, g in mean.items():
-        assert torch.allclose(clipped[name], g * (float(norm) / 2) / (float(norm) + 1e-6), atol=1e-6), name
-
-    # FSDP2 on a DFlash block draft (block stage; its final norm, in heads, is used outside the forward)
-    block = StageConfig(kind="block", anchors=3, step_decay=0.8, noise_std=0.0, loss=LossWeights(ce=1.0))
-    model, sync = distribute(tiny_draft("dflash"), "fsdp", world, "cpu")
-    local = tiny_draft("dflash")
-    assert all(isinstance(p, DTensor) for p in model.parameters()) and "heads.norm.weight" in dict(
-        model.named_parameters())
-    for i, batch in enumerate(batches):  # the same anchors on both sides: seeded per rank and batch
-        train_batch(model, batch, block, scale=0.5, grad_sync=sync, sync_last=i == 1,
-                    generator=torch.Generator().manual_seed(10 * rank + i))
-        train_batch(local, batch, block, scale=0.5, generator=torch.Generator().manual_seed(10 * rank + i))
-    synced, mean = named_grads(model), rank_mean(named_grads(local))
-    for name, g in mean.items():
-        assert torch.allclose(synced[name], g, atol=1e-6), f"FSDP {name} != the ranks' mean accumulated gradient"
-    Path(config["out"], f"passed-{rank}").touch()
-
-
-def test_gradient_sync_and_sharding_in_ray_train_workers(local_ray, tmp_path):
-    """DDP skips the all-reduce on all but the last sub-step of an accumulation group; FSDP2 shards the
-    trainable weights only, keeps the EAGLE-3 head usable outside the forward (ttt), reduces once per
-    group, clips by the global norm and gathers a full state dict on rank 0; a DFlash block draft trains
-    under FSDP2 to the ranks' mean gradient."""
-    import ray.cloudpickle
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test modules are not importable by workers
-    trainer = TorchTrainer(
-        sync_worker,
-        train_loop_config={"out": str(tmp_path)},
-        torch_config=TorchConfig(backend="gloo"),
-        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-        run_config=RunConfig(name="sync", storage_path=str(tmp_path / "ray")),
-    )
-    result = trainer.fit()
-    assert result.error is None and sorted(p.name for p in tmp_path.glob("passed-*")) == ["passed-0", "passed-1"]
-
-
 def test_training_reads_a_store_from_s3_like_the_same_store_on_disk(s3_ray, s3_bucket, one_worker_run, tiny_toy_target,
                                                                     toy_store, tmp_path):
     """The store copied to an object-store URL (a real S3 server on 127.0.0.1): the Ray Train worker reads it
@@ -449,96 +242,3 @@ def test_training_reads_a_store_from_s3_like_the_same_store_on_disk(s3_ray, s3_b
     assert len(grad_norms(tmp_path / "s3")) > 0 and grad_norms(tmp_path / "s3") == pytest.approx(grad_norms(local),
                                                                                                 rel=1e-6)
     same_weights(remote["draft"], one_worker_run["draft"], tiny_toy_target, atol=1e-6)
-
-
-# the online-vs-store runs: recipe -> the target, the conversations (how many, seed), the dump's aux layers,
-# the run's stages, Ray Train workers (0: local mode, in this process) and the draft vocabulary (None: the default)
-ONLINE_VS_STORE = {
-    "beagle": dict(target="tiny_toy_target", conversations=(40, 9), samples_per_shard=16, aux_layers=None,
-                   epochs=[1, 1], workers=2, val_max_batches=2, draft_vocab_size=None),
-    "eagle3": dict(target="deep_toy_target", conversations=(24, 4), samples_per_shard=12, aux_layers="eagle3",
-                   epochs=[1], workers=0, val_max_batches=1, draft_vocab_size=64),
-}
-
-
-@pytest.mark.parametrize("recipe", list(ONLINE_VS_STORE))
-def test_online_features_train_like_the_dumped_store(recipe, local_ray, request, tmp_path):
-    """``specdraft train --recipe R --conversations`` (online features) against the dump stage's store of the
-    same conversations: every rank gets the same batch plan from both, and rank 0's first step, set up as the
-    worker sets it up (``build_run``: draft seed, rank-0 generator — noise, window offsets), has the online run's
-    first-step loss on the store and online. Beagle on two Ray Train workers; EAGLE-3 (no aux layers configured:
-    they default to eagle3) in local mode, on the 7-layer target, with the aux layers and draft vocabulary of the
-    store dumped with aux_layers=eagle3. The dump prefills its own length groups, so features can differ in the
-    last float bits (absorbed by the float16 rounding: measured equal); the bound is 1e-5. (In process: an
-    offline Ray Train run would add half the test's time.)"""
-    import yaml
-
-    from flows.cli import main
-    from pipelines.conversations import write_conversations
-    from pipelines.dump import dump_features
-    from pipelines.train import online_conversations
-    from specdraft.config import to_dict
-    from specdraft.configs.features import FeaturesConfig
-    from specdraft.online import OnlineDataset
-    from specdraft.plan import build_plan
-    from specdraft.run import build_run
-    from specdraft.store import predicted_token_counts, read_manifest
-    from specdraft.vocab import select_vocab
-
-    case = ONLINE_VS_STORE[recipe]
-    target = request.getfixturevalue(case["target"])
-    count, seed = case["conversations"]
-    rows = [{"id": f"c{i:03d}", "source": "toy", "messages": m} for i, m in enumerate(generate_conversations(count, seed))]
-    conversations = write_conversations(tmp_path / "conversations" / "part-00000.parquet", rows)
-    features = FeaturesConfig(max_length=96, samples_per_shard=case["samples_per_shard"], batch_tokens=1024)
-    store = tmp_path / "store"
-    dump_features(target, rows, store, replace(features, aux_layers=case["aux_layers"]), progress=False)
-    cfg = small_config(recipe=recipe, epochs=case["epochs"], min_steps=1, checkpoint_every=0,
-                       val_max_batches=case["val_max_batches"], online=features, reader=ReaderConfig(max_tokens=512, val_fraction=0.2, seed=0),
-                       scaling=ScalingSection(num_workers=case["workers"]),
-                       **{k: case[k] for k in ("draft_vocab_size",) if case[k] is not None})
-    (tmp_path / "train.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
-    argv = ["train", "--recipe", recipe, "--conversations", str(conversations.parent), "--target", str(target),
-            "--out", str(tmp_path / "online"), "--config", str(tmp_path / "train.yaml")]
-    assert main(argv) == 0
-
-    draft = load_draft(tmp_path / "online" / "draft", target=target)
-    records = read_metrics(tmp_path / "online")
-    params = next(r for r in records if r["kind"] == "params")
-    losses = [r["loss"] for r in records if r["kind"] == "metrics" and "loss" in r]
-    assert params["train.features"] == "online" and params["train.max_tokens_used"] == 512
-    assert draft.config.arch == recipe and all(np.isfinite(losses))
-    layers, vocab = None, None
-    if case["aux_layers"]:
-        layers = read_manifest(store)["aux_layers"]
-        assert layers == [2, 3, 4] and draft.config.aux_layers == layers
-        assert params["train.online.aux_layers"] == "eagle3"
-        vocab = json.loads((tmp_path / "online" / "draft_vocab.json").read_text())["target_ids"]
-        assert vocab == select_vocab(predicted_token_counts(store, 320), case["draft_vocab_size"]).tolist()
-
-    model = load_target_model(target)
-    data = online_conversations(replace(cfg, conversations=[str(conversations.parent)]), target)[0]
-    world = max(1, case["workers"])
-    opened = {  # the split of rank ``rank`` of ``world`` on the store and online, as a worker opens it
-        "store": lambda split, reader, aux, rank=0: FeatureDataset([store], reader, split=split, rank=rank,
-                                                                   world_size=world, aux_layers=aux),
-        "online": lambda split, reader, aux, rank=0: OnlineDataset(model, data, reader, topk=features.topk, split=split,
-                                                                   rank=rank, world_size=world, aux_layers=aux),
-    }
-    reader, aux = cfg.reader, tuple(layers or ())
-    for rank in range(world):
-        offline, online = opened["store"]("train", reader, aux, rank), opened["online"]("train", reader, aux, rank)
-        assert offline.sample_ids == online.sample_ids, rank
-        for epoch in range(len(case["epochs"])):
-            assert offline.batches(epoch) == online.batches(epoch), (rank, epoch)
-    per_epoch = len(opened["store"]("train", reader, aux).batches(0))
-    assert params["train.batches_per_epoch"] == per_epoch
-    assert len(losses) == params["train.total_steps"] == sum(case["epochs"]) * per_epoch >= 2, (losses, per_epoch)
-
-    first = {}
-    for source, open_split in opened.items():  # rank 0's first step in process, as build_run sets it up
-        run = build_run(cfg, build_plan(cfg, aux_layers=layers or (), vocab=vocab), target, open_split, fingerprint="")
-        run.trainer.run(lambda stage, epoch: [run.train.load(run.train.batches(0)[0])],
-                        on_step=lambda tr, metrics: first.setdefault(source, metrics["loss"]))
-    assert first["store"] > 0 and losses[0] == pytest.approx(first["store"], abs=1e-5, rel=0), (losses[0], first)
-    assert first["online"] == pytest.approx(first["store"], abs=1e-5, rel=0), first
