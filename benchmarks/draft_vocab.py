@@ -16,9 +16,10 @@ target's is ``full``):
    (``benchmarks.recipe_training``, a spawned process per size, as ``benchmarks.real_model`` trains its recipes);
 3. **serving** — every size's draft exported in its vLLM format and served by ONE vLLM process on the held-out
    questions at every K of ``--k`` (``engine.sweep_k``), interleaved K by K (each size, then vLLM's ``ngram``;
-   ``benchmarks.speculative.engine_sweep``), after the target alone: acceptance length, tokens/s and speedup per K, each drafter's fastest K and its cost
-   model (c, v; the acceptance it would need for 1.3× and for ngram's speed: ``specdraft.evaluation.engine_sweep``);
-   our decoder's acceptance on the same prompts at K = ``--our-k`` beside vLLM's (the gap; greedy equality).
+   ``benchmarks.speculative.engine_sweep``), after the target alone: acceptance length, tokens/s and speedup per K,
+   each drafter's fastest K and its cost model (c, v; the acceptance it would need for 1.3× and for ngram's speed:
+   ``specdraft.evaluation.engine_sweep``); our decoder's acceptance on the same prompts at K = ``--our-k`` beside
+   vLLM's (the gap; greedy equality).
 
 Only recipes that read the EAGLE-3 features take a draft vocabulary (vLLM serves a reduced head on its EAGLE-3
 path only, through ``d2t``); ``hass``/``eagle`` drafts share the target's head. One JSON (``benchmarks.host

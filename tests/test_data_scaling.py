@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.scaling_fit import fit_log, predict, series_fits, tokens_for, describe, ngram_reference
+from benchmarks.scaling_fit import (describe, fit_log, ngram_reference, predict, series_fits, tokens_for,
+                                    write_plot)
 
 SIZES = [25_000, 100_000, 400_000, 1_600_000]
 
@@ -44,7 +45,7 @@ def _point(mode: str, recipe: str, tokens: int, speedup: float, tau: float, need
             "cost": {"k": 3, "for_target": {"tau": need}, "for_ngram": {"tau": need - 0.2}}}
 
 
-def test_each_series_is_fitted_against_ngram_measured_beside_it_and_the_acceptance_it_needs():
+def test_each_series_is_fitted_against_ngram_measured_beside_it_and_the_acceptance_it_needs(tmp_path):
     points = [_point("regenerated", "hass", t, 0.5 + 0.1 * math.log10(t), 1.0 + 0.2 * math.log10(t) / 2, 2.0 + i)
               for i, t in enumerate(SIZES[:3])]
     points += [_point("shipped", "hass", t, 0.7, 1.2, 2.0) for t in SIZES[:2]]  # flat: never reaches
@@ -68,6 +69,10 @@ def test_each_series_is_fitted_against_ngram_measured_beside_it_and_the_acceptan
     assert "ngram (1.20x) at ~10,000,000 tokens (extrapolated)" in line and "R² 1.00" in line
     assert "never (the fitted curve does not rise" in describe("shipped/hass", fits["shipped/hass"])
     assert series_fits(points, None)["regenerated/hass"]["tokens_for_speedup"]["ngram"] is None
+    assert write_plot(tmp_path / "plots" / "s.png", points, fits, ngram) == f"plot: {tmp_path / 'plots' / 's.png'}"
+    assert (tmp_path / "plots" / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert write_plot(tmp_path / "none.png", [], {}, None) == "no plot: no point was served"
+    assert not (tmp_path / "none.png").exists()
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +118,8 @@ def test_the_draft_vocabulary_is_counted_on_the_prefix_alone(toy_store, shipped_
     vocab = int(load_target_config(shipped_toy_target).vocab_size)
     ids = [s for s, _ in ordered_samples(toy_store, 0)]
     whole = predicted_token_counts([toy_store], vocab)
-    first, rest = predicted_token_counts([toy_store], vocab, ids[:10]), predicted_token_counts([toy_store], vocab, ids[10:])
+    first = predicted_token_counts([toy_store], vocab, ids[:10])
+    rest = predicted_token_counts([toy_store], vocab, ids[10:])
     held_out = whole - predicted_token_counts([toy_store], vocab, ids)  # the held-out split's
     assert first.sum() > 0 and rest.sum() > 0 and held_out.sum() > 0
     np.testing.assert_array_equal(first + rest + held_out, whole)
@@ -171,6 +177,7 @@ def test_bad_inputs_and_another_runs_json_stop_with_one_line(toy_store, shipped_
 @pytest.mark.timeout(1800)
 def test_two_sizes_served_beside_ngram_fitted_plotted_and_resumed(toy_store, shipped_toy_target, tmp_path, capsys):
     from benchmarks.data_scaling import main
+    from benchmarks.scaling_plan import planned_steps, prefixes
 
     questions = Path(__file__).resolve().parents[1] / "configs" / "data" / "toy_questions.jsonl"
     out, plot = tmp_path / "scaling.json", tmp_path / "scaling.png"
@@ -183,9 +190,12 @@ def test_two_sizes_served_beside_ngram_fitted_plotted_and_resumed(toy_store, shi
     assert result["complete"] and result["host"]["load"]["samples"] > 0
     points = result["points"]
     assert "fewer than 10,000,000" in points["shipped-eagle3-10000000"]["skipped"]
+    cut = prefixes(toy_store, [300, 1200], 0)
     for size in (300, 1200):
         p = points[f"shipped-eagle3-{size}"]
-        assert p["data"]["tokens"] >= size and p["train"]["optimizer_steps"] >= 1
+        assert p["data"]["tokens"] == cut[size]["tokens"] >= size and p["data"]["digest"] == cut[size]["digest"]
+        # the steps the peer is given where no recipe of ours trained: the reader's plan, as the trainer counted
+        assert p["train"]["optimizer_steps"] == planned_steps(toy_store, cut[size]["samples"], 256, 0, 1) >= 1
         assert p["engine"]["k"] == 2 and p["engine"]["acceptance_length"] >= 1 and p["engine"]["speedup"] > 0
         engine = result["engines"][str(size)]
         assert p["ngram"] == engine["ngram"] and engine["ngram"]["speedup"] > 0  # the same process
