@@ -105,7 +105,8 @@ def describe(key: str, fits: dict[str, Any]) -> str:
 
     t = fits["tokens_for_speedup"]
     fit = fits["speedup_fit"]
-    slope = (f"speedup {fit['a']:.3f} + {fit['b']:.3f}·log10(tokens), R² {fit['r2']:.2f}" if fit
+    slope = (f"speedup {fit['a']:.3f} {'-' if fit['b'] < 0 else '+'} {abs(fit['b']):.3f}·log10(tokens), R² "
+             f"{fit['r2']:.2f}" if fit
              else "speedup not fitted")
     return f"{key}: {slope}; {say(t['ngram'], 'ngram')}; {say(t[f'{TARGET_SPEEDUP}x'], str(TARGET_SPEEDUP) + 'x')}"
 
@@ -114,6 +115,7 @@ def scaling_figure(points: list[dict[str, Any]], fits: dict[str, dict[str, Any]]
     """Acceptance and speedup against training tokens (log axis): each series' points and fitted line, vLLM's
     ngram per size and its median, and the 1.3× line."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, value, fit_key, title in ((axes[0], "acceptance_length", "acceptance_fit", "vLLM acceptance length"),
@@ -133,6 +135,7 @@ def scaling_figure(points: list[dict[str, Any]], fits: dict[str, dict[str, Any]]
             ax.axhline(TARGET_SPEEDUP, color="grey", linestyle=":", linewidth=0.8, label=f"{TARGET_SPEEDUP}x")
             ax.axhline(1.0, color="grey", linewidth=0.5)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: the minor labels overlap
         ax.set_xlabel("training tokens")
         ax.set_title(title)
     axes[1].legend(fontsize=7)
