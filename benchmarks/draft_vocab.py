@@ -15,10 +15,11 @@ target's is ``full``):
    vLLM's own EAGLE-3 class) for the same ``--steps`` over ``--epochs`` with ``train.draft_vocab_size`` = size
    (``benchmarks.recipe_training``, a spawned process per size, as ``benchmarks.real_model`` trains its recipes);
 3. **serving** — every size's draft exported in its vLLM format and served by ONE vLLM process on the held-out
-   questions at every K of ``--k`` (``engine.sweep_k``), interleaved K by K (each size, then vLLM's ``ngram``),
-   after the target alone: acceptance length, tokens/s and speedup per K, each drafter's fastest K and its cost
-   model (c, v; the acceptance it would need for 1.3× and for ngram's speed: ``specdraft.evaluation.engine_sweep``);
-   our decoder's acceptance on the same prompts at K = ``--our-k`` beside vLLM's (the gap; greedy equality).
+   questions at every K of ``--k`` (``engine.sweep_k``), interleaved K by K (each size, then vLLM's ``ngram``;
+   ``benchmarks.speculative.engine_sweep``), after the target alone: acceptance length, tokens/s and speedup per K,
+   each drafter's fastest K and its cost model (c, v; the acceptance it would need for 1.3× and for ngram's speed:
+   ``specdraft.evaluation.engine_sweep``); our decoder's acceptance on the same prompts at K = ``--our-k`` beside
+   vLLM's (the gap; greedy equality).
 
 Only recipes that read the EAGLE-3 features take a draft vocabulary (vLLM serves a reduced head on its EAGLE-3
 path only, through ``d2t``); ``hass``/``eagle`` drafts share the target's head. One JSON (``benchmarks.host
@@ -129,39 +130,6 @@ def answer_coverage(answers: list[list[int]], counts: Any, sizes: dict[str, int]
     return out
 
 
-def serve(args: argparse.Namespace, target: Path, drafts: dict[str, Path], files: list[Path], work: Path):
-    """Every draft and vLLM's ngram in one vLLM process at every K of ``args.k``, K by K; (the run, the K per
-    drafter, the engine settings)."""
-    from dataclasses import asdict
-
-    from specdraft.configs.evaluation import EngineSettings
-    from specdraft.evaluation.engine import measure_engine, ngram_drafter, sweep_ks
-    from specdraft.evaluation.engine_records import EngineRequest
-    from specdraft.evaluation.engine_sweep import sweep_name
-    from specdraft.evaluation.questions import load_question_sets
-    from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
-    from specdraft.models import read_draft_config
-
-    engine = EngineSettings(name="vllm", speculative_tokens=args.our_k, sweep_k=args.k,
-                            max_model_len=args.engine_max_len, timeout_s=4 * 3600.0)
-    served = {}
-    for label, draft in drafts.items():
-        fmt = next(f for f in formats_for(read_draft_config(draft)) if f in VLLM_FORMATS)
-        out = export_draft(draft, fmt, work / "export" / label, target=target, speculative_tokens=args.our_k,
-                           overwrite=True)
-        served[label] = {"model": str(out), "method": export_layout(fmt, out).method}
-    ks = {**{label: sweep_ks(engine)["draft"] for label in drafts}, "ngram": list(engine.measured_k)}
-    entries = {label: served.get(label) or ngram_drafter() for label in ks}
-    requests = {sweep_name(label, k): {**entries[label], "num_speculative_tokens": k}
-                for k in engine.measured_k for label in ks if k in ks[label]}  # interleaved: K by K
-    log = work / "engine.log"
-    print(f"[draft_vocab] vLLM: {len(requests)} drafter x K after the target alone; its log: {log}", file=sys.stderr,
-          flush=True)
-    run = measure_engine(EngineRequest(target=str(target), drafts=requests, questions=load_question_sets(files),
-                                       settings=asdict(engine), max_new_tokens=args.max_new_tokens), engine, log)
-    return run, ks, engine
-
-
 def ours(args: argparse.Namespace, run, engine, target: Path, drafts: dict[str, Path]) -> dict[str, Any]:
     """Per label our decoder's chain of ``--our-k`` on the engine's prompts beside vLLM's (``compare``)."""
     from specdraft.configs.decode import DecodeConfig
@@ -187,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     from benchmarks.recipe_training import train_in_fresh_process
+    from benchmarks.speculative import engine_sweep
     from specdraft.evaluation.engine_sweep import sweep_report
     from specdraft.targets.loading import load_target_config
 
@@ -220,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         phases["train_s"] = round(time.perf_counter() - t0, 1)
         drafts = {label: Path(t["draft"]) for label, t in trained.items()}
         t0 = time.perf_counter()
-        run, ks, engine = serve(args, target, drafts, files, work)
+        run, ks, engine = engine_sweep(target, drafts, files, work, args.k, args.our_k, args.max_new_tokens,
+                                       args.engine_max_len, tag="draft_vocab")
         phases["engine_s"] = round(time.perf_counter() - t0, 1)
         result["coverage_answers"] = answer_coverage(run.vanilla, counts, sizes)
         result["engine"] = {"engine": run.engine, "prompts": len(run.prompts), **sweep_report(run, ks, greedy=True)}

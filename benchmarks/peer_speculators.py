@@ -57,9 +57,11 @@ VENV = ROOT / "runs" / "venv-speculators"  # --venv's default: in the checkout (
 NAME = "speculators"  # the peer draft's name in the engine's results
 
 
-def write_hidden_states(store: Path, out: Path, val_fraction: float) -> dict[str, Any]:
+def write_hidden_states(store: Path, out: Path, val_fraction: float,
+                        samples: list[str] | None = None) -> dict[str, Any]:
     """Every sequence of ``store`` as speculators' ``hs_{i}.safetensors`` under ``out/hidden_states`` (the
-    training split first, then the held-out one); returns the rows (input_ids, loss_mask, seq_len), the split
+    training split first, then the held-out one; ``samples``: the training split only those sample ids, as
+    ``benchmarks.recipe_training`` reads them); returns the rows (input_ids, loss_mask, seq_len), the split
     sizes and the predicted-token counts. Needs only the project's own dependencies."""
     import torch
     from safetensors.torch import save_file
@@ -77,7 +79,7 @@ def write_hidden_states(store: Path, out: Path, val_fraction: float) -> dict[str
     sizes, freq = {}, Counter()
     for split in ("train", "val"):
         ds = FeatureDataset([store], ReaderConfig(val_fraction=val_fraction, prefetch=0), split=split,
-                            aux_layers=aux)
+                            aux_layers=aux, samples=samples if split == "train" else None)
         sizes[split] = len(ds.sample_ids)
         for i in range(len(ds.sample_ids)):
             b = ds.load([i])
@@ -94,7 +96,7 @@ def write_hidden_states(store: Path, out: Path, val_fraction: float) -> dict[str
     return {"rows": rows, "sizes": sizes, "token_freq": freq, "aux_layers": aux, "d": int(manifest["d"])}
 
 
-def convert_store(store: Path, out: Path, val_fraction: float) -> dict[str, Any]:
+def convert_store(store: Path, out: Path, val_fraction: float, samples: list[str] | None = None) -> dict[str, Any]:
     """``store`` in speculators' offline-training format under ``out`` (needs the ``datasets`` package: run it
     in speculators' environment); returns what the trainer needs to know about it."""
     import shutil
@@ -103,7 +105,7 @@ def convert_store(store: Path, out: Path, val_fraction: float) -> dict[str, Any]
 
     started = time.perf_counter()
     shutil.rmtree(out, ignore_errors=True)  # the benchmark's own directory: a fresh conversion
-    written = write_hidden_states(store, out, val_fraction)
+    written = write_hidden_states(store, out, val_fraction, samples)
     rows, sizes = written.pop("rows"), written.pop("sizes")
     data = datasets.Dataset.from_dict(rows)
     data.set_format(type="torch")
@@ -117,12 +119,14 @@ def convert_store(store: Path, out: Path, val_fraction: float) -> dict[str, Any]
             "tokens": sum(rows["seq_len"]), "convert_s": round(time.perf_counter() - started, 2)}
 
 
-def train_peer(args: argparse.Namespace, store: Path, target: Path, work: Path) -> dict[str, Any]:
-    """Convert and train in speculators' environment (a subprocess of ``args.venv``'s python)."""
+def train_peer(args: argparse.Namespace, store: Path, target: Path, work: Path,
+               samples: list[str] | None = None) -> dict[str, Any]:
+    """Convert and train in speculators' environment (a subprocess of ``args.venv``'s python); ``samples``: the
+    training split only those sample ids (``convert_store``)."""
     request = {"store": str(store), "target": str(target), "work": str(work), "steps": args.steps,
                "epochs": args.epochs, "max_tokens": args.max_tokens, "precision": args.precision,
                "threads": args.threads, "seed": args.seed, "val_fraction": args.val_fraction,
-               "draft_vocab": args.draft_vocab, "lr": args.lr}
+               "draft_vocab": args.draft_vocab, "lr": args.lr, "samples": samples}
     work.mkdir(parents=True, exist_ok=True)
     (work / "request.json").write_text(json.dumps(request, indent=2))
     result = work / "train_result.json"

@@ -118,7 +118,7 @@ def train(request: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(request["threads"])
     work = Path(request["work"])
     data = work / "data"
-    converted = convert_store(Path(request["store"]), data, request["val_fraction"])
+    converted = convert_store(Path(request["store"]), data, request["val_fraction"], request.get("samples"))
     vocab = json.loads((Path(request["target"]) / "config.json").read_text())["vocab_size"]
     draft_vocab = request["draft_vocab"] if request["draft_vocab"] and request["draft_vocab"] < vocab else None
     if draft_vocab:

@@ -169,14 +169,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def shared_settings(args: argparse.Namespace) -> dict[str, Any]:
     """``benchmarks.recipe_training``'s settings every draft of a run shares: ``args.steps`` optimizer steps over
-    ``args.epochs`` (``steps // epochs`` batches an epoch), the project's optimizer unless ``args.lr``."""
+    ``args.epochs`` (``steps // epochs`` batches an epoch; ``args.steps`` None: whole epochs), the project's
+    optimizer unless ``args.lr``."""
     from specdraft.configs.train import OptimConfig
 
     optim = OptimConfig()
     return {k: None for k in SHARED} | {
         "threads": args.threads, "seed": args.seed, "epochs": args.epochs, "max_tokens": args.max_tokens,
         "lr": args.lr or optim.lr, "warmup": None, "schedule": optim.schedule, "min_lr_ratio": optim.min_lr_ratio,
-        "sim_depth": 5, "val_fraction": 0.05, "epoch_batches": args.steps // args.epochs,
+        "sim_depth": 5, "val_fraction": 0.05, "epoch_batches": args.steps // args.epochs if args.steps else None,
         "precision": args.precision}
 
 

@@ -54,7 +54,8 @@ def train_config(args: dict[str, Any], recipe: str):
         optim=OptimConfig(lr=args["lr"], warmup_steps=args["warmup"], schedule=args["schedule"],
                           min_lr_ratio=args["min_lr_ratio"]),
         reader=ReaderConfig(max_tokens=args["max_tokens"], val_fraction=args["val_fraction"], seed=args["seed"]),
-        min_steps=0, seed=args["seed"], checkpoint_every=0, sim_depth=args["sim_depth"], val_max_batches=10**6,
+        min_steps=0, seed=args["seed"], checkpoint_every=0, sim_depth=args["sim_depth"],
+        val_max_batches=args.get("val_max_batches") or 10**6,  # held-out batches validated (default: all)
         log_every=10**9, scaling=ScalingSection(num_workers=1, cpus_per_worker=1.0),
         **({"draft_vocab_size": args["draft_vocab"]} if args.get("draft_vocab") else {}),
         block_size=args.get("block_size") or DEFAULT_BLOCK_SIZE, draft_layers=args.get("draft_layers"),
@@ -105,14 +106,17 @@ def train_recipe(args: dict[str, Any], recipe: str, store: str, target: str, out
 def set_up(cfg, args: dict[str, Any], recipe: str, store: str, target: str, out: str):
     """(the run of ``cfg`` on ``store`` as a one-rank worker's, the draft vocabulary's record, batches per epoch):
     the pipeline's feature plan and ``build_run``; with ``args["epoch_batches"]`` each epoch its first N batches and
-    the trainer's LR schedule sized to them."""
+    the trainer's LR schedule sized to them; with ``args["train_samples"]`` (sample ids) the training split is only
+    those sequences, and the draft vocabulary is counted on them (the held-out split stays the store's)."""
     Path(out).mkdir(parents=True, exist_ok=True)
-    aux_layers, vocab = feature_plan(cfg, [store], target, Path(out))  # the pipeline's choice, out/draft_vocab.json
+    samples = args.get("train_samples")
+    aux_layers, vocab = feature_plan(cfg, [store], target, Path(out), samples=samples)  # out/draft_vocab.json
     vocab_file = Path(out) / "draft_vocab.json"  # feature_plan's record (save_draft replaces out's files)
     vocab_plan = ({k: v for k, v in json.loads(vocab_file.read_text()).items() if k != "target_ids"}
                   if vocab_file.is_file() else None)
     plan = build_plan(cfg, aux_layers=aux_layers, vocab=vocab)
-    run = build_run(cfg, plan, target, lambda split, reader, aux: FeatureDataset([store], reader, split=split, aux_layers=aux),
+    run = build_run(cfg, plan, target, lambda split, reader, aux: FeatureDataset(
+        [store], reader, split=split, aux_layers=aux, samples=samples if split == "train" else None),
                     target_id=target_id(target))
     per_epoch = run.batches_per_epoch
     if args.get("epoch_batches"):

@@ -112,3 +112,42 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
         report = engine_only(run, name, k)
         result[name] = {**report["overall"], "datasets": report["datasets"], "drafter": spec}
     return result
+
+
+def engine_sweep(target: Path, drafts: dict[str, Path], files: list[Path], work: Path, ks: tuple[int, ...],
+                 speculative_tokens: int, max_new_tokens: int, max_model_len: int | None,
+                 served: dict[str, dict[str, Any]] | None = None, tag: str = "bench"):
+    """Every draft (exported in its vLLM format under ``work/export``), every ``served`` entry (a draft already in a
+    format vLLM reads: the peer's) and vLLM's ngram in ONE vLLM process at every K of ``ks``, interleaved K by K,
+    after the target alone, on the question ``files`` (``benchmarks/draft_vocab.py``, ``benchmarks/data_scaling.py``);
+    (the ``EngineRun``, the K per drafter, the engine settings) — ``specdraft.evaluation.engine_sweep.sweep_report``
+    reads them. vLLM's own log: ``work/engine.log``."""
+    import sys
+    from dataclasses import asdict
+
+    from specdraft.configs.evaluation import EngineSettings
+    from specdraft.evaluation.engine import measure_engine, ngram_drafter, sweep_ks
+    from specdraft.evaluation.engine_records import EngineRequest
+    from specdraft.evaluation.engine_sweep import sweep_name
+    from specdraft.evaluation.questions import load_question_sets
+    from specdraft.export import VLLM_FORMATS, export_draft, export_layout, formats_for
+    from specdraft.models import read_draft_config
+
+    engine = EngineSettings(name="vllm", speculative_tokens=speculative_tokens, sweep_k=tuple(ks),
+                            max_model_len=max_model_len, timeout_s=4 * 3600.0)
+    entries = dict(served or {})
+    for label, draft in drafts.items():
+        fmt = next(f for f in formats_for(read_draft_config(draft)) if f in VLLM_FORMATS)
+        out = export_draft(draft, fmt, work / "export" / label, target=target, speculative_tokens=speculative_tokens,
+                           overwrite=True)
+        entries[label] = {"model": str(out), "method": export_layout(fmt, out).method}
+    ks_of = {**{label: sweep_ks(engine)["draft"] for label in entries}, "ngram": list(engine.measured_k)}
+    entries["ngram"] = ngram_drafter()
+    requests = {sweep_name(label, k): {**entries[label], "num_speculative_tokens": k}
+                for k in engine.measured_k for label in ks_of if k in ks_of[label]}  # interleaved: K by K
+    log = work / "engine.log"
+    print(f"[{tag}] vLLM: {len(requests)} drafter x K after the target alone; its log: {log}", file=sys.stderr,
+          flush=True)
+    run = measure_engine(EngineRequest(target=str(target), drafts=requests, questions=load_question_sets(files),
+                                       settings=asdict(engine), max_new_tokens=max_new_tokens), engine, log)
+    return run, ks_of, engine

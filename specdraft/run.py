@@ -304,6 +304,7 @@ def feature_plan(
     target: Target | str | Path,
     out: Path,
     conversations: Callable[[], TokenizedConversations] | None = None,
+    samples: Collection[str] | None = None,
 ) -> tuple[list[int], list[int] | None]:
     """(aux layer ids, draft vocabulary ids) for a recipe reading the EAGLE-3 features, else ([], None)
     (a block draft with the target's head: (aux layer ids, None)).
@@ -312,8 +313,8 @@ def feature_plan(
     ``cfg.online.aux_layers`` resolved for the target as the dump resolves them (the Ray adapter
     defaults them to ``eagle3``). The draft vocabulary is built once on the driver from the predicted
     tokens — the stores', or online those of ``conversations()`` (the tokenized conversations: the same
-    tokens a dump of them stores) — and written to ``out/draft_vocab.json`` (reused on resume, so a
-    resumed run keeps its vocabulary).
+    tokens a dump of them stores; with ``samples`` only those sequences of the stores, the ones trained on) — and
+    written to ``out/draft_vocab.json`` (reused on resume, so a resumed run keeps its vocabulary).
 
     First, before any model or cluster is touched, every store is checked against ``target``
     (``check_store_target``: ``TargetMismatch`` naming the store, its fingerprint and the target's), and
@@ -351,7 +352,7 @@ def feature_plan(
         assert conversations is not None, "online features: feature_plan needs the tokenized conversations"
         counts = conversations().predicted_token_counts(vocab_size)
     else:
-        counts = predicted_token_counts(stores, vocab_size)
+        counts = predicted_token_counts(stores, vocab_size, samples)
     warm: dict[str, Any] = {}
     if cfg.init_from:  # warm start: the draft's own vocabulary, unless it no longer covers the new data
         kept = torch.tensor(draft_vocab_ids(cfg.init_from))

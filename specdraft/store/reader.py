@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Collection, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -98,6 +98,7 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         aux_layers: Sequence[int] = (),
+        samples: Collection[str] | None = None,
     ) -> None:
         assert split in ("train", "val", "all"), f"split {split!r} not in train/val/all"
         assert 0 <= rank < world_size, f"rank {rank} not in [0, {world_size})"
@@ -150,6 +151,9 @@ class FeatureDataset(torch.utils.data.IterableDataset):
                 self._fill.append(fill)
                 self._where.append((path, record["name"]))
         keep = np.array([split == "all" or (is_held_out(s, cfg.val_fraction) == (split == "val")) for s in ids], bool)
+        if samples is not None:  # only these sample ids of the split (benchmarks/data_scaling.py's nested prefixes)
+            wanted = set(samples)
+            keep &= np.array([s in wanted for s in ids], bool)
         # a sequence read before (the same token ids: a store given twice, a copied shard) trains once: the first
         # copy read stays (in whichever split its sample id puts it), every later one is left out, counted
         twice = keep & repeats(np.concatenate(digests or [np.zeros(0, "S16")]))  # (S_all,)
@@ -179,6 +183,11 @@ class FeatureDataset(torch.utils.data.IterableDataset):
         state = dict(self.__dict__)
         state["_open"] = {}  # zarr handles are reopened in each worker
         return state
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(S,) tokens of each sequence of the split as read (``max_length`` applied), in ``sample_ids``' order."""
+        return self._length
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -382,11 +391,14 @@ class EpochBatches:
         self.close()
 
 
-def predicted_token_counts(paths: str | Path | list[str | Path], vocab_size: int) -> np.ndarray:
+def predicted_token_counts(paths: str | Path | list[str | Path], vocab_size: int,
+                           samples: Collection[str] | None = None) -> np.ndarray:
     """How often each target token follows a loss-masked position in the stores (the draft-vocabulary
-    statistics, ``specdraft.vocab``); reads only ``input_ids``, ``loss_mask`` and ``offsets``."""
+    statistics, ``specdraft.vocab``); reads only ``input_ids``, ``loss_mask`` and ``offsets`` (and ``sample_ids``
+    with ``samples``: only those sequences counted)."""
     from specdraft.vocab import count_predicted_tokens
 
+    wanted = None if samples is None else set(samples)
     counts = np.zeros(vocab_size, dtype=np.int64)
     for path, manifest in open_stores(paths):
         for record in manifest["shards"]:
@@ -396,5 +408,10 @@ def predicted_token_counts(paths: str | Path | list[str | Path], vocab_size: int
             ids, mask, offsets = (read_checked_rows(ShardArray.open(group[name], verified, fill.get(name)), 0, None, path,
                                             record["name"], missing.get(name))[0]
                                   for name in ("input_ids", "loss_mask", "offsets"))
+            if wanted is not None:
+                names = read_checked_rows(ShardArray.open(group["sample_ids"], verified, fill.get("sample_ids")), 0,
+                                          None, path, record["name"], missing.get("sample_ids"))[0]
+                kept = np.array([str(s) in wanted for s in names.tolist()], bool)  # (S,)
+                mask = np.asarray(mask).astype(bool) & np.repeat(kept, np.diff(offsets))  # (N,)
             counts += count_predicted_tokens(ids, mask, offsets, vocab_size)
     return counts
