@@ -49,6 +49,7 @@ from specdraft.configs.stages import CHAINED, LossWeights, StageConfig
 from specdraft.batch import Batch
 from specdraft.losses import TEACHER_P_BYTES, HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
 from specdraft.models.layers import Chain
+from specdraft.models.shared import SharedEncoding
 
 
 
@@ -258,11 +259,14 @@ def substeps(
     generator: torch.Generator | None = None,
     targets: Targets | None = None,
     chunk: int = 1024,
+    share_true: bool = True,
 ) -> Iterator[SubStep]:
     """Yield the sub-steps of one training batch for ``stage`` (see module docstring).
 
     ``draft`` may be a wrapper (DDP/FSDP) exposing the draft as ``.module``: forwards go
     through the wrapper (so gradients synchronise), attributes come from the draft.
+    Sub-steps back-propagated on their own (late, align) share one encoding of the true states
+    (``models.shared``); ``share_true=False`` encodes them anew in every sub-step (the reference).
     """
     core = unwrap(draft)
     check_stage(core, stage)
@@ -280,13 +284,15 @@ def substeps(
     # The draft's states written at each sub-step. A chain trained by one backward (ttt) hands every
     # sub-step the whole ``Chain``, whose encodings the sub-steps share; the other stages back-propagate
     # each sub-step on its own (its graph is gone after), so they hand each sub-step a fresh chain of
-    # its queries' states, encoded anew.
+    # its queries' states, encoded anew, and the true states' encoding of the batch (``shared``).
     chain = Chain(t, recompute=stage.recompute)
     defer = defers_head_grad(core, stage)
+    shared = SharedEncoding(stage.num_substeps) if share_true and stage.kind in ("late", "align") else None
     for st in stage_steps(stage, t, offset, ids.device):
         q = st.query_index
         assert len(chain.states) == st.extras, "a sub-step reads states no earlier sub-step wrote"
         extras = chain if stage.kind == "ttt" else chain.read(q)
+        extras.shared = shared
         h_hat = draft(ids, pos, features, q, st.cutoff, extras)  # (B, Q, d)
         live = st.cutoff >= 1 if core.config.needs_root_state else None
         loss, parts, correct, scored, trained = score(core, batch, targets, q, h_hat, stage.loss, chunk, live,
