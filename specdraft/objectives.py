@@ -13,11 +13,13 @@ query sees is described in ``masks.py``:
              only the queries at window position i, which see the true states before their window
              and the draft's own (detached) states written at window positions 1..i-1. Each step
              computes only its queries, so a batch costs about one early step whatever s is; each
-             step is back-propagated on its own. (Summing the s losses into one backward, with the
-             true keys/values encoded once, measured worse: d=4096 CPU peak s8/s1 1.67 vs 1.20.)
+             step is back-propagated on its own, and all read one encoding of the true states per
+             batch (``models.shared``: back-propagated once, in the last step's backward). (Summing
+             the s losses into one backward measured worse: d=4096 CPU peak s8/s1 1.67 vs 1.20.)
 * ``align``  n steps (HASS harmonized context alignment); step j trains all queries p >= j-1 on
              the true states u <= p-j and the draft's own detached states of steps 1..j-1 at
-             u = p-j+1 .. p-1, weight decay^(j-1). Each step is back-propagated on its own.
+             u = p-j+1 .. p-1, weight decay^(j-1). Each step is back-propagated on its own (the
+             true states encoded once per batch, as in ``late``).
 * ``ttt``    k steps (EAGLE-3 training-time test, default 7, weights 0.8^(j-1)): the same
              visibility as ``align``, but the fed-back states keep their graph and the whole
              unrolled chain is back-propagated once; each step's states are encoded once for
