@@ -25,22 +25,22 @@ import torch
 from specdraft.models.layers import KV
 
 
-def flatten(encoding) -> list[torch.Tensor]:
+def encoding_tensors(encoding) -> list[torch.Tensor]:
     """The tensors of an encoding: a ``KV``, a tensor, or a tuple of them (EAGLE's (slots, KV))."""
     if isinstance(encoding, KV):
         return [encoding.k, encoding.v]
     if isinstance(encoding, torch.Tensor):
         return [encoding]
-    return [t for part in encoding for t in flatten(part)]
+    return [t for part in encoding for t in encoding_tensors(part)]
 
 
-def rebuild(encoding, tensors: list[torch.Tensor]):
+def with_tensors(encoding, tensors: list[torch.Tensor]):
     """``encoding``'s structure filled with ``tensors`` (consumed from the front)."""
     if isinstance(encoding, KV):
         return KV(tensors.pop(0), tensors.pop(0))
     if isinstance(encoding, torch.Tensor):
         return tensors.pop(0)
-    return type(encoding)(rebuild(part, tensors) for part in encoding)
+    return type(encoding)(with_tensors(part, tensors) for part in encoding)
 
 
 class SharedEncoding:
@@ -58,21 +58,21 @@ class SharedEncoding:
         if self.source is None:
             assert encoding is not None, "the first sub-step encodes the true states"
             self.source = encoding
-            self.grads = [None] * len(flatten(encoding))
+            self.grads = [None] * len(encoding_tensors(encoding))
         self.read += 1
         assert self.read <= self.steps, f"{self.read} sub-steps read an encoding shared by {self.steps}"
-        tensors = flatten(self.source)
+        tensors = encoding_tensors(self.source)
         if self.read == self.steps or not torch.is_grad_enabled():
             if self.read == 1 or not torch.is_grad_enabled():
                 return self.source
-            return rebuild(self.source, list(_Inject.apply(self, *tensors)))
+            return with_tensors(self.source, list(_Inject.apply(self, *tensors)))
         copies = []
         for i, t in enumerate(tensors):
             copy = t.detach().requires_grad_(t.requires_grad)
             if t.requires_grad:
                 copy.register_hook(lambda g, i=i: self._add(i, g))
             copies.append(copy)
-        return rebuild(self.source, copies)
+        return with_tensors(self.source, copies)
 
     def _add(self, i: int, grad: torch.Tensor) -> None:
         self.grads[i] = grad.float() if self.grads[i] is None else self.grads[i].add_(grad)
