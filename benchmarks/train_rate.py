@@ -11,9 +11,13 @@ recipe stage (``objectives.train_batch`` + AdamW step), so load changes hit both
   input and weight gradients) + 4 x the frozen output head (forward, input gradient) times the sub-steps that run
   every position (``unrolled``: 1 for Beagle's early and late stages, whose late sub-steps each run only their
   own queries; n for HASS's alignment and EAGLE-3's training-time test);
-* ``ratio``: tokens_per_s / limit_tokens_per_s, per round then the median.
+* ``ratio``: tokens_per_s / limit_tokens_per_s, per round then the median;
+* ``step_cpu_s``: the process's CPU seconds per step (all threads; ``threads`` x ``step_s`` on a quiet machine),
+  which a loaded machine inflates far less than the wall time: compare it across commits measured under load.
 
-A recipe's rate is the mean of its stages' step times (the stages split its epochs evenly). For ``eagle3`` the
+A recipe's rate is the mean of its stages' step times (the stages split its epochs evenly). Each early, late or
+align stage's ``substeps``: one more step phase by phase (the prepared targets, each sub-step's forward and
+backward; without the optimizer step). For ``eagle3`` the
 training-time test's cost step by step: each sub-step's forward (draft + fused head loss) timed as it is yielded,
 and the one backward split at the moments each sub-step's output state receives its gradient.
 
@@ -92,14 +96,16 @@ def unrolled_of(stage) -> int:
 
 
 def step(draft, optimizer, batch, stage, chunk: int = 1024) -> float:
-    """One training step (forward + backward of every sub-step, AdamW step): wall seconds."""
+    """One training step (forward + backward of every sub-step, AdamW step): wall seconds (``step.cpu``: the
+    process's CPU seconds in it, every thread's)."""
     from specdraft.objectives import train_batch
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         train_batch(draft, batch, stage, generator=torch.Generator().manual_seed(0), chunk=chunk)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    step.cpu = time.process_time() - c0
     return time.perf_counter() - t0
 
 
@@ -134,6 +140,29 @@ def ttt_steps(draft, batch, stage, chunk: int = 1024) -> dict[str, Any]:
             "backward_after_first_state_s": round(b1 - prev, 4)}
 
 
+def substep_times(draft, batch, stage, chunk: int = 1024) -> dict[str, Any]:
+    """A stage whose sub-steps are back-propagated one by one (early, late, align), phase by phase: the batch's
+    prepared targets, then each sub-step's forward (draft + fused head loss) and its backward."""
+    from specdraft.objectives import prepare_targets, substeps, unwrap
+
+    forward, backward = [], []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        t0 = time.perf_counter()
+        targets = prepare_targets(unwrap(draft), batch, stage.loss, chunk)
+        prepare = time.perf_counter() - t0
+        steps = substeps(draft, batch, stage, generator=torch.Generator().manual_seed(0), targets=targets,
+                         chunk=chunk)
+        for _ in range(stage.num_substeps):
+            t0 = time.perf_counter()
+            sub = next(steps)
+            t1 = time.perf_counter()
+            (sub.weight * sub.loss).backward()
+            forward.append(round(t1 - t0, 4))
+            backward.append(round(time.perf_counter() - t1, 4))
+    draft.zero_grad(set_to_none=True)
+    return {"prepare_targets_s": round(prepare, 4), "forward_s": forward, "backward_s": backward}
+
+
 def profile(draft, batch, stage, chunk: int = 1024, rows: int = 25) -> str:
     """torch.profiler's table of one step's most expensive operators (self CPU time)."""
     from torch.profiler import ProfilerActivity
@@ -158,13 +187,20 @@ def measure(args) -> dict[str, Any]:
         setups[recipe] = (draft, stages, optimizer, batch)
     positions = args.batch * args.seq
     times: dict[str, list[list[float]]] = {r: [] for r in args.recipes}
+    cpu: dict[str, list[list[float]]] = {r: [] for r in args.recipes}
     gflops: list[float] = []
     # the matmul: specdraft.limits' CPU shape, (2048, 576, 1536), SmolLM2's MLP
     with LoadSampler(every=1.0) as load:
         for _ in range(args.rounds):
             gflops.append(measure_matmul("cpu", "bfloat16", args.threads, seconds=args.matmul_s).flops / 1e9)
             for recipe, (draft, stages, optimizer, batch) in setups.items():
-                times[recipe].append([step(draft, optimizer, batch, s, args.chunk) for s in stages])
+                times[recipe].append([])
+                cpu[recipe].append([])
+                for s in stages:
+                    times[recipe][-1].append(step(draft, optimizer, batch, s, args.chunk))
+                    cpu[recipe][-1].append(step.cpu)
+        phases = {r: [substep_times(d, b, s, args.chunk) for s in st if s.kind != "ttt"]
+                  for r, (d, st, _, b) in setups.items()}
         ttt = {}
         if "eagle3" in setups:
             draft, stages, _, batch = setups["eagle3"]
@@ -178,11 +214,14 @@ def measure(args) -> dict[str, Any]:
             ratios = [rate / (g * 1e9 / fl["flops"]) for rate, g in zip(per_round, gflops)]
             rows.append({"kind": stage.kind, "steps": stage.steps, **fl,
                          "step_s": round(statistics.median(r[i] for r in times[recipe]), 3),
+                         "step_cpu_s": round(statistics.median(r[i] for r in cpu[recipe]), 3),
                          "tokens_per_s": round(statistics.median(per_round), 1),
                          "limit_tokens_per_s": round(statistics.median(g * 1e9 / fl["flops"] for g in gflops), 1),
                          "ratio": round(statistics.median(ratios), 3)})
         mean_s = [statistics.mean(r) for r in times[recipe]]
         limit_s = [statistics.mean(positions * x["flops"] / (g * 1e9) for x in rows) for g in gflops]  # per round
+        for row, times_of in zip(rows, phases[recipe]):
+            row["substeps"] = times_of
         out[recipe] = {"stages": rows, "tokens_per_s": round(statistics.median(positions / s for s in mean_s), 1),
                        "ratio": round(statistics.median(lim / s for lim, s in zip(limit_s, mean_s)), 3)}
     if "eagle3" in out and "beagle3" in out:

@@ -138,7 +138,7 @@ def _chunk_terms(hc: torch.Tensor, weight: torch.Tensor, a: torch.Tensor, b: tor
     temporary is a fresh allocation (page faults) and a pass over memory, and these passes, not the
     products, were most of the head's time on a CPU (SmolLM2's 32k x 576 head).
     """
-    z = (hc @ weight.T).float()  # (n, V) logits: becomes the draft's distribution, then g, in place
+    z = F.linear(hc, weight).float()  # (n, V) logits (not hc @ weight.T: autocast casts a view anew at every call): becomes the draft's distribution, then g, in place
     zmax, top = z.max(dim=-1)  # (n,)
     tk = torch.zeros_like(zmax)  # (n,)
     if not t.shared:  # the terms that read the logits themselves, before they are overwritten
@@ -170,6 +170,13 @@ def _chunk_terms(hc: torch.Tensor, weight: torch.Tensor, a: torch.Tensor, b: tor
     return ce, tk, top, g, None
 
 
+def _add_product(total: torch.Tensor | None, g: torch.Tensor, hc: torch.Tensor) -> torch.Tensor:
+    """``total`` + g^T hc in fp32 (V, d), or the product itself (fp32) when ``total`` is None: the values of a zero
+    buffer plus each chunk's product, without filling and adding a (V, d) buffer of zeros."""
+    part = g.T @ hc.float()  # (V, d)
+    return part.float() if total is None else total.add_(part)
+
+
 def _low(g: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``g`` (n, V) in the dtype its products with the head run in (the autocast dtype when autocast is on, else
     the head's), cast once for both products (the input and weight gradients) instead of once in each."""
@@ -197,7 +204,7 @@ class _HeadLoss(torch.autograd.Function):
         use_topk = bool((topk_coef != 0).any()) and (targets.m_topk is not None or targets.topk_ids is not None)
         now_w = want_w and not defer_weight_grad
         grad_h = torch.zeros(h.shape, dtype=torch.float32, device=h.device)  # (N, d)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if now_w else None  # (V, d)
+        grad_w = None  # (V, d) fp32: the first chunk's product, then the sum over chunks
         ce = torch.zeros(n_rows, dtype=torch.float32, device=h.device)  # (N,)
         tk = torch.zeros(n_rows, dtype=torch.float32, device=h.device)  # (N,)
         correct = torch.zeros(n_rows, dtype=torch.bool, device=h.device)  # (N,)
@@ -208,7 +215,7 @@ class _HeadLoss(torch.autograd.Function):
             g = _low(g, weight)  # (n, V)
             grad_h[lo:hi] = (g @ weight).float() - (0.0 if lin is None else lin)
             if now_w:
-                grad_w += g.T @ hc.float()  # (V, d)
+                grad_w = _add_product(grad_w, g, hc)  # (V, d)
         loss = (ce_coef.float() * ce).sum() + ((topk_coef.float() * tk).sum() if use_topk else 0.0)
         deferred = want_w and defer_weight_grad
         ctx.save_for_backward(grad_h, grad_w if now_w else torch.empty(0), *((h, weight, ce_coef, topk_coef)
@@ -224,10 +231,10 @@ class _HeadLoss(torch.autograd.Function):
         gh = (grad_loss * grad_h).to(ctx.h_dtype)
         if ctx.deferred:  # the weight gradient from the chunks' logits again (see the class docstring)
             h, weight, ce_coef, topk_coef = inputs
-            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # (V, d)
+            grad_w = None  # (V, d)
             for _, hc, a, b, t in _chunks(h, weight, ce_coef, topk_coef, ctx.targets, ctx.chunk):
                 g = _low(_chunk_terms(hc, weight, a, b, t, ctx.use_topk)[3], weight)  # (n, V)
-                grad_w += g.T @ hc.float()
+                grad_w = _add_product(grad_w, g, hc)
         gw = (grad_loss * grad_w) if ctx.want_w else None
         return gh, gw, None, None, None, None, None
 

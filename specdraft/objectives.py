@@ -13,11 +13,13 @@ query sees is described in ``masks.py``:
              only the queries at window position i, which see the true states before their window
              and the draft's own (detached) states written at window positions 1..i-1. Each step
              computes only its queries, so a batch costs about one early step whatever s is; each
-             step is back-propagated on its own. (Summing the s losses into one backward, with the
-             true keys/values encoded once, measured worse: d=4096 CPU peak s8/s1 1.67 vs 1.20.)
+             step is back-propagated on its own, and all read one encoding of the true states per
+             batch (``models.shared``: back-propagated once, in the last step's backward). (Summing
+             the s losses into one backward measured worse: d=4096 CPU peak s8/s1 1.67 vs 1.20.)
 * ``align``  n steps (HASS harmonized context alignment); step j trains all queries p >= j-1 on
              the true states u <= p-j and the draft's own detached states of steps 1..j-1 at
-             u = p-j+1 .. p-1, weight decay^(j-1). Each step is back-propagated on its own.
+             u = p-j+1 .. p-1, weight decay^(j-1). Each step is back-propagated on its own (the
+             true states encoded once per batch, as in ``late``).
 * ``ttt``    k steps (EAGLE-3 training-time test, default 7, weights 0.8^(j-1)): the same
              visibility as ``align``, but the fed-back states keep their graph and the whole
              unrolled chain is back-propagated once; each step's states are encoded once for
@@ -49,6 +51,7 @@ from specdraft.configs.stages import CHAINED, LossWeights, StageConfig
 from specdraft.batch import Batch
 from specdraft.losses import TEACHER_P_BYTES, HeadTargets, add_noise, feature_l1, head_loss, weighted_mean
 from specdraft.models.layers import Chain
+from specdraft.models.shared import SharedEncoding
 
 
 
@@ -258,11 +261,14 @@ def substeps(
     generator: torch.Generator | None = None,
     targets: Targets | None = None,
     chunk: int = 1024,
+    share_true: bool = True,
 ) -> Iterator[SubStep]:
     """Yield the sub-steps of one training batch for ``stage`` (see module docstring).
 
     ``draft`` may be a wrapper (DDP/FSDP) exposing the draft as ``.module``: forwards go
     through the wrapper (so gradients synchronise), attributes come from the draft.
+    Sub-steps back-propagated on their own (late, align) share one encoding of the true states
+    (``models.shared``); ``share_true=False`` encodes them anew in every sub-step (the reference).
     """
     core = unwrap(draft)
     check_stage(core, stage)
@@ -280,13 +286,15 @@ def substeps(
     # The draft's states written at each sub-step. A chain trained by one backward (ttt) hands every
     # sub-step the whole ``Chain``, whose encodings the sub-steps share; the other stages back-propagate
     # each sub-step on its own (its graph is gone after), so they hand each sub-step a fresh chain of
-    # its queries' states, encoded anew.
+    # its queries' states, encoded anew, and the true states' encoding of the batch (``shared``).
     chain = Chain(t, recompute=stage.recompute)
     defer = defers_head_grad(core, stage)
+    shared = SharedEncoding(stage.num_substeps) if share_true and stage.kind in ("late", "align") else None
     for st in stage_steps(stage, t, offset, ids.device):
         q = st.query_index
         assert len(chain.states) == st.extras, "a sub-step reads states no earlier sub-step wrote"
         extras = chain if stage.kind == "ttt" else chain.read(q)
+        extras.shared = shared
         h_hat = draft(ids, pos, features, q, st.cutoff, extras)  # (B, Q, d)
         live = st.cutoff >= 1 if core.config.needs_root_state else None
         loss, parts, correct, scored, trained = score(core, batch, targets, q, h_hat, stage.loss, chunk, live,

@@ -90,8 +90,9 @@ class BeagleDraft(nn.Module):
         """
         bsz, t = input_ids.shape
         chain = substep_chain(input_ids, features, query_index, cutoff, extras)
-        if chain.true is None:  # the true states' keys/values, all T positions: once per chain
-            chain.true = self.encode_states(self.project(features), positions)
+        if chain.true is None:  # the true states' keys/values, all T positions: once per chain (or batch)
+            chain.set_true(None if chain.shared and chain.shared.source is not None
+                           else self.encode_states(self.project(features), positions))
         encoded = chain.encode(lambda states, u: self.encode_states(states, positions[:, u]))  # E x (B, Hkv, Q_v, Dh)
         extra = [kv.rows(r) for kv, r in zip(encoded, chain.diagonal(query_index))]  # E x (B, Hkv, Q, Dh)
         visible = prefix_visible(cutoff, t, bsz)  # (B, Q, T)

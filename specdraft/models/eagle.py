@@ -174,13 +174,9 @@ def slot_forward(
     bsz, t = input_ids.shape
     chain = substep_chain(input_ids, features, query_index, cutoff, extras)
     legacy = draft.config.legacy
-    if chain.true is None:  # the true slots: once per chain
-        states = draft.project(features)  # (B, T, d)
-        if legacy:  # slot c = 0..T-1 from state c-1, slot 0 holding a zero state
-            prev = torch.cat([states.new_zeros(bsz, 1, states.shape[-1]), states[:, :-1]], dim=1)  # (B, T, d)
-            chain.true = draft.encode_inputs(input_ids, prev, positions)
-        else:  # slot c = 1..T-1 (index s = c-1 holds state s)
-            chain.true = draft.encode_inputs(input_ids[:, 1:], states[:, :-1], positions[:, 1:])
+    if chain.true is None:  # the true slots: once per chain (or batch: ``chain.shared``)
+        chain.set_true(None if chain.shared and chain.shared.source is not None
+                       else true_slots(draft, input_ids, positions, features))
     x_true, kv = chain.true  # (B, S, X), KV (B, Hkv, S, Dh)
     visible = prefix_visible(cutoff + 1, t, bsz) if legacy else prefix_visible(cutoff, t - 1, bsz)  # (B, Q, S)
 
@@ -200,6 +196,15 @@ def slot_forward(
     h = chain.attend(draft.attend, x_q, positions[:, query_index], kv, visible, extra)  # (B, Q, d)
     live = torch.ones_like(cutoff, dtype=torch.bool) if legacy else cutoff >= 1  # the chain has a true root slot
     return h * live[None, :, None].to(h.dtype)
+
+
+def true_slots(draft, input_ids: torch.Tensor, positions: torch.Tensor, features: torch.Tensor):
+    """The true slots (B, S, X) and their keys/values: slot c from (t_c, state c-1)."""
+    states = draft.project(features)  # (B, T, d)
+    if draft.config.legacy:  # slot c = 0..T-1 from state c-1, slot 0 holding a zero state
+        prev = torch.cat([states.new_zeros(states.shape[0], 1, states.shape[-1]), states[:, :-1]], dim=1)  # (B, T, d)
+        return draft.encode_inputs(input_ids, prev, positions)
+    return draft.encode_inputs(input_ids[:, 1:], states[:, :-1], positions[:, 1:])  # slot c = 1..T-1 (s = c-1)
 
 
 def slot_committed(draft, tokens: torch.Tensor, states: torch.Tensor, start: int) -> tuple[torch.Tensor, KV]:

@@ -203,7 +203,8 @@ class Chain:
     Models via Training-Time Test" §3) so encodes every state once: memory linear in k, not
     k(k-1)/2 re-encoded copies. With ``recompute`` each sub-step's decoder layer is recomputed in the
     backward (``attend``). A sub-step back-propagated on its own (late, align) reads a fresh chain
-    (``read``), encoded anew: the graph of an earlier encoding is gone after its backward.
+    (``read``), its drafted states encoded anew (the graph of an earlier encoding is gone after its
+    backward), and the true states' encoding through ``shared`` (``models.shared``: once per batch).
     """
 
     length: int  # T
@@ -212,7 +213,12 @@ class Chain:
     written: list[torch.Tensor] = field(default_factory=list)
     encoded: list = field(default_factory=list)
     true: object = None
+    shared: object = None  # a ``shared.SharedEncoding``: the true states' encoding computed once per batch
     _lookup: list[torch.Tensor] = field(default_factory=list)
+
+    def set_true(self, encoding) -> None:
+        """Keep the true states' ``encoding`` the draft computed, or what ``shared`` hands this sub-step of it."""
+        self.true = encoding if self.shared is None else self.shared.take(encoding)
 
     def add(self, states: torch.Tensor, written: torch.Tensor) -> None:
         """Record a sub-step's outputs (B, Q, d) at positions ``written`` (Q,)."""
