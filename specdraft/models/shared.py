@@ -15,7 +15,8 @@ that sum to the last sub-step's own gradient: the encoding is back-propagated on
 backward (so a distributed wrapper still synchronises every gradient there). Since the backward of
 the encoding is linear in its incoming gradient, the parameters' gradients are those of s separate
 backwards, up to the order of the floating-point sums (``tests/specdraft/test_objectives.py`` compares
-them with an explicit per-chain loop and with the per-sub-step encoding, ``share=False``).
+them with an explicit per-chain loop, ``tests/specdraft/models/test_shared.py`` with the per-sub-step encoding,
+``objectives.substeps(share_true=False)``).
 """
 
 from __future__ import annotations

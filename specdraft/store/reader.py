@@ -405,13 +405,12 @@ def predicted_token_counts(paths: str | Path | list[str | Path], vocab_size: int
             group = location.open_group(location.join(path, record["name"]), "r")
             shard = location.join(path, record["name"])
             verified, missing, fill = shard_chunks(shard, group, record)
-            ids, mask, offsets = (read_checked_rows(ShardArray.open(group[name], verified, fill.get(name)), 0, None, path,
-                                            record["name"], missing.get(name))[0]
-                                  for name in ("input_ids", "loss_mask", "offsets"))
+            ids, mask, offsets, *names = (read_checked_rows(ShardArray.open(group[name], verified, fill.get(name)), 0,
+                                                            None, path, record["name"], missing.get(name))[0]
+                                          for name in ("input_ids", "loss_mask", "offsets",
+                                                       *(("sample_ids",) if wanted is not None else ())))
             if wanted is not None:
-                names = read_checked_rows(ShardArray.open(group["sample_ids"], verified, fill.get("sample_ids")), 0,
-                                          None, path, record["name"], missing.get("sample_ids"))[0]
-                kept = np.array([str(s) in wanted for s in names.tolist()], bool)  # (S,)
+                kept = np.array([str(s) in wanted for s in names[0].tolist()], bool)  # (S,)
                 mask = np.asarray(mask).astype(bool) & np.repeat(kept, np.diff(offsets))  # (N,)
             counts += count_predicted_tokens(ids, mask, offsets, vocab_size)
     return counts
