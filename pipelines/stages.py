@@ -257,6 +257,13 @@ def eval_key(cfg: RunConfig) -> str:
     return stage_key(files, cfg.eval.settings)
 
 
+def engine_gap_warnings(engine: dict[str, Any]) -> list[str]:
+    """The engine report's warnings about the served draft (its acceptance against ours), less vanilla's (its passes
+    disagreeing: the sweep's own, in the run summary's engine line, ``engine_sweep.sweep_note``)."""
+    vanilla = set((engine.get("sweep") or {}).get("warnings") or [])
+    return [w for w in engine.get("warnings") or [] if w not in vanilla]
+
+
 def evaluate_draft(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key: str) -> Evaluated:
     """Speculative decoding of the target with ``draft_dir`` on the eval sets, with the prompt-lookup
     floor (``tau_pld``, ``mean_tau_pld``: over the same datasets as ``tau``; empty / None when off)."""
@@ -290,7 +297,7 @@ def evaluate_draft(cfg: RunConfig, prepared: Prepared, draft_dir: str, draft_key
                        mean_tau_pld=sum(floors.values()) / len(floors) if floors else None,
                        engine_tau=engine_tau, engine_speedup=engine_speedup,
                        mean_engine_tau=sum(engine_tau.values()) / len(engine_tau) if engine_tau else None,
-                       engine_warnings=list(engine.get("warnings") or []), engine_best=best_of(engine.get("sweep")),
+                       engine_warnings=engine_gap_warnings(engine), engine_best=best_of(engine.get("sweep")),
                        lossless_mismatches=sum(d.get("lossless_mismatches") or 0 for d in report["datasets"].values()),
                        wall_s=time.perf_counter() - started, nodes=report.get("nodes") or [])
     _finish(out, _done(record))

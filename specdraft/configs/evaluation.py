@@ -12,6 +12,7 @@ from typing import Literal
 from specdraft.config import ConfigError
 from specdraft.configs.decode import DecodeConfig, PromptLookupConfig
 
+VANILLA_DRIFT_WARN = 0.10  # engine.vanilla_drift_warn's default
 CPU_KVCACHE_GIB = 1  # vLLM's KV cache on a CPU host, GiB: the engine measurement's and the printed serve commands'
 
 
@@ -31,6 +32,11 @@ class EngineSettings:
     cpu_kvcache_gib: int = CPU_KVCACHE_GIB  # KV cache on a CPU engine (vLLM's kv_cache_memory_bytes, in GiB)
     enforce_eager: bool | None = None  # no CUDA graphs / compilation; None: on CPU only
     max_gap: float = 0.03  # |engine - ours| / ours above this: a warning in the run summary
+    # the target alone is timed before the first drafter and, with 2, again after the last, on the same prompts:
+    # every engine speedup divides by both passes' tokens/s combined (docs/evaluation.md, "Every speedup is timed
+    # in one run"); 1: once, before (quick runs, tests whose time matters)
+    vanilla_passes: int = 2
+    vanilla_drift_warn: float = VANILLA_DRIFT_WARN  # |second pass's tokens/s / first's - 1| above this: a warning
     timeout_s: float = 3600.0  # the engine process is stopped after this long
 
     def __post_init__(self) -> None:
@@ -50,6 +56,10 @@ class EngineSettings:
             raise ConfigError(f"cpu_kvcache_gib={self.cpu_kvcache_gib}: must be >= 1")
         if self.max_gap < 0:
             raise ConfigError(f"max_gap={self.max_gap}: must be >= 0")
+        if self.vanilla_passes not in (1, 2):
+            raise ConfigError(f"vanilla_passes={self.vanilla_passes}: must be 1 or 2")
+        if self.vanilla_drift_warn < 0:
+            raise ConfigError(f"vanilla_drift_warn={self.vanilla_drift_warn}: must be >= 0")
 
     @property
     def enabled(self) -> bool:

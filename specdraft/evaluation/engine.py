@@ -13,7 +13,8 @@ Settings (``specdraft.configs.evaluation.EngineSettings``, ``eval.engine`` in a 
 vLLM's own ``ngram`` prompt lookup is one more drafter of a request (``ngram_drafter``: our prompt-lookup floor's
 n-gram range, ``specdraft.decoding.prompt_lookup``), reported by ``engine_comparison.engine_only``: the floor in
 the engine. The draft and ngram are each served at every K of ``engine.sweep_k`` in the same run, K by K after the
-target alone (``engine_sweep``: the table, each one's fastest K and the draft's cost model, the report's ``sweep``).
+target alone and (``engine.vanilla_passes: 2``) before it again (``engine_sweep``: the table, each one's fastest K and
+the draft's cost model, the report's ``sweep``).
 """
 
 from __future__ import annotations
@@ -138,7 +139,9 @@ def engine_report(target: str | Path, draft: str | Path, question_files: list[st
         run = measure_engine(request, engine, log, progress)
     models = models if models is not None else load_models(target, draft, settings)
     compared = compare(run, sweep_name("draft", engine.speculative_tokens), models, settings.decode, engine, progress)
-    return {"format": fmt, **compared, "sweep": sweep_report(run, ks, compared["greedy"])}
+    sweep = sweep_report(run, ks, compared["greedy"], engine.vanilla_drift_warn)
+    # the report's warnings: our decoder's gaps, then vanilla's passes disagreeing (the sweep's own, kept there too)
+    return {"format": fmt, **compared, "warnings": compared["warnings"] + sweep["warnings"], "sweep": sweep}
 
 
 def sweep_ks(engine: EngineSettings, max_k: int | None = None) -> dict[str, list[int]]:

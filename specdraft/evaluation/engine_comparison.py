@@ -20,7 +20,7 @@ import torch
 
 from specdraft.decoding.speculative import speculative_generate
 from specdraft.configs.decode import DecodeConfig
-from specdraft.evaluation.engine_records import EngineRun
+from specdraft.evaluation.engine_records import VANILLA_KEYS, EngineRun, vanilla_timing
 from specdraft.evaluation.models import Models
 from specdraft.placement import output_device
 from specdraft.progress import ProgressLines
@@ -95,13 +95,12 @@ def _engine_side(run: EngineRun, draft: str, names: list[str], k: int, greedy: b
     rows = [i for i, t in enumerate(run.turns) if t["dataset"] in names]
     spec = run.spec[draft]
     spec_tokens = sum(len(spec[i]) for i in rows)
-    vanilla_tokens = sum(len(run.vanilla[i]) for i in rows)
     spec_s = sum(run.spec_s[draft][n] for n in names)
-    vanilla_s = sum(run.vanilla_s[n] for n in names)
     drafts = counters["num_drafts"]
-    loads = {side: [x for n in names for x in run.load_1m.get(side, {}).get(n, [])] for side in ("vanilla", draft)}
+    loads = [x for n in names for x in run.load_1m.get(draft, {}).get(n, [])]
     spec_tps = spec_tokens / spec_s if spec_s else None
-    vanilla_tps = vanilla_tokens / vanilla_s if vanilla_s else None
+    vanilla = vanilla_timing(run, names)  # both passes combined, when it ran twice
+    vanilla_tps = vanilla["tokens_per_s_vanilla"]
     return {
         "acceptance_length": 1 + counters["num_accepted_tokens"] / drafts if drafts else None,  # 1 + accepted / drafts
         "accepted_per_pos": [a / drafts for a in per_pos] if drafts else [],  # P(position j accepted) per round
@@ -109,11 +108,10 @@ def _engine_side(run: EngineRun, draft: str, names: list[str], k: int, greedy: b
         "prompts": len(rows),
         "engine_lossless": sum(spec[i] == run.vanilla[i] for i in rows) if greedy else None,
         "tokens_per_s": spec_tps,  # the engine with the draft
-        "tokens_per_s_vanilla": vanilla_tps,  # the engine without it
         "speedup": spec_tps / vanilla_tps if spec_tps and vanilla_tps else None,  # the engine's own speedup
-        # the 1-minute load average while each was timed (the same run, one after the other)
-        "load_1m": sum(loads[draft]) / len(loads[draft]) if loads[draft] else None,
-        "load_1m_vanilla": sum(loads["vanilla"]) / len(loads["vanilla"]) if loads["vanilla"] else None,
+        "load_1m": sum(loads) / len(loads) if loads else None,  # the 1-minute load average while it was timed
+        # the engine without it: its tokens/s (both passes combined) and load, each pass's, their drift
+        **vanilla,
     }
 
 
@@ -134,9 +132,9 @@ def _dataset_report(run: EngineRun, draft: str, names: list[str], ours: dict[str
         "same_answer_as_ours": ours["same_answer"] if greedy else None,  # greedy: the engine's tokens equal ours
         "engine_lossless": engine["engine_lossless"],
         "tokens_per_s": engine["tokens_per_s"],  # the engine with the draft
-        "tokens_per_s_vanilla": engine["tokens_per_s_vanilla"],  # the engine without it
         "speedup": engine["speedup"],  # the engine's own speedup
         "load_1m": engine["load_1m"],  # the load while the engine ran with the draft
-        "load_1m_vanilla": engine["load_1m_vanilla"],  # ... and without it
+        # the engine without it: tokens/s (both passes combined) and load, each pass's, drift, answers changed
+        **{key: engine[key] for key in VANILLA_KEYS},
         "tokens_per_s_ours": ours["tokens"] / ours["wall_s"] if ours["wall_s"] else None,
     }

@@ -8,14 +8,17 @@ vLLM's global state — its engine processes, thread binding, Prometheus counter
 * vanilla: the target alone, turn by turn over the question sets (each turn's prompt holds the earlier
   turns' answers), giving every prompt and the engine's plain tokens/s;
 * speculative: the target with each draft (chain of K, vLLM's only draft shape), on exactly those prompts:
-  tokens/s and vLLM's counters — drafts, drafted tokens, accepted tokens, accepted per position.
+  tokens/s and vLLM's counters — drafts, drafted tokens, accepted tokens, accepted per position;
+* vanilla again (``engine.vanilla_passes: 2``): the target alone on exactly those prompts after the last draft, its
+  answers and seconds beside the first pass's (``EngineRun.vanilla_again``): the engine's speedups divide by both
+  passes' tokens/s, so a machine whose speed moved during the measurement shows, instead of inflating them.
 
 Progress: the prompts are generated a few at a time (``CHUNK``; batch 1 in the engine either way) and a
 ``specdraft.progress`` line written to the file descriptor ``PROGRESS_FD`` names (a pipe ``measure_engine``
 relays to the user; stderr without one), while vLLM's own output goes wherever the process's stdout and
 stderr go (``measure_engine``: the engine's log file).
 
-Both are timed in this one process, one after the other (one engine in memory at a time: a GPU holds one), never
+All are timed in this one process, one after the other (one engine in memory at a time: a GPU holds one), never
 read from an earlier run; the load average after each timed call is kept beside the times (``EngineRun.load_1m``).
 
 This module is the engine process's entry point alone: it imports vLLM at its top (nothing else in
@@ -39,7 +42,7 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
 from specdraft.decoding.speculative import eos_token_ids
-from specdraft.evaluation.engine_records import EngineRequest, EngineRun
+from specdraft.evaluation.engine_records import VANILLA_AGAIN, EngineRequest, EngineRun
 from specdraft.export.commands import cpu_engine_args, cuda_host
 from specdraft.evaluation.questions import answer_text, render_prompt
 from specdraft.evaluation.records import load_1m
@@ -136,16 +139,38 @@ def _note_load(run: EngineRun, measured: str, dataset: str) -> None:
 
 
 def run_engine(request: EngineRequest) -> EngineRun:
-    """The engine process: vanilla turn by turn (building the prompts), then each draft on the same prompts."""
+    """The engine process: vanilla turn by turn (building the prompts), then each draft on the same prompts, then
+    (``engine.vanilla_passes: 2``) vanilla again on them: the machine's speed at both ends of the measurement."""
     settings = EngineSettings(**request.settings)
-    tokenizer = load_tokenizer(request.target)
-    eos = eos_token_ids(None, tokenizer)
     params = SamplingParams(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k or -1,
                             max_tokens=request.max_new_tokens, seed=request.seed, skip_special_tokens=True)
     run = EngineRun(engine={"name": "vllm", "version": vllm.__version__, "max_model_len": settings.max_model_len})
     stream = _progress_stream()
-    print("[specdraft] engine: starting vLLM with the target alone", file=stream, flush=True)
-    llm = _llm(request, settings, None)
+    llm = _announced(request, settings, None, "the target alone", stream)
+    _vanilla(llm, request, params, run, stream)
+    for draft, spec in request.drafts.items():
+        llm = None  # one engine in memory at a time
+        gc.collect()
+        llm = _announced(request, settings, spec, f"the draft {draft}", stream)
+        run.spec[draft], run.spec_s[draft], run.counters[draft] = _timed(llm, run, draft, params, stream)
+    if settings.vanilla_passes == 2:
+        llm = None
+        gc.collect()
+        llm = _announced(request, settings, None, "the target alone again", stream)
+        run.vanilla_again, run.vanilla_again_s, _ = _timed(llm, run, VANILLA_AGAIN, params, stream)
+    return run
+
+
+def _announced(request: EngineRequest, settings: EngineSettings, draft: dict[str, Any] | None, what: str, stream):
+    print(f"[specdraft] engine: starting vLLM with {what}", file=stream, flush=True)
+    return _llm(request, settings, draft)
+
+
+def _vanilla(llm, request: EngineRequest, params, run: EngineRun, stream) -> None:
+    """The target alone, turn by turn, each dataset timed on its own: each turn's prompt holds the earlier turns'
+    answers. Fills ``run``'s prompts, turns, vanilla answers and seconds."""
+    tokenizer = load_tokenizer(request.target)
+    eos = eos_token_ids(None, tokenizer)
     lines = ProgressLines("engine vanilla", sum(len(q["turns"]) for q in request.questions), "prompts", stream=stream)
     for dataset in dict.fromkeys(q["dataset"] for q in request.questions):  # timed per dataset
         questions = [q for q in request.questions if q["dataset"] == dataset]
@@ -167,25 +192,25 @@ def run_engine(request: EngineRequest) -> EngineRun:
                 run.vanilla.append(answer)
                 run.turns.append({"dataset": dataset, "index": q["index"], "question_id": q["question_id"],
                                   "turn": turn})
-    for draft, spec in request.drafts.items():
-        del llm
-        gc.collect()
-        print(f"[specdraft] engine: starting vLLM with the draft {draft}", file=stream, flush=True)
-        llm = _llm(request, settings, spec)
-        lines = ProgressLines(f"engine {draft}", len(run.prompts), "prompts", stream=stream)
-        answers, seconds, counters = [[] for _ in run.prompts], {}, {}
-        for name in dict.fromkeys(t["dataset"] for t in run.turns):  # one dataset at a time: its own counters
-            rows = [i for i, t in enumerate(run.turns) if t["dataset"] == name]
-            before = _counters(llm)
-            out, seconds[name] = _generate(llm, [run.prompts[i] for i in rows], params, lines)
-            _note_load(run, draft, name)
-            after = _counters(llm)
-            for i, answer in zip(rows, out):
-                answers[i] = answer
-            counters[name] = {k: ([a - b for a, b in zip(v, before.get(k, [0] * len(v)))] if isinstance(v, list)
-                                  else v - before.get(k, 0)) for k, v in after.items()}
-        run.spec[draft], run.spec_s[draft], run.counters[draft] = answers, seconds, counters
-    return run
+
+
+def _timed(llm, run: EngineRun, name: str, params, stream
+           ) -> tuple[list[list[int]], dict[str, float], dict[str, dict[str, Any]]]:
+    """``run.prompts`` answered by ``llm`` (a drafter ``name``, or the target alone again), one dataset at a time:
+    the answers, per dataset the seconds and vLLM's spec_decode counters (its own per dataset)."""
+    lines = ProgressLines(f"engine {name}", len(run.prompts), "prompts", stream=stream)
+    answers, seconds, counters = [[] for _ in run.prompts], {}, {}
+    for dataset in dict.fromkeys(t["dataset"] for t in run.turns):
+        rows = [i for i, t in enumerate(run.turns) if t["dataset"] == dataset]
+        before = _counters(llm)
+        out, seconds[dataset] = _generate(llm, [run.prompts[i] for i in rows], params, lines)
+        _note_load(run, name, dataset)
+        after = _counters(llm)
+        for i, answer in zip(rows, out):
+            answers[i] = answer
+        counters[dataset] = {k: ([a - b for a, b in zip(v, before.get(k, [0] * len(v)))] if isinstance(v, list)
+                                 else v - before.get(k, 0)) for k, v in after.items()}
+    return answers, seconds, counters
 
 
 def main(argv: list[str] | None = None) -> int:

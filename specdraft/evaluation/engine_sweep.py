@@ -15,6 +15,10 @@ for a speedup (``needed_tau``: 1.3×, and ngram's best speedup), and the same as
 τ = (1 - α^(K+1)) / (1 - α) (``alpha_for_tau``, the same theorem's i.i.d. model). A draft whose τ is below what it
 needs at its c is too weak; one whose need is above K + 1 (every draft accepted) at its c is too costly.
 
+Every speedup divides by vanilla's tokens/s over its two passes, one before the first drafter and one after the last
+(``engine.vanilla_passes``; ``engine_records.vanilla_timing``): a machine whose speed moves during the sweep moves
+both, and their drift is shown (``vanilla_line``) and warned about above ``engine.vanilla_drift_warn``.
+
 Pure functions over numbers, except ``sweep_report`` (an ``EngineRun`` in), ``sweep_summary`` (the table's lines)
 and ``sweep_note`` (the run summary's one line). Importing it imports no torch.
 """
@@ -23,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdraft.evaluation.engine_records import EngineRun
+from specdraft.configs.evaluation import VANILLA_DRIFT_WARN
+from specdraft.evaluation.engine_records import EngineRun, vanilla_timing, vanilla_warnings
 
 TARGET_SPEEDUP = 1.3  # the speedup a draft is asked what acceptance it needs for (issue 40's goal)
 DRAFTERS = ("draft", "ngram")
@@ -103,24 +108,26 @@ def cost_model(rows: dict[int, dict[str, Any]], k: int | None, ngram_speedup: fl
             "for_ngram": _needs(ngram_speedup, k, c, v)}
 
 
-def sweep_report(run: EngineRun, ks: dict[str, list[int]], greedy: bool) -> dict[str, Any]:
+def sweep_report(run: EngineRun, ks: dict[str, list[int]], greedy: bool,
+                 drift_warn: float = VANILLA_DRIFT_WARN) -> dict[str, Any]:
     """The sweep of ``run``: per drafter in ``ks`` (name -> the K it was served at; ``sweep_name``) and per K the
-    engine's numbers (``engine_only``), its best K, and each drafter's cost model (every draft's beside ngram's
-    best speedup: several drafts may share a run, ``benchmarks/draft_vocab.py``); vanilla's tokens/s and load."""
+    engine's numbers (``engine_only``: speedups over vanilla's two passes combined), its best K, and each drafter's
+    cost model (every draft's beside ngram's best speedup: several drafts may share a run,
+    ``benchmarks/draft_vocab.py``); vanilla's tokens/s and load, each pass's and combined (``vanilla_timing``), and
+    ``warnings``: a drift between its passes above ``drift_warn``, answers its second pass changed."""
     from specdraft.evaluation.engine_comparison import engine_only  # torch: only where a run is read
     out: dict[str, Any] = {"k": sorted({k for v in ks.values() for k in v}), "best_k": {}, "best_speedup": {}}
-    vanilla = None
     for drafter, measured in ks.items():
         rows = {}
         for k in measured:
             report = engine_only(run, sweep_name(drafter, k), k, greedy)
             rows[k] = {**report["overall"], "datasets": report["datasets"]}
-            vanilla = report["overall"]
         out[drafter] = {str(k): row for k, row in rows.items()}
         out["best_k"][drafter] = best_k({k: r["tokens_per_s"] for k, r in rows.items()})
         out["best_speedup"][drafter] = rows[out["best_k"][drafter]]["speedup"] if out["best_k"][drafter] else None
-    out["tokens_per_s_vanilla"] = vanilla["tokens_per_s_vanilla"] if vanilla else None
-    out["load_1m_vanilla"] = vanilla["load_1m_vanilla"] if vanilla else None
+    vanilla = vanilla_timing(run)
+    out.update(vanilla)
+    out["warnings"] = vanilla_warnings(vanilla, len(run.turns), drift_warn, greedy)
     out["cost"] = {drafter: cost_model({int(k): r for k, r in out[drafter].items()}, out["best_k"][drafter],
                                        out["best_speedup"].get("ngram") if drafter != "ngram" else None)
                    for drafter in ks}
@@ -136,8 +143,7 @@ def sweep_summary(sweep: dict[str, Any]) -> list[str]:
     drafter's best K and the draft's cost model with the acceptance it needs."""
     drafters = [d for d in DRAFTERS if d in sweep]
     cell = "| {:<6}{:>11} {:>7} {:>7} {:>5} "
-    lines = [f"  engine by K (vanilla {_f(sweep['tokens_per_s_vanilla'], '.1f')} tokens/s, load "
-             f"{_f(sweep['load_1m_vanilla'])}):",
+    lines = [f"  engine by K ({vanilla_line(sweep)}):",
              "  K " + "".join(cell.format(d, "acceptance", "tok/s", "speedup", "load") for d in drafters).rstrip()]
     for k in sweep["k"]:
         cells = []
@@ -153,6 +159,18 @@ def sweep_summary(sweep: dict[str, Any]) -> list[str]:
     if cost is not None:
         lines.append("  " + cost_line(cost))
     return lines
+
+
+def vanilla_line(sweep: dict[str, Any]) -> str:
+    """Vanilla's tokens/s and load: each pass's, their drift and the combined tokens/s the speedups divide by (one
+    pass, or a sweep from before there were two: its tokens/s and load)."""
+    rates, loads = sweep.get("tokens_per_s_vanilla_passes"), sweep.get("load_1m_vanilla_passes")
+    if not rates or len(rates) < 2:
+        return f"vanilla {_f(sweep['tokens_per_s_vanilla'], '.1f')} tokens/s, load {_f(sweep['load_1m_vanilla'])}"
+    drift = sweep["vanilla_drift"]
+    return (f"vanilla {_f(rates[0], '.1f')} / {_f(rates[1], '.1f')} tokens/s before / after the drafters, drift "
+            f"{'n/a' if drift is None else format(100 * drift, '+.0f')} %, load {_f(loads[0])} / {_f(loads[1])}; "
+            f"speedups over both: {_f(sweep['tokens_per_s_vanilla'], '.1f')} tokens/s")
 
 
 def cost_line(cost: dict[str, Any]) -> str:
@@ -183,4 +201,5 @@ def sweep_note(sweep: dict[str, Any]) -> str:
     best = ", ".join(f"{'vLLM ngram' if d == 'ngram' else d} K={sweep['best_k'][d]} "
                      f"({_f(sweep['best_speedup'][d])}x)" for d in DRAFTERS if d in sweep)
     cost = sweep["cost"].get("draft")
-    return f"engine fastest: {best}" + (f"; {cost_line(cost)}" if cost is not None else "")
+    warned = "".join(f"; warning: {w}" for w in sweep.get("warnings") or [])  # vanilla's passes disagree
+    return f"engine fastest: {best}" + (f"; {cost_line(cost)}" if cost is not None else "") + warned

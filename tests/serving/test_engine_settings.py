@@ -30,6 +30,29 @@ def test_engine_settings_are_checked_when_loaded():
             load(EvalSettings, None, [bad])
 
 
+def test_vanilla_is_timed_twice_unless_set_and_its_settings_are_checked():
+    assert EngineSettings().vanilla_passes == 2 and EngineSettings().vanilla_drift_warn == 0.10
+    quick = load(EvalSettings, None, ["engine.vanilla_passes=1", "engine.vanilla_drift_warn=0"])
+    assert quick.engine.vanilla_passes == 1 and quick.engine.vanilla_drift_warn == 0
+    for bad, key in (("engine.vanilla_passes=0", "vanilla_passes=0"), ("engine.vanilla_passes=3", "vanilla_passes=3"),
+                     ("engine.vanilla_passes=-1", "vanilla_passes=-1"),
+                     ("engine.vanilla_drift_warn=-0.01", "vanilla_drift_warn=-0.01")):
+        with pytest.raises(ConfigError, match=f"^engine: {key}: must be"):
+            load(EvalSettings, None, [bad])
+
+
+def test_the_run_summary_keeps_vanillas_warnings_on_the_engine_line_not_among_the_drafts():
+    """A drift between vanilla's passes is about the machine, not the served draft: the eval report's warnings hold
+    both, the run summary's draft warnings only the gaps (the sweep's own go on its engine line)."""
+    from pipelines.stages import engine_gap_warnings
+
+    drift = "vanilla ran at 10.0 tokens/s before the drafters and 6.7 after them (...)"
+    engine = {"warnings": ["toy: a gap", drift], "sweep": {"warnings": [drift]}}
+    assert engine_gap_warnings(engine) == ["toy: a gap"]
+    assert engine_gap_warnings({"warnings": ["toy: a gap"]}) == ["toy: a gap"]  # a report from before: all kept
+    assert engine_gap_warnings({}) == []
+
+
 def test_an_engine_that_is_not_installed_is_refused_before_anything_runs(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))

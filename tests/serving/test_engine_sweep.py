@@ -9,9 +9,9 @@ from specdraft.config import ConfigError, load
 from specdraft.configs.evaluation import EngineSettings, EvalSettings
 from specdraft.freshness.engine_gate import best_of, engine_verdict
 from specdraft.evaluation.engine import sweep_ks
-from specdraft.evaluation.engine_records import EngineRun
+from specdraft.evaluation.engine_records import VANILLA_AGAIN, VANILLA_KEYS, EngineRun, vanilla_timing
 from specdraft.evaluation.engine_sweep import (alpha_for_tau, best_k, cost_line, fit_cost, needed_tau, sweep_name,
-                                               sweep_report, sweep_summary, tau_for_alpha)
+                                               sweep_note, sweep_report, sweep_summary, tau_for_alpha)
 
 
 def test_the_fastest_k_is_chosen_and_a_tie_goes_to_the_smaller_k():
@@ -83,12 +83,17 @@ def test_an_acceptance_above_k_plus_one_is_unreachable():
     assert alpha_for_tau(1.0, 3) == 0.0 and alpha_for_tau(4.0, 3) == pytest.approx(1.0, abs=1e-6)
 
 
-def _run(timings: dict[str, tuple[float, float]]) -> EngineRun:
-    """Two prompts of 10 tokens each; vanilla in 2 s; per drafter name (seconds, accepted tokens over 8 drafts)."""
+def _run(timings: dict[str, tuple[float, float]], again_s: float | None = None,
+         again: list[list[int]] | None = None) -> EngineRun:
+    """Two prompts of 10 tokens each; vanilla in 2 s; per drafter name (seconds, accepted tokens over 8 drafts);
+    ``again_s``: vanilla's second pass took that long (load 2.0), answering ``again`` (None: as the first)."""
     turns = [{"dataset": "mt", "index": 0}, {"dataset": "mt", "index": 1}]
     answers = [[1] * 10, [2] * 10]
     run = EngineRun(turns=turns, vanilla=answers, vanilla_s={"mt": 2.0}, engine={"name": "vllm"},
                     load_1m={"vanilla": {"mt": [1.0]}})
+    if again_s is not None:
+        run.vanilla_again, run.vanilla_again_s = again or answers, {"mt": again_s}
+        run.load_1m[VANILLA_AGAIN] = {"mt": [2.0, 4.0]}
     for name, (seconds, accepted) in timings.items():
         run.spec[name], run.spec_s[name] = answers, {"mt": seconds}
         run.counters[name] = {"mt": {"num_drafts": 8, "num_accepted_tokens": accepted}}
@@ -110,13 +115,91 @@ def test_the_sweep_reports_each_drafters_fastest_k_and_the_drafts_cost_model():
     assert cost["for_target"]["tau"] == pytest.approx(1.3 * 2.2) and cost["for_target"]["reachable"]
     assert cost["for_ngram"]["tau"] == pytest.approx(1.25 * 2.2)
     text = "\n".join(sweep_summary(sweep))
-    assert "engine by K (vanilla 10.0 tokens/s, load 1.00):" in text
+    assert "engine by K (vanilla 10.0 tokens/s, load 1.00):" in text  # one vanilla pass: its own line
+    assert sweep["tokens_per_s_vanilla_passes"] == [10.0] and sweep["vanilla_drift"] is None
+    assert sweep["vanilla_changed"] is None and sweep["warnings"] == []
     rows = [line.split() for line in text.splitlines() if line.startswith("  2 |")]
     assert rows == [["2", "|", "2.00", "9.1", "0.91", "0.50", "|", "1.75", "12.5", "1.25", "0.50"]], text
     assert "fastest: draft K=2 (0.91x), ngram K=2 (1.25x)" in text
     assert "c 0.325, v 1.550; at K=2 the draft has τ 2.00, needs τ 2.86 (α " in text and "too weak" in text
     assert best_of(sweep) == {"draft": {"k": 2, "speedup": pytest.approx(2 / 2.2)},
                               "ngram": {"k": 2, "speedup": pytest.approx(1.25)}}
+
+
+SWEEP = {sweep_name("draft", 1): (2.5, 4), sweep_name("draft", 2): (2.2, 8), sweep_name("ngram", 1): (1.9, 4),
+         sweep_name("ngram", 2): (1.6, 6)}
+KS = {"draft": [1, 2], "ngram": [1, 2]}
+
+
+def test_every_speedup_divides_by_both_vanilla_passes_combined():
+    """Vanilla timed again after the drafters, slower (3 s for the same 20 tokens): every speedup, the fastest K's
+    and the cost model's divide by both passes' tokens/s together (40 tokens in 5 s), and the table shows each."""
+    sweep = sweep_report(_run(SWEEP, again_s=3.0), KS, greedy=True)
+    assert sweep["tokens_per_s_vanilla"] == pytest.approx(8.0)  # total tokens over total seconds, not a mean rate
+    assert sweep["tokens_per_s_vanilla_passes"] == pytest.approx([10.0, 20 / 3])
+    assert sweep["vanilla_drift"] == pytest.approx(-1 / 3) and sweep["vanilla_changed"] == 0
+    assert sweep["load_1m_vanilla_passes"] == [1.0, 3.0] and sweep["load_1m_vanilla"] == pytest.approx(7 / 3)
+    row = sweep["draft"]["2"]
+    assert row["speedup"] == pytest.approx((20 / 2.2) / 8.0) and row["tokens_per_s_vanilla"] == pytest.approx(8.0)
+    assert row["vanilla_drift"] == pytest.approx(-1 / 3)
+    assert sweep["best_speedup"]["ngram"] == pytest.approx((20 / 1.6) / 8.0)
+    one = sweep_report(_run(SWEEP), KS, greedy=True)  # the first pass alone: 10 tokens/s
+    assert row["speedup"] == pytest.approx(one["draft"]["2"]["speedup"] * 10 / 8)
+    cost = sweep["cost"]["draft"]  # τ / speedup: 1.5 / ((20 / 2.5) / 8) = 1.5 at K=1, 2.0 / ((20 / 2.2) / 8) = 1.76
+    assert cost["c"] == pytest.approx(0.26) and cost["v"] == pytest.approx(1.24) and cost["k"] == 2
+    assert cost["c"] == pytest.approx(one["cost"]["draft"]["c"] * 8 / 10)
+    text = "\n".join(sweep_summary(sweep))
+    assert ("engine by K (vanilla 10.0 / 6.7 tokens/s before / after the drafters, drift -33 %, load 1.00 / 3.00; "
+            "speedups over both: 8.0 tokens/s):") in text, text
+    rows = [line.split() for line in text.splitlines() if line.startswith("  2 |")]
+    assert rows[0][4] == f"{(20 / 2.2) / 8:.2f}", rows
+
+
+def test_a_drift_between_the_vanilla_passes_above_the_setting_is_a_warning():
+    drift = "drift -33%, more than {}%): the machine's speed moved during the measurement"
+    warned = sweep_report(_run(SWEEP, again_s=3.0), KS, greedy=True, drift_warn=0.33)
+    assert len(warned["warnings"]) == 1 and drift.format(33) in warned["warnings"][0], warned["warnings"]
+    assert warned["warnings"][0].startswith("vanilla ran at 10.0 tokens/s before the drafters and 6.7 after them")
+    assert "every engine speedup is uncertain by about 33%" in warned["warnings"][0]
+    assert "; warning: vanilla ran at 10.0" in sweep_note(warned)  # the run summary's engine line says it
+    assert sweep_report(_run(SWEEP, again_s=3.0), KS, greedy=True, drift_warn=0.34)["warnings"] == []
+    assert len(sweep_report(_run(SWEEP, again_s=3.0), KS, greedy=True)["warnings"]) == 1  # the default: 10 %
+    faster = sweep_report(_run(SWEEP, again_s=1.0), KS, greedy=True)  # faster after: +100 %, warned alike
+    assert faster["vanilla_drift"] == pytest.approx(1.0) and "drift +100%" in faster["warnings"][0]
+    steady = sweep_report(_run(SWEEP, again_s=2.1), KS, greedy=True)  # -4.8 %: below the default
+    assert steady["warnings"] == [] and "drift -5 %" in sweep_summary(steady)[0]
+    assert "warning" not in sweep_note(steady)
+
+
+def test_answers_the_second_vanilla_pass_changed_are_counted_and_warned_about():
+    changed = _run(SWEEP, again_s=2.4, again=[[1] * 10, [3] * 14])  # the second prompt: another answer, 14 tokens
+    sweep = sweep_report(changed, KS, greedy=True)
+    assert sweep["vanilla_changed"] == 1 and sweep["vanilla_drift"] == pytest.approx(0.0)  # its own 24 tokens
+    assert sweep["tokens_per_s_vanilla"] == pytest.approx(44 / 4.4)
+    assert sweep["warnings"] == ["vanilla's second pass answered 1 of 2 prompts differently from its first "
+                                 "(greedy: they should be equal)"], sweep["warnings"]
+    assert sweep_report(changed, KS, greedy=False)["warnings"][0].endswith("(sampled)")
+    both = sweep_report(_run(SWEEP, again_s=3.6, again=changed.vanilla_again), KS, greedy=True)["warnings"]
+    assert [w[:24] for w in both] == ["vanilla ran at 10.0 toke", "vanilla's second pass an"], both
+
+
+def test_vanilla_timing_per_dataset_and_across_the_json_between_the_processes():
+    import json
+    from dataclasses import asdict
+
+    run = EngineRun(turns=[{"dataset": "mt"}, {"dataset": "he"}], vanilla=[[1] * 6, [2] * 4],
+                    vanilla_s={"mt": 1.0, "he": 2.0}, vanilla_again=[[1] * 6, [2] * 4],
+                    vanilla_again_s={"mt": 2.0, "he": 2.0}, load_1m={"vanilla": {"mt": [1.0]}})
+    mt, he, both = vanilla_timing(run, ["mt"]), vanilla_timing(run, ["he"]), vanilla_timing(run)
+    assert set(mt) == set(VANILLA_KEYS)
+    assert mt["tokens_per_s_vanilla_passes"] == [6.0, 3.0] and mt["tokens_per_s_vanilla"] == 4.0
+    assert mt["vanilla_drift"] == -0.5 and he["vanilla_drift"] == 0.0 and he["tokens_per_s_vanilla"] == 2.0
+    assert both["tokens_per_s_vanilla"] == 20 / 7 and both["load_1m_vanilla_passes"] == [1.0, None]
+    assert EngineRun(**json.loads(json.dumps(asdict(run)))) == run
+    old = {k: v for k, v in asdict(run).items() if not k.startswith("vanilla_again")}  # a run from before: one pass
+    one = vanilla_timing(EngineRun(**old))
+    assert one["tokens_per_s_vanilla_passes"] == [10 / 3] and one["tokens_per_s_vanilla"] == 10 / 3
+    assert one["vanilla_drift"] is None and one["vanilla_changed"] is None
 
 
 def test_several_drafts_in_one_sweep_each_get_their_cost_model_beside_ngram():

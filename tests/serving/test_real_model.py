@@ -76,7 +76,8 @@ def test_smollm2_on_sharegpt_regenerate_dump_train_eval_and_serve(local_ray, tmp
     assert main(["eval", "--target", str(target), "--draft", str(trained / "draft"), "--questions", str(questions),
                  "--out", str(report_path), "--mode", "chain", "--engine", "vllm", "--quiet", "decode.gamma=3",
                  f"decode.max_new_tokens={MAX_NEW}", "engine.speculative_tokens=3", "engine.max_model_len=1024",
-                 "engine.sweep_k=[3]", "engine.ngram=false"]) == 0  # one K, no ngram: the sweep is tested on the toy
+                 "engine.sweep_k=[3]", "engine.ngram=false",  # one K, no ngram: the sweep is tested on the toy
+                 "engine.vanilla_passes=1"]) == 0  # one vanilla pass: the second is tested on the toy too
     report = json.loads(report_path.read_text())
     ours = report["datasets"]["sharegpt_questions"]
     assert ours["lossless_checked"] == 3 and ours["lossless_mismatches"] == 0, ours  # = the target's greedy answer

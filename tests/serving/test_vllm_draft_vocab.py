@@ -52,7 +52,8 @@ def served(shipped_toy_target, toy_drafts, tmp_path_factory):
         out = export_draft(drafts[name], fmt, root / f"{recipe}-{vocab}", target=shipped_toy_target,
                            speculative_tokens=K)
         exports[name] = {"model": str(out), "method": export_layout(fmt, out).method}
-    engine = EngineSettings(name="vllm", speculative_tokens=K, max_model_len=512)
+    engine = EngineSettings(name="vllm", speculative_tokens=K, max_model_len=512,
+                            vanilla_passes=1)  # one vanilla pass: the second is tested in test_vllm_engine.py
     run = measure_engine(EngineRequest(target=str(shipped_toy_target), drafts=exports,
                                        questions=load_question_sets([QUESTIONS]), settings=asdict(engine),
                                        max_new_tokens=MAX_NEW), engine)

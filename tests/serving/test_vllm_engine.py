@@ -4,7 +4,8 @@ One draft per recipe is trained briefly on the shipped toy target (``toy_drafts`
 in-memory features, the recipes' own stages through ``build_run``; the DFlash block draft with 2 layers, blocks
 of 8 and 64 anchors per sequence, to stay cheap; shared with the prompt-lookup floor test), exported in its vLLM format (``speculators`` for EAGLE-3 and DFlash, ``vllm`` — specdraft's
 plugin — for EAGLE-1/2, Beagle and Beagle over EAGLE-3 features) and served by one vLLM process
-(``specdraft.evaluation.engine``: the target alone, then with each draft, on the toy questions' prompts). Per
+(``specdraft.evaluation.engine``: the target alone, then with each draft, then the target alone again, on the toy
+questions' prompts). Per
 recipe:
 * vLLM's greedy output with the draft equals its output without it and the target's own greedy output (HF);
 * vLLM's mean acceptance length (1 + accepted / drafts) is within 3 % of our decoder's, chain of K on the same
@@ -90,8 +91,21 @@ def target_greedy(target, served):
 
 
 def test_the_engine_without_a_draft_answers_as_the_target(served, target_greedy):
-    run, _, _ = served
-    assert len(run.prompts) >= 20 and run.vanilla == target_greedy
+    """Both vanilla passes — before the drafts and after the last (``engine.vanilla_passes``' default 2; the only
+    real-engine test that runs two: the others set 1 to keep the suite's time) — are recorded, per dataset, and
+    answer alike, as the target."""
+    from specdraft.evaluation.engine_records import VANILLA_AGAIN, vanilla_timing
+
+    run, engine, _ = served
+    assert engine.vanilla_passes == 2
+    assert len(run.prompts) >= 20 and run.vanilla == target_greedy and run.vanilla_again == run.vanilla
+    assert set(run.vanilla_s) == set(run.vanilla_again_s) == {"toy_questions"}
+    assert all(s > 0 for s in (*run.vanilla_s.values(), *run.vanilla_again_s.values()))
+    assert set(run.load_1m[VANILLA_AGAIN]) == set(run.load_1m["vanilla"]) == {"toy_questions"}
+    timing = vanilla_timing(run)
+    passes = timing["tokens_per_s_vanilla_passes"]
+    assert timing["vanilla_changed"] == 0 and len(passes) == 2, timing
+    assert min(passes) <= timing["tokens_per_s_vanilla"] <= max(passes), timing  # both combined
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -127,7 +141,8 @@ def test_eval_with_the_engine_prints_its_acceptance_beside_ours(target, drafts, 
     out = tmp_path / "report.json"
     assert main(["eval", "--target", str(target), "--draft", str(drafts["beagle"]), "--questions", str(QUESTIONS),
                  "--out", str(out), "--mode", "chain", "--engine", "vllm", "max_questions=4",
-                 "decode.gamma=3", f"decode.max_new_tokens={MAX_NEW}", "engine.sweep_k=[2,3]"]) == 0
+                 "decode.gamma=3", f"decode.max_new_tokens={MAX_NEW}", "engine.sweep_k=[2,3]",
+                 "engine.vanilla_passes=1"]) == 0  # the second vanilla pass: tested on ``served``
     printed = capsys.readouterr().out
     engine = json.loads(out.read_text())["engine"]
     # the engine says its progress (vanilla, with the draft, ours on its prompts: each to its last prompt), and
@@ -174,7 +189,8 @@ def test_eval_with_the_engine_samples_too(target, drafts, tmp_path, capsys):
     assert main(["eval", "--target", str(target), "--draft", str(drafts["beagle3"]), "--questions", str(QUESTIONS),
                  "--out", str(out), "--mode", "chain", "--engine", "vllm", "--quiet", "max_questions=4",
                  "decode.gamma=3", f"decode.max_new_tokens={MAX_NEW}", "decode.temperature=1.0",
-                 "engine.max_model_len=512", "engine.sweep_k=[3]", "engine.ngram=false"]) == 0
+                 "engine.max_model_len=512", "engine.sweep_k=[3]", "engine.ngram=false",
+                 "engine.vanilla_passes=1"]) == 0
     engine = json.loads(out.read_text())["engine"]
     row = engine["datasets"]["toy_questions"]
     assert engine["greedy"] is False and engine["speculative_tokens"] == 3 and row["prompts"] >= 4
