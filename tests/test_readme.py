@@ -115,8 +115,8 @@ RULES = [
          "the SmolLM2 target import-target writes and the real extra; tests/faults/test_json_as_it_ships.py reads "
          "the sharegpt name, tests/serving/test_real_model.py regenerates ShareGPT conversations with SmolLM2"),
     Rule("specdraft run --config configs/smollm2.yaml", "skip",
-         "a real model end to end: the real extra and ~2 h 10 min on 2 cores (one night); tests/serving/test_real_model.py runs "
-         "the same stages at a few steps"),
+         "a real model end to end: the real extra and ~2 h 10 min on 2 cores (one night); "
+         "tests/serving/test_real_model.py runs the same stages at a few steps"),
     Rule("specdraft run --config configs/toy.yaml data.prompts=[] data.traffic.path=", "skip",
          "a gateway's traffic directory (/srv/traffic): tests/flows/test_fresh_flow.py runs two nights on one"),
     Rule("specdraft run --config configs/toy.yaml monitor.metrics_url=", "skip",
