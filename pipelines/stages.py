@@ -25,7 +25,7 @@ import glob
 import hashlib
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
