@@ -59,11 +59,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                          "batches (batch_size 16): a batch costs about its longest answer, not its row count")
     ap.add_argument("--backend", choices=["hf", "vllm"], default="vllm")
     ap.add_argument("--regen-max-new-tokens", type=int, default=128)
+    ap.add_argument("--regen-cpus", type=int, default=2,
+                    help="CPUs of the regenerating replica; vLLM computes on all of them (configs/smollm2.yaml's "
+                         "vllm_env: none reserved for its scheduler), 1: vLLM's default of one core")
     ap.add_argument("--max-length", type=int, default=1024, help="the dump's tokens per conversation")
     ap.add_argument("--dtype", default="bfloat16", help="the dump's prefill dtype")
     ap.add_argument("--max-turns", type=int, default=1)
     ap.add_argument("--max-chars", type=int, default=4000)
     ap.add_argument("--recipe", default="beagle3")
+    ap.add_argument("--draft-vocab", type=int, default=8192, help="the draft head's tokens (0: the target's vocabulary)")
+    ap.add_argument("--precision", default="bf16", help="training precision (auto, fp32, bf16)")
     ap.add_argument("--epochs", type=int, default=2, help="epochs over each mode's own store")
     ap.add_argument("--steps", type=int, default=None, help="equal optimizer steps instead (steps // epochs a epoch)")
     ap.add_argument("--max-tokens", type=int, default=1024, help="padded tokens per batch")
@@ -89,10 +94,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def regenerate_config(args: argparse.Namespace, mode: str, limit: int):
     from pipelines.configs import IngestConfig, RegenerateConfig
 
-    engine = {"kv_cache_memory_bytes": 512 << 20, "enforce_eager": True} if args.backend == "vllm" else {}
+    vllm = args.backend == "vllm"
+    engine = {"kv_cache_memory_bytes": 512 << 20, "enforce_eager": True} if vllm else {}
+    env = ({"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.regen_cpus - 1}"}
+           if vllm and args.regen_cpus > 1 else {})
     return RegenerateConfig(mode=mode, share=args.share if mode == "mixed" else None, backend=args.backend,
                             temperature=0.0, max_new_tokens=args.regen_max_new_tokens, max_model_len=args.engine_max_len,
-                            limit=limit, num_cpus=1, seed=args.seed, vllm_engine_kwargs=engine,
+                            limit=limit, num_cpus=args.regen_cpus, seed=args.seed, vllm_engine_kwargs=engine,
+                            vllm_env=env,
                             ingest=IngestConfig(max_turns=args.max_turns, max_chars=args.max_chars))
 
 
@@ -100,7 +109,7 @@ def dump_config(args: argparse.Namespace):
     from pipelines.configs import DumpConfig
 
     return DumpConfig(max_length=args.max_length, aux_layers="eagle3", dtype=args.dtype, cpus_per_actor=1,
-                      torch_threads=args.threads)
+                      torch_threads=args.threads, batch_tokens=2048, logits_chunk=512)  # configs/smollm2.yaml's
 
 
 def write_pool(args: argparse.Namespace, work: Path) -> tuple[Path, dict[str, Any]]:
@@ -235,7 +244,7 @@ def train(args: argparse.Namespace, mode: str, store: Path, target: Path, work: 
     shared = {k: None for k in SHARED} | {
         "threads": args.threads, "seed": args.seed, "epochs": args.epochs, "max_tokens": args.max_tokens,
         "lr": optim.lr, "warmup": None, "schedule": optim.schedule, "min_lr_ratio": optim.min_lr_ratio,
-        "sim_depth": 5, "val_fraction": 0.05, "precision": "auto",
+        "sim_depth": 5, "val_fraction": 0.05, "precision": args.precision, "draft_vocab": args.draft_vocab or None,
         "epoch_batches": args.steps // args.epochs if args.steps else None}
     out = work / "drafts" / mode
     shutil.rmtree(out, ignore_errors=True)
@@ -263,7 +272,8 @@ def engine_numbers(engine: dict[str, Any] | None, name: str) -> dict[str, dict[s
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    from benchmarks.real_model import machine, settings_of, target_facts
+    from benchmarks.host import write_result
+    from benchmarks.real_model import settings_of, target_facts
     from pipelines.cluster import connect_ray
 
     work, target = args.work.resolve(), args.target.resolve()
@@ -274,11 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         result = {"benchmark": "data_modes", "complete": complete, "note": args.note, "settings": settings_of(args),
                   "target": target_facts(target), "pool": pool_facts, "calibration": calibration,
                   "modes": {m: {**r, "engine": engine_numbers(engine, m)} for m, r in modes.items()},
-                  "ngram": engine_numbers(engine, "ngram"),
-                  "machine": {**machine(), "load": load.summary()}, "total_s": round(time.perf_counter() - started, 1)}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-        return result
+                  "ngram": engine_numbers(engine, "ngram"), "engine_report": engine,
+                  "total_s": round(time.perf_counter() - started, 1)}
+        write_result(args.out, result, threads=args.threads, load=load.summary())
+        return {**result, "load": load.summary()}
 
     with LoadSampler() as load:
         pool, pool_facts = write_pool(args, work)
@@ -313,7 +322,7 @@ def print_table(result: dict[str, Any]) -> None:
     if result["ngram"]:
         print("ngram (vLLM's prompt lookup, no training): " + " ".join(
             f"{s}: {f(d['acceptance_length'])} / {f(d['speedup'])}x" for s, d in result["ngram"].items()))
-    load = result["machine"]["load"]
+    load = result["load"]
     print(f"load avg (1m): min {load['load_1m_min']} mean {load['load_1m_mean']} max {load['load_1m_max']} on "
           f"{load['cpus']} CPUs; total {result['total_s']:.0f} s")
 
