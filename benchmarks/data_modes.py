@@ -322,6 +322,8 @@ def print_table(result: dict[str, Any]) -> None:
     if result["ngram"]:
         print("ngram (vLLM's prompt lookup, no training): " + " ".join(
             f"{s}: {f(d['acceptance_length'])} / {f(d['speedup'])}x" for s, d in result["ngram"].items()))
+    for warning in (result.get("engine_report") or {}).get("warnings", []):
+        print(f"warning: {warning}")
     load = result["load"]
     print(f"load avg (1m): min {load['load_1m_min']} mean {load['load_1m_mean']} max {load['load_1m_max']} on "
           f"{load['cpus']} CPUs; total {result['total_s']:.0f} s")

@@ -174,7 +174,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    from benchmarks.speculative import engine_acceptance
+    from benchmarks.speculative import ENGINE_KEYS, engine_acceptance
 
     work, target = args.work.resolve(), args.target.resolve()
     store = (args.store or find_store(args.run)).resolve()
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             "settings": settings_of(args), "target": target_facts(target), "store": store_facts(store),
             "questions": question_counts(files),
             "train": trained, "patches": trained.get("patches", []),
-            **{f"engine_{k}": {key: e[key] for key in ("engine", "speculative_tokens", "prompts", "engine_process_s")}
+            **{f"engine_{k}": {key: e.get(key) for key in ENGINE_KEYS}
                | {"speculators": e[NAME]} | ({"ngram": e["ngram"]} if "ngram" in e else {}) for k, e in engine.items()},
             "host": {"torch_threads": args.threads, "load": load.summary()},  # write_result adds the host's facts
             "total_s": round(time.perf_counter() - started, 1),

@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from benchmarks.speculative import decode_eval, engine_acceptance
+    from benchmarks.speculative import ENGINE_KEYS, decode_eval, engine_acceptance
     from specdraft.export import VLLM_FORMATS, formats_for
     from specdraft.models import read_draft_config
 
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             "floor": {"engine_ngram": {k: e["ngram"] for k, e in engine.items()},
                       "ours_prompt_lookup": {name: {mode: block.get("tau_pld") for mode, block in modes.items()}
                                              for name, modes in next(iter(ours.values())).items()} if ours else {}},
-            "engine": {k: {key: e[key] for key in ("engine", "speculative_tokens", "prompts", "engine_process_s")}
+            "engine": {k: {key: e.get(key) for key in ENGINE_KEYS}
                        for k, e in engine.items()},
             "host": {"torch_threads": args.threads, "load": load.summary()},  # write_result adds the host's facts
             "phases": phases, "total_s": round(time.perf_counter() - started, 1),

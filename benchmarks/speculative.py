@@ -9,6 +9,7 @@ speedup and the lossless check, with a bootstrap interval of tau over the questi
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,9 @@ def decode_eval(target: Path, draft: Path, files: list[Path], args: argparse.Nam
 
 
 
+ENGINE_KEYS = ("engine", "speculative_tokens", "prompts", "engine_process_s", "warnings")  # engine_acceptance's own
+
+
 def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], work: Path, max_new_tokens: int,
                       k: int, floor: bool = False, max_model_len: int | None = 512,
                       ours: bool = True, served: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -84,7 +88,7 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
     from specdraft.models import read_draft_config
     from specdraft.evaluation.engine import measure_engine, ngram_drafter
     from specdraft.evaluation.engine_comparison import compare, engine_only
-    from specdraft.evaluation.engine_records import EngineRequest
+    from specdraft.evaluation.engine_records import EngineRequest, vanilla_timing, vanilla_warnings
     from specdraft.evaluation.models import load_models
     from specdraft.evaluation.questions import load_question_sets
 
@@ -100,7 +104,12 @@ def engine_acceptance(target: Path, drafts: dict[str, Path], files: list[Path], 
     run = measure_engine(EngineRequest(target=str(target), drafts=exports, questions=load_question_sets(files),
                                        settings=asdict(engine), max_new_tokens=max_new_tokens), engine)
     result: dict[str, Any] = {"engine": run.engine, "speculative_tokens": k, "prompts": len(run.prompts),
-                              "engine_process_s": round(time.perf_counter() - started, 1)}
+                              "engine_process_s": round(time.perf_counter() - started, 1),
+                              # vanilla's two passes disagreeing: every speedup below is that uncertain
+                              "warnings": vanilla_warnings(vanilla_timing(run), len(run.turns),
+                                                           engine.vanilla_drift_warn, greedy=True)}
+    for line in result["warnings"]:
+        print(f"[engine] warning: {line}", file=sys.stderr, flush=True)
     settings = EvalSettings(decode=DecodeConfig(mode="chain", gamma=k, max_new_tokens=max_new_tokens))
     for recipe, draft in drafts.items():
         if ours:
