@@ -286,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
                   "modes": {m: {**r, "engine": engine_numbers(engine, m)} for m, r in modes.items()},
                   "ngram": engine_numbers(engine, "ngram"), "engine_report": engine,
                   "total_s": round(time.perf_counter() - started, 1)}
-        write_result(args.out, result, threads=args.threads, load=load.summary())
-        return {**result, "load": load.summary()}
+        summary = load.summary()
+        write_result(args.out, result, threads=args.threads, load=summary)
+        return {**result, "load": summary}
 
     with LoadSampler() as load:
         pool, pool_facts = write_pool(args, work)
